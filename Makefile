@@ -1,0 +1,48 @@
+# Fjord's developer entry points. `make run` and `make test` are all a fresh machine needs:
+# both create .venv and install everything into it on first use.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
+
+.PHONY: all install run test lint typecheck unit integration bench proto proto-check clean
+
+all: test
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "Fjord needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+## run: the main demonstration (see README)
+run: $(STAMP)
+	$(VENV)/bin/fjord demo
+
+## test: lint, type checks and the whole test suite
+test: $(STAMP) lint typecheck
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check services tests bench
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+unit: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py
+
+## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
+proto: $(STAMP)
+	$(PY) -m fjord.tools.genproto
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Generated code (see fjord.tools.genproto)."""

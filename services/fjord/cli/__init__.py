@@ -1,0 +1,1 @@
+"""The ``fjord`` command line."""

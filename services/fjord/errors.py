@@ -1,0 +1,169 @@
+"""Typed errors shared by every Fjord component.
+
+Each error carries an :class:`ErrorCode`: Kafka's name and numeric code where Kafka has one, and
+whether a client may retry the request after refreshing metadata. Servers put the code on the wire;
+clients turn it back into the matching exception with :func:`error_for_code`.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class ErrorCode(Enum):
+    """Kafka's error names and codes, with a retriable flag (value = (code, retriable))."""
+
+    NONE = (0, False)
+    UNKNOWN_SERVER_ERROR = (-1, False)
+    OFFSET_OUT_OF_RANGE = (1, False)
+    CORRUPT_MESSAGE = (2, True)
+    UNKNOWN_TOPIC_OR_PARTITION = (3, True)
+    INVALID_FETCH_SIZE = (4, False)
+    LEADER_NOT_AVAILABLE = (5, True)
+    NOT_LEADER_OR_FOLLOWER = (6, True)
+    REQUEST_TIMED_OUT = (7, True)
+    BROKER_NOT_AVAILABLE = (8, True)
+    REPLICA_NOT_AVAILABLE = (9, True)
+    MESSAGE_TOO_LARGE = (10, False)
+    NETWORK_EXCEPTION = (13, True)
+    COORDINATOR_LOAD_IN_PROGRESS = (14, True)
+    COORDINATOR_NOT_AVAILABLE = (15, True)
+    NOT_COORDINATOR = (16, True)
+    INVALID_TOPIC_EXCEPTION = (17, False)
+    RECORD_LIST_TOO_LARGE = (18, False)
+    NOT_ENOUGH_REPLICAS = (19, True)
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, True)
+    INVALID_REQUIRED_ACKS = (21, False)
+    ILLEGAL_GENERATION = (22, False)
+    INCONSISTENT_GROUP_PROTOCOL = (23, False)
+    INVALID_GROUP_ID = (24, False)
+    UNKNOWN_MEMBER_ID = (25, False)
+    INVALID_SESSION_TIMEOUT = (26, False)
+    REBALANCE_IN_PROGRESS = (27, False)
+    INVALID_COMMIT_OFFSET_SIZE = (28, False)
+    INVALID_TIMESTAMP = (32, False)
+    INVALID_REQUEST = (42, False)
+    TOPIC_ALREADY_EXISTS = (36, False)
+    INVALID_PARTITIONS = (37, False)
+    INVALID_REPLICATION_FACTOR = (38, False)
+    INVALID_REPLICA_ASSIGNMENT = (39, False)
+    INVALID_CONFIG = (40, False)
+    NOT_CONTROLLER = (41, True)
+    OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False)
+    DUPLICATE_SEQUENCE_NUMBER = (46, False)
+    INVALID_PRODUCER_EPOCH = (47, False)
+    KAFKA_STORAGE_ERROR = (56, True)
+    UNKNOWN_PRODUCER_ID = (59, False)
+    NON_EMPTY_GROUP = (68, False)
+    GROUP_ID_NOT_FOUND = (69, False)
+    FENCED_LEADER_EPOCH = (74, True)
+    UNKNOWN_LEADER_EPOCH = (75, True)
+    OFFSET_NOT_AVAILABLE = (78, True)
+    MEMBER_ID_REQUIRED = (79, False)
+    PREFERRED_LEADER_NOT_AVAILABLE = (80, True)
+    FENCED_INSTANCE_ID = (82, False)
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = (83, True)
+    UNSUPPORTED_COMPRESSION_TYPE = (76, False)
+    INVALID_RECORD = (87, False)
+    UNSTABLE_OFFSET_COMMIT = (88, True)
+    INCONSISTENT_TOPIC_ID = (103, True)
+
+    @property
+    def code(self) -> int:
+        return self.value[0]
+
+    @property
+    def retriable(self) -> bool:
+        return self.value[1]
+
+
+_BY_NUMBER = {e.code: e for e in ErrorCode}
+
+
+class FjordError(Exception):
+    """Base of every Fjord error. ``code`` says which Kafka error it is."""
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None) -> None:
+        super().__init__(message or (code or self.code).name)
+        if code is not None:
+            self.code = code
+
+    @property
+    def retriable(self) -> bool:
+        return self.code.retriable
+
+
+class ConfigError(FjordError, ValueError):
+    """An unknown configuration key or an invalid value; the message names the key."""
+
+    code = ErrorCode.INVALID_CONFIG
+
+
+class CorruptRecordError(FjordError):
+    """Bytes that are not a valid RecordBatch v2: bad CRC, magic, length or record count."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class InvalidRecordError(FjordError):
+    """A well-formed batch that breaks a rule (e.g. offsets or timestamps out of order)."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class RecordTooLargeError(FjordError):
+    """A batch or record larger than ``max.message.bytes`` (or the fetch size)."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class UnsupportedCompressionError(FjordError):
+    """A compression codec id that Fjord does not know."""
+
+    code = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+
+
+class OffsetOutOfRangeError(FjordError):
+    """An offset below the log start offset or above the log end offset."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class StorageError(FjordError):
+    """The log directory could not be read or written (disk error, bad layout)."""
+
+    code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+_CLASS_BY_CODE: dict[ErrorCode, type[FjordError]] = {}
+
+
+def register_error_class(cls: type[FjordError]) -> type[FjordError]:
+    """Make ``cls`` the exception raised for its ``code`` by :func:`error_for_code`."""
+    _CLASS_BY_CODE[cls.code] = cls
+    return cls
+
+
+for _cls in (
+    ConfigError,
+    CorruptRecordError,
+    InvalidRecordError,
+    RecordTooLargeError,
+    UnsupportedCompressionError,
+    OffsetOutOfRangeError,
+    StorageError,
+):
+    register_error_class(_cls)
+
+
+def error_code_from_number(number: int) -> ErrorCode:
+    """The :class:`ErrorCode` for a wire number; unknown numbers map to UNKNOWN_SERVER_ERROR."""
+    return _BY_NUMBER.get(number, ErrorCode.UNKNOWN_SERVER_ERROR)
+
+
+def error_for_code(code: ErrorCode, message: str = "") -> FjordError:
+    """The exception instance a client raises for an error code received from a server."""
+    cls = _CLASS_BY_CODE.get(code, FjordError)
+    return cls(message, code=code)
