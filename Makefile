@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench proto proto-check clean
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean
 
 all: test
 
@@ -22,6 +22,10 @@ install: $(STAMP)
 
 ## run: the main demonstration (see README)
 run: $(STAMP)
+	$(VENV)/bin/fjord quickstart
+
+## demo-storage: write, read and crash-recover one partition log (no cluster)
+demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
 ## test: lint, type checks and the whole test suite
@@ -37,8 +41,17 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
-bench: $(STAMP)
+bench: $(STAMP) bench-deps
 	$(PY) bench/run_all.py
+
+## bench-deps: the servers bench/bench_e2e.py compares against (Debian's redis-server, nats-server)
+bench-deps:
+	@if command -v redis-server >/dev/null && { command -v nats-server >/dev/null || test -x /usr/sbin/nats-server; }; then \
+		echo "redis-server and nats-server are installed"; \
+	else \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update && $$SUDO apt-get install -y redis-server nats-server; \
+	fi
 
 ## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
 proto: $(STAMP)

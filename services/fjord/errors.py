@@ -67,6 +67,9 @@ class ErrorCode(Enum):
     INVALID_RECORD = (87, False)
     UNSTABLE_OFFSET_COMMIT = (88, True)
     INCONSISTENT_TOPIC_ID = (103, True)
+    STALE_BROKER_EPOCH = (77, False)
+    INVALID_UPDATE_VERSION = (95, False)
+    INELIGIBLE_REPLICA = (107, False)
 
     @property
     def code(self) -> int:
@@ -167,3 +170,142 @@ def error_for_code(code: ErrorCode, message: str = "") -> FjordError:
     """The exception instance a client raises for an error code received from a server."""
     cls = _CLASS_BY_CODE.get(code, FjordError)
     return cls(message, code=code)
+
+
+# Broker request errors (Kafka's names). Clients refresh metadata and retry the retriable ones.
+
+
+@register_error_class
+class UnknownTopicOrPartitionError(FjordError):
+    """The topic or partition does not exist (in this broker's view of the metadata)."""
+
+    code = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@register_error_class
+class NotLeaderOrFollowerError(FjordError):
+    """This broker is not the leader (or not a replica) of the partition asked for."""
+
+    code = ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+
+@register_error_class
+class LeaderNotAvailableError(FjordError):
+    """The partition has no leader at the moment (an election is in progress)."""
+
+    code = ErrorCode.LEADER_NOT_AVAILABLE
+
+
+@register_error_class
+class FencedLeaderEpochError(FjordError):
+    """The request carries an older leader epoch than the broker knows."""
+
+    code = ErrorCode.FENCED_LEADER_EPOCH
+
+
+@register_error_class
+class UnknownLeaderEpochError(FjordError):
+    """The request carries a newer leader epoch than the broker knows (its metadata lags)."""
+
+    code = ErrorCode.UNKNOWN_LEADER_EPOCH
+
+
+@register_error_class
+class NotEnoughReplicasError(FjordError):
+    """acks=all and the ISR is smaller than min.insync.replicas: nothing was appended."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS
+
+
+@register_error_class
+class InvalidRequiredAcksError(FjordError):
+    """acks is not 0, 1 or -1 (all)."""
+
+    code = ErrorCode.INVALID_REQUIRED_ACKS
+
+
+@register_error_class
+class RequestTimedOutError(FjordError):
+    """The request's wait (e.g. acks=all replication) did not finish within its timeout."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+@register_error_class
+class InvalidRequestError(FjordError):
+    """A malformed request (e.g. a negative size) that no retry will fix."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+# Controller (admin and AlterPartition) errors, Kafka's names.
+
+
+@register_error_class
+class InvalidTopicError(FjordError):
+    """A topic name that breaks Kafka's rules (characters, length, '.'/'..', collisions)."""
+
+    code = ErrorCode.INVALID_TOPIC_EXCEPTION
+
+
+@register_error_class
+class TopicAlreadyExistsError(FjordError):
+    """CreateTopics for a name that already exists."""
+
+    code = ErrorCode.TOPIC_ALREADY_EXISTS
+
+
+@register_error_class
+class InvalidPartitionsError(FjordError):
+    """A partition count below 1, or fewer partitions than a topic already has."""
+
+    code = ErrorCode.INVALID_PARTITIONS
+
+
+@register_error_class
+class InvalidReplicationFactorError(FjordError):
+    """A replication factor below 1 or above the number of live brokers."""
+
+    code = ErrorCode.INVALID_REPLICATION_FACTOR
+
+
+@register_error_class
+class InvalidReplicaAssignmentError(FjordError):
+    """A manual replica assignment with unknown brokers, duplicates or uneven sizes."""
+
+    code = ErrorCode.INVALID_REPLICA_ASSIGNMENT
+
+
+@register_error_class
+class NotControllerError(FjordError):
+    """This controller is not (or no longer) the active one; ask the one in Metadata."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+@register_error_class
+class StaleBrokerEpochError(FjordError):
+    """A broker request carries a broker epoch that is not the broker's current registration."""
+
+    code = ErrorCode.STALE_BROKER_EPOCH
+
+
+@register_error_class
+class InvalidUpdateVersionError(FjordError):
+    """AlterPartition with a partition epoch other than the current one."""
+
+    code = ErrorCode.INVALID_UPDATE_VERSION
+
+
+@register_error_class
+class IneligibleReplicaError(FjordError):
+    """AlterPartition would put a replica into the ISR that is not live or not assigned."""
+
+    code = ErrorCode.INELIGIBLE_REPLICA
+
+
+class KafkaTimeoutError(RequestTimedOutError, TimeoutError):
+    """A client-side deadline passed (``delivery.timeout.ms``, ``request.timeout.ms``,
+    ``max.block.ms``, ``default.api.timeout.ms``), typically because a broker is down or
+    unreachable. Also a built-in ``TimeoutError``. Not registered: the wire code
+    REQUEST_TIMED_OUT still maps to :class:`RequestTimedOutError`."""

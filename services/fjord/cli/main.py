@@ -5,12 +5,36 @@ from __future__ import annotations
 import click
 
 from fjord import __version__
+from fjord.cli.broker_cmd import broker
+from fjord.cli.cluster_cmd import cluster
+from fjord.cli.console_cmd import consume, produce
+from fjord.cli.controller_cmd import controller
+from fjord.cli.demo import demo
+from fjord.cli.local_cmd import local
+from fjord.cli.perf_cmd import perf
+from fjord.cli.quickstart_cmd import quickstart
+from fjord.cli.topics_cmd import topics
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fjord")
 def cli() -> None:
     """Fjord: a distributed, replicated commit log with Kafka's model."""
+
+
+for _command in (
+    broker,
+    cluster,
+    consume,
+    controller,
+    demo,
+    local,
+    perf,
+    produce,
+    quickstart,
+    topics,
+):
+    cli.add_command(_command)
 
 
 def main() -> None:

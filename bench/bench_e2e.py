@@ -1,0 +1,535 @@
+"""End-to-end benchmark: Fjord against what a Python user would otherwise pick.
+
+The same workload against three systems, each server started here on a free loopback port with
+its data in a temporary directory:
+
+- **Redis Streams** (redis-py asyncio): produce = pipelined ``XADD`` (``--pipeline`` commands
+  per round trip); consume = ``XREADGROUP COUNT --batch`` with the previous batch's ``XACK``
+  pipelined in front of each read. AOF with ``appendfsync everysec``.
+- **NATS JetStream** (nats-py): produce = ``publish_async`` for every record, then gather the
+  acknowledgements; consume = a durable pull subscription, ``fetch(--batch)``, acknowledging
+  the last message of each batch (``AckPolicy.ALL``). File storage.
+- **Fjord** (fjord.client): a LocalCluster with one broker, a topic with 1 partition and
+  replication factor 1; ``Producer`` with ``acks=1`` (other settings default), ``send()`` every
+  record then ``flush()``; ``Consumer`` assigned to the partition from the beginning, ``poll()``.
+
+Every record carries a 100-byte value, no key. Throughput: ``--rounds`` rounds (default 3), each
+moving ``--records`` records through a fresh stream/topic; the table gives the median round.
+End-to-end latency: a producer paced at ``--rate`` records/s for ``--seconds`` and a consumer
+in the same process, on its own thread and event loop (Fjord's clients each run an I/O thread;
+the Redis and NATS consumers get one too, with their own connection); each value starts with the
+send time (``perf_counter_ns``); latency is receive time minus send time, the first 10% dropped
+as warm-up. Fjord's producer keeps its default ``linger.ms`` (5) unless ``--fjord-linger-ms``.
+
+Run::
+
+    .venv/bin/python bench/bench_e2e.py [--records N] [--systems redis,nats,fjord]
+        [--write-results]
+
+``--write-results`` rewrites the "end to end" section of bench/RESULTS.md with the table, the
+command, the machine and the targets met or missed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import platform
+import statistics
+import struct
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_servers import nats_server, redis_server
+from results_file import write_section
+
+VALUE_SIZE = 100
+STAMP = struct.Struct(">q")
+PADDING = b"x" * (VALUE_SIZE - STAMP.size)
+SECTION_START = "## end to end"
+WARMUP_FRACTION = 0.1
+TICK_S = 0.001  # the paced producer's clock: records due are sent every millisecond
+OP_TIMEOUT_S = 60.0  # bound on any single phase waiting for records that do not come
+
+# Targets from the benchmark issue (Fjord vs the alternatives).
+TARGET_PRODUCE_X_REDIS = 4.0
+TARGET_CONSUME_X_REDIS = 3.0
+TARGET_E2E_P99_MS = 10.0
+
+
+@dataclass
+class Figures:
+    system: str
+    produce_runs: list[float] = field(default_factory=list)  # records/s of each round
+    consume_runs: list[float] = field(default_factory=list)
+    e2e_latencies_ms: list[float] = field(default_factory=list)
+    e2e_sent: int = 0
+    note: str = ""
+
+    @property
+    def produce_rps(self) -> float:
+        return statistics.median(self.produce_runs) if self.produce_runs else 0.0
+
+    @property
+    def consume_rps(self) -> float:
+        return statistics.median(self.consume_runs) if self.consume_runs else 0.0
+
+    @property
+    def produce_mbps(self) -> float:
+        return self.produce_rps * VALUE_SIZE / 1e6
+
+    @property
+    def consume_mbps(self) -> float:
+        return self.consume_rps * VALUE_SIZE / 1e6
+
+    def percentile(self, q: float) -> float:
+        data = sorted(self.e2e_latencies_ms)
+        if not data:
+            return float("nan")
+        return data[min(len(data) - 1, int(q * len(data)))]
+
+
+def stamped_value() -> bytes:
+    return STAMP.pack(time.perf_counter_ns()) + PADDING
+
+
+def latency_ms(value: bytes, received_ns: int) -> float:
+    return (received_ns - STAMP.unpack_from(value)[0]) / 1e6
+
+
+def keep_after_warmup(latencies: list[float]) -> list[float]:
+    return latencies[int(len(latencies) * WARMUP_FRACTION) :]
+
+
+async def paced_producer(rate: int, seconds: float, send_many: Callable[[int], object]) -> int:
+    """Call ``send_many(k)`` (awaitable or not) each tick with the records now due."""
+    total = int(rate * seconds)
+    sent = 0
+    start = time.perf_counter()
+    while sent < total:
+        due = min(total, int((time.perf_counter() - start) * rate) + 1)
+        if due > sent:
+            result = send_many(due - sent)
+            if asyncio.iscoroutine(result):
+                await result
+            sent = due
+        await asyncio.sleep(TICK_S)
+    return sent
+
+
+def in_thread(consume: Callable[[], Coroutine[Any, Any, None]]) -> threading.Thread:
+    """Run a consumer coroutine on its own event loop in its own thread (as Fjord's clients
+    each have an I/O thread), so the paced producer's loop does not delay its reads."""
+    thread = threading.Thread(target=lambda: asyncio.run(consume()), name="e2e-consumer")
+    thread.start()
+    return thread
+
+
+# --- Redis Streams --------------------------------------------------------------------------
+
+
+async def bench_redis(
+    records: int, pipeline: int, batch: int, rate: int, seconds: float, rounds: int
+) -> Figures:
+    import redis.asyncio as redis
+
+    figures = Figures("Redis Streams (XADD pipelined / XREADGROUP)")
+    with redis_server() as port:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        reader = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            for round_number in range(rounds):
+                stream = f"bench-{round_number}"
+                start = time.perf_counter()
+                for first in range(0, records, pipeline):
+                    pipe = client.pipeline(transaction=False)
+                    for _ in range(min(pipeline, records - first)):
+                        pipe.xadd(stream, {"v": stamped_value()})
+                    await pipe.execute()
+                figures.produce_runs.append(records / (time.perf_counter() - start))
+
+                await client.xgroup_create(stream, "g", id="0")
+                received = 0
+                pending_ack: list[bytes] = []
+                start = time.perf_counter()
+                while received < records:
+                    pipe = reader.pipeline(transaction=False)
+                    if pending_ack:
+                        pipe.xack(stream, "g", *pending_ack)
+                    pipe.xreadgroup("g", "c", {stream: ">"}, count=batch)
+                    replies = await pipe.execute()
+                    entries = replies[-1][0][1] if replies[-1] else []
+                    pending_ack = [entry_id for entry_id, _ in entries]
+                    received += len(entries)
+                if pending_ack:
+                    await reader.xack(stream, "g", *pending_ack)
+                figures.consume_runs.append(records / (time.perf_counter() - start))
+
+            e2e_stream = "e2e"
+            await client.xgroup_create(e2e_stream, "g", id="$", mkstream=True)
+            total = int(rate * seconds)
+            latencies: list[float] = []
+
+            async def consume() -> None:
+                own = redis.Redis(host="127.0.0.1", port=port)
+                got = 0
+                deadline = time.monotonic() + seconds + OP_TIMEOUT_S
+                try:
+                    while got < total and time.monotonic() < deadline:
+                        reply = await own.xreadgroup(
+                            "g", "c", {e2e_stream: ">"}, count=batch, block=100, noack=True
+                        )
+                        now = time.perf_counter_ns()
+                        for _, fields in reply[0][1] if reply else []:
+                            latencies.append(latency_ms(fields[b"v"], now))
+                            got += 1
+                finally:
+                    await own.aclose()
+
+            async def send_many(count: int) -> None:
+                pipe = client.pipeline(transaction=False)
+                for _ in range(count):
+                    pipe.xadd(e2e_stream, {"v": stamped_value()})
+                await pipe.execute()
+
+            consumer = in_thread(consume)
+            figures.e2e_sent = await paced_producer(rate, seconds, send_many)
+            await asyncio.to_thread(consumer.join, OP_TIMEOUT_S)
+            figures.e2e_latencies_ms = keep_after_warmup(latencies)
+        finally:
+            await client.aclose()
+            await reader.aclose()
+    return figures
+
+
+# --- NATS JetStream -------------------------------------------------------------------------
+
+
+async def bench_nats(records: int, batch: int, rate: int, seconds: float, rounds: int) -> Figures:
+    import nats
+    from nats.js.api import AckPolicy, ConsumerConfig
+
+    figures = Figures("NATS JetStream (publish_async / pull fetch)")
+    with nats_server() as port:
+        connection = await nats.connect(f"nats://127.0.0.1:{port}")
+        try:
+            js = connection.jetstream()
+            config = ConsumerConfig(ack_policy=AckPolicy.ALL, max_ack_pending=-1)
+            for round_number in range(rounds):
+                subject = f"bench{round_number}"
+                await js.add_stream(name=subject.upper(), subjects=[subject])
+                start = time.perf_counter()
+                acks = [await js.publish_async(subject, stamped_value()) for _ in range(records)]
+                await asyncio.gather(*acks)
+                figures.produce_runs.append(records / (time.perf_counter() - start))
+
+                subscription = await js.pull_subscribe(subject, durable=subject, config=config)
+                received = 0
+                start = time.perf_counter()
+                while received < records:
+                    wanted = min(batch, records - received)
+                    messages = await subscription.fetch(wanted, timeout=5)
+                    received += len(messages)
+                    await messages[-1].ack()
+                figures.consume_runs.append(records / (time.perf_counter() - start))
+
+            await js.add_stream(name="E2E", subjects=["e2e"])
+            total = int(rate * seconds)
+            latencies: list[float] = []
+
+            async def consume() -> None:
+                own = await nats.connect(f"nats://127.0.0.1:{port}")
+                e2e_sub = await own.jetstream().pull_subscribe("e2e", durable="e2e", config=config)
+                got = 0
+                deadline = time.monotonic() + seconds + OP_TIMEOUT_S
+                try:
+                    while got < total and time.monotonic() < deadline:
+                        try:
+                            messages = await e2e_sub.fetch(batch, timeout=0.05)
+                        except nats.errors.TimeoutError:
+                            continue
+                        now = time.perf_counter_ns()
+                        for message in messages:
+                            latencies.append(latency_ms(message.data, now))
+                        got += len(messages)
+                        await messages[-1].ack()
+                finally:
+                    await own.close()
+
+            pending: list[asyncio.Future[object]] = []
+
+            async def send_many(count: int) -> None:
+                for _ in range(count):
+                    pending.append(await js.publish_async("e2e", stamped_value()))
+
+            consumer = in_thread(consume)
+            figures.e2e_sent = await paced_producer(rate, seconds, send_many)
+            await asyncio.gather(*pending)
+            await asyncio.to_thread(consumer.join, OP_TIMEOUT_S)
+            figures.e2e_latencies_ms = keep_after_warmup(latencies)
+        finally:
+            await connection.close()
+    return figures
+
+
+# --- Fjord ----------------------------------------------------------------------------------
+
+
+def bench_fjord(records: int, rate: int, seconds: float, linger_ms: int, rounds: int) -> Figures:
+    from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+    from fjord.local.cluster import LocalCluster
+
+    figures = Figures("Fjord (Producer acks=1 / Consumer)")
+    with tempfile.TemporaryDirectory(prefix="bench-fjord-") as tmp:
+        cluster = LocalCluster(Path(tmp), brokers=1)
+        cluster.start()
+        try:
+            bootstrap = str(cluster.bootstrap_servers)
+            topics = [f"bench-{n}" for n in range(rounds)]
+            with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+                admin.create_topics(
+                    [NewTopic(t, 1, 1) for t in [*topics, "e2e"]], timeout=OP_TIMEOUT_S
+                )
+            for topic in topics:
+                producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
+                try:
+                    producer.partitions_for(topic)  # metadata outside the timed part
+                    start = time.perf_counter()
+                    for _ in range(records):
+                        producer.send(topic, stamped_value())
+                    producer.flush(OP_TIMEOUT_S)
+                    figures.produce_runs.append(records / (time.perf_counter() - start))
+                finally:
+                    producer.close(OP_TIMEOUT_S)
+
+                consumer = Consumer(
+                    {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}
+                )
+                try:
+                    consumer.assign([TopicPartition(topic, 0)])
+                    consumer.position(TopicPartition(topic, 0), timeout=30)
+                    received = 0
+                    deadline = time.monotonic() + OP_TIMEOUT_S
+                    start = time.perf_counter()
+                    while received < records and time.monotonic() < deadline:
+                        received += len(consumer.poll(1.0))
+                    figures.consume_runs.append(received / (time.perf_counter() - start))
+                    if received < records:
+                        figures.note = f"consumer saw {received} of {records}"
+                finally:
+                    consumer.close()
+
+            figures.e2e_sent, figures.e2e_latencies_ms = _fjord_e2e(
+                bootstrap, rate, seconds, linger_ms
+            )
+        finally:
+            cluster.stop()
+    return figures
+
+
+def _fjord_e2e(
+    bootstrap: str, rate: int, seconds: float, linger_ms: int
+) -> tuple[int, list[float]]:
+    from fjord.client import Consumer, Producer, TopicPartition
+
+    total = int(rate * seconds)
+    latencies: list[float] = []
+    tp = TopicPartition("e2e", 0)
+    consumer = Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "latest"})
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": linger_ms})
+    try:
+        consumer.assign([tp])
+        consumer.position(tp, timeout=30)  # resolve "latest" before the first record
+        producer.partitions_for("e2e")
+        stop = threading.Event()
+
+        def consume() -> None:
+            deadline = time.monotonic() + seconds + OP_TIMEOUT_S
+            while len(latencies) < total and time.monotonic() < deadline and not stop.is_set():
+                batch = consumer.poll(0.1)
+                now = time.perf_counter_ns()
+                latencies.extend(latency_ms(r.value, now) for r in batch if r.value)
+
+        reader = threading.Thread(target=consume, name="e2e-consumer")
+        reader.start()
+
+        def send_many(count: int) -> None:
+            for _ in range(count):
+                producer.send("e2e", stamped_value())
+
+        sent = asyncio.run(paced_producer(rate, seconds, send_many))
+        producer.flush(OP_TIMEOUT_S)
+        reader.join(seconds + OP_TIMEOUT_S)
+        stop.set()
+    finally:
+        producer.close(OP_TIMEOUT_S)
+        consumer.close()
+    return sent, keep_after_warmup(latencies)
+
+
+# --- report ---------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def table(results: list[Figures]) -> str:
+    header = (
+        "| system | produce rec/s | produce MB/s | consume rec/s | consume MB/s "
+        "| e2e p50 ms | e2e p99 ms | e2e measured/sent |"
+    )
+    rows = [header, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for f in results:
+        rows.append(
+            f"| {f.system} | {f.produce_rps:,.0f} | {f.produce_mbps:.1f} | {f.consume_rps:,.0f} "
+            f"| {f.consume_mbps:.1f} | {f.percentile(0.5):.2f} | {f.percentile(0.99):.2f} "
+            f"| {len(f.e2e_latencies_ms)}/{f.e2e_sent} |"
+        )
+    return "\n".join(rows)
+
+
+def round_lines(results: list[Figures]) -> list[str]:
+    """Every round's records/s, so the spread behind each median is visible."""
+
+    def fmt(runs: list[float]) -> str:
+        return ", ".join(f"{r:,.0f}" for r in runs)
+
+    return [
+        f"{f.system.split(' (')[0]} rounds, produce: {fmt(f.produce_runs)}; "
+        f"consume: {fmt(f.consume_runs)}"
+        for f in results
+    ]
+
+
+def verdicts(results: list[Figures]) -> list[str]:
+    by_name = {f.system.split()[0]: f for f in results}
+    fjord, redis_figures = by_name.get("Fjord"), by_name.get("Redis")
+    if fjord is None:
+        return ["Fjord was not measured in this run."]
+    lines = []
+    if redis_figures is not None and redis_figures.produce_rps and redis_figures.consume_rps:
+        produce_x = fjord.produce_rps / redis_figures.produce_rps
+        consume_x = fjord.consume_rps / redis_figures.consume_rps
+        produce_ok = "met" if produce_x >= TARGET_PRODUCE_X_REDIS else "MISSED"
+        consume_ok = "met" if consume_x >= TARGET_CONSUME_X_REDIS else "MISSED"
+        lines.append(
+            f"produce: Fjord {produce_x:.2f}x pipelined XADD "
+            f"(target >= {TARGET_PRODUCE_X_REDIS:g}x): {produce_ok}"
+        )
+        lines.append(
+            f"consume: Fjord {consume_x:.2f}x XREADGROUP "
+            f"(target >= {TARGET_CONSUME_X_REDIS:g}x): {consume_ok}"
+        )
+    p99 = fjord.percentile(0.99)
+    lines.append(
+        f"end to end: Fjord p99 {p99:.2f} ms (target <= {TARGET_E2E_P99_MS:g} ms): "
+        f"{'met' if p99 <= TARGET_E2E_P99_MS else 'MISSED'}"
+    )
+    if fjord.note:
+        lines.append(f"note: {fjord.note}")
+    return lines
+
+
+def machine() -> str:
+    return (
+        f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+def write_results(text_table: str, lines: list[str], command: str, load_before: float) -> None:
+    today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    write_section(
+        SECTION_START,
+        f"Command: `{command}`, {today}; machine: {machine()}; load average (1 min) "
+        f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. Every server on "
+        "loopback on the same machine as its clients (the machine is shared with other work, "
+        "so figures move between runs). MB/s counts the 100-byte values only. Workload, "
+        "settings and method: the docstring of bench/bench_e2e.py.\n\n"
+        f"{text_table}\n\n" + "\n".join(f"- {line}" for line in lines),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--records", type=int, default=100_000, help="records per throughput run")
+    parser.add_argument("--rate", type=int, default=10_000, help="paced records/s for latency")
+    parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
+    parser.add_argument("--pipeline", type=int, default=1000, help="XADDs per Redis round trip")
+    parser.add_argument("--batch", type=int, default=1000, help="records per consumer read")
+    parser.add_argument("--systems", default="redis,nats,fjord")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="throughput rounds per system (median reported)"
+    )
+    parser.add_argument(
+        "--fjord-linger-ms",
+        type=int,
+        default=5,
+        help="linger.ms of Fjord's producer in the latency run (5 = the client default)",
+    )
+    parser.add_argument("--write-results", action="store_true")
+    args = parser.parse_args()
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = set(systems) - {"redis", "nats", "fjord"}
+    if unknown:
+        parser.error(f"unknown system(s): {', '.join(sorted(unknown))}")
+
+    load_before = os.getloadavg()[0]
+    results: list[Figures] = []
+    for system in systems:
+        print(f"running {system} ...", flush=True)
+        if system == "redis":
+            results.append(
+                asyncio.run(
+                    bench_redis(
+                        args.records,
+                        args.pipeline,
+                        args.batch,
+                        args.rate,
+                        args.seconds,
+                        args.rounds,
+                    )
+                )
+            )
+        elif system == "nats":
+            results.append(
+                asyncio.run(
+                    bench_nats(args.records, args.batch, args.rate, args.seconds, args.rounds)
+                )
+            )
+        else:
+            results.append(
+                bench_fjord(
+                    args.records, args.rate, args.seconds, args.fjord_linger_ms, args.rounds
+                )
+            )
+    text_table = table(results)
+    lines = verdicts(results) + round_lines(results)
+    print(text_table)
+    print("\n".join(lines))
+    print(f"machine: {machine()}")
+    if args.write_results:
+        argv = " ".join(a for a in sys.argv[1:] if a != "--write-results")
+        command = f".venv/bin/python bench/bench_e2e.py {argv}".strip()
+        write_results(text_table, lines, command, load_before)
+
+
+if __name__ == "__main__":
+    main()

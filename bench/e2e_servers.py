@@ -1,0 +1,101 @@
+"""Start and stop the comparison servers (redis-server, nats-server) for bench/bench_e2e.py.
+
+Each server runs as a child process on a free loopback port with its data in a temporary
+directory that is removed on stop; readiness is a bounded wait for the port to accept TCP
+connections. The binaries come from Debian's packages (``make bench-deps``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+LOOPBACK = "127.0.0.1"
+READY_TIMEOUT_S = 20.0
+STOP_TIMEOUT_S = 10.0
+
+
+class MissingServerError(RuntimeError):
+    """A comparison server binary is not on PATH."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(
+                f"server exited with {process.returncode}: {log.read_text()[-2000:]}"
+            )
+        try:
+            with socket.create_connection((LOOPBACK, port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)  # polling a port: nothing to wait on but the clock
+    raise TimeoutError(f"server not listening on {port} after {READY_TIMEOUT_S} s")
+
+
+def _binary(name: str) -> str:
+    path = shutil.which(name) or shutil.which(name, path="/usr/sbin:/usr/bin")
+    if path is None:
+        raise MissingServerError(f"{name} is not installed: run `make bench-deps`")
+    return path
+
+
+@contextlib.contextmanager
+def _server(argv_for: list[str], port: int, workdir: Path) -> Iterator[None]:
+    log = workdir / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(argv_for, stdout=out, stderr=subprocess.STDOUT, cwd=workdir)
+    try:
+        _wait_for_port(port, process, log)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(STOP_TIMEOUT_S)
+
+
+@contextlib.contextmanager
+def redis_server() -> Iterator[int]:
+    """A redis-server with AOF ``everysec`` (its default durability for a log) in a temp dir."""
+    binary = _binary("redis-server")
+    with tempfile.TemporaryDirectory(prefix="bench-redis-") as tmp:
+        port = free_port()
+        argv = [
+            binary,
+            "--port", str(port),
+            "--bind", LOOPBACK,
+            "--dir", tmp,
+            "--save", "",
+            "--appendonly", "yes",
+            "--appendfsync", "everysec",
+            "--protected-mode", "no",
+        ]  # fmt: skip
+        with _server(argv, port, Path(tmp)):
+            yield port
+
+
+@contextlib.contextmanager
+def nats_server() -> Iterator[int]:
+    """A nats-server with JetStream file storage in a temp dir."""
+    binary = _binary("nats-server")
+    with tempfile.TemporaryDirectory(prefix="bench-nats-") as tmp:
+        port = free_port()
+        argv = [binary, "-js", "-a", LOOPBACK, "-p", str(port), "-sd", tmp]
+        with _server(argv, port, Path(tmp)):
+            yield port

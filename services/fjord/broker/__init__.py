@@ -1,0 +1,8 @@
+"""The broker service: hosts partition replicas and serves Produce, Fetch, ListOffsets and
+Metadata over gRPC (``fjord broker``).
+
+Pure cores: :mod:`~fjord.broker.partition` (leadership, epochs, high watermark, produce
+checks), :mod:`~fjord.broker.fetch` (fetch assembly), :mod:`~fjord.broker.purgatory` (delayed
+operations), :mod:`~fjord.broker.metadata_view` and :mod:`~fjord.broker.config`. Shells:
+:mod:`~fjord.broker.replica_manager`, :mod:`~fjord.broker.service`, :mod:`~fjord.broker.server`.
+"""

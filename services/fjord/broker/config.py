@@ -1,0 +1,75 @@
+"""Effective configuration of a topic on this broker: storage settings plus the broker-side
+topic settings (``min.insync.replicas``), layered Kafka's way.
+
+Pure. Precedence, lowest first: Fjord's defaults, the broker's ``--config k=v``, the cluster's
+``cluster-config`` key in etcd, the topic's own overrides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fjord.broker import defaults
+from fjord.errors import ConfigError
+from fjord.storage.config import LogConfig
+from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
+
+#: Every topic config key a broker understands (storage's keys and the other components').
+TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
+
+#: Broker-only keys accepted by ``fjord broker --config`` besides topic defaults.
+BROKER_ONLY_KEYS = frozenset({"auto.create.topics.enable"})
+
+
+@dataclass(frozen=True, slots=True)
+class TopicSettings:
+    """What the broker needs to host one topic's partitions.
+
+    Invariant: ``log_config`` is validated and ``min_insync_replicas >= 1``.
+    """
+
+    log_config: LogConfig
+    min_insync_replicas: int
+
+
+def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
+    """Check ``fjord broker --config`` entries; unknown keys raise ConfigError naming them."""
+    out = dict(config)
+    for key in out:
+        if key not in TOPIC_CONFIG_KEYS and key not in BROKER_ONLY_KEYS:
+            raise ConfigError(f"{key}: unknown broker config")
+    auto = out.get("auto.create.topics.enable", "false").strip().lower()
+    if auto not in ("true", "false"):
+        raise ConfigError(f"auto.create.topics.enable: expected true or false, got {auto!r}")
+    if auto == "true":
+        raise ConfigError(
+            "auto.create.topics.enable: not supported by Fjord yet; create topics with "
+            "`fjord topics create`"
+        )
+    topic_settings(out, {}, {})  # validates every topic default now, naming the bad key
+    return out
+
+
+def topic_settings(
+    broker_config: Mapping[str, str],
+    cluster_config: Mapping[str, str],
+    topic_config: Mapping[str, str],
+) -> TopicSettings:
+    """The effective settings of a topic. Raises ConfigError naming an invalid key."""
+    merged: dict[str, str] = {}
+    for layer in (broker_config, cluster_config, topic_config):
+        for key, value in layer.items():
+            # cluster-config also holds broker/controller settings (num.partitions, ...):
+            # only the topic-level ones matter here.
+            if key in TOPIC_CONFIG_KEYS:
+                merged[key] = value
+    log_config = LogConfig.from_dict(merged)
+    raw_isr = merged.get("min.insync.replicas", str(defaults.DEFAULT_MIN_INSYNC_REPLICAS))
+    try:
+        min_isr = int(str(raw_isr).strip())
+    except ValueError:
+        raise ConfigError(f"min.insync.replicas: expected an integer, got {raw_isr!r}") from None
+    if min_isr < 1:
+        raise ConfigError(f"min.insync.replicas: {min_isr} is below the minimum 1")
+    return TopicSettings(log_config, min_isr)

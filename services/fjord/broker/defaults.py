@@ -1,0 +1,80 @@
+"""Every default of the broker service, defined once here.
+
+Names follow Kafka's broker settings where one exists (in the comment); values are Kafka's unless
+a comment says why Fjord differs.
+"""
+
+from __future__ import annotations
+
+# --- network -------------------------------------------------------------------------------
+
+#: Port used when ``--listen`` gives none (Kafka's usual 9092).
+DEFAULT_BROKER_PORT = 9092
+
+#: Largest gRPC message the broker sends or accepts. A produce request may carry up to
+#: 64 MiB of batches (a large ``max.request.size``) and a fetch may answer up to ``fetch.max.bytes``
+#: plus one oversized first batch; 8 MiB of headroom covers protobuf framing of many partitions.
+GRPC_MAX_MESSAGE_BYTES = 64 * 1024 * 1024 + 8 * 1024 * 1024
+
+#: Seconds the server lets in-flight calls finish on SIGTERM/SIGINT before cancelling them.
+SHUTDOWN_GRACE_S = 5.0
+
+# --- etcd registration -----------------------------------------------------------------------
+
+#: TTL of the broker's etcd lease (its liveness): the controller moves leadership away this many
+#: seconds after a broker dies without revoking its lease (Kafka: broker.session.timeout.ms = 9 s).
+BROKER_LEASE_TTL_S = 9
+
+#: How often the lease is refreshed: three refreshes per TTL, so one lost refresh is harmless.
+LEASE_KEEPALIVE_INTERVAL_S = BROKER_LEASE_TTL_S / 3
+
+#: Pause before retrying registration after etcd failed (bounded backoff ceiling below).
+REGISTRATION_RETRY_BACKOFF_S = 0.5
+REGISTRATION_RETRY_BACKOFF_MAX_S = 5.0
+
+#: Seconds to wait at start-up for the first metadata snapshot before serving anyway.
+METADATA_STARTUP_TIMEOUT_S = 30.0
+
+# --- request handling ---------------------------------------------------------------------------
+
+#: Kafka's ``request.timeout.ms`` default, used when a produce request carries timeout_ms <= 0.
+DEFAULT_REQUEST_TIMEOUT_MS = 30_000
+
+#: Upper bound on a fetch's ``max_wait_ms`` (a client cannot park a call for longer).
+MAX_FETCH_WAIT_MS = 60_000
+
+#: ``fetch.max.bytes`` (broker side cap on one fetch response; Kafka: 55 MiB).
+FETCH_MAX_BYTES = 55 * 1024 * 1024
+
+#: Per-partition cap used when a fetch leaves ``partition_max_bytes`` at 0 (unset): the Kafka
+#: consumer's ``max.partition.fetch.bytes`` default.
+PARTITION_FETCH_MAX_BYTES = 1024 * 1024
+
+#: Reads larger than this are done in a worker thread instead of on the event loop: small reads
+#: come from the page cache in microseconds, and a thread hop costs more than that.
+READ_IN_THREAD_THRESHOLD_BYTES = 1024 * 1024
+
+#: ``min.insync.replicas`` when neither the topic nor the cluster config sets it.
+DEFAULT_MIN_INSYNC_REPLICAS = 1
+
+#: ``auto.create.topics.enable``: off in Fjord (Kafka's default is on). Topics are created
+#: through the controller (``fjord topics create``); a Metadata request asking for
+#: auto-creation gets UNKNOWN_TOPIC_OR_PARTITION like any other unknown topic.
+AUTO_CREATE_TOPICS_ENABLE = False
+
+# --- periodic log maintenance ------------------------------------------------------------------
+
+#: How often logs are checked for ``flush.messages`` / ``flush.ms`` (Kafka:
+#: log.flush.scheduler.interval.ms; Kafka leaves flushing to the OS by default, and so do the
+#: default topic configs: this check is cheap when nothing asks for a flush).
+FLUSH_CHECK_INTERVAL_S = 1.0
+
+#: How often retention (retention.ms / retention.bytes) runs (Kafka:
+#: log.retention.check.interval.ms = 5 min; 30 s here so that short local demos see it).
+RETENTION_CHECK_INTERVAL_S = 30.0
+
+#: How often logs are checked for a time-based roll (segment.ms).
+ROLL_CHECK_INTERVAL_S = 10.0
+
+#: Upper bound on one maintenance pass; a pass that takes longer is logged and cancelled.
+MAINTENANCE_TIMEOUT_S = 60.0

@@ -1,0 +1,113 @@
+"""The broker's answer to a Metadata request, built from a :class:`MetadataImage`.
+
+Pure: image in, protobuf out. The all-topics answer is cached per image revision by the caller
+(:class:`MetadataResponder`), because clients ask for it on every refresh.
+"""
+
+from __future__ import annotations
+
+from fjord._proto import broker_pb2, common_pb2
+from fjord.errors import ErrorCode
+from fjord.metadata import MetadataImage, PartitionState
+
+#: Topics whose name starts with this are Fjord's own (``__consumer_offsets``), as in Kafka.
+INTERNAL_TOPIC_PREFIX = "__"
+
+
+def _error(code: ErrorCode, message: str) -> common_pb2.Error:
+    return common_pb2.Error(code=code.code, message=message)
+
+
+def partition_metadata(
+    partition: int, state: PartitionState, live_brokers: frozenset[int] | set[int]
+) -> common_pb2.PartitionMetadata:
+    """One partition as clients see it; LEADER_NOT_AVAILABLE while it has no live leader."""
+    meta = common_pb2.PartitionMetadata(
+        partition=partition,
+        leader=state.leader,
+        leader_epoch=state.leader_epoch,
+        replicas=state.replicas,
+        isr=state.isr,
+        partition_epoch=state.partition_epoch,
+        offline_replicas=[r for r in state.replicas if r not in live_brokers],
+    )
+    if state.leader < 0 or state.leader not in live_brokers:
+        meta.leader = -1
+        meta.error.CopyFrom(
+            _error(ErrorCode.LEADER_NOT_AVAILABLE, f"partition {partition} has no live leader")
+        )
+    return meta
+
+
+def topic_metadata(
+    image: MetadataImage, name: str, live_brokers: frozenset[int] | set[int]
+) -> common_pb2.TopicMetadata:
+    """A topic with its partitions, or an error: INVALID_TOPIC_EXCEPTION for an empty name,
+    UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist."""
+    out = common_pb2.TopicMetadata(name=name, internal=name.startswith(INTERNAL_TOPIC_PREFIX))
+    if not name:
+        out.error.CopyFrom(_error(ErrorCode.INVALID_TOPIC_EXCEPTION, "empty topic name"))
+        return out
+    record = image.topic(name)
+    if record is None:
+        out.error.CopyFrom(
+            _error(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic {name!r} does not exist")
+        )
+        return out
+    out.topic_id = record.topic_id
+    for partition, state in sorted(image.partitions(name).items()):
+        out.partitions.append(partition_metadata(partition, state, live_brokers))
+    return out
+
+
+def build_metadata_response(
+    image: MetadataImage, request: broker_pb2.MetadataRequest
+) -> broker_pb2.MetadataResponse:
+    """The full Metadata answer. Auto-creation is not supported (see fjord.broker.defaults:
+    AUTO_CREATE_TOPICS_ENABLE): unknown topics are reported as unknown, whatever
+    ``allow_auto_topic_creation`` says."""
+    response = broker_pb2.MetadataResponse(
+        cluster_id=image.cluster_id, metadata_version=image.revision
+    )
+    live = set(image.brokers)
+    for broker_id, reg in sorted(image.brokers.items()):
+        response.brokers.append(
+            common_pb2.BrokerInfo(id=broker_id, host=reg.host, port=reg.port, rack=reg.rack or "")
+        )
+    active = image.controller
+    if active is not None:
+        response.controller.CopyFrom(
+            common_pb2.ControllerInfo(
+                id=active.registration.id,
+                host=active.registration.host,
+                port=active.registration.port,
+                epoch=active.epoch,
+            )
+        )
+    names = sorted(image.topics) if request.all_topics else list(dict.fromkeys(request.topics))
+    for name in names:
+        response.topics.append(topic_metadata(image, name, live))
+    return response
+
+
+class MetadataResponder:
+    """Answers Metadata requests, caching the all-topics answer for the current image.
+
+    Invariant: a cached answer is only served for the image (revision and cluster) it was built
+    from, and is never mutated after it is built (gRPC only serializes it).
+    """
+
+    def __init__(self) -> None:
+        self._cached_key: tuple[str, int] | None = None
+        self._cached: broker_pb2.MetadataResponse | None = None
+
+    def respond(
+        self, image: MetadataImage, request: broker_pb2.MetadataRequest
+    ) -> broker_pb2.MetadataResponse:
+        if not request.all_topics:
+            return build_metadata_response(image, request)
+        key = (image.cluster_id, image.revision)
+        if self._cached is None or self._cached_key != key:
+            self._cached = build_metadata_response(image, request)
+            self._cached_key = key
+        return self._cached

@@ -1,0 +1,576 @@
+"""The broker's partitions: which it hosts, produce/fetch/list-offsets against them, and the
+delayed operations (long-poll fetch, acks=all) that wait on them.
+
+This is the layer between the gRPC servicer (which only translates) and the pure cores
+(:mod:`fjord.broker.partition`, :mod:`fjord.broker.fetch`, :mod:`fjord.broker.purgatory`). It
+takes and returns protobuf messages directly, so the hot path builds no intermediate objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
+
+from fjord._proto import broker_pb2
+from fjord.broker import defaults
+from fjord.broker.config import TopicSettings, topic_settings
+from fjord.broker.fetch import FetchSlot, assemble_fetch
+from fjord.broker.partition import Partition, PartitionAssignment
+from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
+from fjord.errors import (
+    ErrorCode,
+    FjordError,
+    InvalidRequestError,
+    InvalidRequiredAcksError,
+    NotLeaderOrFollowerError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
+from fjord.metadata import MetadataImage
+from fjord.observability import metrics
+from fjord.storage import PartitionLog
+
+log = logging.getLogger(__name__)
+
+TopicPartition = tuple[str, int]
+
+EARLIEST_TIMESTAMP = -2
+LATEST_TIMESTAMP = -1
+MAX_TIMESTAMP = -3
+
+
+class LogManagerLike(Protocol):
+    """The part of fjord.storage.LogManager the replica manager uses."""
+
+    def get_or_create(self, topic: str, partition: int, config: Any) -> Any: ...
+
+    def get(self, topic: str, partition: int) -> Any: ...
+
+    def delete(self, topic: str, partition: int) -> Any: ...
+
+    def logs(self) -> Mapping[tuple[str, int], Any]: ...
+
+
+def _set_error(target: Any, exc: FjordError) -> None:
+    target.error.code = exc.code.code
+    target.error.message = str(exc)
+
+
+def _unexpected(exc: Exception) -> FjordError:
+    log.exception("unexpected error while handling a partition request")
+    return FjordError(f"{type(exc).__name__}: {exc}", code=ErrorCode.UNKNOWN_SERVER_ERROR)
+
+
+class ReplicaManager:
+    """Every partition replica this broker hosts, indexed by (topic, partition).
+
+    Invariants:
+    - ``partitions`` holds exactly the partitions of the last applied metadata image whose
+      replica set contains this broker; each has an open log from the LogManager.
+    - A produce is appended only by the partition's leader, in the current leader epoch, and
+      only while the broker is not ``fenced`` (fenced: its etcd registration was lost and it has
+      not yet re-registered and caught up with the metadata; it must not act as a leader).
+    - Every delayed operation is watched in its purgatory from the moment it waits until it
+      completes, times out or its caller is cancelled, and never after.
+    """
+
+    def __init__(
+        self,
+        broker_id: int,
+        logs: LogManagerLike,
+        broker_config: Mapping[str, str] | None = None,
+    ) -> None:
+        self.broker_id = broker_id
+        self._logs = logs
+        self._broker_config = dict(broker_config or {})
+        self.partitions: dict[TopicPartition, Partition] = {}
+        self.image: MetadataImage | None = None
+        self.fenced = False
+        self.closing = False
+        self._fetch_waiters: Purgatory[DelayedFetch] = Purgatory()
+        self._produce_waiters: Purgatory[DelayedProduce] = Purgatory()
+        self._wakeups: dict[DelayedFetch | DelayedProduce, asyncio.Future[None]] = {}
+        self._metadata_lock = asyncio.Lock()
+        self._strays_removed = False
+
+    # --- metadata -------------------------------------------------------------------------------
+
+    def _settings_for(self, image: MetadataImage, topic: str) -> TopicSettings | None:
+        record = image.topic(topic)
+        if record is None:
+            return None
+        try:
+            return topic_settings(self._broker_config, image.cluster_config, record.config)
+        except FjordError as exc:
+            log.error("topic %s has an invalid config, not hosting it: %s", topic, exc)
+            return None
+
+    async def apply_metadata(self, image: MetadataImage) -> None:
+        """Open, update and drop local replicas to match ``image`` (called on every change)."""
+        async with self._metadata_lock:
+            await self._apply_metadata(image)
+
+    async def _apply_metadata(self, image: MetadataImage) -> None:
+        self.image = image
+        wanted: dict[TopicPartition, Any] = {}
+        settings_by_topic: dict[str, TopicSettings | None] = {}
+        for ref in image.partitions_replicated_on(self.broker_id):
+            wanted[(ref.topic, ref.partition)] = ref.state
+        for key, state in wanted.items():
+            topic, number = key
+            if topic not in settings_by_topic:
+                settings_by_topic[topic] = self._settings_for(image, topic)
+            settings = settings_by_topic[topic]
+            if settings is None:
+                continue
+            assignment = PartitionAssignment(
+                leader=state.leader,
+                leader_epoch=state.leader_epoch,
+                replicas=tuple(state.replicas),
+                isr=tuple(state.isr),
+                partition_epoch=state.partition_epoch,
+            )
+            existing = self.partitions.get(key)
+            if existing is None:
+                try:
+                    plog = self._logs.get_or_create(topic, number, settings.log_config)
+                except FjordError as exc:
+                    log.error("cannot open log of %s-%d: %s", topic, number, exc)
+                    continue
+                self.partitions[key] = Partition(
+                    topic,
+                    number,
+                    self.broker_id,
+                    plog,
+                    assignment,
+                    min_insync_replicas=settings.min_insync_replicas,
+                )
+                log.info(
+                    "hosting %s-%d (leader %d, epoch %d)",
+                    topic,
+                    number,
+                    assignment.leader,
+                    assignment.leader_epoch,
+                )
+                continue
+            if existing.assignment != assignment:
+                epoch_changed = existing.assignment.leader_epoch != assignment.leader_epoch
+                if existing.update_assignment(assignment):
+                    self._notify_high_watermark(key, existing, None)
+                if epoch_changed:
+                    self._wake_producers(key)
+            existing.update_config(min_insync_replicas=settings.min_insync_replicas)
+            if getattr(existing.log, "config", None) != settings.log_config:
+                existing.log.config = settings.log_config  # alter-configs reach open logs
+        gone = [key for key in self.partitions if key not in wanted]
+        if not self._strays_removed and image.revision > 0:
+            # Logs left on disk for partitions this broker no longer hosts (the topic was
+            # deleted or moved while it was down): drop them once the first snapshot is known.
+            self._strays_removed = True
+            gone += [key for key in self._logs.logs() if key not in wanted and key not in gone]
+        for key in gone:
+            self.partitions.pop(key, None)
+            self._wake_producers(key)
+            self._wake_fetchers(key)
+        for topic, number in gone:
+            log.info("no longer a replica of %s-%d: deleting its local log", topic, number)
+            try:
+                await asyncio.to_thread(self._logs.delete, topic, number)
+            except Exception:
+                log.exception("deleting the log of %s-%d failed", topic, number)
+        metrics.set_partitions_led(sum(1 for p in self.partitions.values() if p.is_leader))
+        metrics.set_under_replicated_partitions(
+            sum(
+                1
+                for p in self.partitions.values()
+                if p.is_leader and len(p.assignment.isr) < len(p.assignment.replicas)
+            )
+        )
+
+    def _missing_partition_error(self, topic: str, partition: int) -> FjordError:
+        """Kafka's choice: NOT_LEADER_OR_FOLLOWER when the partition exists elsewhere,
+        UNKNOWN_TOPIC_OR_PARTITION when this broker's metadata does not know it."""
+        image = self.image
+        if image is not None and image.partition(topic, partition) is not None:
+            return NotLeaderOrFollowerError(
+                f"broker {self.broker_id} hosts no replica of {topic}-{partition}"
+            )
+        return UnknownTopicOrPartitionError(f"unknown topic or partition {topic}-{partition}")
+
+    # --- wakeups ------------------------------------------------------------------------------
+
+    def _notify_high_watermark(
+        self, key: TopicPartition, partition: Partition, new_bytes: int | None
+    ) -> None:
+        """The partition's high watermark advanced (by ``new_bytes`` bytes, None: unknown)."""
+        hw = partition.high_watermark
+        for produce_op in self._produce_waiters.watchers(key):
+            if produce_op.on_high_watermark(key, hw):
+                self._complete(produce_op)
+        for fetch_op in self._fetch_waiters.watchers(key):
+            if fetch_op.on_visible_bytes(key, new_bytes):
+                self._complete(fetch_op)
+
+    def _notify_log_end(self, key: TopicPartition, new_bytes: int) -> None:
+        """Bytes were appended beyond the high watermark: only followers can read them."""
+        for fetch_op in self._fetch_waiters.watchers(key):
+            if fetch_op.for_replica and fetch_op.on_visible_bytes(key, new_bytes):
+                self._complete(fetch_op)
+
+    def _complete(self, op: DelayedFetch | DelayedProduce) -> None:
+        future = self._wakeups.get(op)
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def _wake_producers(self, key: TopicPartition) -> None:
+        for op in self._produce_waiters.watchers(key):
+            self._complete(op)
+
+    def _wake_fetchers(self, key: TopicPartition) -> None:
+        for op in self._fetch_waiters.watchers(key):
+            self._complete(op)
+
+    async def _wait(
+        self,
+        op: DelayedFetch | DelayedProduce,
+        purgatory: Purgatory[Any],
+        timeout_s: float,
+    ) -> None:
+        """Park until ``op`` is completed (or woken by a leadership change) or the timeout."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._wakeups[op] = future
+        purgatory.watch(op)
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            pass
+        finally:
+            purgatory.unwatch(op)
+            self._wakeups.pop(op, None)
+
+    def close(self) -> None:
+        """The broker is shutting down: answer every parked fetch and produce now."""
+        self.closing = True
+        for op in list(self._wakeups):
+            self._complete(op)
+
+    # --- produce ------------------------------------------------------------------------------
+
+    async def produce(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+        """Append every partition's batches; acks=all waits for the high watermark."""
+        response = broker_pb2.ProduceResponse()
+        acks = request.acks
+        if acks not in (0, 1, -1):
+            bad_acks = InvalidRequiredAcksError(f"acks must be 0, 1 or -1 (all), got {acks}")
+            for topic in request.topics:
+                topic_out = response.topics.add(name=topic.name)
+                for p in topic.partitions:
+                    out = topic_out.partitions.add(
+                        partition=p.partition, base_offset=-1, log_append_time_ms=-1
+                    )
+                    _set_error(out, bad_acks)
+            return response
+        waiting: dict[TopicPartition, tuple[Any, Partition, int]] = {}
+        for topic in request.topics:
+            topic_out = response.topics.add(name=topic.name)
+            for p in topic.partitions:
+                out = topic_out.partitions.add(
+                    partition=p.partition, base_offset=-1, log_append_time_ms=-1
+                )
+                key = (topic.name, p.partition)
+                partition = self.partitions.get(key)
+                try:
+                    if partition is None:
+                        raise self._missing_partition_error(topic.name, p.partition)
+                    if self.fenced:
+                        raise NotLeaderOrFollowerError(
+                            f"broker {self.broker_id} lost its registration and is re-registering"
+                        )
+                    outcome = partition.append_as_leader(p.records, acks)
+                except FjordError as exc:
+                    _set_error(out, exc)
+                    continue
+                except Exception as exc:  # a bug or an I/O error: answer, never drop the call
+                    _set_error(out, _unexpected(exc))
+                    continue
+                info = outcome.info
+                out.base_offset = info.first_offset
+                append_time = getattr(info, "log_append_time", -1)
+                out.log_append_time_ms = append_time if append_time is not None else -1
+                out.log_start_offset = partition.log_start_offset
+                metrics.record_bytes_in(topic.name, len(p.records), info.record_count)
+                if outcome.high_watermark_advanced:
+                    self._notify_high_watermark(key, partition, len(p.records))
+                else:
+                    self._notify_log_end(key, len(p.records))
+                required = info.last_offset + 1
+                if acks == -1 and partition.high_watermark < required:
+                    waiting[key] = (out, partition, required)
+        if waiting:
+            await self._await_replication(waiting, request.timeout_ms)
+        return response
+
+    async def _await_replication(
+        self, waiting: dict[TopicPartition, tuple[Any, Partition, int]], timeout_ms: int
+    ) -> None:
+        timeout_s = (timeout_ms if timeout_ms > 0 else defaults.DEFAULT_REQUEST_TIMEOUT_MS) / 1000
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        epochs = {key: part.leader_epoch for key, (_, part, _) in waiting.items()}
+        pending = dict(waiting)
+        while pending:
+            op = DelayedProduce({k: req for k, (_, _, req) in pending.items()})
+            for key, (_, part, _) in pending.items():
+                op.on_high_watermark(key, part.high_watermark)
+            if not op.completed:
+                await self._wait(op, self._produce_waiters, max(0.0, deadline - loop.time()))
+            timed_out = loop.time() >= deadline
+            for key in list(pending):
+                out, waited_on, required = pending[key]
+                still_hosted = self.partitions.get(key) is waited_on
+                if (
+                    not still_hosted
+                    or not waited_on.is_leader
+                    or waited_on.leader_epoch != epochs[key]
+                ):
+                    _set_error(
+                        out,
+                        NotLeaderOrFollowerError(
+                            f"leadership of {key[0]}-{key[1]} moved before the write was "
+                            "replicated; it may or may not be committed"
+                        ),
+                    )
+                    del pending[key]
+                elif waited_on.high_watermark >= required:
+                    del pending[key]
+                elif timed_out:
+                    _set_error(
+                        out,
+                        RequestTimedOutError(
+                            f"{key[0]}-{key[1]}: not replicated to the ISR within {timeout_s} s"
+                        ),
+                    )
+                    del pending[key]
+                elif self.closing:
+                    _set_error(
+                        out,
+                        NotLeaderOrFollowerError(
+                            f"broker {self.broker_id} is shutting down before {key[0]}-{key[1]} "
+                            "was replicated; the write may or may not be committed"
+                        ),
+                    )
+                    del pending[key]
+
+    # --- fetch --------------------------------------------------------------------------------
+
+    async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
+        """A long poll: answer once ``min_bytes`` are available or ``max_wait_ms`` passed."""
+        if request.max_bytes < 0 or request.min_bytes < 0 or request.max_wait_ms < 0:
+            response = broker_pb2.FetchResponse()
+            _set_error(
+                response,
+                InvalidRequestError("max_bytes, min_bytes and max_wait_ms must not be negative"),
+            )
+            return response
+        loop = asyncio.get_running_loop()
+        wait_s = min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
+        deadline = loop.time() + wait_s
+        while True:
+            response, total, keys, has_error = await self._fetch_once(request)
+            if total >= request.min_bytes or has_error or not keys or self.closing:
+                return response
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return response
+            op = DelayedFetch(keys, request.min_bytes, total, for_replica=request.replica_id >= 0)
+            await self._wait(op, self._fetch_waiters, remaining)
+            if loop.time() >= deadline:
+                return (await self._fetch_once(request))[0]
+
+    async def _fetch_once(
+        self, request: broker_pb2.FetchRequest
+    ) -> tuple[broker_pb2.FetchResponse, int, list[TopicPartition], bool]:
+        """One pass: check every partition, then read. Returns (response, bytes read, keys
+        a delayed fetch should wait on, whether any partition had an error)."""
+        response = broker_pb2.FetchResponse()
+        replica_id = request.replica_id
+        is_follower = replica_id >= 0
+        max_bytes = min(request.max_bytes or defaults.FETCH_MAX_BYTES, defaults.FETCH_MAX_BYTES)
+        slots: list[FetchSlot] = []
+        targets: list[tuple[Any, str, _PartitionReader]] = []
+        keys: list[TopicPartition] = []
+        has_error = False
+        for topic in request.topics:
+            topic_out = response.topics.add(name=topic.name)
+            for fp in topic.partitions:
+                out = topic_out.partitions.add(
+                    partition=fp.partition,
+                    high_watermark=-1,
+                    last_stable_offset=-1,
+                    log_start_offset=-1,
+                    leader_id=-1,
+                    leader_epoch=-1,
+                )
+                key = (topic.name, fp.partition)
+                partition = self.partitions.get(key)
+                try:
+                    if partition is None:
+                        raise self._missing_partition_error(topic.name, fp.partition)
+                    partition.check_leader(fp.current_leader_epoch)
+                    diverging = None
+                    if is_follower:
+                        diverging = partition.diverging_epoch(
+                            fp.last_fetched_epoch, fp.fetch_offset
+                        )
+                        if diverging is None and partition.record_follower_fetch(
+                            replica_id, fp.fetch_offset
+                        ):
+                            self._notify_high_watermark(key, partition, None)
+                    upper = partition.fetch_upper_bound(fp.fetch_offset, replica_id)
+                except FjordError as exc:
+                    _set_error(out, exc)
+                    if partition is not None:
+                        out.leader_id = partition.assignment.leader
+                        out.leader_epoch = partition.leader_epoch
+                    has_error = True
+                    continue
+                hw = partition.high_watermark
+                out.high_watermark = hw
+                out.last_stable_offset = hw
+                out.log_start_offset = partition.log_start_offset
+                out.leader_id = partition.assignment.leader
+                out.leader_epoch = partition.leader_epoch
+                if diverging is not None:
+                    # The follower must truncate first: no data, and answer at once.
+                    out.diverging_epoch.epoch, out.diverging_epoch.end_offset = diverging
+                    has_error = True
+                    continue
+                keys.append(key)
+                offset = fp.fetch_offset
+                if offset >= upper:
+                    continue  # nothing visible yet: no read at all
+                limit = fp.partition_max_bytes
+                if limit <= 0:
+                    limit = defaults.PARTITION_FETCH_MAX_BYTES
+                reader = _PartitionReader(partition.log, offset, upper)
+                slots.append(FetchSlot(limit, reader))
+                targets.append((out, topic.name, reader))
+        total = 0
+        if slots:
+            if min(max_bytes, sum(s.partition_max_bytes for s in slots)) > (
+                defaults.READ_IN_THREAD_THRESHOLD_BYTES
+            ):
+                # Possibly a big read: keep the event loop free (the log locks its own state).
+                datas = await asyncio.to_thread(assemble_fetch, slots, max_bytes)
+            else:
+                datas = assemble_fetch(slots, max_bytes)
+            for (out, topic_name, reader), data in zip(targets, datas, strict=True):
+                if reader.error is not None:
+                    _set_error(out, reader.error)
+                    has_error = True
+                elif data:
+                    out.records = data
+                    total += len(data)
+                    if not is_follower:
+                        metrics.record_bytes_out(topic_name, len(data))
+        return response, total, keys, has_error
+
+    # --- list offsets -------------------------------------------------------------------------
+
+    def list_offsets(
+        self, request: broker_pb2.ListOffsetsRequest
+    ) -> broker_pb2.ListOffsetsResponse:
+        response = broker_pb2.ListOffsetsResponse()
+        for topic in request.topics:
+            topic_out = response.topics.add(name=topic.name)
+            for lp in topic.partitions:
+                out = topic_out.partitions.add(
+                    partition=lp.partition, timestamp=-1, offset=-1, leader_epoch=-1
+                )
+                partition = self.partitions.get((topic.name, lp.partition))
+                try:
+                    if partition is None:
+                        raise self._missing_partition_error(topic.name, lp.partition)
+                    partition.check_leader(lp.current_leader_epoch)
+                    self._list_offset(partition, lp.timestamp, request.replica_id, out)
+                except FjordError as exc:
+                    _set_error(out, exc)
+                except Exception as exc:
+                    _set_error(out, _unexpected(exc))
+        return response
+
+    def _list_offset(self, partition: Partition, timestamp: int, replica_id: int, out: Any) -> None:
+        visible_end = partition.log_end_offset if replica_id >= 0 else partition.high_watermark
+        if timestamp == EARLIEST_TIMESTAMP:
+            out.offset = partition.log_start_offset
+            out.leader_epoch = partition.leader_epoch
+        elif timestamp == LATEST_TIMESTAMP:
+            out.offset = visible_end
+            out.leader_epoch = partition.leader_epoch
+        elif timestamp == MAX_TIMESTAMP:
+            found = _max_timestamp(partition.log, visible_end)
+            if found is not None:
+                out.offset, out.timestamp = found
+                out.leader_epoch = partition.leader_epoch
+        elif timestamp >= 0:
+            found = partition.log.offset_for_timestamp(timestamp)
+            if found is not None and found[0] < visible_end:
+                out.offset, out.timestamp = int(found[0]), int(found[1])
+                out.leader_epoch = partition.leader_epoch
+        else:
+            raise InvalidRequestError(
+                f"timestamp {timestamp}: expected -2 (earliest), -1 (latest), -3 (max "
+                "timestamp) or a timestamp in ms >= 0"
+            )
+
+    # --- maintenance (called by the server's periodic tasks) ------------------------------
+
+    def hosted(self) -> list[tuple[TopicPartition, Partition]]:
+        """A snapshot of the hosted partitions (safe to iterate while metadata changes)."""
+        return list(self.partitions.items())
+
+    def on_log_start_moved(self, keys: Iterable[TopicPartition]) -> None:
+        """Retention or delete_records moved log starts: keep high watermarks consistent."""
+        for key in keys:
+            partition = self.partitions.get(key)
+            if partition is not None and partition.update_assignment(partition.assignment):
+                self._notify_high_watermark(key, partition, None)
+
+
+class _PartitionReader:
+    """Reads one partition for :func:`assemble_fetch`; a failure (the log was deleted or
+    retention passed the offset since the checks) becomes that partition's error, not the
+    whole call's."""
+
+    __slots__ = ("error", "offset", "plog", "upper")
+
+    def __init__(self, plog: PartitionLog, offset: int, upper: int) -> None:
+        self.plog = plog
+        self.offset = offset
+        self.upper = upper
+        self.error: FjordError | None = None
+
+    def __call__(self, limit: int) -> bytes:
+        try:
+            return self.plog.read(self.offset, limit, self.upper)
+        except FjordError as exc:
+            self.error = exc
+        except Exception as exc:
+            self.error = _unexpected(exc)
+        return b""
+
+
+def _max_timestamp(plog: PartitionLog, visible_end: int) -> tuple[int, int] | None:
+    """(offset, timestamp) of the batch with the largest max timestamp below ``visible_end``
+    (ties: the earliest), from the segments' own bookkeeping; None for an empty log."""
+    best: tuple[int, int] | None = None
+    for segment in plog.segments:
+        ts = segment.max_timestamp
+        offset = segment.offset_of_max_timestamp
+        if ts < 0 or offset >= visible_end or segment.next_offset == segment.base_offset:
+            continue
+        if best is None or ts > best[1]:
+            best = (int(offset), int(ts))
+    return best

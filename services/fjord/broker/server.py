@@ -1,0 +1,404 @@
+"""The broker process: etcd registration, metadata following, log maintenance, gRPC serving.
+
+Lifecycle (:class:`BrokerServer`): open every local log (LogManager) -> follow the cluster
+metadata (MetadataWatcher; the first snapshot decides which logs this broker hosts) -> serve gRPC
+-> register ``brokers/<id>`` under its own lease -> run until SIGTERM/SIGINT -> stop serving,
+revoke the lease (the controller moves leadership at once instead of after the TTL), stop the
+watcher, close the logs (clean-shutdown marker).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aetcd
+from grpc import aio
+
+from fjord._proto import broker_pb2_grpc
+from fjord.broker import defaults
+from fjord.broker.config import topic_settings, validate_broker_config
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.service import BrokerServicer
+from fjord.errors import ConfigError
+from fjord.metadata import (
+    BrokerRegistration,
+    Keys,
+    MetadataImage,
+    MetadataWatcher,
+    etcd_client,
+    parse_etcd_endpoint,
+)
+from fjord.observability.interceptors import server_interceptors
+from fjord.observability.metrics import start_metrics_server, stop_metrics_server
+from fjord.storage import LogManager
+
+log = logging.getLogger(__name__)
+
+
+def parse_listen(address: str, default_port: int = defaults.DEFAULT_BROKER_PORT) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``HOST``, or ``[v6]:PORT``) to (host, port); ConfigError names listen."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        host, port_text = address, str(default_port)
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"listen: expected HOST:PORT, got {address!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"listen: invalid port in {address!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"listen: port {port} out of range 0..65535")
+    return host, port
+
+
+#: Hidden file (LogManager ignores dot entries) naming the cluster and broker a data dir
+#: belongs to, like Kafka's meta.properties: a broker started with the wrong cluster id or
+#: broker id fails instead of treating every local log as a stray and deleting it.
+IDENTITY_FILE = ".fjord-broker.json"
+
+
+def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> None:
+    """Create the identity file of a new data dir, or check that it matches. Raises ConfigError
+    naming ``data-dir`` on a mismatch or an unreadable file."""
+    path = data_dir / IDENTITY_FILE
+    expected = {"cluster_id": cluster_id, "broker_id": broker_id}
+    if path.exists():
+        try:
+            found = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"data-dir: cannot read {path}: {exc}") from exc
+        if found != expected:
+            raise ConfigError(
+                f"data-dir: {data_dir} belongs to cluster {found.get('cluster_id')!r} broker "
+                f"{found.get('broker_id')!r}, not cluster {cluster_id!r} broker {broker_id}"
+            )
+        return
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(expected))
+    os.replace(tmp, path)
+
+
+@dataclass(frozen=True)
+class BrokerOptions:
+    """Everything ``fjord broker`` is started with.
+
+    ``advertised_host`` is what clients are told to connect to (default: the listen host, or
+    this machine's host name when listening on a wildcard address). ``listen_port`` 0 binds a
+    free port and advertises the bound one.
+    """
+
+    broker_id: int
+    listen_host: str
+    listen_port: int
+    data_dir: Path
+    etcd_url: str
+    cluster_id: str
+    rack: str | None = None
+    metrics_port: int | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    advertised_host: str | None = None
+    lease_ttl_s: int = defaults.BROKER_LEASE_TTL_S
+
+    def __post_init__(self) -> None:
+        if self.broker_id < 0:
+            raise ConfigError(f"id: broker id must be >= 0, got {self.broker_id}")
+        if self.lease_ttl_s < 1:
+            raise ConfigError(f"lease-ttl: must be >= 1 s, got {self.lease_ttl_s}")
+        try:
+            Keys(self.cluster_id)
+        except ValueError as exc:
+            raise ConfigError(f"cluster-id: {exc}") from exc
+        parse_etcd_endpoint(self.etcd_url)
+        validate_broker_config(self.config)
+
+
+class BrokerServer:
+    """One running broker.
+
+    Invariants: the etcd key ``brokers/<id>`` exists only while this process holds its lease;
+    while the lease is lost the ReplicaManager is fenced (no leader appends) until the broker has
+    re-registered and its metadata image has caught up with the new registration; every
+    background task is cancelled and awaited by :meth:`stop`.
+    """
+
+    def __init__(self, options: BrokerOptions) -> None:
+        self.options = options
+        self._keys = Keys(options.cluster_id)
+        self._etcd: aetcd.Client | None = None
+        self._watcher: MetadataWatcher | None = None
+        self._logs: LogManager | None = None
+        self.replicas: ReplicaManager | None = None
+        self._server: aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._lease_id: int | None = None
+        self._metrics_port: int | None = None
+        self.port: int = options.listen_port
+        self._stopped = asyncio.Event()
+
+    # --- start/stop -----------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        opts = self.options
+        opts.data_dir.mkdir(parents=True, exist_ok=True)
+        check_data_dir_identity(opts.data_dir, opts.cluster_id, opts.broker_id)
+        default_log_config = topic_settings(opts.config, {}, {}).log_config
+        # LogManager loads (and recovers) every partition at construction: a worker thread.
+        self._logs = await asyncio.to_thread(LogManager, opts.data_dir, default_log_config)
+        self.replicas = ReplicaManager(opts.broker_id, self._logs, opts.config)
+
+        self._etcd = etcd_client(opts.etcd_url)
+        await self._etcd.connect()
+        self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
+        replicas = self.replicas
+
+        async def on_change(_old: MetadataImage, new: MetadataImage) -> None:
+            await replicas.apply_metadata(new)
+
+        self._watcher.add_listener(on_change)
+        await self._watcher.start(defaults.METADATA_STARTUP_TIMEOUT_S)
+
+        self._server = aio.server(
+            interceptors=server_interceptors("broker"),
+            options=[
+                ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.so_reuseport", 0),
+            ],
+        )
+        broker_pb2_grpc.add_BrokerServicer_to_server(
+            BrokerServicer(replicas, lambda: self._image()), self._server
+        )
+        address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:  # newer grpc raises instead of returning 0
+            raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
+        if self.port == 0:
+            raise ConfigError(f"listen: cannot bind {opts.listen_host}:{opts.listen_port}")
+        await self._server.start()
+
+        if opts.metrics_port is not None:
+            self._metrics_port = start_metrics_server(opts.metrics_port)
+
+        revision = await self._register()
+        self._spawn(self._keep_lease_alive(), "lease keep-alive")
+        await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+        self._spawn(
+            self._periodic(defaults.FLUSH_CHECK_INTERVAL_S, self._flush_logs), "log flusher"
+        )
+        self._spawn(
+            self._periodic(defaults.RETENTION_CHECK_INTERVAL_S, self._apply_retention),
+            "log retention",
+        )
+        self._spawn(self._periodic(defaults.ROLL_CHECK_INTERVAL_S, self._roll_logs), "log roller")
+        log.info(
+            "broker %d serving on %s:%d (cluster %s, %d partitions)",
+            opts.broker_id,
+            self.advertised_host,
+            self.port,
+            opts.cluster_id,
+            len(replicas.partitions),
+        )
+
+    async def stop(self) -> None:
+        """Stop serving, deregister, stop following metadata and close the logs (idempotent)."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        if self.replicas is not None:
+            self.replicas.close()
+        if self._server is not None:
+            await self._server.stop(defaults.SHUTDOWN_GRACE_S)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        if self._etcd is not None and self._lease_id is not None:
+            try:
+                await self._etcd.revoke_lease(self._lease_id)
+            except Exception as exc:  # etcd gone: the lease expires by itself after its TTL
+                log.warning("could not revoke the broker lease: %s", exc)
+            self._lease_id = None
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._etcd is not None:
+            with contextlib.suppress(Exception):
+                await self._etcd.close()
+        if self._logs is not None:
+            await asyncio.to_thread(self._logs.close)
+            self._logs = None
+        if self._metrics_port is not None:
+            stop_metrics_server(self._metrics_port)
+            self._metrics_port = None
+        log.info("broker %d stopped", self.options.broker_id)
+
+    async def run_until_signalled(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then stop cleanly."""
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(stop_requested.wait())
+        try:
+            # A signal during start-up (e.g. while waiting for a stale registration of the
+            # same id to expire) must stop the broker too, not wait for start to finish.
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # start-up failed: raise its error
+                await stopping
+            log.info("broker %d: shutdown requested", self.options.broker_id)
+        finally:
+            for task in (starting, stopping):
+                task.cancel()
+            await asyncio.gather(starting, stopping, return_exceptions=True)
+            await self.stop()
+
+    # --- registration ---------------------------------------------------------------------------
+
+    @property
+    def advertised_host(self) -> str:
+        host = self.options.advertised_host or self.options.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return host
+
+    def _registration(self) -> BrokerRegistration:
+        return BrokerRegistration(
+            self.options.broker_id, self.advertised_host, self.port, self.options.rack
+        )
+
+    async def _register(self) -> int:
+        """Create ``brokers/<id>`` bound to a new lease; retry until it is free. Returns the
+        etcd revision of the registration (the broker epoch)."""
+        assert self._etcd is not None
+        etcd = self._etcd
+        key = self._keys.broker(self.options.broker_id).encode()
+        value = self._registration().to_json()
+        backoff = defaults.REGISTRATION_RETRY_BACKOFF_S
+        while True:
+            lease = None
+            try:
+                lease = await etcd.lease(self.options.lease_ttl_s)
+                ok, responses = await etcd.transaction(
+                    compare=[etcd.transactions.create(key) == 0],
+                    success=[etcd.transactions.put(key, value, lease=lease.id)],
+                    failure=[],
+                )
+                if ok:
+                    self._lease_id = lease.id
+                    revision = int(responses[0].response_put.header.revision)
+                    log.info(
+                        "broker %d registered at %s:%d (epoch %d)",
+                        self.options.broker_id,
+                        self.advertised_host,
+                        self.port,
+                        revision,
+                    )
+                    return revision
+                log.warning(
+                    "broker id %d is already registered (another process, or a previous run "
+                    "whose lease has not expired yet); retrying",
+                    self.options.broker_id,
+                )
+                await etcd.revoke_lease(lease.id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("broker registration failed: %s; retrying in %.1f s", exc, backoff)
+                if lease is not None:
+                    with contextlib.suppress(Exception):
+                        await etcd.revoke_lease(lease.id)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, defaults.REGISTRATION_RETRY_BACKOFF_MAX_S)
+
+    async def _keep_lease_alive(self) -> None:
+        assert self._etcd is not None and self.replicas is not None and self._watcher is not None
+        interval = self.options.lease_ttl_s / 3
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            lost = False
+            try:
+                reply = await self._etcd.refresh_lease(self._lease_id)
+                if reply is None or reply.TTL <= 0:
+                    lost = True
+                else:
+                    last_ok = time.monotonic()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("broker lease refresh failed: %s", exc)
+                lost = time.monotonic() - last_ok >= self.options.lease_ttl_s
+            if not lost:
+                continue
+            log.error(
+                "broker %d lost its etcd lease: fencing and re-registering",
+                self.options.broker_id,
+            )
+            self.replicas.fenced = True
+            self._lease_id = None
+            revision = await self._register()
+            await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+            self.replicas.fenced = False
+            last_ok = time.monotonic()
+
+    def _image(self) -> MetadataImage:
+        assert self._watcher is not None
+        return self._watcher.image
+
+    # --- maintenance ------------------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        self._tasks.append(asyncio.ensure_future(coro))
+        self._tasks[-1].set_name(f"broker {self.options.broker_id}: {name}")
+
+    async def _periodic(self, interval_s: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await asyncio.wait_for(action(), defaults.MAINTENANCE_TIMEOUT_S)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("log maintenance failed")
+
+    async def _flush_logs(self) -> None:
+        assert self.replicas is not None
+        now_ms = int(time.time() * 1000)
+        for _key, partition in self.replicas.hosted():
+            if partition.log.needs_flush(now_ms):
+                await asyncio.to_thread(partition.log.flush)
+
+    async def _apply_retention(self) -> None:
+        # PartitionLog guards its state with a lock, so retention may run in a worker thread
+        # while the event loop appends; it never deletes at or above the high watermark.
+        assert self.replicas is not None
+        now_ms = int(time.time() * 1000)
+        moved = []
+        for key, partition in self.replicas.hosted():
+            plog = partition.log
+            if await asyncio.to_thread(plog.apply_retention, now_ms, partition.high_watermark):
+                moved.append(key)
+        self.replicas.on_log_start_moved(moved)
+
+    async def _roll_logs(self) -> None:
+        assert self.replicas is not None
+        now_ms = int(time.time() * 1000)
+        for _key, partition in self.replicas.hosted():
+            await asyncio.to_thread(partition.log.maybe_roll, now_ms)
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

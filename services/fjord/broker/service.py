@@ -1,0 +1,49 @@
+"""The gRPC face of the broker: translates ``fjord.v1.Broker`` calls to the ReplicaManager.
+
+Thin by design: no protocol logic here. Kafka errors travel inside the responses; a gRPC status
+other than OK only means a transport failure or a bug (logged, UNKNOWN to the caller).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from grpc import aio
+
+from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.broker.metadata_view import MetadataResponder
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.metadata import MetadataImage
+
+
+class BrokerServicer(broker_pb2_grpc.BrokerServicer):
+    """Serves Produce, Fetch, ListOffsets and Metadata for one broker (gRPC's method names).
+
+    Invariant: every call answers from the ReplicaManager's state and the newest metadata image
+    the broker has applied (``image()``); nothing here caches partition state.
+    """
+
+    def __init__(self, replicas: ReplicaManager, image: Callable[[], MetadataImage]) -> None:
+        self._replicas = replicas
+        self._image = image
+        self._metadata = MetadataResponder()
+
+    async def Produce(
+        self, request: broker_pb2.ProduceRequest, context: aio.ServicerContext
+    ) -> broker_pb2.ProduceResponse:
+        return await self._replicas.produce(request)
+
+    async def Fetch(
+        self, request: broker_pb2.FetchRequest, context: aio.ServicerContext
+    ) -> broker_pb2.FetchResponse:
+        return await self._replicas.fetch(request)
+
+    async def ListOffsets(
+        self, request: broker_pb2.ListOffsetsRequest, context: aio.ServicerContext
+    ) -> broker_pb2.ListOffsetsResponse:
+        return self._replicas.list_offsets(request)
+
+    async def Metadata(
+        self, request: broker_pb2.MetadataRequest, context: aio.ServicerContext
+    ) -> broker_pb2.MetadataResponse:
+        return self._metadata.respond(self._image(), request)

@@ -1,0 +1,99 @@
+"""``fjord broker``: run one broker process (contract: prints nothing on stdout but logs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import click
+
+from fjord.broker import defaults
+from fjord.broker.server import BrokerOptions, BrokerServer, parse_listen
+from fjord.errors import ConfigError
+from fjord.observability import setup_tracing, shutdown_tracing
+
+
+def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected k=v, got {item!r}", param_hint="--config")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@click.command("broker")
+@click.option("--id", "broker_id", type=int, required=True, help="Broker id (>= 0), unique.")
+@click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
+@click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="Directory of this broker's partition logs.",
+)
+@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
+@click.option("--rack", default=None, help="Rack (or zone) of this broker, for replica spread.")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--config",
+    "config_items",
+    multiple=True,
+    metavar="K=V",
+    help="Topic config default for this broker (Kafka names, e.g. segment.bytes=1048576).",
+)
+@click.option(
+    "--advertised-host",
+    default=None,
+    help="Host clients should connect to (default: the listen host).",
+)
+@click.option(
+    "--lease-ttl",
+    type=int,
+    default=defaults.BROKER_LEASE_TTL_S,
+    show_default=True,
+    help="Seconds of the etcd lease that keeps this broker registered.",
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def broker(
+    broker_id: int,
+    listen: str,
+    data_dir: Path,
+    etcd_url: str,
+    cluster_id: str,
+    rack: str | None,
+    metrics_port: int | None,
+    config_items: tuple[str, ...],
+    advertised_host: str | None,
+    lease_ttl: int,
+    log_level: str,
+) -> None:
+    """Run a broker: host partition replicas, serve Produce/Fetch/ListOffsets/Metadata."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        host, port = parse_listen(listen)
+        options = BrokerOptions(
+            broker_id=broker_id,
+            listen_host=host,
+            listen_port=port,
+            data_dir=data_dir,
+            etcd_url=etcd_url,
+            cluster_id=cluster_id,
+            rack=rack,
+            metrics_port=metrics_port,
+            config=_parse_config(config_items),
+            advertised_host=advertised_host,
+            lease_ttl_s=lease_ttl,
+        )
+        setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    try:
+        asyncio.run(BrokerServer(options).run_until_signalled())
+    finally:
+        shutdown_tracing()

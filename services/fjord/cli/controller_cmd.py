@@ -1,0 +1,66 @@
+"""``fjord controller``: run one controller process (prints nothing on stdout but logs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from fjord.controller.defaults import LEASE_TTL_S
+from fjord.controller.server import run_controller
+from fjord.errors import ConfigError
+from fjord.metadata import parse_etcd_endpoint
+
+
+@click.command("controller")
+@click.option("--id", "controller_id", type=int, required=True, help="Controller id, unique.")
+@click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
+@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--lease-ttl",
+    type=click.IntRange(min=2),
+    default=LEASE_TTL_S,
+    show_default=True,
+    help="Seconds of the leader lease: a dead active controller is replaced after at most this.",
+)
+@click.option(
+    "--advertised-host", default=None, help="Host others should connect to (default: listen host)."
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def controller(
+    controller_id: int,
+    listen: str,
+    etcd_url: str,
+    cluster_id: str,
+    metrics_port: int | None,
+    lease_ttl: int,
+    advertised_host: str | None,
+    log_level: str,
+) -> None:
+    """Run a controller: one active (leader lease in etcd), the others standby."""
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if controller_id < 0:
+        raise click.BadParameter("must be >= 0", param_hint="--id")
+    _, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit():
+        raise click.BadParameter(f"expected HOST:PORT, got {listen!r}", param_hint="--listen")
+    try:
+        parse_etcd_endpoint(etcd_url)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--etcd") from exc
+    if not cluster_id or "/" in cluster_id:
+        raise click.BadParameter("must be non-empty without '/'", param_hint="--cluster-id")
+    try:
+        asyncio.run(
+            run_controller(
+                controller_id, listen, etcd_url, cluster_id, lease_ttl, advertised_host,
+                metrics_port,
+            )
+        )
+    except OSError as exc:
+        raise click.ClickException(str(exc)) from exc

@@ -1,0 +1,160 @@
+"""``fjord local up|status|down``: a whole cluster on this machine (see docs/operations.md)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import click
+from tabulate import tabulate
+
+from fjord.errors import ConfigError
+from fjord.local import (
+    ClusterStateError,
+    EtcdNotFoundError,
+    LocalCluster,
+    ProcessStartError,
+    read_state,
+    stop_from_state,
+)
+from fjord.local.cluster import pid_alive
+from fjord.local.defaults import (
+    DEFAULT_BROKERS,
+    DEFAULT_DATA_DIR,
+    MONITOR_INTERVAL_S,
+    READY_POLL_INTERVAL_S,
+    STOP_TIMEOUT_S,
+)
+
+_DATA_DIR = click.option(
+    "--data-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_DATA_DIR,
+    show_default=True,
+    help="Directory holding etcd data, broker logs, process logs and the state file.",
+)
+
+
+def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--config")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@click.group("local")
+def local() -> None:
+    """Run a whole Fjord cluster (etcd, controllers, brokers) on this machine."""
+
+
+@local.command("up")
+@_DATA_DIR
+@click.option("--brokers", type=click.IntRange(min=1), default=DEFAULT_BROKERS, show_default=True)
+@click.option("--detach", is_flag=True, help="Return once healthy; stop later with `down`.")
+@click.option(
+    "--config",
+    "config_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Cluster-wide broker/topic default (Kafka names), e.g. min.insync.replicas=2.",
+)
+def up(data_dir: Path, brokers: int, detach: bool, config_items: tuple[str, ...]) -> None:
+    """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
+    foreground until Ctrl-C (or SIGTERM), then stops everything."""
+    try:
+        cluster = LocalCluster(
+            data_dir, brokers=brokers, config=_parse_config(config_items), detach=detach
+        )
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from exc
+    try:
+        cluster.start()
+    except (ClusterStateError, ProcessStartError, EtcdNotFoundError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"bootstrap servers: {cluster.bootstrap_servers}")
+    click.echo(f"etcd: {cluster.etcd_url}  data: {cluster.data_dir}")
+    if detach:
+        click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
+        return
+    stopping = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
+    click.echo("press Ctrl-C to stop")
+    reported: set[int] = set()
+    try:
+        while not stopping.wait(MONITOR_INTERVAL_S):
+            # A process that dies is reported once; the rest keep running (killing a broker
+            # on purpose is a normal local experiment).
+            for p in cluster.processes():
+                if p.pid not in reported and not pid_alive(p.pid):
+                    reported.add(p.pid)
+                    click.echo(f"warning: {p.role} {p.id} exited; see {p.log}", err=True)
+    finally:
+        click.echo("stopping...")
+        cluster.stop()
+
+
+@local.command("status")
+@_DATA_DIR
+@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def status(data_dir: Path, output: str) -> None:
+    """Show the processes of the local cluster in DATA_DIR and whether they are alive."""
+    try:
+        state = read_state(data_dir)
+    except ClusterStateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    assert state is not None
+    processes = [
+        {k: p[k] for k in ("role", "id", "pid", "address")} | {"alive": pid_alive(p["pid"])}
+        for p in state["processes"]
+    ]
+    bootstrap = state.get("bootstrap_servers", "") if processes else ""
+    if output == "json":
+        click.echo(
+            json.dumps(
+                {
+                    "bootstrap_servers": bootstrap,
+                    "cluster_id": state["cluster_id"],
+                    "etcd_url": state["etcd_url"],
+                    "processes": processes,
+                },
+                indent=2,
+            )
+        )
+        return
+    if not processes:
+        click.echo(f"the local cluster in {data_dir} is stopped")
+        return
+    click.echo(f"bootstrap servers: {bootstrap}")
+    click.echo(tabulate(processes, headers="keys"))
+
+
+@local.command("down")
+@_DATA_DIR
+def down(data_dir: Path) -> None:
+    """Stop the local cluster in DATA_DIR (brokers, controllers, then etcd). Data is kept."""
+    try:
+        state = read_state(data_dir)
+        assert state is not None
+        launcher = state.get("launcher_pid")
+        if launcher and pid_alive(launcher):
+            # A foreground `up` owns the processes: ask it to stop them in order, and wait.
+            os.kill(launcher, signal.SIGTERM)
+            deadline = time.monotonic() + 3 * STOP_TIMEOUT_S
+            while pid_alive(launcher) and time.monotonic() < deadline:
+                time.sleep(READY_POLL_INTERVAL_S)
+            if pid_alive(launcher):
+                raise click.ClickException(f"launcher (pid {launcher}) did not stop in time")
+            click.echo(f"the foreground launcher (pid {launcher}) stopped the cluster")
+            return
+        stopped = stop_from_state(data_dir)
+    except ClusterStateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"stopped {len(stopped)} processes")

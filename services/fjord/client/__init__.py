@@ -1,0 +1,53 @@
+"""Fjord's clients: Producer, Consumer and AdminClient, configured with Kafka's property names.
+
+See docs/clients.md for the configuration table, semantics and differences from Kafka.
+"""
+
+from fjord.client.admin import AdminClient
+from fjord.client.consumer import (
+    Consumer,
+    FeatureNotAvailableError,
+    IllegalStateError,
+    NoOffsetForPartitionError,
+)
+from fjord.client.futures import RecordFuture
+from fjord.client.partitioner import murmur2, partition_for_key
+from fjord.client.producer import AsyncProducer, Producer
+from fjord.client.types import (
+    ClusterDescription,
+    ConfigEntry,
+    ConsumerRecord,
+    NewTopic,
+    Node,
+    OffsetAndTimestamp,
+    PartitionInfo,
+    RecordMetadata,
+    TopicDescription,
+    TopicPartition,
+)
+from fjord.errors import KafkaTimeoutError, NotControllerError
+
+__all__ = [
+    "AdminClient",
+    "AsyncProducer",
+    "ClusterDescription",
+    "ConfigEntry",
+    "Consumer",
+    "ConsumerRecord",
+    "FeatureNotAvailableError",
+    "IllegalStateError",
+    "KafkaTimeoutError",
+    "NewTopic",
+    "NoOffsetForPartitionError",
+    "Node",
+    "NotControllerError",
+    "OffsetAndTimestamp",
+    "PartitionInfo",
+    "Producer",
+    "RecordFuture",
+    "RecordMetadata",
+    "TopicDescription",
+    "TopicPartition",
+    "murmur2",
+    "partition_for_key",
+]

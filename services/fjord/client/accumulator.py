@@ -1,0 +1,398 @@
+"""The producer's pure core: per-partition batches waiting to be sent, and what to do with
+the broker's answer. No sockets, no threads of its own, no clock (``now_ms`` is passed in).
+
+:class:`RecordAccumulator` is called from two threads: the application's (``append``) and the
+sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock guards it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+from fjord.client.futures import BatchCompletion, RecordFuture
+from fjord.client.types import Headers, TopicPartition
+from fjord.errors import ErrorCode, FjordError, error_for_code
+
+
+class Builder(Protocol):
+    """What the accumulator needs of :class:`fjord.records.BatchBuilder`."""
+
+    def append(
+        self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers = ()
+    ) -> bool: ...
+
+    @property
+    def record_count(self) -> int: ...
+
+    @property
+    def size_in_bytes(self) -> int: ...
+
+    def build(self) -> bytes: ...
+
+
+BuilderFactory = Callable[[], Builder]
+
+
+class BufferExhaustedError(FjordError):
+    """``buffer.memory`` stayed full for ``max.block.ms``: the producer cannot keep up."""
+
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+class ProducerBatch:
+    """Records for one partition, built into one RecordBatch when drained.
+
+    Invariants: records are appended only while ``payload`` is None (open); once drained the
+    payload is fixed, so a retry resends exactly the same bytes; ``attempts`` counts sends.
+    """
+
+    __slots__ = (
+        "attempts",
+        "builder",
+        "completion",
+        "created_ms",
+        "payload",
+        "reserved_bytes",
+        "retry_after_ms",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, builder: Builder, now_ms: int, reserved: int) -> None:
+        self.tp = tp
+        self.builder = builder
+        self.completion = BatchCompletion(tp.topic, tp.partition)
+        self.created_ms = now_ms
+        self.payload: bytes | None = None
+        self.attempts = 0
+        self.retry_after_ms = 0
+        self.reserved_bytes = reserved
+
+    @property
+    def record_count(self) -> int:
+        return self.builder.record_count
+
+    def close(self) -> bytes:
+        if self.payload is None:
+            self.payload = self.builder.build()
+        return self.payload
+
+
+class RecordAccumulator:
+    """Per-partition queues of :class:`ProducerBatch`, bounded by ``buffer.memory``.
+
+    Invariants: within a partition, batches leave in the order they were created, and a batch
+    put back for a retry goes back to the head of its queue; only the last batch of a queue is
+    open for appends; the bytes reserved by queued and in-flight batches never exceed
+    ``buffer_memory`` except for one batch larger than it (which is let through alone).
+    A partition is *muted* while one of its batches is in flight when ``guarantee_order`` (Kafka's
+    ``max.in.flight.requests.per.connection=1``), so retries cannot reorder it.
+    """
+
+    def __init__(
+        self,
+        builder_factory: BuilderFactory,
+        *,
+        batch_size: int,
+        linger_ms: int,
+        buffer_memory: int,
+        delivery_timeout_ms: int,
+        guarantee_order: bool = False,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        self._new_builder = builder_factory
+        # Milliseconds for batch creation times when append() is given now_ms=-1 (the producer
+        # passes -1 so the clock is read once per batch, not once per record).
+        self._clock = clock or (lambda: int(time.monotonic() * 1000))
+        self._open: dict[TopicPartition, ProducerBatch] = {}
+        self._batch_size = batch_size
+        self._linger_ms = linger_ms
+        self._buffer_memory = buffer_memory
+        self._delivery_timeout_ms = delivery_timeout_ms
+        self._guarantee_order = guarantee_order
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)
+        self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._incomplete: set[BatchCompletion] = set()
+        self._muted: set[TopicPartition] = set()
+        self._reserved = 0
+        self._flushes = 0
+        self.closed = False
+
+    # -- the application's side ---------------------------------------------------------------
+
+    def append(
+        self,
+        tp: TopicPartition,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        now_ms: int,
+        *,
+        abort_on_new_batch: bool = False,
+        max_block_s: float = 0.0,
+    ) -> tuple[RecordFuture | None, bool]:
+        """Add a record (``now_ms=-1``: read the injected clock, only if a batch is opened).
+        Returns (future, wake_sender): ``wake_sender`` is True when a batch was
+        closed (full) or the first batch of a partition was opened, i.e. when the sender has
+        something new to schedule. With ``abort_on_new_batch`` returns (None, False) instead of
+        opening a new batch (the sticky partitioner then picks another partition)."""
+        with self._lock:
+            if self.closed:
+                raise FjordError("the producer is closed", code=ErrorCode.INVALID_REQUEST)
+            batch = self._open.get(tp)
+            if batch is not None:
+                builder = batch.builder
+                count = builder.record_count
+                if builder.append(timestamp_ms, key, value, headers):
+                    return RecordFuture(batch.completion, count, timestamp_ms), False
+                del self._open[tp]  # full: it waits for the sender, appends go to a new one
+            queue = self._queues.get(tp)
+            if queue is None:
+                queue = self._queues[tp] = deque()
+            if abort_on_new_batch and queue:
+                return None, False
+            size = _record_size_estimate(key, value, headers)
+            reserve = max(self._batch_size, size)
+            self._reserve(reserve, max_block_s)
+            created = now_ms if now_ms >= 0 else self._clock()
+            batch = ProducerBatch(tp, self._new_builder(), created, reserve)
+            batch.builder.append(timestamp_ms, key, value, headers)
+            queue.append(batch)
+            self._open[tp] = batch
+            self._incomplete.add(batch.completion)
+            # A new batch means the previous one is full, or a linger timer must start.
+            return RecordFuture(batch.completion, 0, timestamp_ms), True
+
+    def _reserve(self, nbytes: int, max_block_s: float) -> None:
+        # Called with the lock held. A batch bigger than the whole buffer is let through alone.
+        def has_room() -> bool:
+            return self._reserved == 0 or self._reserved + nbytes <= self._buffer_memory
+
+        if not self._space.wait_for(has_room, timeout=max_block_s):
+            raise BufferExhaustedError(
+                f"buffer.memory ({self._buffer_memory} bytes) stayed full for max.block.ms "
+                f"({int(max_block_s * 1000)} ms)"
+            )
+        self._reserved += nbytes
+
+    def begin_flush(self) -> list[BatchCompletion]:
+        """Make every batch ready now; returns the completions to wait for."""
+        with self._lock:
+            self._flushes += 1
+            return list(self._incomplete)
+
+    def end_flush(self) -> None:
+        with self._lock:
+            self._flushes -= 1
+
+    def close(self) -> None:
+        with self._lock:
+            self.closed = True
+            self._space.notify_all()
+
+    # -- the sender's side --------------------------------------------------------------------
+
+    def ready(self, now_ms: int) -> tuple[list[TopicPartition], int]:
+        """Partitions whose head batch may be sent now, and the ms until the next one may
+        (linger or retry backoff), at most 1000 ms."""
+        ready: list[TopicPartition] = []
+        next_ms = 1000
+        with self._lock:
+            sending_all = self._flushes > 0 or self.closed
+            for tp, queue in self._queues.items():
+                if not queue or tp in self._muted:
+                    continue
+                head = queue[0]
+                if head.retry_after_ms > now_ms:
+                    next_ms = min(next_ms, head.retry_after_ms - now_ms)
+                    continue
+                due = head.created_ms + self._linger_ms
+                if (
+                    sending_all
+                    or len(queue) > 1
+                    or head.payload is not None
+                    or due <= now_ms
+                    or head.builder.size_in_bytes >= self._batch_size
+                ):
+                    ready.append(tp)
+                else:
+                    next_ms = min(next_ms, due - now_ms)
+        return ready, max(next_ms, 0)
+
+    def has_pending(self) -> bool:
+        with self._lock:
+            return bool(self._incomplete)
+
+    def drain(
+        self, partitions: Iterable[TopicPartition], max_request_bytes: int, now_ms: int
+    ) -> list[ProducerBatch]:
+        """Take the sendable batches at the head of each partition's queue, in order (every
+        batch but an open, non-full last one still lingering), closing them; at most
+        ``max_request_bytes`` in all but at least one batch. Consecutive batches of a partition
+        travel in one request (their bytes concatenated), which keeps per-request overhead off
+        a busy partition. The caller must later ``reenqueue`` or ``deallocate`` each batch."""
+        drained: list[ProducerBatch] = []
+        total = 0
+        with self._lock:
+            sending_all = self._flushes > 0 or self.closed
+            for tp in partitions:
+                queue = self._queues.get(tp)
+                if not queue or tp in self._muted:
+                    continue
+                while queue:
+                    head = queue[0]
+                    if head.retry_after_ms > now_ms:
+                        break
+                    if len(queue) == 1 and not (
+                        sending_all
+                        or head.payload is not None
+                        or head.created_ms + self._linger_ms <= now_ms
+                        or head.builder.size_in_bytes >= self._batch_size
+                    ):
+                        break
+                    payload = head.close()
+                    if self._open.get(tp) is head:
+                        del self._open[tp]  # built: no more appends
+                    if drained and total + len(payload) > max_request_bytes:
+                        return drained
+                    queue.popleft()
+                    head.attempts += 1
+                    total += len(payload)
+                    drained.append(head)
+                    if self._guarantee_order:
+                        self._muted.add(tp)
+        return drained
+
+    def reenqueue(self, batch: ProducerBatch, now_ms: int, backoff_ms: int) -> None:
+        """Put a batch that failed with a retriable error back at the head of its queue."""
+        with self._lock:
+            batch.retry_after_ms = now_ms + backoff_ms
+            self._queues.setdefault(batch.tp, deque()).appendleft(batch)
+            self._muted.discard(batch.tp)
+
+    def deallocate(self, batch: ProducerBatch) -> None:
+        """A batch is finished (completed or failed): free its memory and unmute its partition."""
+        with self._lock:
+            self._reserved -= batch.reserved_bytes
+            batch.reserved_bytes = 0
+            self._incomplete.discard(batch.completion)
+            self._muted.discard(batch.tp)
+            self._space.notify_all()
+
+    def expired(self, batch: ProducerBatch, now_ms: int) -> bool:
+        return now_ms - batch.created_ms >= self._delivery_timeout_ms
+
+    def expire(self, now_ms: int) -> list[ProducerBatch]:
+        """Remove and return the queued batches older than ``delivery.timeout.ms``."""
+        out: list[ProducerBatch] = []
+        with self._lock:
+            for queue in self._queues.values():
+                while queue and now_ms - queue[0].created_ms >= self._delivery_timeout_ms:
+                    out.append(queue.popleft())
+        return out
+
+    def abort_all(self) -> list[ProducerBatch]:
+        """Remove and return every queued batch (on a forced close)."""
+        with self._lock:
+            out = [b for q in self._queues.values() for b in q]
+            for q in self._queues.values():
+                q.clear()
+        return out
+
+
+def _record_size_estimate(key: bytes | None, value: bytes | None, headers: Headers) -> int:
+    size = 70 + (len(key) if key else 0) + (len(value) if value else 0)
+    for name, hvalue in headers:
+        size += len(name) + (len(hvalue) if hvalue else 0) + 4
+    return size
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResult:
+    """One partition's answer in a Produce response (translated from protobuf by the shell)."""
+
+    error_code: ErrorCode
+    message: str = ""
+    base_offset: int = -1
+    log_append_time: int = -1
+
+
+@dataclass(slots=True)
+class ResponseOutcome:
+    """What the sender must do after handling a response."""
+
+    refresh_metadata: bool = False
+    retried: int = 0
+    failed: int = 0
+    completed: int = 0
+
+
+def handle_produce_results(
+    accumulator: RecordAccumulator,
+    batches: list[ProducerBatch],
+    results: dict[TopicPartition, PartitionResult] | BaseException,
+    now_ms: int,
+    *,
+    retries: int,
+    retry_backoff_ms: int,
+    make_timeout_error: Callable[[str], FjordError],
+) -> ResponseOutcome:
+    """Complete, retry or fail each batch of one Produce request.
+
+    ``results`` is the per-partition answer, or the exception of a failed call (transport error:
+    every batch is treated as having hit a retriable error). A batch is retried when its error is
+    retriable, it has been sent at most ``retries`` times before, and ``delivery.timeout.ms`` has
+    not passed; otherwise it fails with the typed error (a timeout error after the deadline).
+    """
+    outcome = ResponseOutcome()
+    # Several batches of one partition share its answer: offsets follow one another.
+    next_base: dict[TopicPartition, int] = {}
+    to_retry: list[ProducerBatch] = []
+    for batch in batches:
+        error: FjordError | None
+        if isinstance(results, BaseException):
+            if isinstance(results, FjordError):
+                error = results
+            else:
+                error = FjordError(str(results), code=ErrorCode.NETWORK_EXCEPTION)
+        else:
+            result = results.get(batch.tp)
+            if result is None:
+                error = FjordError(
+                    f"no answer for {batch.tp.topic}-{batch.tp.partition}",
+                    code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                )
+            elif result.error_code is ErrorCode.NONE:
+                base = next_base.get(batch.tp, result.base_offset)
+                if base >= 0:
+                    next_base[batch.tp] = base + batch.record_count
+                accumulator.deallocate(batch)
+                batch.completion.complete(base, result.log_append_time)
+                outcome.completed += 1
+                continue
+            else:
+                error = error_for_code(result.error_code, result.message)
+        if error.retriable:
+            outcome.refresh_metadata = True
+            if accumulator.expired(batch, now_ms):
+                error = make_timeout_error(
+                    f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} "
+                    f"expired after delivery.timeout.ms; last error: {error}"
+                )
+            elif batch.attempts <= retries:
+                to_retry.append(batch)
+                outcome.retried += 1
+                continue
+        accumulator.deallocate(batch)
+        batch.completion.fail(error)
+        outcome.failed += 1
+    # Put back last-first, so each partition's queue keeps its original order.
+    for batch in reversed(to_retry):
+        accumulator.reenqueue(batch, now_ms, retry_backoff_ms)
+    return outcome

@@ -1,0 +1,266 @@
+"""The clients' I/O shell: a background asyncio loop thread, cached gRPC channels, metadata.
+
+The synchronous clients (Producer, Consumer, AdminClient) do all network I/O on one private
+event loop running in a daemon thread, so the application's thread never blocks on a socket
+except where the API says it waits (``result()``, ``flush()``, ``poll()``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
+from typing import Any, TypeVar
+
+import grpc
+
+from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+from fjord.client.metadata import (
+    EMPTY_SNAPSHOT,
+    ClusterSnapshot,
+    merge_snapshots,
+    snapshot_from_response,
+)
+from fjord.config import CHANNEL_MAX_MESSAGE_BYTES, METADATA_REFRESH_BACKOFF_MS
+from fjord.errors import ErrorCode, FjordError, KafkaTimeoutError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_TRANSPORT_RETRIABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+}
+
+
+class NetworkError(FjordError):
+    """A call failed in transport (connection refused, reset, deadline): retriable."""
+
+    code = ErrorCode.NETWORK_EXCEPTION
+
+
+def transport_error(exc: BaseException, address: str) -> FjordError:
+    """A gRPC failure as a typed, retriable error naming the peer."""
+    if isinstance(exc, grpc.aio.AioRpcError):
+        status = exc.code()
+        if status is grpc.StatusCode.DEADLINE_EXCEEDED:
+            return KafkaTimeoutError(f"request to {address} timed out")
+        return NetworkError(f"{address}: {status.name} {exc.details() or ''}".strip())
+    if isinstance(exc, asyncio.TimeoutError | TimeoutError):
+        return KafkaTimeoutError(f"request to {address} timed out")
+    return NetworkError(f"{address}: {exc!r}")
+
+
+class EventLoopThread:
+    """A daemon thread running one asyncio loop until :meth:`stop`.
+
+    Invariant: every coroutine of the client runs on this loop; other threads only submit.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+        # Let cancelled tasks finish their cleanup before the loop closes.
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+        self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+        self.loop.close()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None) -> T:
+        """Run ``coro`` on the loop and wait for it (``timeout``: KafkaTimeoutError)."""
+        future = self.submit(coro)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            if future.done():
+                raise  # the coroutine's own timeout error (TimeoutError is the same class)
+            future.cancel()
+            raise KafkaTimeoutError(f"operation did not finish within {timeout} s") from None
+
+    def call_soon(self, fn: Callable[[], object]) -> None:
+        self.loop.call_soon_threadsafe(fn)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout)
+
+    @property
+    def thread_id(self) -> int | None:
+        return self._thread.ident
+
+    @property
+    def in_loop_thread(self) -> bool:
+        return threading.get_ident() == self._thread.ident
+
+
+class Network:
+    """gRPC channels (one per address, cached) and the cluster metadata, on one event loop.
+
+    Invariants: all methods except the constructor run on the owning loop; ``snapshot`` only
+    moves forward by whole answers; refreshes are coalesced (concurrent callers share one
+    request) and spaced by at least ``METADATA_REFRESH_BACKOFF_MS``.
+    """
+
+    def __init__(
+        self,
+        bootstrap: Iterable[tuple[str, int]],
+        *,
+        client_id: str,
+        request_timeout_ms: int,
+        allow_auto_topic_creation: bool = False,
+    ) -> None:
+        self.bootstrap = [f"{h}:{p}" for h, p in bootstrap]
+        self.client_id = client_id
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.allow_auto_topic_creation = allow_auto_topic_creation
+        self.snapshot: ClusterSnapshot = EMPTY_SNAPSHOT
+        self.topics_of_interest: set[str] = set()
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._brokers: dict[str, broker_pb2_grpc.BrokerStub] = {}
+        self._controllers: dict[str, controller_pb2_grpc.ControllerStub] = {}
+        self._refresh: asyncio.Task[ClusterSnapshot] | None = None
+        self._last_refresh = 0.0
+        self.closed = False
+
+    def _channel(self, address: str) -> grpc.aio.Channel:
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = grpc.aio.insecure_channel(
+                address,
+                options=[
+                    ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE_BYTES),
+                    ("grpc.primary_user_agent", f"fjord-client/{self.client_id}"),
+                    # Reconnect fast after a broker restart instead of gRPC's long backoff.
+                    ("grpc.initial_reconnect_backoff_ms", 100),
+                    ("grpc.max_reconnect_backoff_ms", 1000),
+                    ("grpc.enable_retries", 0),
+                ],
+            )
+            self._channels[address] = channel
+        return channel
+
+    def broker(self, address: str) -> broker_pb2_grpc.BrokerStub:
+        stub = self._brokers.get(address)
+        if stub is None:
+            stub = self._brokers[address] = broker_pb2_grpc.BrokerStub(self._channel(address))
+        return stub
+
+    def controller(self, address: str) -> controller_pb2_grpc.ControllerStub:
+        stub = self._controllers.get(address)
+        if stub is None:
+            stub = controller_pb2_grpc.ControllerStub(self._channel(address))
+            self._controllers[address] = stub
+        return stub
+
+    def candidate_addresses(self) -> list[str]:
+        known = [n.address for n in self.snapshot.brokers.values()]
+        return known + [a for a in self.bootstrap if a not in known]
+
+    async def refresh_metadata(self, topics: Iterable[str] | None = None) -> ClusterSnapshot:
+        """Ask one broker (known brokers first, then bootstrap) for metadata of the topics of
+        interest plus ``topics`` (None and no interest: all topics)."""
+        if topics:
+            self.topics_of_interest.update(topics)
+        if self._refresh is None or self._refresh.done():
+            self._refresh = asyncio.ensure_future(self._do_refresh())
+        return await asyncio.shield(self._refresh)
+
+    async def _do_refresh(self) -> ClusterSnapshot:
+        wait = self._last_refresh + METADATA_REFRESH_BACKOFF_MS / 1000 - time.monotonic()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        all_topics = not self.topics_of_interest
+        request = broker_pb2.MetadataRequest(
+            topics=sorted(self.topics_of_interest),
+            all_topics=all_topics,
+            allow_auto_topic_creation=self.allow_auto_topic_creation,
+        )
+        errors: list[str] = []
+        for address in self.candidate_addresses():
+            try:
+                response = await self.broker(address).Metadata(
+                    request, timeout=self.request_timeout_s
+                )
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                errors.append(str(transport_error(exc, address)))
+                continue
+            self._last_refresh = time.monotonic()
+            new = snapshot_from_response(response)
+            self.snapshot = merge_snapshots(self.snapshot, new, replace_all=all_topics)
+            return self.snapshot
+        self._last_refresh = time.monotonic()
+        raise NetworkError(
+            "no broker answered a Metadata request (tried "
+            + ", ".join(self.candidate_addresses())
+            + "): "
+            + "; ".join(errors[-3:])
+        )
+
+    async def call_with_retries(
+        self,
+        attempt: Callable[[], Awaitable[T]],
+        *,
+        deadline: float,
+        backoff_s: float,
+        what: str,
+    ) -> T:
+        """Run ``attempt`` until it succeeds, a non-retriable FjordError is raised, or the
+        monotonic ``deadline`` passes (KafkaTimeoutError naming the last error). Metadata is
+        refreshed between attempts."""
+        last: BaseException | None = None
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KafkaTimeoutError(f"{what} did not succeed in time; last error: {last}")
+            try:
+                return await asyncio.wait_for(attempt(), remaining)
+            except FjordError as exc:
+                if not exc.retriable:
+                    raise
+                last = exc
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                last = transport_error(exc, what)
+            await asyncio.sleep(min(backoff_s, max(deadline - time.monotonic(), 0)))
+            try:
+                await asyncio.wait_for(
+                    self.refresh_metadata(), max(deadline - time.monotonic(), 0.001)
+                )
+            except (TimeoutError, FjordError) as exc:
+                last = last or exc
+
+    async def close(self) -> None:
+        self.closed = True
+        if self._refresh is not None and not self._refresh.done():
+            self._refresh.cancel()
+        channels, self._channels = list(self._channels.values()), {}
+        self._brokers.clear()
+        self._controllers.clear()
+        for channel in channels:
+            await channel.close(grace=None)
+
+
+def is_transport_error(exc: BaseException) -> bool:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code() in _TRANSPORT_RETRIABLE
+    return isinstance(exc, asyncio.TimeoutError | TimeoutError | NetworkError)

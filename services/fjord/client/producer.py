@@ -1,0 +1,663 @@
+"""The producer: ``send()`` appends to per-partition batches; a sender on the client's event
+loop ships every ready batch for a broker in one Produce request.
+
+Threading: ``send`` runs on the caller's thread and costs one lock and one builder append per
+record (no I/O, no per-record Future); the sender coroutine runs on the client's private loop
+thread (see :class:`fjord.client.network.EventLoopThread`) and is woken only when a batch
+closes or a new one opens. Callbacks run on that loop thread: keep them short, never block.
+
+Ordering: records of one partition are sent in order. With ``retries > 0`` and
+``max.in.flight.requests.per.connection > 1`` a retried batch may land after a later one (as in
+Kafka without idempotence); ``max.in.flight.requests.per.connection=1`` keeps order under retries.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+import time
+from collections.abc import Awaitable, Iterable, Mapping
+from typing import Any
+
+from fjord._proto import broker_pb2
+from fjord.client.accumulator import (
+    BufferExhaustedError,
+    PartitionResult,
+    ProducerBatch,
+    RecordAccumulator,
+    handle_produce_results,
+)
+from fjord.client.futures import RecordFuture
+from fjord.client.metadata import topic_error
+from fjord.client.network import EventLoopThread, Network, transport_error
+from fjord.client.partitioner import StickyPartitioner, partition_for_key
+from fjord.client.types import RecordMetadata, TopicPartition
+from fjord.config import ClientConfig, producer_config
+from fjord.errors import (
+    ErrorCode,
+    FjordError,
+    KafkaTimeoutError,
+    RecordTooLargeError,
+    error_code_from_number,
+    error_for_code,
+)
+from fjord.records import Compression
+from fjord.records.builder import BatchBuilder
+
+log = logging.getLogger(__name__)
+
+_CODECS = {
+    "none": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "snappy": Compression.SNAPPY,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+_HEADER_OVERHEAD = 80  # record and batch framing around one record's key and value, generously
+
+
+def _mono_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _to_bytes(data: Any, what: str) -> bytes | None:
+    if data is None or type(data) is bytes:
+        return data
+    if isinstance(data, str):
+        return data.encode("utf-8")
+    if isinstance(data, bytearray | memoryview):
+        return bytes(data)
+    raise TypeError(f"record {what} must be bytes, str or None, got {type(data).__name__}")
+
+
+def _normalize_headers(headers: Any) -> tuple[tuple[str, bytes | None], ...]:
+    if not headers:
+        return ()
+    items = headers.items() if isinstance(headers, Mapping) else headers
+    out = []
+    for name, value in items:
+        if not isinstance(name, str):
+            raise TypeError(f"header names must be str, got {type(name).__name__}")
+        out.append((name, _to_bytes(value, f"header {name!r}")))
+    return tuple(out)
+
+
+class _Sender:
+    """The coroutine that drains the accumulator into Produce requests (loop thread only).
+
+    Invariants: at most ``max.in.flight.requests.per.connection`` requests per broker are
+    unanswered; each request carries at most one batch per partition; every drained batch is
+    eventually completed, failed or put back (``handle_produce_results``).
+    """
+
+    def __init__(self, config: ClientConfig, accumulator: RecordAccumulator, network: Network):
+        self.config = config
+        self.accumulator = accumulator
+        self.network = network
+        self.acks: int = config["acks"]
+        self.timeout_s = config["request.timeout.ms"] / 1000
+        self.max_in_flight: int = config["max.in.flight.requests.per.connection"]
+        self.in_flight: dict[int, int] = {}
+        self.in_flight_total = 0
+        self.wakeup = asyncio.Event()
+        self.wake_pending = False
+        self.closing = False
+        self.partition_counts: dict[str, int] = {}
+        self._refresh_task: asyncio.Task[Any] | None = None
+        self._requests: set[asyncio.Task[None]] = set()
+        self._last_refresh_ms = 0
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    def request_metadata_refresh(self) -> None:
+        if self._refresh_task is None or self._refresh_task.done():
+            self._refresh_task = asyncio.ensure_future(self._refresh())
+
+    async def _refresh(self) -> None:
+        try:
+            await self.network.refresh_metadata()
+        except FjordError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            await asyncio.sleep(self.config["retry.backoff.ms"] / 1000)
+        self._last_refresh_ms = _mono_ms()
+        self.update_partition_counts()
+        self.wakeup.set()
+
+    def update_partition_counts(self) -> None:
+        snapshot = self.network.snapshot
+        self.partition_counts = {
+            name: len(t.partitions) for name, t in snapshot.topics.items() if t.partitions
+        }
+
+    async def run(self) -> None:
+        acc = self.accumulator
+        max_age = self.config["metadata.max.age.ms"]
+        while True:
+            self.wake_pending = False
+            self.wakeup.clear()
+            now = _mono_ms()
+            for batch in acc.expire(now):
+                acc.deallocate(batch)
+                batch.completion.fail(
+                    KafkaTimeoutError(
+                        f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}"
+                        " expired after delivery.timeout.ms before they could be sent"
+                    )
+                )
+            ready, delay_ms = acc.ready(now)
+            if self.closing and not ready and not acc.has_pending() and not self._requests:
+                return
+            blocked = self._send_ready(ready)
+            if now - self._last_refresh_ms > max_age:
+                self.request_metadata_refresh()
+            if blocked:
+                delay_ms = max(delay_ms, self.config["retry.backoff.ms"])
+            if delay_ms > 0:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.wakeup.wait(), delay_ms / 1000)
+            else:
+                await asyncio.sleep(0)
+
+    def _send_ready(self, ready: list[TopicPartition]) -> bool:
+        """Start requests for the ready partitions; True when some had to wait (no leader
+        known, or the broker's in-flight limit reached)."""
+        if not ready:
+            return False
+        leaders = self.network.snapshot.leaders
+        by_node: dict[int, list[TopicPartition]] = {}
+        blocked = False
+        for tp in ready:
+            leader = leaders.get(tp)
+            if leader is None:
+                blocked = True
+                continue
+            by_node.setdefault(leader, []).append(tp)
+        if blocked:
+            self.request_metadata_refresh()
+        max_request = self.config["max.request.size"]
+        for node_id, tps in by_node.items():
+            while self.in_flight.get(node_id, 0) < self.max_in_flight:
+                batches = self.accumulator.drain(tps, max_request, _mono_ms())
+                if not batches:
+                    break
+                self.in_flight[node_id] = self.in_flight.get(node_id, 0) + 1
+                self.in_flight_total += 1
+                task = asyncio.ensure_future(self._produce(node_id, batches))
+                self._requests.add(task)
+                task.add_done_callback(self._requests.discard)
+            else:
+                blocked = True
+        return blocked
+
+    async def _produce(self, node_id: int, batches: list[ProducerBatch]) -> None:
+        node = self.network.snapshot.brokers.get(node_id)
+        results: dict[TopicPartition, PartitionResult] | BaseException
+        try:
+            if node is None:
+                raise FjordError(
+                    f"broker {node_id} left the cluster", ErrorCode.BROKER_NOT_AVAILABLE
+                )
+            request = build_produce_request(batches, self.acks, int(self.timeout_s * 1000))
+            try:
+                response = await self.network.broker(node.address).Produce(
+                    request, timeout=self.timeout_s
+                )
+            except Exception as exc:
+                raise transport_error(exc, node.address) from exc
+            if self.acks == 0:
+                results = {b.tp: PartitionResult(ErrorCode.NONE) for b in batches}
+            else:
+                results = parse_produce_response(response)
+        except FjordError as exc:
+            results = exc
+        finally:
+            self.in_flight[node_id] -= 1
+            self.in_flight_total -= 1
+        outcome = handle_produce_results(
+            self.accumulator,
+            batches,
+            results,
+            _mono_ms(),
+            retries=self.config["retries"],
+            retry_backoff_ms=self.config["retry.backoff.ms"],
+            make_timeout_error=KafkaTimeoutError,
+        )
+        if outcome.refresh_metadata:
+            self.request_metadata_refresh()
+        self.wakeup.set()
+
+
+def build_produce_request(
+    batches: Iterable[ProducerBatch], acks: int, timeout_ms: int
+) -> broker_pb2.ProduceRequest:
+    """One request; consecutive batches of a partition are concatenated in one records field."""
+    by_partition: dict[TopicPartition, list[bytes]] = {}
+    for batch in batches:
+        by_partition.setdefault(batch.tp, []).append(batch.close())
+    by_topic: dict[str, list[broker_pb2.ProducePartition]] = {}
+    for tp, payloads in by_partition.items():
+        records = payloads[0] if len(payloads) == 1 else b"".join(payloads)
+        by_topic.setdefault(tp.topic, []).append(
+            broker_pb2.ProducePartition(partition=tp.partition, records=records)
+        )
+    return broker_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topics=[broker_pb2.ProduceTopic(name=n, partitions=ps) for n, ps in by_topic.items()],
+    )
+
+
+def parse_produce_response(
+    response: broker_pb2.ProduceResponse,
+) -> dict[TopicPartition, PartitionResult]:
+    results: dict[TopicPartition, PartitionResult] = {}
+    for topic in response.topics:
+        for p in topic.partitions:
+            results[TopicPartition(topic.name, p.partition)] = PartitionResult(
+                error_code_from_number(p.error.code),
+                p.error.message,
+                p.base_offset,
+                p.log_append_time_ms if p.log_append_time_ms > 0 else -1,
+            )
+    return results
+
+
+class _ProducerBase:
+    """What both producer APIs share: config, accumulator, partitioners, network and sender.
+
+    The subclass decides where the sender's loop runs (a private thread for :class:`Producer`,
+    the caller's loop for :class:`AsyncProducer`) and how to wait.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        self.config = producer_config(config)
+        cfg = self.config
+        codec = _CODECS[cfg["compression.type"]]
+        batch_size = cfg["batch.size"]
+        self._accumulator = RecordAccumulator(
+            lambda: BatchBuilder(compression=codec, batch_size=batch_size),
+            batch_size=batch_size,
+            linger_ms=cfg["linger.ms"],
+            buffer_memory=cfg["buffer.memory"],
+            delivery_timeout_ms=cfg["delivery.timeout.ms"],
+            guarantee_order=cfg["max.in.flight.requests.per.connection"] == 1,
+            clock=_mono_ms,
+        )
+        self._max_block_s = cfg["max.block.ms"] / 1000
+        self._max_record = cfg["max.request.size"]
+        self._ignore_keys = cfg["partitioner.ignore.keys"]
+        self._sticky = StickyPartitioner()
+        self._tps: dict[str, list[TopicPartition]] = {}
+        self._network = Network(
+            cfg["bootstrap.servers"],
+            client_id=cfg["client.id"],
+            request_timeout_ms=cfg["request.timeout.ms"],
+            allow_auto_topic_creation=cfg["allow.auto.create.topics"],
+        )
+        self._sender = _Sender(cfg, self._accumulator, self._network)
+        self._closed = False
+
+    async def _await_topic(self, topic: str) -> int:
+        """The partition count of ``topic``, refreshing metadata until ``max.block.ms``."""
+        deadline = time.monotonic() + self._max_block_s
+        last = ""
+        while True:
+            try:
+                snapshot = await asyncio.wait_for(
+                    self._network.refresh_metadata([topic]),
+                    max(deadline - time.monotonic(), 0.001),
+                )
+                self._sender.update_partition_counts()
+                count = snapshot.partition_count(topic)
+                if count:
+                    return count
+                code, message = snapshot.topic_errors.get(
+                    topic, (ErrorCode.LEADER_NOT_AVAILABLE, "no partitions yet")
+                )
+                if not code.retriable:
+                    raise topic_error(topic, code, message)
+                last = f"{code.name} {message}".strip()
+            except FjordError as exc:
+                if not exc.retriable:
+                    raise
+                last = str(exc)
+            except TimeoutError:
+                pass
+            if time.monotonic() >= deadline:
+                raise KafkaTimeoutError(
+                    f"topic {topic!r} not present in metadata after "
+                    f"{int(self._max_block_s * 1000)} ms (max.block.ms); last error: {last}"
+                )
+            await asyncio.sleep(min(self.config["retry.backoff.ms"] / 1000, 0.5))
+
+    def _prepare(
+        self, value: Any, key: Any, headers: Any
+    ) -> tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]:
+        if self._closed:
+            raise FjordError("send() after close()", code=ErrorCode.INVALID_REQUEST)
+        if type(value) is not bytes:
+            value = _to_bytes(value, "value")
+        if type(key) is not bytes:
+            key = _to_bytes(key, "key")
+        header_items = _normalize_headers(headers) if headers else ()
+        self._check_size(value, key)
+        return value, key, header_items
+
+    def _check_size(self, value: bytes | None, key: bytes | None) -> None:
+        size = _HEADER_OVERHEAD + (len(key) if key else 0) + (len(value) if value else 0)
+        if size > self._max_record:
+            raise RecordTooLargeError(
+                f"the record is {size} bytes with framing, more than max.request.size "
+                f"({self._max_record})"
+            )
+
+    def _partitions(self, topic: str) -> list[TopicPartition] | None:
+        """The cached partitions of ``topic`` (None: metadata needed first)."""
+        tps = self._tps.get(topic)
+        known = self._sender.partition_counts.get(topic)
+        if tps is not None and (known is None or known == len(tps)):
+            return tps
+        if known is None:
+            return None
+        tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(known)]  # new or grew
+        return tps
+
+    def _append(
+        self,
+        tps: list[TopicPartition],
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        header_items: tuple[tuple[str, bytes | None], ...],
+        timestamp_ms: int | None,
+        max_block_s: float,
+    ) -> tuple[RecordFuture, bool]:
+        """Choose the partition and append; returns (future, wake the sender)."""
+        count = len(tps)
+        topic = tps[0].topic
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        now = -1  # the accumulator reads its clock only when it opens a batch
+        acc = self._accumulator
+        if partition is None:
+            if key is not None and not self._ignore_keys:
+                partition = partition_for_key(key, count)
+            else:
+                partition = self._sticky.partition(topic, count)
+                future, wake = acc.append(
+                    tps[partition], timestamp_ms, key, value, header_items, now,
+                    abort_on_new_batch=True, max_block_s=max_block_s,
+                )  # fmt: skip
+                if future is not None:
+                    return future, wake
+                partition = self._sticky.on_new_batch(topic, count, partition)
+        elif not 0 <= partition < count:
+            raise error_for_code(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"partition {partition} of topic {topic!r} does not exist ({count} partitions)",
+            )
+        future, wake = acc.append(
+            tps[partition], timestamp_ms, key, value, header_items, now,
+            max_block_s=max_block_s,
+        )  # fmt: skip
+        assert future is not None
+        return future, wake
+
+    def _abort_unsent(self) -> None:
+        self._accumulator.close()
+        for batch in self._accumulator.abort_all():
+            self._accumulator.deallocate(batch)
+            batch.completion.fail(KafkaTimeoutError("the producer was closed before sending"))
+
+    async def _stop_sender(self, sender_done: Awaitable[Any]) -> None:
+        self._sender.closing = True
+        self._sender.wakeup.set()
+        try:
+            await asyncio.wait_for(sender_done, 5.0)
+        except Exception:
+            log.warning("the producer's sender did not stop in time")
+        await self._network.close()
+
+
+class Producer(_ProducerBase):
+    """Sends records to Fjord topics (Kafka's ``KafkaProducer``), configured with Kafka's names.
+
+    ``send()`` returns a :class:`RecordFuture` (``concurrent.futures.Future`` interface) that
+    resolves to :class:`RecordMetadata` or raises the typed error. Invariants: records sent to
+    the same partition from one thread are appended in call order; after ``flush()`` returns
+    every earlier ``send()`` is complete; after ``close()`` ``send()`` raises. Callbacks run on
+    the producer's I/O thread.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
+        self._io_thread_id = self._io.thread_id
+        self._sender_task = self._io.submit(self._start_sender())
+
+    async def _start_sender(self) -> None:
+        # Recreate the event on the loop it is used on, then run until close.
+        self._sender.wakeup = asyncio.Event()
+        await self._sender.run()
+
+    def _wake_sender(self) -> None:
+        sender = self._sender
+        # With a request in flight its completion re-runs the sender, which then sees what was
+        # appended before: a cross-thread wake-up (a pipe write, ~10s of us) is not needed.
+        if not sender.wake_pending and not sender.in_flight_total:
+            sender.wake_pending = True
+            self._io.call_soon(sender.wake)
+
+    def _not_from_callback(self, what: str) -> None:
+        # A callback runs on the I/O thread: waiting there for that thread would deadlock.
+        if self._io.in_loop_thread:
+            raise FjordError(
+                f"{what} cannot wait inside a produce callback", code=ErrorCode.INVALID_REQUEST
+            )
+
+    def partitions_for(self, topic: str) -> list[int]:
+        """The partition numbers of ``topic`` (fetching metadata, up to ``max.block.ms``)."""
+        tps = self._partitions(topic)
+        if tps is None:
+            self._not_from_callback("partitions_for()")
+            self._io.run(self._await_topic(topic), self._max_block_s + 1)
+            tps = self._partitions(topic)
+        return [tp.partition for tp in tps or ()]
+
+    def send(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        headers: Any = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordFuture:
+        """Queue a record; returns its future at once (blocks only for the topic's first
+        metadata or when ``buffer.memory`` is full, each up to ``max.block.ms``)."""
+        if self._closed:
+            raise FjordError("send() after close()", code=ErrorCode.INVALID_REQUEST)
+        value_bytes = value if type(value) is bytes else _to_bytes(value, "value")
+        key_bytes = key if key is None or type(key) is bytes else _to_bytes(key, "key")
+        header_items = _normalize_headers(headers) if headers else ()
+        if (len(value_bytes) if value_bytes else 0) + (len(key_bytes) if key_bytes else 0) > (
+            self._max_record - _HEADER_OVERHEAD
+        ):
+            self._check_size(value_bytes, key_bytes)
+        tps = self._tps.get(topic)
+        if tps is None or self._sender.partition_counts.get(topic) != len(tps):
+            tps = self._partitions(topic)  # first use, or the topic grew
+        if tps is None:
+            self._not_from_callback("send() to a topic without metadata yet")
+            self._io.run(self._await_topic(topic), self._max_block_s + 1)
+            tps = self._partitions(topic)
+            assert tps is not None
+        # From a callback (the I/O thread) a full buffer cannot drain while we wait: fail fast.
+        max_block = 0.0 if threading.get_ident() == self._io_thread_id else self._max_block_s
+        future, wake = self._append(
+            tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, max_block
+        )
+        if wake:
+            self._wake_sender()
+        return future
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued now and wait until each record is acknowledged or failed
+        (``timeout`` in seconds: KafkaTimeoutError when it passes)."""
+        self._not_from_callback("flush()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        completions = self._accumulator.begin_flush()
+        try:
+            self._io.call_soon(self._sender.wake)
+            for completion in completions:
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0)
+                if not completion.wait(remaining):
+                    raise KafkaTimeoutError(f"flush() did not complete within {timeout} s")
+        finally:
+            self._accumulator.end_flush()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the sender and close connections. Records still unsent after
+        ``timeout`` seconds fail with KafkaTimeoutError. Idempotent."""
+        if self._closed:
+            return
+        self._not_from_callback("close()")
+        self._closed = True
+        try:
+            self.flush(timeout)
+        except KafkaTimeoutError:
+            pass
+        finally:
+            self._abort_unsent()
+            sender_done = asyncio.wrap_future(self._sender_task, loop=self._io.loop)
+            self._io.run(self._stop_sender(sender_done), 10.0)
+            self._io.stop()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+class AsyncProducer(_ProducerBase):
+    """The asyncio producer: the same core, its sender running on the caller's event loop.
+
+    ``await send(...)`` queues the record and returns an ``asyncio.Future`` of
+    :class:`RecordMetadata` (await it for the acknowledgement, or use ``send_and_wait``).
+    Create, use and close it on one event loop; it never blocks that loop (a full
+    ``buffer.memory`` is waited for with ``await``, up to ``max.block.ms``).
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__(config)
+        self._sender_task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Start the sender (``send`` does it on first use)."""
+        if self._sender_task is None:
+            self._sender.wakeup = asyncio.Event()
+            self._sender_task = asyncio.ensure_future(self._sender.run())
+
+    async def partitions_for(self, topic: str) -> list[int]:
+        await self.start()
+        tps = self._partitions(topic)
+        if tps is None:
+            await self._await_topic(topic)
+            tps = self._partitions(topic)
+        return [tp.partition for tp in tps or ()]
+
+    async def send(
+        self,
+        topic: str,
+        value: bytes | str | None = None,
+        key: bytes | str | None = None,
+        partition: int | None = None,
+        headers: Any = None,
+        timestamp_ms: int | None = None,
+    ) -> asyncio.Future[RecordMetadata]:
+        value_bytes, key_bytes, header_items = self._prepare(value, key, headers)
+        await self.start()
+        tps = self._partitions(topic)
+        if tps is None:
+            await self._await_topic(topic)
+            tps = self._partitions(topic)
+            assert tps is not None
+        deadline = time.monotonic() + self._max_block_s
+        while True:
+            try:
+                record_future, wake = self._append(
+                    tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, 0.0
+                )
+                break
+            except BufferExhaustedError:
+                if time.monotonic() >= deadline:
+                    raise
+                self._sender.wake()
+                await asyncio.sleep(self.config["retry.backoff.ms"] / 1000 / 10)
+        if wake:
+            self._sender.wake()
+        result: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
+        record_future.add_done_callback(functools.partial(_settle, result))
+        return result
+
+    async def send_and_wait(self, topic: str, *args: Any, **kwargs: Any) -> RecordMetadata:
+        return await (await self.send(topic, *args, **kwargs))
+
+    async def flush(self, timeout: float | None = None) -> None:
+        completions = self._accumulator.begin_flush()
+        try:
+            self._sender.wake()
+            waiters = []
+            loop = asyncio.get_running_loop()
+            for completion in completions:
+                waiter: asyncio.Future[RecordMetadata] = loop.create_future()
+                completion.add_callback(
+                    functools.partial(_settle, waiter), RecordFuture(completion, 0, 0)
+                )
+                waiters.append(waiter)
+            if waiters:
+                done, pending = await asyncio.wait(waiters, timeout=timeout)
+                for waiter in done:
+                    waiter.exception()  # failures belong to the records' own futures
+                if pending:
+                    raise KafkaTimeoutError(f"flush() did not complete within {timeout} s")
+        finally:
+            self._accumulator.end_flush()
+
+    async def close(self, timeout: float | None = None) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.flush(timeout)
+        except KafkaTimeoutError:
+            pass
+        finally:
+            self._abort_unsent()
+            if self._sender_task is not None:
+                await self._stop_sender(self._sender_task)
+            else:
+                await self._network.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+
+def _settle(target: asyncio.Future[RecordMetadata], record_future: RecordFuture) -> None:
+    # Runs on the sender's loop, which is the target's loop for AsyncProducer.
+    if target.done():
+        return
+    error = record_future.exception()
+    if error is not None:
+        target.set_exception(error)
+    else:
+        target.set_result(record_future.result())

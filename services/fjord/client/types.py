@@ -1,0 +1,111 @@
+"""The small value types of Fjord's client API (Kafka's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+Headers = tuple[tuple[str, bytes | None], ...]
+
+
+class TopicPartition(NamedTuple):
+    """A partition of a topic: the unit of order, assignment and offsets."""
+
+    topic: str
+    partition: int
+
+
+class RecordMetadata(NamedTuple):
+    """Where an acknowledged record landed. ``offset`` is -1 with ``acks=0`` (nothing is known);
+    ``timestamp`` is the broker's append time when the topic uses LogAppendTime."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+class ConsumerRecord(NamedTuple):
+    """A record as :meth:`Consumer.poll` returns it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Headers
+    timestamp: int
+
+
+class OffsetAndTimestamp(NamedTuple):
+    """Answer of ``offsets_for_times``: the first offset whose timestamp is >= the one asked."""
+
+    offset: int
+    timestamp: int
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A broker or controller endpoint."""
+
+    id: int
+    host: str
+    port: int
+    rack: str = ""
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One partition as the cluster metadata describes it (leader -1: no leader now)."""
+
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    offline_replicas: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDescription:
+    """A topic with its partitions, sorted by partition number."""
+
+    name: str
+    topic_id: str
+    partitions: tuple[PartitionInfo, ...]
+    internal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NewTopic:
+    """A topic to create. -1 means the cluster default (num.partitions /
+    default.replication.factor)."""
+
+    name: str
+    num_partitions: int = -1
+    replication_factor: int = -1
+    config: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigEntry:
+    """One topic configuration value and where it comes from (TOPIC, CLUSTER_DEFAULT, DEFAULT)."""
+
+    name: str
+    value: str
+    is_default: bool
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterDescription:
+    """The cluster as the active controller describes it."""
+
+    cluster_id: str
+    controller: Node | None
+    brokers: tuple[Node, ...]
+    controllers: tuple[Node, ...] = ()

@@ -1,0 +1,8 @@
+"""The controller: cluster metadata in etcd, one active controller elected on a lease.
+
+Pure cores: :mod:`~fjord.controller.topics` (name rules), :mod:`~fjord.controller.configs`,
+:mod:`~fjord.controller.placement` (replica placement), :mod:`~fjord.controller.election`
+(leader/ISR rules), :mod:`~fjord.controller.planner` (what each request writes). Shells:
+:mod:`~fjord.controller.service` (election, lease, fenced etcd writes) and
+:mod:`~fjord.controller.server` (the gRPC servicer and process entry).
+"""

@@ -1,0 +1,145 @@
+"""Topic config validation and description, pure.
+
+Precedence, lowest first (Kafka's): built-in defaults, the cluster's ``cluster-config``, the
+topic's own overrides. Unknown keys and invalid values raise :class:`ConfigError` naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fjord.broker.config import TOPIC_CONFIG_KEYS, topic_settings
+from fjord.broker.defaults import DEFAULT_MIN_INSYNC_REPLICAS
+from fjord.controller.defaults import (
+    DEFAULT_REPLICATION_FACTOR,
+    NUM_PARTITIONS,
+    OTHER_TOPIC_CONFIG_DEFAULTS,
+)
+from fjord.errors import ConfigError
+from fjord.storage.defaults import DEFAULT_LOG_CONFIG
+
+#: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1).
+CONTROLLER_CONFIG_KEYS = frozenset({"num.partitions", "default.replication.factor"})
+
+#: Every topic config key with its built-in default, as strings.
+TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    **{k: str(v) for k, v in DEFAULT_LOG_CONFIG.items()},
+    "min.insync.replicas": str(DEFAULT_MIN_INSYNC_REPLICAS),
+    **OTHER_TOPIC_CONFIG_DEFAULTS,
+}
+
+_CHOICES = {
+    # Fjord has no log cleaner (yet): "compact" would silently keep everything, so it is refused.
+    "cleanup.policy": ("delete",),
+    "compression.type": ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+    "unclean.leader.election.enable": ("true", "false"),
+    "preallocate": ("true", "false"),
+}
+_NON_NEGATIVE_INTS = ("message.timestamp.difference.max.ms", "min.compaction.lag.ms",
+                      "delete.retention.ms")
+
+assert set(TOPIC_CONFIG_DEFAULTS) == set(TOPIC_CONFIG_KEYS), "every topic key needs a default"
+
+
+def _check_value(key: str, value: str) -> None:
+    if key in _CHOICES and value.strip().lower() not in _CHOICES[key]:
+        raise ConfigError(f"{key}: {value!r} is not one of {', '.join(_CHOICES[key])}")
+    if key in _NON_NEGATIVE_INTS:
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        if number < 0:
+            raise ConfigError(f"{key}: {number} is below the minimum 0")
+
+
+def validate_topic_config(
+    config: Mapping[str, str], cluster_config: Mapping[str, str]
+) -> dict[str, str]:
+    """The topic overrides, checked: every key known, every value valid on its own and in
+    combination with the cluster defaults. Returns a plain copy."""
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if key not in TOPIC_CONFIG_KEYS:
+            raise ConfigError(f"{key}: unknown topic config")
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string value, got {value!r}")
+        _check_value(key, value)
+        out[key] = value
+    topic_settings({}, cluster_config, out)
+    return out
+
+
+def validate_cluster_config(config: Mapping[str, str]) -> dict[str, str]:
+    """``cluster-config`` entries: topic defaults plus the controller's own keys."""
+    out: dict[str, str] = {}
+    topic_part: dict[str, str] = {}
+    for key, value in config.items():
+        if key in CONTROLLER_CONFIG_KEYS:
+            _positive_int(key, value)
+        elif key in TOPIC_CONFIG_KEYS:
+            topic_part[key] = value
+        else:
+            raise ConfigError(f"{key}: unknown cluster config")
+        out[key] = value
+    validate_topic_config(topic_part, {})
+    return out
+
+
+def _positive_int(key: str, value: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+    if number < 1:
+        raise ConfigError(f"{key}: {number} is below the minimum 1")
+    return number
+
+
+def default_partitions(cluster_config: Mapping[str, str]) -> int:
+    raw = cluster_config.get("num.partitions", str(NUM_PARTITIONS))
+    return _positive_int("num.partitions", raw)
+
+
+def default_replication_factor(cluster_config: Mapping[str, str]) -> int:
+    return _positive_int(
+        "default.replication.factor",
+        cluster_config.get("default.replication.factor", str(DEFAULT_REPLICATION_FACTOR)),
+    )
+
+
+@dataclass(frozen=True)
+class ConfigValue:
+    """One effective config entry; ``source`` is TOPIC, CLUSTER_DEFAULT or DEFAULT."""
+
+    name: str
+    value: str
+    source: str
+
+    @property
+    def is_default(self) -> bool:
+        return self.source != "TOPIC"
+
+
+def describe_topic_config(
+    topic_config: Mapping[str, str], cluster_config: Mapping[str, str]
+) -> list[ConfigValue]:
+    """Every topic config key with its effective value and where it comes from, by name."""
+    out = []
+    for key in sorted(TOPIC_CONFIG_DEFAULTS):
+        if key in topic_config:
+            out.append(ConfigValue(key, topic_config[key], "TOPIC"))
+        elif key in cluster_config:
+            out.append(ConfigValue(key, cluster_config[key], "CLUSTER_DEFAULT"))
+        else:
+            out.append(ConfigValue(key, TOPIC_CONFIG_DEFAULTS[key], "DEFAULT"))
+    return out
+
+
+def unclean_election_allowed(
+    topic_config: Mapping[str, str], cluster_config: Mapping[str, str]
+) -> bool:
+    key = "unclean.leader.election.enable"
+    raw = topic_config.get(key, cluster_config.get(key, TOPIC_CONFIG_DEFAULTS[key]))
+    return raw.strip().lower() == "true"

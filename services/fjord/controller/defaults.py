@@ -1,0 +1,56 @@
+"""Controller defaults, defined once here (and documented in docs/operations.md).
+
+- ``LEASE_TTL_S`` (10 s): TTL of the controller's etcd lease. A controller that stops
+  refreshing it (crash, partition) loses the ``controller`` key after at most this long and a
+  standby takes over. ``fjord local`` uses a shorter TTL (``fjord.local.defaults``).
+- ``KEEPALIVE_FRACTION`` (1/3): the lease is refreshed every TTL x this fraction, so two
+  refreshes can be lost before the lease expires.
+- ``STEP_DOWN_MARGIN_S`` (0.5 s): the controller stops acting this long *before* its lease
+  could have expired by its own clock (last successful refresh + TTL), so it never acts while
+  a successor may already be elected.
+- ``WRITE_SETTLE_TIMEOUT_S`` (5 s): how long a request waits for its own metadata write to
+  reach the controller's watcher (so the next request sees it).
+- ``MAX_TOPIC_NAME_LENGTH`` (249): Kafka's limit.
+- ``NUM_PARTITIONS`` (1) and ``DEFAULT_REPLICATION_FACTOR`` (1): used when CreateTopics asks
+  for -1; overridable by ``num.partitions`` / ``default.replication.factor`` in
+  ``cluster-config``.
+- ``PRODUCER_ID_BLOCK_SIZE`` (1000): producer ids handed out per AllocateProducerIds.
+- ``MAX_TXN_OPS`` (128): etcd's default limit of operations per transaction; larger metadata
+  changes are split (each part fenced on its own).
+- ``REQUEST_TIMEOUT_MS`` (30000): default for requests that carry ``timeout_ms`` = 0.
+"""
+
+LEASE_TTL_S = 10
+KEEPALIVE_FRACTION = 1 / 3
+STEP_DOWN_MARGIN_S = 0.5
+WRITE_SETTLE_TIMEOUT_S = 5.0
+MAX_TOPIC_NAME_LENGTH = 249
+NUM_PARTITIONS = 1
+DEFAULT_REPLICATION_FACTOR = 1
+PRODUCER_ID_BLOCK_SIZE = 1000
+MAX_TXN_OPS = 128
+REQUEST_TIMEOUT_MS = 30000
+
+# Replication arrives in a later step: until then CreateTopics refuses a replication factor
+# above this with INVALID_REPLICATION_FACTOR ("replication is not available yet").
+MAX_SUPPORTED_REPLICATION_FACTOR = 1
+
+# Defaults of the topic configs that neither storage (fjord.storage.defaults) nor the broker
+# (fjord.broker.defaults: min.insync.replicas) define; Kafka's values. Shown by DescribeConfigs.
+OTHER_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
+    "cleanup.policy": "delete",
+    "compression.type": "producer",
+    "unclean.leader.election.enable": "false",
+    "message.timestamp.difference.max.ms": str(2**63 - 1),
+    "preallocate": "false",
+    "min.compaction.lag.ms": "0",
+    "delete.retention.ms": str(24 * 3600 * 1000),
+}
+
+# A standby re-checks the ``controller`` key at least this often even without a watch event,
+# and an election attempt that failed (etcd unreachable) is retried after ELECTION_RETRY_S.
+ELECTION_POLL_S = 1.0
+ELECTION_RETRY_S = 0.5
+
+# Seconds in-flight RPCs get to finish on SIGTERM before the lease is revoked.
+SHUTDOWN_GRACE_S = 1.0

@@ -1,0 +1,99 @@
+"""Leader election and ISR changes, pure (Kafka's KRaft controller rules).
+
+All functions take a :class:`PartitionState` and return a new one (or the same object when
+nothing changes), keeping its invariants: ``isr`` is a subset of ``replicas``; ``leader`` is in
+``isr`` or -1; ``leader_epoch`` grows by one exactly when the leader changes (including to and
+from -1); ``partition_epoch`` grows by one on every change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import replace
+
+from fjord.errors import (
+    FencedLeaderEpochError,
+    IneligibleReplicaError,
+    InvalidRequestError,
+    InvalidUpdateVersionError,
+    NotLeaderOrFollowerError,
+)
+from fjord.metadata import NO_LEADER, PartitionState
+
+
+def initial_state(replicas: Sequence[int]) -> PartitionState:
+    """A new partition: every replica in the ISR, the first (preferred) one leads, epochs 0."""
+    return PartitionState(tuple(replicas), tuple(replicas), replicas[0], 0, 0)
+
+
+def _changed(state: PartitionState, leader: int, isr: tuple[int, ...]) -> PartitionState:
+    if leader == state.leader and isr == state.isr:
+        return state
+    return replace(
+        state,
+        leader=leader,
+        isr=isr,
+        leader_epoch=state.leader_epoch + (1 if leader != state.leader else 0),
+        partition_epoch=state.partition_epoch + 1,
+    )
+
+
+def on_liveness_change(
+    state: PartitionState, live: Collection[int], unclean_allowed: bool = False
+) -> PartitionState:
+    """The state after brokers came or went (``live``: the registered brokers).
+
+    Dead brokers leave the ISR, except the last member, which stays so that it can lead again
+    when it returns (nothing else has its data). A live leader keeps leading; otherwise the
+    first replica (preferred order) in the live ISR leads. With no live ISR member the
+    partition goes offline (-1), unless unclean election is allowed and a replica is live: then
+    it leads alone (data loss accepted by configuration).
+    """
+    live_isr = tuple(r for r in state.isr if r in live)
+    isr = live_isr or state.isr
+    if state.leader in live and state.leader in isr:
+        return _changed(state, state.leader, isr)
+    candidates = [r for r in state.replicas if r in live_isr]
+    if candidates:
+        return _changed(state, candidates[0], isr)
+    if unclean_allowed:
+        live_replicas = [r for r in state.replicas if r in live]
+        if live_replicas:
+            return _changed(state, live_replicas[0], (live_replicas[0],))
+    return _changed(state, NO_LEADER, isr)
+
+
+def alter_isr(
+    state: PartitionState,
+    broker_id: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    new_isr: Sequence[int],
+    live: Collection[int],
+) -> PartitionState:
+    """Apply a leader's AlterPartition request (fenced by its leader and partition epochs).
+
+    Raises NotLeaderOrFollowerError (not the leader), FencedLeaderEpochError (other leader
+    epoch), InvalidUpdateVersionError (other partition epoch), InvalidRequestError (ISR without
+    the leader, duplicates or non-replicas), IneligibleReplicaError (a new member not live).
+    """
+    if broker_id != state.leader:
+        raise NotLeaderOrFollowerError(f"broker {broker_id} is not the leader ({state.leader})")
+    if leader_epoch != state.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"leader epoch {leader_epoch} is not the current {state.leader_epoch}"
+        )
+    if partition_epoch != state.partition_epoch:
+        raise InvalidUpdateVersionError(
+            f"partition epoch {partition_epoch} is not the current {state.partition_epoch}"
+        )
+    isr = tuple(new_isr)
+    if len(set(isr)) != len(isr) or state.leader not in isr:
+        raise InvalidRequestError("the new ISR must contain the leader once and no duplicates")
+    outside = [r for r in isr if r not in state.replicas]
+    if outside:
+        raise InvalidRequestError(f"brokers {outside} are not replicas of this partition")
+    ineligible = [r for r in isr if r not in state.isr and r not in live]
+    if ineligible:
+        raise IneligibleReplicaError(f"brokers {ineligible} are not live")
+    return _changed(state, state.leader, isr)

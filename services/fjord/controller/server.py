@@ -1,0 +1,271 @@
+"""The controller's gRPC servicer (proto/fjord/v1/controller.proto): it only translates between
+protobuf and :class:`~fjord.controller.service.ControllerService`. Errors travel in each
+result's ``Error`` (Kafka codes), never as gRPC status codes."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Iterable
+
+import grpc
+
+from fjord._proto import common_pb2, controller_pb2, controller_pb2_grpc
+from fjord.controller.configs import describe_topic_config
+from fjord.controller.defaults import SHUTDOWN_GRACE_S
+from fjord.controller.planner import TopicSpec
+from fjord.controller.service import ControllerService
+from fjord.errors import (
+    ErrorCode,
+    FjordError,
+    InvalidReplicaAssignmentError,
+    NotControllerError,
+    UnknownTopicOrPartitionError,
+)
+from fjord.metadata import etcd_client
+
+log = logging.getLogger(__name__)
+
+_NONE = common_pb2.Error(code=0)
+
+
+def error_pb(exc: BaseException | None) -> common_pb2.Error:
+    """The wire form of an error; unexpected exceptions become UNKNOWN_SERVER_ERROR."""
+    if exc is None:
+        return _NONE
+    if isinstance(exc, FjordError):
+        return common_pb2.Error(code=exc.code.code, message=str(exc))
+    log.exception("unexpected controller error", exc_info=exc)
+    return common_pb2.Error(
+        code=ErrorCode.UNKNOWN_SERVER_ERROR.code, message=f"{type(exc).__name__}: {exc}"
+    )
+
+
+def _assignments(items: Iterable[controller_pb2.ReplicaAssignment]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for item in items:
+        if item.partition in out:
+            raise InvalidReplicaAssignmentError(f"partition {item.partition} assigned twice")
+        out[item.partition] = list(item.broker_ids)
+    return out
+
+
+class ControllerServicer(controller_pb2_grpc.ControllerServicer):
+    """Answers every RPC from the active controller; a standby answers NOT_CONTROLLER."""
+
+    def __init__(self, service: ControllerService) -> None:
+        self.service = service
+
+    async def CreateTopics(
+        self, request: controller_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateTopicsResponse:
+        results = []
+        for topic in request.topics:
+            result = controller_pb2.CreateTopicResult(name=topic.name)
+            try:
+                spec = TopicSpec(
+                    topic.name,
+                    topic.num_partitions,
+                    topic.replication_factor,
+                    dict(topic.configs),
+                    _assignments(topic.assignments),
+                )
+                record = await self.service.create_topic(spec, request.validate_only)
+                result.topic_id = record.topic_id
+                result.num_partitions = record.partitions
+                result.replication_factor = record.replication_factor
+            except Exception as exc:
+                result.error.CopyFrom(error_pb(exc))
+            results.append(result)
+        return controller_pb2.CreateTopicsResponse(results=results)
+
+    async def DeleteTopics(
+        self, request: controller_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteTopicsResponse:
+        results = []
+        for name in request.names:
+            error: Exception | None = None
+            try:
+                await self.service.delete_topic(name)
+            except Exception as exc:
+                error = exc
+            results.append(controller_pb2.TopicResult(name=name, error=error_pb(error)))
+        return controller_pb2.DeleteTopicsResponse(results=results)
+
+    async def CreatePartitions(
+        self, request: controller_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreatePartitionsResponse:
+        results = []
+        for topic in request.topics:
+            error: Exception | None = None
+            try:
+                await self.service.create_partitions(
+                    topic.name, topic.count, _assignments(topic.assignments),
+                    request.validate_only,
+                )
+            except Exception as exc:
+                error = exc
+            results.append(controller_pb2.TopicResult(name=topic.name, error=error_pb(error)))
+        return controller_pb2.CreatePartitionsResponse(results=results)
+
+    async def AlterConfigs(
+        self, request: controller_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.AlterConfigsResponse:
+        results = []
+        for topic in request.topics:
+            error: Exception | None = None
+            try:
+                await self.service.alter_configs(
+                    topic.name, dict(topic.set), list(topic.delete), request.validate_only
+                )
+            except Exception as exc:
+                error = exc
+            results.append(controller_pb2.TopicResult(name=topic.name, error=error_pb(error)))
+        return controller_pb2.AlterConfigsResponse(results=results)
+
+    async def DescribeConfigs(
+        self, request: controller_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DescribeConfigsResponse:
+        results = []
+        for name in request.topics:
+            out = controller_pb2.TopicConfigs(name=name)
+            try:
+                self.service.require_active()
+                image = self.service.image
+                record = image.topic(name)
+                if record is None:
+                    raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+                for entry in describe_topic_config(record.config, image.cluster_config):
+                    out.entries.append(
+                        common_pb2.ConfigEntry(
+                            name=entry.name,
+                            value=entry.value,
+                            is_default=entry.is_default,
+                            source=entry.source,
+                        )
+                    )
+            except Exception as exc:
+                out.error.CopyFrom(error_pb(exc))
+            results.append(out)
+        return controller_pb2.DescribeConfigsResponse(results=results)
+
+    async def DescribeCluster(
+        self, request: controller_pb2.DescribeClusterRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DescribeClusterResponse:
+        image = self.service.image
+        response = controller_pb2.DescribeClusterResponse(cluster_id=self.service.cluster_id)
+        active = image.controller
+        if active is not None:
+            reg = active.registration
+            response.controller.CopyFrom(
+                common_pb2.ControllerInfo(id=reg.id, host=reg.host, port=reg.port,
+                                          epoch=active.epoch)
+            )
+        for broker_id, broker in sorted(image.brokers.items()):
+            response.brokers.append(
+                common_pb2.BrokerInfo(id=broker_id, host=broker.host, port=broker.port,
+                                      rack=broker.rack or "")
+            )
+        for cid, reg in sorted(image.controllers.items()):
+            epoch = active.epoch if active is not None and active.registration.id == cid else 0
+            response.controllers.append(
+                common_pb2.ControllerInfo(id=cid, host=reg.host, port=reg.port, epoch=epoch)
+            )
+        if not self.service.is_active():
+            # The rest of the answer is still useful: it tells the caller who is active.
+            response.error.CopyFrom(
+                error_pb(NotControllerError(f"controller {self.service.registration.id} "
+                                            "is not active"))
+            )
+        return response
+
+    async def AlterPartition(
+        self, request: controller_pb2.AlterPartitionRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.AlterPartitionResponse:
+        response = controller_pb2.AlterPartitionResponse()
+        try:
+            items = [
+                (p.topic, p.partition, p.leader_epoch, p.partition_epoch, list(p.new_isr))
+                for p in request.partitions
+            ]
+            results = await self.service.alter_partition(
+                request.broker_id, request.broker_epoch, items
+            )
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        for r in results:
+            out = controller_pb2.AlterPartitionResult(
+                topic=r.topic, partition=r.partition, error=error_pb(r.error)
+            )
+            if r.state is not None:
+                out.leader = r.state.leader
+                out.leader_epoch = r.state.leader_epoch
+                out.partition_epoch = r.state.partition_epoch
+                out.isr.extend(r.state.isr)
+            response.partitions.append(out)
+        return response
+
+    async def AllocateProducerIds(
+        self, request: controller_pb2.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.AllocateProducerIdsResponse:
+        response = controller_pb2.AllocateProducerIdsResponse()
+        try:
+            first, count = await self.service.allocate_producer_ids(
+                request.broker_id, request.broker_epoch
+            )
+            response.first_producer_id = first
+            response.count = count
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+        return response
+
+
+async def run_controller(
+    controller_id: int,
+    listen: str,
+    etcd_url: str,
+    cluster_id: str,
+    lease_ttl_s: int,
+    advertised_host: str | None = None,
+    metrics_port: int | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit."""
+    from fjord.observability import server_interceptors, start_metrics_server
+
+    host = listen.rpartition(":")[0].strip("[]")
+    # SO_REUSEPORT off: a port already in use must fail here, not be silently shared.
+    server = grpc.aio.server(
+        interceptors=server_interceptors("controller"), options=[("grpc.so_reuseport", 0)]
+    )
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError as exc:
+        raise OSError(f"cannot listen on {listen} (cannot bind: in use?)") from exc
+    if metrics_port is not None:
+        start_metrics_server(metrics_port)
+    # A wildcard listen address is not something peers can dial: advertise loopback instead.
+    wildcard = host in ("", "0.0.0.0", "::")
+    public_host = advertised_host or ("127.0.0.1" if wildcard else host)
+    client = etcd_client(etcd_url)
+    service = ControllerService(client, cluster_id, controller_id, public_host, port, lease_ttl_s)
+    controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(service), server)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            break
+    await service.start()
+    await server.start()
+    log.info("controller %d serving on %s:%d (cluster %s)", controller_id, public_host, port,
+             cluster_id)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop(SHUTDOWN_GRACE_S)
+        await service.stop()
+        await client.close()

@@ -1,0 +1,485 @@
+"""The controller's etcd shell: leader election on a lease, fenced metadata writes, and the
+reactions to broker liveness. The decisions themselves are in the pure modules
+(:mod:`~fjord.controller.planner`, :mod:`~fjord.controller.election`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import aetcd
+from aetcd import rpc
+
+from fjord.controller.defaults import (
+    ELECTION_POLL_S,
+    ELECTION_RETRY_S,
+    KEEPALIVE_FRACTION,
+    LEASE_TTL_S,
+    MAX_TXN_OPS,
+    PRODUCER_ID_BLOCK_SIZE,
+    STEP_DOWN_MARGIN_S,
+    WRITE_SETTLE_TIMEOUT_S,
+)
+from fjord.controller.election import alter_isr
+from fjord.controller.planner import (
+    TopicPlan,
+    TopicSpec,
+    plan_alter_configs,
+    plan_create_partitions,
+    plan_create_topic,
+    plan_liveness,
+)
+from fjord.errors import (
+    NotControllerError,
+    StaleBrokerEpochError,
+    UnknownTopicOrPartitionError,
+)
+from fjord.metadata import (
+    ControllerRegistration,
+    Keys,
+    MetadataImage,
+    MetadataWatcher,
+    PartitionState,
+    ProducerIdBlock,
+    TopicRecord,
+)
+from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
+from fjord.observability import set_active_controller, set_offline_partitions
+
+log = logging.getLogger(__name__)
+
+
+class FencedError(NotControllerError):
+    """A metadata txn failed its epoch compare: another controller has been elected since."""
+
+
+@dataclass(frozen=True)
+class AlterPartitionItemResult:
+    """One partition's outcome: ``error`` set and ``state`` the current one on refusal, or
+    ``error`` None and ``state`` the committed new state."""
+
+    topic: str
+    partition: int
+    error: Exception | None
+    state: PartitionState | None
+
+
+def _own_cancellation() -> bool:
+    """Whether the current task is being cancelled.
+
+    grpc.aio raises CancelledError also when an RPC is cancelled by its channel (etcd
+    connection reset); a background loop must survive that and stop only when cancelled."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def put_op(key: str, value: bytes, lease: int = 0) -> rpc.RequestOp:
+    return rpc.RequestOp(request_put=rpc.PutRequest(key=key.encode(), value=value, lease=lease))
+
+
+def delete_op(key: str, prefix: bool = False) -> rpc.RequestOp:
+    raw = key.encode()
+    end = aetcd.utils.prefix_range_end(raw) if prefix else b""
+    return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(key=raw, range_end=end))
+
+
+def create_revision_is(key: str, revision: int) -> rpc.Compare:
+    return rpc.Compare(
+        key=key.encode(),
+        target=rpc.Compare.CREATE,
+        result=rpc.Compare.EQUAL,
+        create_revision=revision,
+    )
+
+
+async def etcd_txn(
+    client: aetcd.Client, compare: list[rpc.Compare], success: list[rpc.RequestOp]
+) -> rpc.TxnResponse:
+    """One etcd transaction with the full response (aetcd's helper drops the header, whose
+    revision we need: it is the new controller epoch, or the revision a write must reach)."""
+    await client.connect()
+    try:
+        return await client.kvstub.Txn(
+            rpc.TxnRequest(compare=compare, success=success, failure=[]),
+            timeout=ETCD_REQUEST_TIMEOUT_S,
+            metadata=client.metadata,
+        )
+    except rpc.AioRpcError as exc:
+        aetcd.exceptions._handle_exception(exc)
+        raise  # unreachable: the handler always raises
+
+
+class ControllerService:
+    """One controller process: a candidate, a standby or the active controller.
+
+    Election: a txn creates ``controller`` only if absent (create revision 0), bound to this
+    controller's lease; the txn's revision is the controller epoch. Standbys re-run the txn
+    whenever the watcher sees the key disappear.
+
+    Invariants: :meth:`is_active` is true only while this controller holds the ``controller``
+    key and its lease cannot have expired by its own clock (last successful keep-alive + TTL -
+    margin); every metadata write is one etcd txn that compares the ``controller`` key's create
+    revision with this controller's epoch, so a deposed controller's writes fail; writes are
+    serialised by one lock and each waits until the watcher has applied it, so every decision
+    is taken on an image that includes all earlier writes of this controller.
+    """
+
+    def __init__(
+        self,
+        client: aetcd.Client,
+        cluster_id: str,
+        controller_id: int,
+        host: str,
+        port: int,
+        lease_ttl_s: int = LEASE_TTL_S,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.client = client
+        self.cluster_id = cluster_id
+        self.keys = Keys(cluster_id)
+        self.registration = ControllerRegistration(controller_id, host, port)
+        self.lease_ttl_s = lease_ttl_s
+        self.watcher = MetadataWatcher(client, cluster_id)
+        self._rng = rng or random.Random()
+        self._lease_id = 0
+        self._lease_deadline = 0.0  # loop time after which the lease may have expired
+        self._epoch: int | None = None
+        self._state_changed = asyncio.Event()
+        self._reconcile_needed = asyncio.Event()
+        self._write_lock = asyncio.Lock()
+        self._lease_lock = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._unsubscribe = self.watcher.add_listener(self._on_image)
+
+    # -- public state ------------------------------------------------------------------------
+
+    @property
+    def image(self) -> MetadataImage:
+        return self.watcher.image
+
+    @property
+    def epoch(self) -> int | None:
+        """This controller's epoch while it is active, else None."""
+        return self._epoch if self.is_active() else None
+
+    def is_active(self) -> bool:
+        loop = asyncio.get_running_loop()
+        return (
+            self._epoch is not None
+            and loop.time() < self._lease_deadline - STEP_DOWN_MARGIN_S
+        )
+
+    def require_active(self) -> int:
+        epoch = self.epoch
+        if epoch is None:
+            raise NotControllerError(f"controller {self.registration.id} is not active")
+        return epoch
+
+    async def wait_active(self, timeout: float) -> int:
+        """Wait until this controller is active (for tests and start-up); returns the epoch."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not self.is_active():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                raise TimeoutError("controller did not become active")
+            self._state_changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._state_changed.wait(), remaining)
+        assert self._epoch is not None
+        return self._epoch
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.watcher.start()
+        await self._new_lease()
+        self._tasks = [
+            asyncio.create_task(self._keepalive_loop(), name="controller-keepalive"),
+            asyncio.create_task(self._election_loop(), name="controller-election"),
+            asyncio.create_task(self._reconcile_loop(), name="controller-reconcile"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop acting and revoke the lease (so a standby takes over at once)."""
+        self._step_down("stopping")
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        self._unsubscribe()
+        await self.watcher.stop()
+        if self._lease_id:
+            try:
+                await self.client.revoke_lease(self._lease_id)
+            except Exception as exc:  # etcd gone: the lease expires by itself
+                log.warning("could not revoke lease: %s", exc)
+
+    # -- lease and election ------------------------------------------------------------------
+
+    async def _new_lease(self) -> None:
+        lease = await self.client.lease(self.lease_ttl_s)
+        loop = asyncio.get_running_loop()
+        self._lease_id = lease.id
+        self._lease_deadline = loop.time() + lease.ttl
+        await self.client.put(
+            self.keys.controller_member(self.registration.id).encode(),
+            self.registration.to_json(),
+            lease=lease.id,
+        )
+
+    async def _replace_lease(self, expired_id: int) -> None:
+        """Get a new lease unless another task already replaced ``expired_id``."""
+        async with self._lease_lock:
+            if self._lease_id != expired_id:
+                return
+            try:
+                await self._new_lease()
+            except Exception as exc:
+                log.warning("could not get a new lease: %s", exc)
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.lease_ttl_s * KEEPALIVE_FRACTION
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(interval)
+            sent = loop.time()
+            try:
+                reply = await self.client.refresh_lease(self._lease_id)
+            except (asyncio.CancelledError, Exception) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
+                    raise
+                log.warning("lease keep-alive failed: %s", exc)
+                if loop.time() >= self._lease_deadline - STEP_DOWN_MARGIN_S:
+                    self._step_down("lease keep-alive failing")
+                continue
+            if reply is None or reply.TTL <= 0:
+                self._step_down("lease expired")
+                await self._replace_lease(self._lease_id)
+                continue
+            # The TTL counts from when etcd received the refresh, which is after ``sent``.
+            self._lease_deadline = sent + reply.TTL
+
+    def _step_down(self, why: str) -> None:
+        if self._epoch is not None:
+            log.warning("controller %d stops acting (epoch %d): %s",
+                        self.registration.id, self._epoch, why)
+            self._epoch = None
+            set_active_controller(False)
+            self._state_changed.set()
+
+    async def _campaign(self) -> bool:
+        key = self.keys.controller
+        response = await etcd_txn(
+            self.client,
+            [create_revision_is(key, 0)],
+            [put_op(key, self.registration.to_json(), self._lease_id)],
+        )
+        if not response.succeeded:
+            return False
+        self._epoch = response.header.revision
+        set_active_controller(True)
+        log.info("controller %d is active, epoch %d", self.registration.id, self._epoch)
+        await self.watcher.wait_for_revision(self._epoch, WRITE_SETTLE_TIMEOUT_S)
+        self._state_changed.set()
+        self._reconcile_needed.set()
+        return True
+
+    async def _election_loop(self) -> None:
+        while True:
+            try:
+                if self._epoch is None:
+                    if self.image.controller is None and await self._campaign():
+                        continue
+                    # Someone else leads: wait until its key disappears (or our lease changes).
+                    await self._wait_image(lambda image: image.controller is None, ELECTION_POLL_S)
+                else:
+                    await self._wait_image(lambda image: False, ELECTION_POLL_S)
+            except asyncio.CancelledError:
+                if _own_cancellation():
+                    raise
+                log.warning("election attempt cancelled by the etcd channel; retrying")
+                await asyncio.sleep(ELECTION_RETRY_S)
+            except Exception as exc:
+                log.warning("election attempt failed: %s", exc)
+                if "lease not found" in str(exc):
+                    # Our lease expired before the keep-alive noticed: replace it now.
+                    await self._replace_lease(self._lease_id)
+                    continue
+                await asyncio.sleep(ELECTION_RETRY_S)
+
+    async def _wait_image(
+        self, predicate: Callable[[MetadataImage], bool], timeout: float
+    ) -> None:
+        with contextlib.suppress(TimeoutError):
+            await self.watcher.wait_for(predicate, timeout)
+
+    def _on_image(self, old: MetadataImage, new: MetadataImage) -> None:
+        epoch = self._epoch
+        if epoch is not None and new.revision >= epoch:
+            current = new.controller
+            if current is None or current.epoch != epoch:
+                self._step_down("controller key lost")
+        if old.brokers != new.brokers or old.topics.keys() != new.topics.keys():
+            self._reconcile_needed.set()
+        if self._epoch is not None:
+            set_offline_partitions(sum(1 for r in new.all_partitions() if not r.state.online))
+
+    # -- fenced writes -----------------------------------------------------------------------
+
+    async def _write(self, ops: list[rpc.RequestOp]) -> int:
+        """Write ``ops`` in fenced txns of at most MAX_TXN_OPS; returns the last revision after
+        the watcher has applied it. Caller holds the write lock."""
+        epoch = self.require_active()
+        revision = self.image.revision
+        for start in range(0, len(ops), MAX_TXN_OPS):
+            response = await etcd_txn(
+                self.client,
+                [create_revision_is(self.keys.controller, epoch)],
+                ops[start : start + MAX_TXN_OPS],
+            )
+            if not response.succeeded:
+                self._step_down("fenced by a newer controller epoch")
+                raise FencedError("a newer controller has been elected")
+            revision = response.header.revision
+        await self.watcher.wait_for_revision(revision, WRITE_SETTLE_TIMEOUT_S)
+        return revision
+
+    async def fenced_write(self, ops: list[rpc.RequestOp]) -> int:
+        async with self._write_lock:
+            return await self._write(ops)
+
+    def _topic_ops(self, plan: TopicPlan) -> list[rpc.RequestOp]:
+        # Partitions first, topic record last: readers hide partitions without their topic
+        # record, so a topic split over several txns never appears half-made.
+        ops = [
+            put_op(self.keys.partition(plan.name, p), state.to_json())
+            for p, state in sorted(plan.partitions.items())
+        ]
+        ops.append(put_op(self.keys.topic(plan.name), plan.record.to_json()))
+        return ops
+
+    # -- operations (each raises a typed FjordError) -----------------------------------------
+
+    async def create_topic(self, spec: TopicSpec, validate_only: bool = False) -> TopicRecord:
+        async with self._write_lock:
+            self.require_active()
+            plan = plan_create_topic(self.image, spec, uuid.uuid4().hex, self._rng)
+            if not validate_only:
+                await self._write(self._topic_ops(plan))
+            return plan.record
+
+    async def delete_topic(self, name: str) -> None:
+        async with self._write_lock:
+            self.require_active()
+            if self.image.topic(name) is None:
+                raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
+            await self._write(
+                [delete_op(self.keys.topic(name)),
+                 delete_op(self.keys.topic_partitions_prefix(name), prefix=True)]
+            )
+
+    async def create_partitions(
+        self,
+        name: str,
+        count: int,
+        assignments: Mapping[int, list[int]],
+        validate_only: bool = False,
+    ) -> TopicRecord:
+        async with self._write_lock:
+            self.require_active()
+            plan = plan_create_partitions(self.image, name, count, assignments, self._rng)
+            if not validate_only:
+                await self._write(self._topic_ops(plan))
+            return plan.record
+
+    async def alter_configs(
+        self, name: str, set_configs: Mapping[str, str], delete: list[str], validate_only: bool
+    ) -> TopicRecord:
+        async with self._write_lock:
+            self.require_active()
+            record = plan_alter_configs(self.image, name, set_configs, delete)
+            if not validate_only and record != self.image.topic(name):
+                await self._write([put_op(self.keys.topic(name), record.to_json())])
+            return record
+
+    def _check_broker_epoch(self, broker_id: int, broker_epoch: int) -> None:
+        current = self.image.broker_epoch(broker_id)
+        if current is None or current != broker_epoch:
+            raise StaleBrokerEpochError(
+                f"broker {broker_id} epoch {broker_epoch} is not its current registration "
+                f"({current})"
+            )
+
+    async def allocate_producer_ids(self, broker_id: int, broker_epoch: int) -> tuple[int, int]:
+        """A block ``(first_id, count)`` that no other call will hand out."""
+        async with self._write_lock:
+            self.require_active()
+            self._check_broker_epoch(broker_id, broker_epoch)
+            first = self.image.next_producer_id or 0
+            block = ProducerIdBlock(first + PRODUCER_ID_BLOCK_SIZE)
+            await self._write([put_op(self.keys.producer_ids, block.to_json())])
+            return first, PRODUCER_ID_BLOCK_SIZE
+
+    async def alter_partition(
+        self,
+        broker_id: int,
+        broker_epoch: int,
+        items: list[tuple[str, int, int, int, list[int]]],
+    ) -> list[AlterPartitionItemResult]:
+        """Apply ISR changes ``(topic, partition, leader_epoch, partition_epoch, new_isr)``."""
+        async with self._write_lock:
+            self.require_active()
+            self._check_broker_epoch(broker_id, broker_epoch)
+            image = self.image
+            live = set(image.brokers)
+            results: list[AlterPartitionItemResult] = []
+            ops: list[rpc.RequestOp] = []
+            for topic, partition, leader_epoch, partition_epoch, new_isr in items:
+                state = image.partition(topic, partition)
+                if state is None:
+                    error = UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
+                    results.append(AlterPartitionItemResult(topic, partition, error, None))
+                    continue
+                try:
+                    new = alter_isr(
+                        state, broker_id, leader_epoch, partition_epoch, new_isr, live
+                    )
+                except Exception as exc:
+                    results.append(AlterPartitionItemResult(topic, partition, exc, state))
+                    continue
+                if new is not state:
+                    ops.append(put_op(self.keys.partition(topic, partition), new.to_json()))
+                results.append(AlterPartitionItemResult(topic, partition, None, new))
+            if ops:
+                await self._write(ops)
+            return results
+
+    # -- liveness reactions ------------------------------------------------------------------
+
+    async def _reconcile_loop(self) -> None:
+        while True:
+            await self._reconcile_needed.wait()
+            self._reconcile_needed.clear()
+            if not self.is_active():
+                continue
+            try:
+                async with self._write_lock:
+                    changes = plan_liveness(self.image)
+                    if changes:
+                        log.info("liveness: updating %d partitions", len(changes))
+                        await self._write(
+                            [put_op(self.keys.partition(t, p), s.to_json())
+                             for (t, p), s in sorted(changes.items())]
+                        )
+            except (asyncio.CancelledError, Exception) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
+                    raise
+                log.warning("liveness reconcile failed: %r; retrying", exc)
+                await asyncio.sleep(ELECTION_RETRY_S)
+                self._reconcile_needed.set()

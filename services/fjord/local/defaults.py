@@ -1,0 +1,38 @@
+"""Defaults of the local launcher (``fjord local``) and of the etcd it starts, defined once.
+
+- ``DEFAULT_DATA_DIR`` (``.fjord``): where ``fjord local up`` keeps etcd data, broker logs,
+  process logs and the state file, relative to the current directory (gitignored).
+- ``DEFAULT_BROKERS`` (3) and ``DEFAULT_CONTROLLERS`` (2): processes ``fjord local up`` starts.
+- ``DEFAULT_CLUSTER_ID`` (``local``): the cluster id, i.e. the etcd prefix ``/fjord/local/``.
+- ``LOOPBACK_HOST`` (127.0.0.1): every local process listens on loopback only.
+- ``ETCD_START_TIMEOUT_S`` (20 s): bound on etcd becoming healthy.
+- ``PROCESS_START_TIMEOUT_S`` (30 s): bound on each controller/broker becoming ready.
+- ``STOP_TIMEOUT_S`` (10 s): grace period after SIGTERM before SIGKILL on ``down``.
+- ``PORT_RETRIES`` (3): attempts with fresh ports when a picked free port was taken meanwhile.
+- ``LOCAL_BROKER_LEASE_TTL_S`` (6 s): the brokers' lease TTL in a local cluster.
+- ``LOCAL_CONTROLLER_LEASE_TTL_S`` (3 s): the controllers' leader lease TTL in a local
+  cluster, short so that fail-over is quick on one machine.
+- ``STATE_FILE`` (``cluster.json``): name of the state file (pids, addresses) in the data dir.
+"""
+
+DEFAULT_DATA_DIR = ".fjord"
+DEFAULT_BROKERS = 3
+DEFAULT_CONTROLLERS = 2
+DEFAULT_CLUSTER_ID = "local"
+LOOPBACK_HOST = "127.0.0.1"
+ETCD_START_TIMEOUT_S = 20.0
+PROCESS_START_TIMEOUT_S = 30.0
+STOP_TIMEOUT_S = 10.0
+PORT_RETRIES = 3
+LOCAL_CONTROLLER_LEASE_TTL_S = 3
+STATE_FILE = "cluster.json"
+# Brokers' etcd lease TTL in a local cluster: shorter than the broker's production default so
+# that fault tests see leadership move quickly, long enough to ride out a loaded 2-core machine.
+LOCAL_BROKER_LEASE_TTL_S = 6
+# How often readiness (etcd /health, gRPC probes, pid checks) is polled while waiting; every
+# such wait is bounded by one of the timeouts above.
+READY_POLL_INTERVAL_S = 0.05
+# Deadline of one readiness probe (an etcd /health GET, a DescribeCluster or Metadata call).
+PROBE_TIMEOUT_S = 2.0
+# How often a foreground `fjord local up` checks that its processes are still alive.
+MONITOR_INTERVAL_S = 1.0

@@ -1,0 +1,52 @@
+"""Cluster metadata: the etcd key schema, its JSON values, a pure image and a watcher.
+
+The controller is the only writer of metadata keys (brokers write only their own
+registration); everything else learns the cluster's state through :class:`MetadataWatcher`.
+"""
+
+from fjord.metadata.etcd import etcd_client, parse_etcd_endpoint
+from fjord.metadata.image import (
+    ActiveController,
+    EventType,
+    MetadataEvent,
+    MetadataImage,
+    PartitionRef,
+)
+from fjord.metadata.schema import (
+    NO_LEADER,
+    ROOT_PREFIX,
+    BrokerRegistration,
+    ClusterConfig,
+    ControllerRegistration,
+    InvalidMetadataError,
+    KeyKind,
+    Keys,
+    ParsedKey,
+    PartitionState,
+    ProducerIdBlock,
+    TopicRecord,
+)
+from fjord.metadata.watcher import MetadataWatcher
+
+__all__ = [
+    "NO_LEADER",
+    "ROOT_PREFIX",
+    "ActiveController",
+    "BrokerRegistration",
+    "ClusterConfig",
+    "ControllerRegistration",
+    "EventType",
+    "InvalidMetadataError",
+    "KeyKind",
+    "Keys",
+    "MetadataEvent",
+    "MetadataImage",
+    "MetadataWatcher",
+    "ParsedKey",
+    "PartitionRef",
+    "PartitionState",
+    "ProducerIdBlock",
+    "TopicRecord",
+    "etcd_client",
+    "parse_etcd_endpoint",
+]

@@ -1,0 +1,318 @@
+"""A pure, immutable view of a cluster's metadata at one etcd revision.
+
+The image knows nothing about etcd clients: it is built from :class:`MetadataEvent` values
+(puts and deletes with their revisions), so it is tested without any process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from types import MappingProxyType
+from typing import Any, TypeVar
+
+from fjord.metadata.schema import (
+    BrokerRegistration,
+    ClusterConfig,
+    ControllerRegistration,
+    InvalidMetadataError,
+    KeyKind,
+    Keys,
+    ParsedKey,
+    PartitionState,
+    ProducerIdBlock,
+    TopicRecord,
+)
+
+log = logging.getLogger(__name__)
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class EventType(Enum):
+    """The two kinds of etcd change."""
+
+    PUT = "put"
+    DELETE = "delete"
+
+
+@dataclass(frozen=True)
+class MetadataEvent:
+    """One change of one key. ``create_revision`` is the key's create revision for a put
+    (epochs derive from it) and 0 for a delete; ``mod_revision`` is the revision of the change."""
+
+    type: EventType
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+
+    @classmethod
+    def put(cls, key: str, value: bytes, create_revision: int, mod_revision: int) -> MetadataEvent:
+        return cls(EventType.PUT, key, value, create_revision, mod_revision)
+
+    @classmethod
+    def delete(cls, key: str, mod_revision: int) -> MetadataEvent:
+        return cls(EventType.DELETE, key, b"", 0, mod_revision)
+
+
+@dataclass(frozen=True)
+class ActiveController:
+    """The active controller and its epoch (the create revision of the ``controller`` key)."""
+
+    registration: ControllerRegistration
+    epoch: int
+
+
+@dataclass(frozen=True)
+class PartitionRef:
+    """A partition and its state, as returned by the by-broker lookups."""
+
+    topic: str
+    partition: int
+    state: PartitionState
+
+
+def _frozen(mapping: dict[K, V]) -> Mapping[K, V]:
+    return MappingProxyType(mapping)
+
+
+class MetadataImage:
+    """Cluster metadata as of etcd revision :attr:`revision`.
+
+    Invariants: the image never changes after construction (:meth:`apply` returns a new
+    one); ``revision`` never decreases along a chain of :meth:`apply` calls and events whose
+    ``mod_revision`` is not above the image's revision are ignored (so replaying a watch from
+    an older revision is harmless); keys outside the cluster's prefix or schema are ignored;
+    a value that does not decode is logged and treated as absent; :meth:`partitions` returns
+    only partitions of topics whose ``topics/<name>`` record exists.
+    """
+
+    __slots__ = (
+        "_broker_epochs",
+        "_brokers",
+        "_cluster_config",
+        "_controller",
+        "_controllers",
+        "_partitions",
+        "_producer_ids",
+        "_topics",
+        "keys",
+        "revision",
+    )
+
+    def __init__(self, cluster_id: str, revision: int = 0) -> None:
+        self.keys = Keys(cluster_id)
+        self.revision = revision
+        self._controller: ActiveController | None = None
+        self._controllers: dict[int, ControllerRegistration] = {}
+        self._brokers: dict[int, BrokerRegistration] = {}
+        self._broker_epochs: dict[int, int] = {}
+        self._topics: dict[str, TopicRecord] = {}
+        self._partitions: dict[str, dict[int, PartitionState]] = {}
+        self._cluster_config: dict[str, str] = {}
+        self._producer_ids: int | None = None
+
+    @classmethod
+    def empty(cls, cluster_id: str) -> MetadataImage:
+        return cls(cluster_id)
+
+    @classmethod
+    def from_snapshot(
+        cls, cluster_id: str, puts: Iterable[MetadataEvent], revision: int
+    ) -> MetadataImage:
+        """The image of a consistent read at ``revision`` (all ``puts``, any order)."""
+        image = cls(cluster_id)
+        image._apply_in_place(puts, check_revision=False)
+        image.revision = revision
+        return image
+
+    @property
+    def cluster_id(self) -> str:
+        return self.keys.cluster_id
+
+    def _copy(self) -> MetadataImage:
+        other = MetadataImage(self.cluster_id, self.revision)
+        other._controller = self._controller
+        other._controllers = dict(self._controllers)
+        other._brokers = dict(self._brokers)
+        other._broker_epochs = dict(self._broker_epochs)
+        other._topics = dict(self._topics)
+        # Inner partition dicts are copied lazily, only for topics that an event touches.
+        other._partitions = dict(self._partitions)
+        other._cluster_config = self._cluster_config
+        other._producer_ids = self._producer_ids
+        return other
+
+    def apply(self, events: Iterable[MetadataEvent], revision: int | None = None) -> MetadataImage:
+        """A new image with ``events`` applied in order; its revision is ``revision`` (or the
+        highest event revision), never lower than this image's."""
+        events = list(events)
+        new = self._copy()
+        touched: set[str] = set()
+        new._apply_in_place(events, check_revision=True, touched=touched)
+        highest = max([self.revision, *(e.mod_revision for e in events)])
+        new.revision = max(highest, revision or 0)
+        return new
+
+    def _apply_in_place(
+        self,
+        events: Iterable[MetadataEvent],
+        check_revision: bool,
+        touched: set[str] | None = None,
+    ) -> None:
+        for event in events:
+            if check_revision and event.mod_revision <= self.revision:
+                continue
+            parsed = self.keys.parse(event.key)
+            if parsed is None:
+                continue
+            value = None
+            if event.type is EventType.PUT:
+                try:
+                    value = _decode(parsed.kind, event.value)
+                except InvalidMetadataError as exc:
+                    log.warning("ignoring invalid metadata at %s: %s", event.key, exc)
+            self._set(parsed.kind, parsed, value, event.create_revision, touched)
+
+    def _set(
+        self,
+        kind: KeyKind,
+        parsed: ParsedKey,
+        value: Any,
+        create_revision: int,
+        touched: set[str] | None,
+    ) -> None:
+        # The parser guarantees the parts each kind needs; these names make that explicit.
+        ident = parsed.id if parsed.id is not None else -1
+        topic = parsed.topic or ""
+        partition = parsed.partition if parsed.partition is not None else -1
+        if kind is KeyKind.CONTROLLER:
+            self._controller = ActiveController(value, create_revision) if value else None
+        elif kind is KeyKind.CONTROLLER_MEMBER:
+            _put_or_pop(self._controllers, ident, value)
+        elif kind is KeyKind.BROKER:
+            _put_or_pop(self._brokers, ident, value)
+            _put_or_pop(self._broker_epochs, ident, create_revision if value else None)
+        elif kind is KeyKind.TOPIC:
+            # Partition states are kept even without their topic record: the image mirrors
+            # the store key by key (the controller deletes a topic's keys in one txn).
+            _put_or_pop(self._topics, topic, value)
+        elif kind is KeyKind.PARTITION:
+            parts = self._partitions.get(topic)
+            if touched is not None and topic not in touched:
+                parts = dict(parts or {})
+                touched.add(topic)
+            elif parts is None:
+                parts = {}
+            _put_or_pop(parts, partition, value)
+            if parts:
+                self._partitions[topic] = parts
+            else:
+                self._partitions.pop(topic, None)
+        elif kind is KeyKind.CLUSTER_CONFIG:
+            self._cluster_config = dict(value.values) if value else {}
+        elif kind is KeyKind.PRODUCER_IDS:
+            self._producer_ids = value.next if value else None
+
+    # -- lookups -------------------------------------------------------------------------
+
+    @property
+    def controller(self) -> ActiveController | None:
+        """The active controller, or ``None`` while an election is pending."""
+        return self._controller
+
+    @property
+    def controllers(self) -> Mapping[int, ControllerRegistration]:
+        """Every live controller (active and standby) by id."""
+        return _frozen(self._controllers)
+
+    @property
+    def brokers(self) -> Mapping[int, BrokerRegistration]:
+        """Every live (registered) broker by id."""
+        return _frozen(self._brokers)
+
+    def broker(self, broker_id: int) -> BrokerRegistration | None:
+        return self._brokers.get(broker_id)
+
+    def broker_epoch(self, broker_id: int) -> int | None:
+        """The broker's epoch (create revision of its registration), ``None`` if not live."""
+        return self._broker_epochs.get(broker_id)
+
+    @property
+    def topics(self) -> Mapping[str, TopicRecord]:
+        return _frozen(self._topics)
+
+    def topic(self, name: str) -> TopicRecord | None:
+        return self._topics.get(name)
+
+    def topic_by_id(self, topic_id: str) -> str | None:
+        for name, record in self._topics.items():
+            if record.topic_id == topic_id:
+                return name
+        return None
+
+    def partitions(self, topic: str) -> Mapping[int, PartitionState]:
+        """The partition states of ``topic`` by partition number (empty if no such topic)."""
+        if topic not in self._topics:
+            return _frozen({})
+        return _frozen(self._partitions.get(topic, {}))
+
+    def partition(self, topic: str, partition: int) -> PartitionState | None:
+        return self.partitions(topic).get(partition)
+
+    def all_partitions(self) -> list[PartitionRef]:
+        """Every partition of every topic, sorted by (topic, partition)."""
+        return [
+            PartitionRef(topic, p, state)
+            for topic in sorted(self._topics)
+            for p, state in sorted(self._partitions.get(topic, {}).items())
+        ]
+
+    def partitions_led_by(self, broker_id: int) -> list[PartitionRef]:
+        """Partitions whose leader is ``broker_id``, sorted by (topic, partition)."""
+        return [ref for ref in self.all_partitions() if ref.state.leader == broker_id]
+
+    def partitions_replicated_on(self, broker_id: int) -> list[PartitionRef]:
+        """Partitions with a replica on ``broker_id``, sorted by (topic, partition)."""
+        return [ref for ref in self.all_partitions() if broker_id in ref.state.replicas]
+
+    @property
+    def cluster_config(self) -> Mapping[str, str]:
+        return _frozen(self._cluster_config)
+
+    @property
+    def next_producer_id(self) -> int | None:
+        """The ``next`` of ``producer-ids``; ``None`` before the first allocation."""
+        return self._producer_ids
+
+    def __repr__(self) -> str:
+        return (
+            f"MetadataImage(cluster={self.cluster_id!r}, revision={self.revision}, "
+            f"brokers={sorted(self._brokers)}, topics={len(self._topics)})"
+        )
+
+
+def _put_or_pop(mapping: dict[K, V], key: K, value: V | None) -> None:
+    if value is None:
+        mapping.pop(key, None)
+    else:
+        mapping[key] = value
+
+
+_DECODERS = {
+    KeyKind.CONTROLLER: ControllerRegistration.from_json,
+    KeyKind.CONTROLLER_MEMBER: ControllerRegistration.from_json,
+    KeyKind.BROKER: BrokerRegistration.from_json,
+    KeyKind.TOPIC: TopicRecord.from_json,
+    KeyKind.PARTITION: PartitionState.from_json,
+    KeyKind.CLUSTER_CONFIG: ClusterConfig.from_json,
+    KeyKind.PRODUCER_IDS: ProducerIdBlock.from_json,
+}
+
+
+def _decode(kind: KeyKind, raw: bytes) -> object:
+    return _DECODERS[kind](raw)

@@ -1,0 +1,352 @@
+"""The etcd key schema of a Fjord cluster and the JSON values stored under each key.
+
+Every key lives under ``/fjord/<cluster_id>/`` and holds one JSON object (UTF-8):
+
+=====================================  ==========================================================
+key (relative to the cluster prefix)   value
+=====================================  ==========================================================
+``controller``                         :class:`ControllerRegistration` of the active controller,
+                                       bound to its lease; its create revision is the
+                                       controller epoch
+``controllers/<id>``                   :class:`ControllerRegistration` of each live controller
+``brokers/<id>``                       :class:`BrokerRegistration`, bound to the broker's lease;
+                                       its create revision is the broker epoch
+``topics/<name>``                      :class:`TopicRecord`
+``topics/<name>/<partition>``          :class:`PartitionState`
+``cluster-config``                     :class:`ClusterConfig` (``{k: v}`` topic/broker defaults)
+``producer-ids``                       :class:`ProducerIdBlock` (``{"next": int}``)
+=====================================  ==========================================================
+
+Topic names never contain ``/`` (see :mod:`fjord.controller.topics`), so the partition keys
+parse without ambiguity. Decoding is strict: a value of the wrong shape raises
+:class:`InvalidMetadataError` naming the field, never a bare ``KeyError``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from fjord.errors import ErrorCode, FjordError
+
+ROOT_PREFIX = "/fjord/"
+
+
+class InvalidMetadataError(FjordError):
+    """A metadata value in etcd that is not valid JSON of the expected shape."""
+
+    code = ErrorCode.UNKNOWN_SERVER_ERROR
+
+
+def _load_object(raw: bytes | str, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidMetadataError(f"{what}: not valid JSON: {exc}") from exc
+    if not isinstance(obj, dict):
+        raise InvalidMetadataError(f"{what}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _int(obj: dict[str, Any], name: str, what: str) -> int:
+    value = obj.get(name)
+    # bool is an int subclass in Python; JSON true/false is never a valid number here.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise InvalidMetadataError(f"{what}: field {name!r} must be an integer, got {value!r}")
+    return value
+
+
+def _str(obj: dict[str, Any], name: str, what: str) -> str:
+    value = obj.get(name)
+    if not isinstance(value, str):
+        raise InvalidMetadataError(f"{what}: field {name!r} must be a string, got {value!r}")
+    return value
+
+
+def _int_list(obj: dict[str, Any], name: str, what: str) -> tuple[int, ...]:
+    value = obj.get(name)
+    if not isinstance(value, list) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        raise InvalidMetadataError(f"{what}: field {name!r} must be a list of integers")
+    return tuple(value)
+
+
+def _str_map(value: Any, what: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise InvalidMetadataError(f"{what}: expected an object of string values")
+    return dict(value)
+
+
+def _dump(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+@dataclass(frozen=True)
+class ControllerRegistration:
+    """A controller process: its id and the gRPC address it serves on."""
+
+    id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> bytes:
+        return _dump({"id": self.id, "host": self.host, "port": self.port})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ControllerRegistration:
+        what = "controller registration"
+        obj = _load_object(raw, what)
+        return cls(_int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what))
+
+
+@dataclass(frozen=True)
+class BrokerRegistration:
+    """A live broker: id, gRPC address and optional rack (``None`` when not set)."""
+
+    id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> bytes:
+        return _dump({"id": self.id, "host": self.host, "port": self.port, "rack": self.rack})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> BrokerRegistration:
+        what = "broker registration"
+        obj = _load_object(raw, what)
+        rack = obj.get("rack")
+        if rack is not None and not isinstance(rack, str):
+            raise InvalidMetadataError(f"{what}: field 'rack' must be a string or null")
+        return cls(
+            _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None
+        )
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """A topic: its id (32 hex digits), partition count, replication factor and config
+    overrides (only the keys set for this topic; defaults come from ``cluster-config``)."""
+
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    config: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dump(
+            {
+                "topic_id": self.topic_id,
+                "partitions": self.partitions,
+                "replication_factor": self.replication_factor,
+                "config": dict(self.config),
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> TopicRecord:
+        what = "topic record"
+        obj = _load_object(raw, what)
+        return cls(
+            _str(obj, "topic_id", what),
+            _int(obj, "partitions", what),
+            _int(obj, "replication_factor", what),
+            _str_map(obj.get("config", {}), f"{what} config"),
+        )
+
+
+NO_LEADER = -1
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    """Replica set and leadership of one partition.
+
+    Invariants (kept by the controller): ``isr`` is a subset of ``replicas``; ``leader`` is
+    in ``isr`` or is :data:`NO_LEADER` (-1, offline); ``leader_epoch`` grows by one every time
+    the leader changes; ``partition_epoch`` grows by one on every change of this state.
+    """
+
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+    leader: int
+    leader_epoch: int
+    partition_epoch: int
+
+    @property
+    def online(self) -> bool:
+        return self.leader != NO_LEADER
+
+    def to_json(self) -> bytes:
+        return _dump(
+            {
+                "replicas": list(self.replicas),
+                "isr": list(self.isr),
+                "leader": self.leader,
+                "leader_epoch": self.leader_epoch,
+                "partition_epoch": self.partition_epoch,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> PartitionState:
+        what = "partition state"
+        obj = _load_object(raw, what)
+        return cls(
+            _int_list(obj, "replicas", what),
+            _int_list(obj, "isr", what),
+            _int(obj, "leader", what),
+            _int(obj, "leader_epoch", what),
+            _int(obj, "partition_epoch", what),
+        )
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """Cluster-wide defaults for topic and broker configs (Kafka's names), ``{k: v}``."""
+
+    values: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        return _dump(dict(self.values))
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ClusterConfig:
+        return cls(_str_map(_load_object(raw, "cluster config"), "cluster config"))
+
+
+@dataclass(frozen=True)
+class ProducerIdBlock:
+    """The next producer id the controller hands out (blocks are allocated upwards)."""
+
+    next: int
+
+    def to_json(self) -> bytes:
+        return _dump({"next": self.next})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ProducerIdBlock:
+        what = "producer id block"
+        return cls(_int(_load_object(raw, what), "next", what))
+
+
+class KeyKind(Enum):
+    """What a key under the cluster prefix holds."""
+
+    CONTROLLER = "controller"
+    CONTROLLER_MEMBER = "controllers"
+    BROKER = "brokers"
+    TOPIC = "topic"
+    PARTITION = "partition"
+    CLUSTER_CONFIG = "cluster-config"
+    PRODUCER_IDS = "producer-ids"
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    """A key split into its kind and parts: ``id`` for controllers/brokers, ``topic`` and
+    ``partition`` for topics and partitions."""
+
+    kind: KeyKind
+    id: int | None = None
+    topic: str | None = None
+    partition: int | None = None
+
+
+def _parse_id(text: str) -> int | None:
+    # Only canonical decimal ids ("7", never "07" or "+7") so each id has one key.
+    if text.isdigit() and str(int(text)) == text:
+        return int(text)
+    return None
+
+
+class Keys:
+    """Key helpers for one cluster: every key is ``/fjord/<cluster_id>/...`` (str)."""
+
+    def __init__(self, cluster_id: str) -> None:
+        if not cluster_id or "/" in cluster_id:
+            raise ValueError(f"invalid cluster id {cluster_id!r}: must be non-empty, no '/'")
+        self.cluster_id = cluster_id
+        self.prefix = f"{ROOT_PREFIX}{cluster_id}/"
+
+    @property
+    def controller(self) -> str:
+        return self.prefix + "controller"
+
+    @property
+    def controllers_prefix(self) -> str:
+        return self.prefix + "controllers/"
+
+    def controller_member(self, controller_id: int) -> str:
+        return f"{self.controllers_prefix}{controller_id}"
+
+    @property
+    def brokers_prefix(self) -> str:
+        return self.prefix + "brokers/"
+
+    def broker(self, broker_id: int) -> str:
+        return f"{self.brokers_prefix}{broker_id}"
+
+    @property
+    def topics_prefix(self) -> str:
+        return self.prefix + "topics/"
+
+    def topic(self, name: str) -> str:
+        return self.topics_prefix + name
+
+    def topic_partitions_prefix(self, name: str) -> str:
+        return self.topics_prefix + name + "/"
+
+    def partition(self, name: str, partition: int) -> str:
+        return f"{self.topics_prefix}{name}/{partition}"
+
+    @property
+    def cluster_config(self) -> str:
+        return self.prefix + "cluster-config"
+
+    @property
+    def producer_ids(self) -> str:
+        return self.prefix + "producer-ids"
+
+    def parse(self, key: str) -> ParsedKey | None:
+        """The kind and parts of ``key``; ``None`` for keys outside this schema (ignored)."""
+        if not key.startswith(self.prefix):
+            return None
+        rest = key[len(self.prefix) :]
+        if rest == "controller":
+            return ParsedKey(KeyKind.CONTROLLER)
+        if rest == "cluster-config":
+            return ParsedKey(KeyKind.CLUSTER_CONFIG)
+        if rest == "producer-ids":
+            return ParsedKey(KeyKind.PRODUCER_IDS)
+        head, _, tail = rest.partition("/")
+        if head in ("controllers", "brokers"):
+            ident = _parse_id(tail)
+            if ident is None:
+                return None
+            kind = KeyKind.CONTROLLER_MEMBER if head == "controllers" else KeyKind.BROKER
+            return ParsedKey(kind, id=ident)
+        if head == "topics" and tail:
+            name, slash, part = tail.partition("/")
+            if not name:
+                return None
+            if not slash:
+                return ParsedKey(KeyKind.TOPIC, topic=name)
+            partition = _parse_id(part)
+            if partition is None:
+                return None
+            return ParsedKey(KeyKind.PARTITION, topic=name, partition=partition)
+        return None

@@ -1,0 +1,255 @@
+"""Every Prometheus metric Fjord exports, defined in this one module, and helpers to update them.
+
+Components never create metrics of their own: they call the helpers below, so names, labels and
+help texts stay in one place (and in docs/observability.md). All metrics live in the process-wide
+default registry of ``prometheus_client`` (which also carries the ``process_*`` and
+``python_*`` collectors), served by :func:`start_metrics_server`.
+
+Label conventions:
+
+- ``service``: the role of the process that records the sample (``broker``, ``controller``,
+  ``coordinator``, ``producer``, ...), as given to the gRPC interceptors.
+- ``method``: the full gRPC method, without the leading slash (``fjord.v1.Broker/Produce``).
+- ``code``: the gRPC status code name (``OK``, ``UNAVAILABLE``, ...). Kafka error codes travel
+  inside responses and are not RPC failures.
+- ``topic`` / ``partition`` / ``group``: what the names say. Topics and groups are bounded by
+  what operators create, so their cardinality is the cluster's own size.
+
+Updating a metric takes a lock inside ``prometheus_client`` and never does I/O, so the helpers
+are safe on the event loop; the HTTP server runs in its own daemon thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    REGISTRY,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    disable_created_metrics,
+    start_http_server,
+)
+
+from fjord import __version__
+from fjord.errors import ConfigError
+from fjord.observability.defaults import METRICS_HOST, RPC_LATENCY_BUCKETS_S
+
+# The ``*_created`` timestamp series double the size of a scrape and no dashboard uses them.
+disable_created_metrics()
+
+# --- Process -------------------------------------------------------------------------------
+
+BUILD_INFO = Info("fjord_build", "The Fjord version this process runs.")
+BUILD_INFO.info({"version": __version__})
+
+# --- RPC (written by the interceptors in fjord.observability.interceptors) -------------------
+
+RPC_SERVER_REQUESTS = Counter(
+    "fjord_rpc_server_requests",
+    "gRPC requests handled by this process, by method and final status code.",
+    ["service", "method", "code"],
+)
+RPC_SERVER_LATENCY = Histogram(
+    "fjord_rpc_server_latency_seconds",
+    "Time from receiving a gRPC request to its final status, on the server.",
+    ["service", "method", "code"],
+    buckets=RPC_LATENCY_BUCKETS_S,
+)
+RPC_CLIENT_REQUESTS = Counter(
+    "fjord_rpc_client_requests",
+    "gRPC calls made by this process, by method and final status code.",
+    ["service", "method", "code"],
+)
+RPC_CLIENT_LATENCY = Histogram(
+    "fjord_rpc_client_latency_seconds",
+    "Time from starting a gRPC call to its final status, on the client.",
+    ["service", "method", "code"],
+    buckets=RPC_LATENCY_BUCKETS_S,
+)
+
+# --- Broker ---------------------------------------------------------------------------------
+
+BROKER_BYTES_IN = Counter(
+    "fjord_broker_bytes_in",
+    "Record batch bytes appended by produce requests, per topic (replication not counted).",
+    ["topic"],
+)
+BROKER_BYTES_OUT = Counter(
+    "fjord_broker_bytes_out",
+    "Record batch bytes returned to consumer fetches, per topic (replication not counted).",
+    ["topic"],
+)
+BROKER_MESSAGES_IN = Counter(
+    "fjord_broker_messages_in",
+    "Records appended by produce requests, per topic.",
+    ["topic"],
+)
+BROKER_PARTITIONS_LED = Gauge(
+    "fjord_broker_partitions_led",
+    "Partitions this broker is currently the leader of.",
+)
+BROKER_UNDER_REPLICATED_PARTITIONS = Gauge(
+    "fjord_broker_under_replicated_partitions",
+    "Partitions led by this broker whose ISR is smaller than their replica set.",
+)
+BROKER_ISR_SHRINKS = Counter(
+    "fjord_broker_isr_shrinks",
+    "ISR shrinks committed for partitions led by this broker.",
+)
+BROKER_ISR_EXPANDS = Counter(
+    "fjord_broker_isr_expands",
+    "ISR expansions committed for partitions led by this broker.",
+)
+
+# --- Controller -----------------------------------------------------------------------------
+
+CONTROLLER_ACTIVE = Gauge(
+    "fjord_controller_active",
+    "1 while this controller holds the controller lease, else 0 (the cluster sum must be 1).",
+)
+CONTROLLER_OFFLINE_PARTITIONS = Gauge(
+    "fjord_controller_offline_partitions",
+    "Partitions without a live leader, as seen by the active controller.",
+)
+CONTROLLER_UNDER_REPLICATED_PARTITIONS = Gauge(
+    "fjord_controller_under_replicated_partitions",
+    "Partitions whose ISR is smaller than their replica set, cluster-wide (active controller).",
+)
+
+# --- Consumer groups ------------------------------------------------------------------------
+
+GROUP_REBALANCES = Counter(
+    "fjord_group_rebalances",
+    "Rebalances started for a consumer group on this coordinator.",
+    ["group"],
+)
+GROUP_LAG = Gauge(
+    "fjord_group_lag",
+    "Log end offset minus committed offset, per group, topic and partition.",
+    ["group", "topic", "partition"],
+)
+
+
+# --- Helpers --------------------------------------------------------------------------------
+
+
+def record_bytes_in(topic: str, num_bytes: int, num_records: int = 0) -> None:
+    """Count ``num_bytes`` of batches (and ``num_records`` records) appended to ``topic``."""
+    BROKER_BYTES_IN.labels(topic).inc(num_bytes)
+    if num_records:
+        BROKER_MESSAGES_IN.labels(topic).inc(num_records)
+
+
+def record_bytes_out(topic: str, num_bytes: int) -> None:
+    """Count ``num_bytes`` of batches served to consumers from ``topic``."""
+    BROKER_BYTES_OUT.labels(topic).inc(num_bytes)
+
+
+def set_partitions_led(count: int) -> None:
+    BROKER_PARTITIONS_LED.set(count)
+
+
+def set_under_replicated_partitions(count: int) -> None:
+    """Broker view: under-replicated partitions among those this broker leads."""
+    BROKER_UNDER_REPLICATED_PARTITIONS.set(count)
+
+
+def record_isr_shrink() -> None:
+    BROKER_ISR_SHRINKS.inc()
+
+
+def record_isr_expand() -> None:
+    BROKER_ISR_EXPANDS.inc()
+
+
+def set_active_controller(active: bool) -> None:
+    CONTROLLER_ACTIVE.set(1 if active else 0)
+
+
+def set_offline_partitions(count: int) -> None:
+    """Controller view: partitions whose leader is -1 or not alive."""
+    CONTROLLER_OFFLINE_PARTITIONS.set(count)
+
+
+def set_cluster_under_replicated_partitions(count: int) -> None:
+    """Controller view: cluster-wide count of partitions with ISR smaller than replicas."""
+    CONTROLLER_UNDER_REPLICATED_PARTITIONS.set(count)
+
+
+def record_rebalance(group: str) -> None:
+    GROUP_REBALANCES.labels(group).inc()
+
+
+def set_group_lag(group: str, topic: str, partition: int, lag: int) -> None:
+    GROUP_LAG.labels(group, topic, str(partition)).set(lag)
+
+
+def remove_group_lag(group: str, topic: str, partition: int) -> None:
+    """Forget a lag series (the group was deleted or no longer owns the partition)."""
+    with contextlib.suppress(KeyError):
+        GROUP_LAG.remove(group, topic, str(partition))
+
+
+_RPC_METRICS = {
+    "server": (RPC_SERVER_REQUESTS, RPC_SERVER_LATENCY),
+    "client": (RPC_CLIENT_REQUESTS, RPC_CLIENT_LATENCY),
+}
+# (side, service, method, code) -> labelled (counter, histogram). ``labels()`` takes a lock and
+# builds a tuple on every call; the set of keys is bounded by the RPCs a process has seen.
+_rpc_children: dict[tuple[str, str, str, str], tuple[Any, Any]] = {}
+
+
+def record_rpc(side: str, service: str, method: str, code: str, seconds: float) -> None:
+    """One finished RPC. ``side`` is ``"server"`` or ``"client"``."""
+    key = (side, service, method, code)
+    children = _rpc_children.get(key)
+    if children is None:
+        if side not in _RPC_METRICS:
+            raise ValueError(f"side must be 'server' or 'client', not {side!r}")
+        counter, histogram = _RPC_METRICS[side]
+        children = (
+            counter.labels(service, method, code),
+            histogram.labels(service, method, code),
+        )
+        _rpc_children[key] = children
+    children[0].inc()
+    children[1].observe(seconds)
+
+
+# --- HTTP exposition ------------------------------------------------------------------------
+
+_servers: dict[int, WSGIServer] = {}
+_servers_lock = threading.Lock()
+
+
+def start_metrics_server(port: int, host: str = METRICS_HOST) -> int:
+    """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the bound port.
+
+    ``port=0`` picks a free port (tests, and several processes on one machine). Raises
+    :class:`~fjord.errors.ConfigError` when the port is out of range or cannot be bound.
+    """
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"metrics port must be in 0..65535, got {port}")
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=REGISTRY)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
+    bound_port = int(server.server_port)
+    with _servers_lock:
+        _servers[bound_port] = server
+    return bound_port
+
+
+def stop_metrics_server(port: int) -> None:
+    """Stop a server started by :func:`start_metrics_server` (no-op for an unknown port)."""
+    with _servers_lock:
+        server = _servers.pop(port, None)
+    if server is not None:
+        server.shutdown()
+        server.server_close()

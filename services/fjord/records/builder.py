@@ -1,0 +1,314 @@
+"""Build one RecordBatch v2 from records appended one at a time."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+
+from fjord.errors import InvalidRecordError, UnsupportedCompressionError
+from fjord.records.codecs import compress
+from fjord.records.defaults import DEFAULT_BATCH_SIZE
+from fjord.records.header import (
+    ATTR_TIMESTAMP_TYPE,
+    ATTR_TRANSACTIONAL,
+    BATCH_HEADER_SIZE,
+    CRC_START,
+    HEADER_STRUCT,
+    LOG_OVERHEAD,
+    MAGIC_V2,
+    NO_PARTITION_LEADER_EPOCH,
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    NO_SEQUENCE,
+    Compression,
+    TimestampType,
+    crc32c,
+)
+from fjord.records.varint import SMALL_LIMIT, ZIGZAG_TABLE, encode_zigzag, zigzag_size
+
+_NULL_LENGTH = ZIGZAG_TABLE[SMALL_LIMIT - 1]  # zigzag(-1): a null key, value or header value
+_NO_HEADERS = ZIGZAG_TABLE[SMALL_LIMIT]  # zigzag(0): headers count 0
+_ATTRIBUTES = b"\x00"  # record attributes: unused in v2, always 0
+_CRC = struct.Struct(">I")
+_INT32_MAX = (1 << 31) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
+def _encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
+    """headersCount varint, then per header: key length + UTF-8 key, value length + value."""
+    parts = [encode_zigzag(len(headers))]
+    for item in headers:
+        try:
+            name, value = item
+        except (TypeError, ValueError):
+            raise InvalidRecordError(
+                f"a record header must be a (str, bytes | None) pair, got {item!r}"
+            ) from None
+        if not isinstance(name, str):
+            raise InvalidRecordError(f"record header key must be str, got {type(name).__name__}")
+        try:
+            raw_name = name.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InvalidRecordError(
+                f"record header key {name!r} is not valid UTF-8: {exc}"
+            ) from None
+        parts.append(encode_zigzag(len(raw_name)))
+        parts.append(raw_name)
+        if value is None:
+            parts.append(_NULL_LENGTH)
+        elif isinstance(value, bytes | bytearray | memoryview):
+            raw_value = bytes(value)
+            parts.append(encode_zigzag(len(raw_value)))
+            parts.append(raw_value)
+        else:
+            raise InvalidRecordError(
+                f"record header {name!r} value must be bytes or None, got {type(value).__name__}"
+            )
+    return b"".join(parts)
+
+
+def _check_range(what: str, value: object, low: int, high: int) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise InvalidRecordError(f"{what} must be an int in [{low}, {high}], got {value!r}")
+
+
+def _timestamp_delta(timestamp_ms: int, base_timestamp: int | None) -> bytes:
+    """The varlong of a large timestamp delta (the first record's is 0), checking both
+    timestamps fit the header's int64 fields."""
+    _check_range("record timestamp", timestamp_ms, _INT64_MIN, _INT64_MAX)
+    if base_timestamp is None:
+        return ZIGZAG_TABLE[SMALL_LIMIT]
+    delta = timestamp_ms - base_timestamp
+    _check_range("timestamp delta from the batch's first record", delta, _INT64_MIN, _INT64_MAX)
+    return encode_zigzag(delta)
+
+
+def _as_bytes(data: object, what: str) -> bytes:
+    if isinstance(data, bytes | bytearray | memoryview):  # bytes subclasses, bytes-likes
+        return bytes(data)
+    raise InvalidRecordError(f"record {what} must be bytes or None, got {type(data).__name__}")
+
+
+def record_size_upper_bound(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]] = ()
+) -> int:
+    """Bytes a batch holding only this record takes at most (Kafka's
+    ``estimateSizeInBytesUpperBound``): what a producer compares with ``max.request.size``
+    before it appends. An upper bound of the uncompressed batch's size, whatever the timestamp."""
+    key_size = 1 if key is None else zigzag_size(len(key)) + len(key)
+    value_size = 1 if value is None else zigzag_size(len(value)) + len(value)
+    headers_size = len(_encode_headers(headers)) if headers else 1
+    # attributes (1) + timestamp delta (up to 10) + offset delta (up to 5)
+    body = 1 + 10 + 5 + key_size + value_size + headers_size
+    return BATCH_HEADER_SIZE + zigzag_size(body) + body
+
+
+class BatchBuilder:
+    """Accumulates records into one RecordBatch v2 (magic 2), then builds its bytes.
+
+    Invariants: records are encoded as they are appended (``length varint, attributes int8 = 0,
+    timestampDelta varlong, offsetDelta varint, key, value, headers``), so :meth:`build` only
+    compresses and writes the 61-byte header; offset deltas are ``0 .. record_count - 1``;
+    timestamp deltas are relative to the first record's timestamp (the batch's base timestamp)
+    and may be negative; ``size_in_bytes`` is the exact uncompressed size of the batch so far
+    (header + records), an upper bound of the built size for every codec but a pathological one.
+    The first record is always accepted; a later one only while the batch stays within
+    ``batch_size``. After :meth:`build` the builder is closed: ``append`` raises, ``build``
+    returns the same bytes.
+
+    The built batch has base offset 0 and partition leader epoch -1 (the broker stamps both).
+    """
+
+    __slots__ = (
+        "_base_sequence",
+        "_base_timestamp",
+        "_batch_size",
+        "_built",
+        "_compression",
+        "_count",
+        "_is_transactional",
+        "_max_timestamp",
+        "_parts",
+        "_producer_epoch",
+        "_producer_id",
+        "_size",
+        "_timestamp_type",
+    )
+
+    def __init__(
+        self,
+        compression: Compression = Compression.NONE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+        *,
+        is_transactional: bool = False,
+    ) -> None:
+        try:
+            self._compression = Compression(compression)
+        except ValueError:
+            raise UnsupportedCompressionError(
+                f"unknown compression codec {compression!r}; known: "
+                + ", ".join(f"{c.value} ({c.name.lower()})" for c in Compression)
+            ) from None
+        if type(batch_size) is not int or batch_size <= 0:
+            raise InvalidRecordError(f"batch size must be a positive int, got {batch_size!r}")
+        _check_range("producer id", producer_id, _INT64_MIN, _INT64_MAX)
+        _check_range("producer epoch", producer_epoch, -(1 << 15), (1 << 15) - 1)
+        _check_range("base sequence", base_sequence, -(1 << 31), _INT32_MAX)
+        self._batch_size = batch_size
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        if timestamp_type not in (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME):
+            raise InvalidRecordError(f"unknown timestamp type {timestamp_type!r}")
+        self._timestamp_type = TimestampType(timestamp_type)
+        self._is_transactional = is_transactional
+        self._parts: list[bytes] = []
+        self._count = 0
+        self._size = BATCH_HEADER_SIZE
+        self._base_timestamp = 0
+        self._max_timestamp = -1
+        self._built: bytes | None = None
+
+    @property
+    def record_count(self) -> int:
+        return self._count
+
+    @property
+    def size_in_bytes(self) -> int:
+        """Bytes of the batch if built now without compression (header included)."""
+        return self._size
+
+    @property
+    def compression(self) -> Compression:
+        return self._compression
+
+    @property
+    def is_closed(self) -> bool:
+        return self._built is not None
+
+    def append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> bool:
+        """Add a record; return False (adding nothing) when it would overflow ``batch_size``.
+
+        The first record is always accepted. Raises :class:`InvalidRecordError` for a key,
+        value or header of the wrong type, and when the builder is already built.
+        """
+        if self._built is not None:
+            raise InvalidRecordError("cannot append to a batch that has been built")
+        if type(timestamp_ms) is not int:
+            raise InvalidRecordError(
+                f"record timestamp must be an int (ms), got {type(timestamp_ms).__name__}"
+            )
+        count = self._count
+        delta = timestamp_ms - self._base_timestamp if count else 0
+        # Fast path: exact bytes skip the conversions; small varints come from the table.
+        if type(key) is not bytes:
+            key = None if key is None else _as_bytes(key, "key")
+        if type(value) is not bytes:
+            value = None if value is None else _as_bytes(value, "value")
+        if key is None:
+            key_length = _NULL_LENGTH
+            key = b""
+        else:
+            key_len = len(key)
+            key_length = (
+                ZIGZAG_TABLE[key_len + SMALL_LIMIT]
+                if key_len < SMALL_LIMIT
+                else encode_zigzag(key_len)
+            )
+        if value is None:
+            value_length = _NULL_LENGTH
+            value = b""
+        else:
+            value_len = len(value)
+            value_length = (
+                ZIGZAG_TABLE[value_len + SMALL_LIMIT]
+                if value_len < SMALL_LIMIT
+                else encode_zigzag(value_len)
+            )
+        body = b"".join(
+            (
+                _ATTRIBUTES,
+                ZIGZAG_TABLE[delta + SMALL_LIMIT]
+                if -SMALL_LIMIT <= delta < SMALL_LIMIT
+                else _timestamp_delta(timestamp_ms, self._base_timestamp if count else None),
+                ZIGZAG_TABLE[count + SMALL_LIMIT] if count < SMALL_LIMIT else encode_zigzag(count),
+                key_length,
+                key,
+                value_length,
+                value,
+                _encode_headers(headers) if headers else _NO_HEADERS,
+            )
+        )
+        body_len = len(body)
+        length_part = (
+            ZIGZAG_TABLE[body_len + SMALL_LIMIT]
+            if body_len < SMALL_LIMIT
+            else encode_zigzag(body_len)
+        )
+        size = self._size + len(length_part) + body_len
+        if count and (size > self._batch_size or count == _INT32_MAX):
+            return False
+        if count == 0:
+            _check_range("record timestamp", timestamp_ms, _INT64_MIN, _INT64_MAX)
+            self._base_timestamp = self._max_timestamp = timestamp_ms
+        elif timestamp_ms > self._max_timestamp:
+            self._max_timestamp = timestamp_ms
+        self._parts.append(length_part + body)
+        self._size = size
+        self._count = count + 1
+        return True
+
+    def build(self) -> bytes:
+        """The batch's bytes (base offset 0, leader epoch -1); closes the builder.
+
+        Raises :class:`InvalidRecordError` when no record was appended: Kafka has no empty
+        data batches.
+        """
+        if self._built is not None:
+            return self._built
+        if self._count == 0:
+            raise InvalidRecordError("cannot build a batch without records")
+        # Only a timestamp within a few seconds of the int64 limit can get here out of range.
+        _check_range("max timestamp", self._max_timestamp, _INT64_MIN, _INT64_MAX)
+        records = b"".join(self._parts)
+        if self._compression != Compression.NONE:
+            records = compress(self._compression, records)
+        attributes = int(self._compression)
+        if self._timestamp_type == TimestampType.LOG_APPEND_TIME:
+            attributes |= ATTR_TIMESTAMP_TYPE
+        if self._is_transactional:
+            attributes |= ATTR_TRANSACTIONAL
+        header = bytearray(
+            HEADER_STRUCT.pack(
+                0,
+                BATCH_HEADER_SIZE - LOG_OVERHEAD + len(records),
+                NO_PARTITION_LEADER_EPOCH,
+                MAGIC_V2,
+                0,
+                attributes,
+                self._count - 1,
+                self._base_timestamp,
+                self._max_timestamp,
+                self._producer_id,
+                self._producer_epoch,
+                self._base_sequence,
+                self._count,
+            )
+        )
+        crc = crc32c(memoryview(header)[CRC_START:])
+        crc = crc32c(records, crc)
+        _CRC.pack_into(header, 17, crc)
+        self._built = bytes(header) + records
+        self._parts = []
+        return self._built

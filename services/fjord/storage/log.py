@@ -1,0 +1,809 @@
+"""A partition's log: segments on disk, offsets, recovery, retention and durability."""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import os
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from fjord.errors import (
+    CorruptRecordError,
+    InvalidRecordError,
+    OffsetOutOfRangeError,
+    RecordTooLargeError,
+    StorageError,
+)
+from fjord.records.header import (
+    ATTR_TIMESTAMP_TYPE,
+    CRC_START,
+    BatchHeader,
+    crc32c,
+    parse_header,
+    validate_batch,
+)
+from fjord.storage import defaults
+from fjord.storage.checkpoint import read_text, sync_directory, sync_file, write_atomically
+from fjord.storage.config import LogConfig
+from fjord.storage.epoch import LeaderEpochCache
+from fjord.storage.index import MAX_RELATIVE_OFFSET
+from fjord.storage.segment import NO_TIMESTAMP, LogSegment
+
+log = logging.getLogger(__name__)
+
+_STAMP = struct.Struct(">qii")  # base offset, batch length, partition leader epoch: 16 bytes
+_STAMPED_PREFIX = _STAMP.size
+_MAX_TIMESTAMP_AT = 35
+_ATTRIBUTES_AT = 21
+PARTITION_CHECKPOINT_VERSION = 0
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+_CRC_POOL: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _CRC_POOL
+    if _CRC_POOL is None:
+        _CRC_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fjord-crc")
+    return _CRC_POOL
+
+
+def _check_structure(buf: memoryview, pos: int, max_batch_bytes: int | None) -> BatchHeader:
+    """Everything :func:`validate_batch` checks except the CRC."""
+    header = parse_header(buf, pos)
+    if max_batch_bytes is not None and header.size > max_batch_bytes:
+        raise RecordTooLargeError(
+            f"batch of {header.size} bytes exceeds max.message.bytes={max_batch_bytes}"
+        )
+    if pos + header.size > buf.nbytes:
+        raise CorruptRecordError(
+            f"truncated batch at position {pos}: declares {header.size} bytes, "
+            f"only {buf.nbytes - pos} present"
+        )
+    return header
+
+
+def _check_crcs(buf: memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
+    for pos, header in headers:
+        actual = crc32c(buf[pos + CRC_START : pos + header.size])
+        if actual != header.crc:
+            raise CorruptRecordError(
+                f"CRC mismatch in batch at position {pos}: stored {header.crc:#010x}, "
+                f"computed {actual:#010x}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """What an append did. ``log_append_time`` is the broker time stamped into the batches
+    (LogAppendTime topics) or -1 (CreateTime)."""
+
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+    offset_of_max_timestamp: int
+    log_append_time: int
+    log_start_offset: int
+    record_count: int
+    batch_count: int
+    valid_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryReport:
+    """What opening the log found: whether the previous stop was clean, how many segments were
+    re-validated, and how many bytes of torn or corrupt data were cut off."""
+
+    clean_shutdown: bool
+    recovered_segments: int
+    truncated_bytes: int
+    deleted_segments: int
+
+
+class PartitionLog:
+    """The log of one partition replica in ``directory`` (named ``<topic>-<partition>``).
+
+    On-disk layout::
+
+        00000000000000000000.log        batches, back to back (see LogSegment)
+        00000000000000000000.index      sparse offset -> position (see OffsetIndex)
+        00000000000000000000.timeindex  sparse max timestamp -> offset (see TimeIndex)
+        00000000000000004096.log ...    next segment, named by its base offset (20 digits)
+        leader-epoch-checkpoint         Kafka's text format (see LeaderEpochCache)
+        partition-checkpoint            "0\\nrecovery-point N\\nlog-start-offset M\\n"
+        .clean-shutdown                 present only while the log is cleanly closed
+
+    Invariants:
+      * segments are sorted by base offset, contiguous (each starts where the previous ends),
+        only the last one (the active segment) is appended to; there is always one;
+      * ``log_start_offset <= log_end_offset``, the log start lies in the first segment;
+      * ``recovery_point <= log_end_offset`` and every byte and index entry below the recovery
+        point has been fsync'd, so recovery after a crash only re-reads what follows it;
+      * every batch in the log has passed header and CRC checks, with offsets stamped.
+
+    Threads: every method runs on the caller's thread (the broker's event loop) except
+    :meth:`flush`, which may run in a worker thread concurrently with the others: a lock guards
+    the in-memory state, and fsync itself runs on duplicated file descriptors outside the lock.
+    """
+
+    def __init__(self, directory: Path, config: LogConfig) -> None:
+        self.directory = directory
+        self.config = config
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._lock = threading.RLock()
+        self._flush_lock = threading.Lock()
+        self.log_start_offset = 0
+        self.recovery_point = 0
+        self._unflushed_records = 0
+        self._first_unflushed_ms: int | None = None
+        self._unsynced_segments: list[LogSegment] = []
+        self._generation = 0  # bumped when offsets below the end go away (truncate, delete)
+        self._checkpoint_unsynced = False  # partition-checkpoint written but not fsync'd
+        self.epoch_cache = LeaderEpochCache(directory / defaults.LEADER_EPOCH_CHECKPOINT)
+        self.recovery: RecoveryReport | None = None
+        self.closed = False
+
+    # ---- opening -------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        config: LogConfig | None = None,
+        now_ms: int | None = None,
+    ) -> PartitionLog:
+        """Open (creating if needed) the log in ``directory``, recovering after an unclean
+        stop. Raises :class:`StorageError` naming the directory when it cannot be used."""
+        path = Path(directory)
+        self = cls(path, config or LogConfig())
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._load(wall_clock_ms() if now_ms is None else now_ms)
+        except StorageError:
+            self._close_segments()
+            raise
+        except (OSError, ValueError) as e:
+            self._close_segments()
+            raise StorageError(f"cannot load partition log {path}: {e}") from e
+        return self
+
+    def _load(self, now_ms: int) -> None:
+        d = self.directory
+        clean = (d / defaults.CLEAN_SHUTDOWN_MARKER).exists()
+        for leftover in d.glob("*.tmp"):
+            leftover.unlink()
+        bases = []
+        for entry in d.iterdir():
+            name = entry.name
+            if name.endswith(defaults.LOG_SUFFIX):
+                stem = name[: -len(defaults.LOG_SUFFIX)]
+                if len(stem) != defaults.OFFSET_DIGITS or not stem.isdigit():
+                    raise StorageError(f"unexpected file {entry} in partition directory {d}")
+                bases.append(int(stem))
+        bases.sort()
+        for suffix in (defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX):
+            for index_file in d.glob("*" + suffix):  # indexes whose log is gone
+                if index_file.name[: -len(suffix)] not in {f"{b:020d}" for b in bases}:
+                    index_file.unlink()
+        recovery_point, log_start = self._read_partition_checkpoint()
+        if not clean and recovery_point is None:
+            recovery_point = 0
+        self.epoch_cache, epochs_intact = LeaderEpochCache.load(
+            d / defaults.LEADER_EPOCH_CHECKPOINT
+        )
+        rebuild_epochs = not epochs_intact and bool(bases)
+        if rebuild_epochs:
+            self.epoch_cache.clear()
+        recovered = truncated = deleted = 0
+        for i, base in enumerate(bases):
+            segment = LogSegment.open(
+                d,
+                base,
+                self.config.index_interval_bytes,
+                self.config.segment_index_bytes,
+                now_ms,
+                create=False,
+            )
+            if self._segments and base != self._segments[-1].next_offset:
+                # A gap or overlap: the previous segment was cut by recovery. Nothing after
+                # the cut can be trusted to be contiguous, so it goes.
+                segment.delete()
+                deleted += len(bases) - i
+                for later in bases[i + 1 :]:
+                    self._delete_segment_files(later)
+                break
+            next_base = bases[i + 1] if i + 1 < len(bases) else None
+            below_recovery_point = clean or (
+                next_base is not None and recovery_point is not None and next_base <= recovery_point
+            )
+            trusted = below_recovery_point and segment.load_trusted()
+            if not trusted:
+                recovered += 1
+                # Epochs are re-learned from the recovered batches (Kafka does the same): what
+                # the checkpoint says about this segment and later ones is not trusted.
+                self.epoch_cache.truncate_from_end(segment.base_offset)
+                cut = segment.recover(self._learn_epoch)
+                truncated += cut
+                if cut:
+                    log.warning(
+                        "recovery cut %d bytes off %s", cut, segment.path(defaults.LOG_SUFFIX)
+                    )
+            elif rebuild_epochs:
+                for _, h in segment.iter_headers(0, segment.size):
+                    self._learn_epoch(h)
+            self._add_segment(segment)
+        if not self._segments:
+            start = log_start or 0
+            self._add_segment(self._new_segment(start, now_ms))
+        first_base = self._segments[0].base_offset
+        self.log_start_offset = max(first_base, log_start or first_base)
+        if self.log_start_offset > self.log_end_offset:
+            # Everything below the log start is logically deleted; start empty there.
+            start = self.log_start_offset
+            for segment in self._segments:
+                segment.delete()
+            self._segments.clear()
+            self._bases.clear()
+            self._add_segment(self._new_segment(start, now_ms))
+        self.epoch_cache.truncate_from_end(self.log_end_offset)
+        self.epoch_cache.truncate_from_start(self.log_start_offset)
+        self.recovery = RecoveryReport(clean, recovered, truncated, deleted)
+        # Make what recovery decided durable, then mark the log as open (not clean) before
+        # anything new is written: from now on a crash must trigger recovery.
+        for segment in self._segments:
+            segment.write_pending_indexes()
+            if not clean:
+                segment.fsync()
+        self.epoch_cache.sync()  # every change was written as it happened; make it durable
+        self.recovery_point = self.log_end_offset
+        self._write_partition_checkpoint(sync=True)
+        marker = d / defaults.CLEAN_SHUTDOWN_MARKER
+        if marker.exists():
+            marker.unlink()
+            sync_directory(d)
+
+    def _learn_epoch(self, header: BatchHeader) -> None:
+        if header.partition_leader_epoch > self.epoch_cache.latest_epoch:
+            self.epoch_cache.assign(header.partition_leader_epoch, header.base_offset)
+
+    def _read_partition_checkpoint(self) -> tuple[int | None, int | None]:
+        text = read_text(self.directory / defaults.PARTITION_CHECKPOINT)
+        if text is None:
+            return None, None
+        values: dict[str, int] = {}
+        lines = text.splitlines()
+        try:
+            if not lines or int(lines[0]) != PARTITION_CHECKPOINT_VERSION:
+                raise ValueError(lines[:1])
+            for line in lines[1:]:
+                key, value = line.split()
+                values[key] = int(value)
+            return values["recovery-point"], values["log-start-offset"]
+        except (ValueError, KeyError):
+            log.warning(
+                "ignoring malformed %s in %s: full recovery",
+                defaults.PARTITION_CHECKPOINT,
+                self.directory,
+            )
+            return None, None
+
+    def _write_partition_checkpoint(self, *, sync: bool) -> None:
+        self._checkpoint_unsynced = not sync
+        text = (
+            f"{PARTITION_CHECKPOINT_VERSION}\nrecovery-point {self.recovery_point}\n"
+            f"log-start-offset {self.log_start_offset}\n"
+        )
+        write_atomically(self.directory / defaults.PARTITION_CHECKPOINT, text, sync=sync)
+
+    def _delete_segment_files(self, base: int) -> None:
+        for suffix in (defaults.LOG_SUFFIX, defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                (self.directory / f"{base:0{defaults.OFFSET_DIGITS}d}{suffix}").unlink()
+
+    def _new_segment(self, base_offset: int, now_ms: int) -> LogSegment:
+        return LogSegment.open(
+            self.directory,
+            base_offset,
+            self.config.index_interval_bytes,
+            self.config.segment_index_bytes,
+            now_ms,
+            create=True,
+        )
+
+    def _add_segment(self, segment: LogSegment) -> None:
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    # ---- state ---------------------------------------------------------------------------
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        """A snapshot of the segments, oldest first."""
+        with self._lock:
+            return list(self._segments)
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._segments[-1].next_offset
+
+    @property
+    def size_in_bytes(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    @property
+    def latest_epoch(self) -> int:
+        return self.epoch_cache.latest_epoch
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise StorageError(f"partition log {self.directory} is closed")
+
+    # ---- appending -----------------------------------------------------------------------
+
+    def append(
+        self, batches: bytes | bytearray | memoryview, leader_epoch: int, now_ms: int | None = None
+    ) -> AppendInfo:
+        """Append producer batches as leader: validate each (header, CRC, size limit), assign
+        offsets from the log end by stamping base offset and ``leader_epoch`` (outside the CRC),
+        and write them all with one writev. Nothing is kept or visible unless every batch is
+        valid (big appends check CRCs while writing and cut the write back on a mismatch).
+
+        Raises :class:`~fjord.errors.CorruptRecordError`, :class:`RecordTooLargeError` or
+        :class:`InvalidRecordError` (empty input, empty batch, count/offset-delta mismatch).
+        """
+        now = wall_clock_ms() if now_ms is None else now_ms
+        buf = memoryview(batches).cast("B")
+        # A big append checks its CRCs in a helper thread while the write proceeds (both release
+        # the GIL); a bad CRC then cuts the write back before anything is indexed or visible.
+        overlap = buf.nbytes >= defaults.CRC_OVERLAP_BYTES and not self.config.log_append_time
+        headers = self._validate(buf, leader=True, check_crc=not overlap)
+        with self._lock:
+            self._check_open()
+            first = self.log_end_offset
+            self._maybe_roll_for(buf.nbytes, first, headers, now)
+            append_time = now if self.config.log_append_time else -1
+            iovecs: list[bytes | bytearray | memoryview] = []
+            placed: list[tuple[int, int, int, int]] = []
+            next_offset = first
+            max_ts, offset_of_max, records = NO_TIMESTAMP, first, 0
+            for pos, h in headers:
+                end = pos + h.size
+                if append_time >= 0:
+                    batch = bytearray(buf[pos:end])
+                    attributes = h.attributes | ATTR_TIMESTAMP_TYPE
+                    struct.pack_into(">h", batch, _ATTRIBUTES_AT, attributes)
+                    struct.pack_into(">q", batch, _MAX_TIMESTAMP_AT, append_time)
+                    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[CRC_START:]))
+                    _STAMP.pack_into(batch, 0, next_offset, h.batch_length, leader_epoch)
+                    iovecs.append(batch)
+                    batch_ts = append_time
+                else:
+                    iovecs.append(_STAMP.pack(next_offset, h.batch_length, leader_epoch))
+                    iovecs.append(buf[pos + _STAMPED_PREFIX : end])
+                    batch_ts = h.max_timestamp
+                placed.append((pos, next_offset, batch_ts, h.size))
+                if batch_ts > max_ts:
+                    max_ts, offset_of_max = batch_ts, next_offset
+                next_offset += h.last_offset_delta + 1
+                records += h.record_count
+            crc_check = _crc_pool().submit(_check_crcs, buf, headers) if overlap else None
+            try:
+                self.active_segment.append(
+                    iovecs, placed, next_offset, now, crc_check.result if crc_check else None
+                )
+            except StorageError:
+                self._go_offline_if_inconsistent()
+                raise
+            self.epoch_cache.assign(leader_epoch, first)
+            self._note_unflushed(records, now)
+            return AppendInfo(
+                first,
+                next_offset - 1,
+                max_ts,
+                offset_of_max,
+                append_time,
+                self.log_start_offset,
+                records,
+                len(headers),
+                buf.nbytes,
+            )
+
+    def append_as_follower(
+        self, batches: bytes | bytearray | memoryview, now_ms: int | None = None
+    ) -> AppendInfo:
+        """Append batches copied from the leader, keeping their stamped offsets and leader
+        epochs. The first must start at the log end and each at the end of the previous;
+        the epoch cache learns every batch's partition leader epoch."""
+        now = wall_clock_ms() if now_ms is None else now_ms
+        buf = memoryview(batches).cast("B")
+        headers = self._validate(buf, leader=False)
+        with self._lock:
+            self._check_open()
+            expected = self.log_end_offset
+            for _, h in headers:
+                if h.base_offset != expected:
+                    raise InvalidRecordError(
+                        f"follower append to {self.directory}: batch has base offset "
+                        f"{h.base_offset}, expected {expected} (log end offset "
+                        f"{self.log_end_offset})"
+                    )
+                expected = h.next_offset
+            first = self.log_end_offset
+            self._maybe_roll_for(buf.nbytes, first, headers, now)
+            placed = [(pos, h.base_offset, h.max_timestamp, h.size) for pos, h in headers]
+            try:
+                self.active_segment.append([buf], placed, expected, now)
+            except StorageError:
+                self._go_offline_if_inconsistent()
+                raise
+            max_ts, offset_of_max, records = NO_TIMESTAMP, first, 0
+            for _, h in headers:
+                self.epoch_cache.assign(h.partition_leader_epoch, h.base_offset)
+                records += h.record_count
+                if h.max_timestamp > max_ts:
+                    max_ts, offset_of_max = h.max_timestamp, h.base_offset
+            self._note_unflushed(records, now)
+            return AppendInfo(
+                first,
+                expected - 1,
+                max_ts,
+                offset_of_max,
+                -1,
+                self.log_start_offset,
+                records,
+                len(headers),
+                buf.nbytes,
+            )
+
+    def _go_offline_if_inconsistent(self) -> None:
+        """After a failed write that could not be cut back, the file no longer matches the
+        in-memory state: refuse further use (Kafka takes the log directory offline)."""
+        active = self.active_segment
+        try:
+            consistent = os.fstat(active.fd).st_size == active.size
+        except OSError:
+            consistent = False
+        if not consistent:
+            log.error(
+                "partition log %s is inconsistent after a write error: offline", self.directory
+            )
+            self._close_segments()
+            self.closed = True
+
+    def _validate(
+        self, buf: memoryview, *, leader: bool, check_crc: bool = True
+    ) -> list[tuple[int, BatchHeader]]:
+        if buf.nbytes == 0:
+            raise InvalidRecordError(f"append to {self.directory} carries no batch")
+        headers = []
+        pos = 0
+        limit = self.config.max_message_bytes if leader else None
+        while pos < buf.nbytes:
+            h = validate_batch(buf, pos, limit) if check_crc else _check_structure(buf, pos, limit)
+            if leader and (h.record_count == 0 or h.record_count != h.last_offset_delta + 1):
+                raise InvalidRecordError(
+                    f"batch at position {pos} has {h.record_count} records but last offset "
+                    f"delta {h.last_offset_delta}"
+                )
+            headers.append((pos, h))
+            pos += h.size
+        return headers
+
+    def _maybe_roll_for(
+        self, size: int, first_offset: int, headers: list[tuple[int, BatchHeader]], now_ms: int
+    ) -> None:
+        active = self.active_segment
+        last_offset = first_offset + sum(h.last_offset_delta + 1 for _, h in headers) - 1
+        if active.is_empty:
+            return
+        if (
+            active.size + size > self.config.segment_bytes
+            or now_ms - active.created_ms >= self.config.segment_ms
+            or active.offset_index.is_full
+            or active.time_index.is_full
+            or last_offset - active.base_offset > MAX_RELATIVE_OFFSET
+        ):
+            self._roll(now_ms)
+
+    def _roll(self, now_ms: int) -> None:
+        old = self.active_segment
+        old.seal()
+        self._unsynced_segments.append(old)
+        self._add_segment(self._new_segment(old.next_offset, now_ms))
+
+    def maybe_roll(self, now_ms: int | None = None) -> bool:
+        """Roll a non-empty active segment older than segment.ms; returns whether it rolled."""
+        now = wall_clock_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            active = self.active_segment
+            if active.is_empty or now - active.created_ms < self.config.segment_ms:
+                return False
+            self._roll(now)
+            return True
+
+    def roll(self, now_ms: int | None = None) -> None:
+        """Start a new active segment now (no-op when the active one is empty)."""
+        with self._lock:
+            self._check_open()
+            if not self.active_segment.is_empty:
+                self._roll(wall_clock_ms() if now_ms is None else now_ms)
+
+    def _note_unflushed(self, records: int, now_ms: int) -> None:
+        self._unflushed_records += records
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = now_ms
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def segment_for(self, offset: int) -> LogSegment:
+        """The segment whose range holds ``offset`` (bisect on the base offsets)."""
+        return self._segments[max(0, bisect.bisect_right(self._bases, offset) - 1)]
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
+        """Raw batches from the one that holds ``offset``: whole batches up to ``max_bytes``
+        (the first one whole even when larger, as Kafka does), none that starts at or after
+        ``max_offset`` (the high watermark) and at most to the end of that segment.
+        Empty at the log end. Raises :class:`OffsetOutOfRangeError` outside
+        ``[log_start_offset, log_end_offset]``."""
+        with self._lock:
+            self._check_open()
+            if offset < self.log_start_offset or offset > self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is outside [{self.log_start_offset}, "
+                    f"{self.log_end_offset}] of {self.directory}"
+                )
+            if offset == self.log_end_offset or (max_offset is not None and offset >= max_offset):
+                return b""
+            segment = self.segment_for(offset)
+            found = segment.locate(offset)
+            if found is None:
+                return b""
+            start, first = found
+            end = segment.size
+            if max_offset is not None and max_offset < segment.next_offset:
+                end = segment.position_before(max_offset)
+                if end <= start:
+                    return b""
+            if max_bytes < end - start:
+                end = max(
+                    segment.last_boundary_within(start, start + max_bytes), start + first.size
+                )
+            return segment.read(start, end)
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """``(offset, max timestamp)`` of the first batch whose max timestamp is >=
+        ``timestamp``, or None when there is none. Batch granularity: the log never decodes
+        records, so the offset is that batch's base offset (or the log start when later)."""
+        with self._lock:
+            self._check_open()
+            for segment in self._segments:
+                if segment.max_timestamp < timestamp or segment.is_empty:
+                    continue
+                scan_from = segment.time_index.lookup(timestamp)
+                found = segment.locate(max(scan_from, segment.base_offset))
+                start = found[0] if found is not None else 0
+                for _, h in segment.iter_headers(start, segment.size):
+                    if h.max_timestamp >= timestamp and h.next_offset > self.log_start_offset:
+                        return max(h.base_offset, self.log_start_offset), h.max_timestamp
+            return None
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch: ``(largest epoch <= epoch, its end offset)``, or
+        ``(-1, -1)`` when unknown (see :meth:`LeaderEpochCache.end_offset_for`)."""
+        with self._lock:
+            return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    def batch_header_at(self, offset: int) -> BatchHeader | None:
+        """The header of the batch that holds ``offset`` (None past the end)."""
+        with self._lock:
+            found = self.segment_for(offset).locate(offset)
+            return None if found is None else found[1]
+
+    # ---- shrinking -----------------------------------------------------------------------
+
+    def truncate_to(self, offset: int, now_ms: int | None = None) -> None:
+        """Remove every batch at or after the one holding ``offset`` (a follower truncating to
+        the divergence point). Below the log start: the log is emptied and restarts at
+        ``offset``. A no-op at or past the log end."""
+        now = wall_clock_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            if offset >= self.log_end_offset:
+                return
+            self._generation += 1
+            if offset < self.log_start_offset:
+                for segment in self._segments:
+                    self._forget(segment)
+                self._segments.clear()
+                self._bases.clear()
+                self._add_segment(self._new_segment(offset, now))
+                self.log_start_offset = offset
+                self.epoch_cache.clear()
+            else:
+                while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                    self._forget(self._segments.pop())
+                    self._bases.pop()
+                self.active_segment.truncate_to(offset)
+                self.epoch_cache.truncate_from_end(self.log_end_offset)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self._write_partition_checkpoint(sync=False)
+
+    def delete_records(self, before_offset: int) -> int:
+        """Move the log start offset up to ``before_offset`` (Kafka's DeleteRecords) and delete
+        the segments wholly below it; returns the new log start offset."""
+        with self._lock:
+            self._check_open()
+            if before_offset > self.log_end_offset or before_offset < 0:
+                raise OffsetOutOfRangeError(
+                    f"delete-records offset {before_offset} is outside [0, "
+                    f"{self.log_end_offset}] of {self.directory}"
+                )
+            if before_offset > self.log_start_offset:
+                self.log_start_offset = before_offset
+                self._delete_segments_below_start()
+                self.epoch_cache.truncate_from_start(self.log_start_offset)
+                self._write_partition_checkpoint(sync=False)
+            return self.log_start_offset
+
+    def _delete_segments_below_start(self) -> int:
+        deleted = 0
+        while len(self._segments) > 1 and self._segments[1].base_offset <= self.log_start_offset:
+            self._forget(self._segments.pop(0))
+            self._bases.pop(0)
+            deleted += 1
+        return deleted
+
+    def apply_retention(self, now_ms: int | None = None, max_offset: int | None = None) -> int:
+        """Delete the oldest whole segments that retention.ms or retention.bytes condemn (never
+        the active one, none holding offsets at or above ``max_offset``, the high watermark);
+        moves the log start offset. Returns how many segments were deleted."""
+        now = wall_clock_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+            excess = self.size_in_bytes - retention_bytes if retention_bytes >= 0 else -1
+            deleted = 0
+            while len(self._segments) > 1:
+                oldest = self._segments[0]
+                if max_offset is not None and oldest.next_offset > max_offset:
+                    break
+                by_time = retention_ms >= 0 and now - oldest.max_timestamp > retention_ms
+                by_size = retention_bytes >= 0 and excess - oldest.size >= 0
+                if not (by_time or by_size):
+                    break
+                excess -= oldest.size
+                self._forget(self._segments.pop(0))
+                self._bases.pop(0)
+                deleted += 1
+            if deleted:
+                self._generation += 1
+                self.log_start_offset = max(self.log_start_offset, self._segments[0].base_offset)
+                self.epoch_cache.truncate_from_start(self.log_start_offset)
+                self._write_partition_checkpoint(sync=False)
+            return deleted
+
+    def _forget(self, segment: LogSegment) -> None:
+        if segment in self._unsynced_segments:
+            self._unsynced_segments.remove(segment)
+        segment.delete()
+
+    # ---- durability ----------------------------------------------------------------------
+
+    def needs_flush(self, now_ms: int | None = None) -> bool:
+        """Whether flush.messages or flush.ms asks for an fsync now, or a rolled segment is
+        still unsynced (the broker then calls :meth:`flush` in a worker thread)."""
+        now = wall_clock_ms() if now_ms is None else now_ms
+        with self._lock:
+            if self._unsynced_segments:
+                return True
+            if self._first_unflushed_ms is None:
+                return False
+            return (
+                self._unflushed_records >= self.config.flush_messages
+                or now - self._first_unflushed_ms >= self.config.flush_ms
+            )
+
+    @property
+    def unflushed_records(self) -> int:
+        return self._unflushed_records
+
+    def flush(self) -> int:
+        """fsync every segment written since the last flush, with its indexes, then move the
+        recovery point to the log end captured at the start and persist it. Thread-safe; may
+        run in a worker thread while the event loop appends. Returns the new recovery point."""
+        with self._flush_lock:
+            with self._lock:
+                if self.closed:
+                    return self.recovery_point
+                target = self.log_end_offset
+                generation = self._generation
+                pending = [s for s in self._unsynced_segments if not s.closed]
+                if self.active_segment not in pending:
+                    pending.append(self.active_segment)
+                fds = []
+                for segment in pending:
+                    segment.write_pending_indexes()
+                    fds.append((os.dup(segment.fd), segment))
+                flushed_records = self._unflushed_records
+            try:
+                for fd, segment in fds:
+                    os.fsync(fd)
+                    segment.offset_index.fsync()
+                    segment.time_index.fsync()
+                self.epoch_cache.sync()
+            finally:
+                for fd, _ in fds:
+                    os.close(fd)
+            with self._lock:
+                for _, segment in fds:
+                    if segment in self._unsynced_segments:
+                        self._unsynced_segments.remove(segment)
+                self._unflushed_records -= flushed_records
+                if self._unflushed_records <= 0:
+                    self._unflushed_records = 0
+                    self._first_unflushed_ms = None
+                before = self.recovery_point
+                if generation == self._generation and not self.closed:
+                    self.recovery_point = max(self.recovery_point, target)
+                else:
+                    self.recovery_point = min(self.recovery_point, self.log_end_offset)
+                changed = self.recovery_point != before or self._checkpoint_unsynced
+                if changed and not self.closed:
+                    self._write_partition_checkpoint(sync=False)
+                self._checkpoint_unsynced = False  # a later write sets it again
+            if changed:
+                sync_file(self.directory / defaults.PARTITION_CHECKPOINT)
+            return self.recovery_point
+
+    def close(self) -> None:
+        """Flush everything, write the checkpoints and the clean-shutdown marker, and release
+        the files. Idempotent."""
+        if self.closed:
+            return
+        self.flush()
+        with self._lock:
+            for segment in self._segments:
+                segment.seal()
+                segment.fsync()
+            self.recovery_point = self.log_end_offset
+            self._write_partition_checkpoint(sync=True)
+            self.epoch_cache.write_now()
+            self.epoch_cache.sync()
+            marker = self.directory / defaults.CLEAN_SHUTDOWN_MARKER
+            marker.touch()
+            sync_directory(self.directory)
+            self._close_segments()
+            self.closed = True
+
+    def _close_segments(self) -> None:
+        for segment in self._segments:
+            segment.close()
+
+    def abandon(self) -> None:
+        """Release the files without flushing or marking a clean shutdown: what a crash leaves
+        behind (the next open recovers). For tests and the demo."""
+        with self._lock:
+            self._close_segments()
+            self.closed = True
+
+    def __repr__(self) -> str:
+        return (
+            f"PartitionLog({str(self.directory)!r}, start={self.log_start_offset}, "
+            f"end={self.log_end_offset}, segments={len(self._segments)})"
+        )

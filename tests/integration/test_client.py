@@ -1,0 +1,338 @@
+"""Producer, Consumer and AdminClient against a real local cluster (etcd, controllers,
+brokers on loopback): round trips for every codec, keyed partitioning, seeks, offsets by time,
+pause/resume, admin operations and their typed errors, and timeouts when brokers are down."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
+
+from fjord.client import (
+    AdminClient,
+    AsyncProducer,
+    Consumer,
+    ConsumerRecord,
+    FeatureNotAvailableError,
+    KafkaTimeoutError,
+    NewTopic,
+    NoOffsetForPartitionError,
+    Producer,
+    TopicPartition,
+)
+from fjord.errors import ErrorCode, FjordError
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 20.0
+
+
+def new_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="module")
+def admin(bootstrap: str) -> Iterator[AdminClient]:
+    client = AdminClient({"bootstrap.servers": bootstrap, "default.api.timeout.ms": 20000})
+    yield client
+    client.close()
+
+
+def make_topic(admin: AdminClient, partitions: int, **config: str) -> str:
+    name = new_name("t")
+    admin.create_topics([NewTopic(name, partitions, 1, dict(config))])
+    return name
+
+
+def consume_n(consumer: Consumer, n: int, timeout: float = WAIT_S) -> list[ConsumerRecord]:
+    out: list[ConsumerRecord] = []
+    deadline = time.monotonic() + timeout
+    while len(out) < n and time.monotonic() < deadline:
+        out.extend(consumer.poll(0.5))
+    return out
+
+
+def consumer_for(bootstrap: str, **config: object) -> Consumer:
+    return Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest", **config})
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_round_trip_every_codec(admin: AdminClient, bootstrap: str, codec: str) -> None:
+    topic = make_topic(admin, 2)
+    sent = []
+    with Producer(
+        {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 20}
+    ) as producer:
+        futures = []
+        for i in range(300):
+            value = (f"value-{i}-" * (i % 7)).encode() if i % 50 else None  # nulls too
+            headers = [("n", str(i).encode()), ("empty", None)] if i % 3 == 0 else None
+            futures.append(producer.send(topic, value=value, key=f"key-{i % 10}", headers=headers))
+            sent.append((f"key-{i % 10}".encode(), value, i % 3 == 0))
+        producer.flush(WAIT_S)
+        metadata = [f.result(0) for f in futures]
+    assert all(m.offset >= 0 and m.topic == topic for m in metadata)
+    with consumer_for(bootstrap) as consumer:
+        consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        records = consume_n(consumer, 300)
+    assert len(records) == 300
+    by_position = {(r.partition, r.offset): r for r in records}
+    for (key, value, has_headers), meta in zip(sent, metadata, strict=True):
+        record = by_position[(meta.partition, meta.offset)]
+        assert (record.key, record.value) == (key, value)
+        assert record.timestamp == meta.timestamp
+        if has_headers:
+            assert record.headers[1] == ("empty", None)
+        else:
+            assert record.headers == ()
+    for partition in (0, 1):
+        offsets = [r.offset for r in records if r.partition == partition]
+        assert offsets == list(range(len(offsets)))  # in order, no gap, no duplicate
+
+
+def test_async_producer_shares_the_core(admin: AdminClient, bootstrap: str) -> None:
+    topic = make_topic(admin, 2)
+
+    async def produce() -> list[int]:
+        async with AsyncProducer({"bootstrap.servers": bootstrap, "linger.ms": 2}) as producer:
+            assert await producer.partitions_for(topic) == [0, 1]
+            futures = [await producer.send(topic, f"v{i}", key=b"same") for i in range(50)]
+            first = await producer.send_and_wait(topic, "last", key=b"same")
+            await producer.flush(WAIT_S)
+            offsets = [(await f).offset for f in futures]
+            with pytest.raises(FjordError) as bad:
+                await producer.send(topic, "x", partition=7)
+            assert bad.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            return [*offsets, first.offset]
+
+    offsets = asyncio.run(produce())
+    assert offsets == list(range(51))
+    partition = (kafka_murmur2(b"same") & 0x7FFFFFFF) % 2
+    with consumer_for(bootstrap) as consumer:
+        consumer.assign([TopicPartition(topic, partition)])
+        values = [r.value for r in consume_n(consumer, 51)]
+    assert values == [f"v{i}".encode() for i in range(50)] + [b"last"]
+
+
+def test_keyed_records_land_on_kafkas_murmur2_partition(admin: AdminClient, bootstrap: str) -> None:
+    topic = make_topic(admin, 5)
+    keys = [f"user-{i}".encode() for i in range(60)]
+    with Producer({"bootstrap.servers": bootstrap, "acks": "1"}) as producer:
+        futures = [producer.send(topic, value=b"v", key=k) for k in keys]
+        producer.flush(WAIT_S)
+        for key, future in zip(keys, futures, strict=True):
+            assert future.result().partition == (kafka_murmur2(key) & 0x7FFFFFFF) % 5
+        # Null keys stick to one partition while batches are open (sticky partitioner).
+        sticky = [producer.send(topic, value=b"x") for _ in range(20)]
+        producer.flush(WAIT_S)
+        assert len({f.result().partition for f in sticky}) == 1
+    with consumer_for(bootstrap) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(5)])
+        records = consume_n(consumer, 80)
+    for record in records:
+        if record.key is not None:
+            assert record.partition == (kafka_murmur2(record.key) & 0x7FFFFFFF) % 5
+
+
+def test_seek_positions_offsets_for_times_pause_resume(admin: AdminClient, bootstrap: str) -> None:
+    topic = make_topic(admin, 2)
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    base = 1_700_000_000_000
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}) as producer:
+        for i in range(10):
+            producer.send(topic, value=f"a{i}", partition=0, timestamp_ms=base + i * 1000)
+            producer.send(topic, value=f"b{i}", partition=1, timestamp_ms=base + i * 1000)
+            if i == 2:
+                producer.flush(WAIT_S)  # partition 0: one batch of 3 records, one of 7
+    with consumer_for(bootstrap, **{"max.poll.records": 3}) as consumer:
+        consumer.assign([tp0, tp1])
+        assert consumer.position(tp0) == 0
+        consumer.seek_to_end(tp0)
+        assert consumer.position(tp0) == 10
+        assert consumer.end_offsets([tp0, tp1]) == {tp0: 10, tp1: 10}
+        assert consumer.beginning_offsets([tp0]) == {tp0: 0}
+        found = consumer.offsets_for_times({tp0: base + 4500, tp1: base + 99_000})
+        assert found[tp0] is not None and found[tp0].offset == 5
+        assert found[tp0].timestamp == base + 5000
+        assert found[tp1] is None
+        consumer.seek(tp0, found[tp0].offset)
+        consumer.pause(tp1)
+        assert consumer.paused() == {tp1}
+        first = consume_n(consumer, 5)
+        assert [r.value for r in first] == [f"a{i}".encode() for i in range(5, 10)]
+        assert all(len(batch) <= 3 for batch in [first[:3]])
+        assert consumer.position(tp0) == 10
+        assert consumer.poll(0.3) == []  # tp0 at its end, tp1 paused
+        consumer.resume(tp1)
+        rest = consume_n(consumer, 10)
+        assert [r.offset for r in rest] == list(range(10))
+        assert {r.partition for r in rest} == {1}
+
+
+def test_consumer_typed_errors(admin: AdminClient, bootstrap: str) -> None:
+    topic = make_topic(admin, 1)
+    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "none"}) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        with pytest.raises(NoOffsetForPartitionError, match=r"auto\.offset\.reset"):
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                consumer.poll(0.2)
+        with pytest.raises(FeatureNotAvailableError, match="consumer groups"):
+            consumer.subscribe([topic])
+        with pytest.raises(FeatureNotAvailableError):
+            consumer.commit()
+        with pytest.raises(FjordError) as unknown:
+            consumer.partitions_for_topic(new_name("missing"))
+        assert unknown.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_admin_operations_and_their_errors(admin: AdminClient) -> None:
+    topic = make_topic(admin, 2, **{"retention.ms": "3600000"})
+    assert topic in admin.list_topics()
+    (description,) = admin.describe_topics([topic])
+    assert [p.partition for p in description.partitions] == [0, 1]
+    assert all(p.leader >= 0 and p.isr == p.replicas for p in description.partitions)
+
+    with pytest.raises(FjordError) as exists:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    assert exists.value.code is ErrorCode.TOPIC_ALREADY_EXISTS
+    with pytest.raises(FjordError) as invalid:
+        admin.create_topics([NewTopic("bad/name", 1, 1)])
+    assert invalid.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
+    results = admin.create_topics([NewTopic(topic, 1, 1)], raise_on_error=False)
+    assert results[topic] is not None and not results[topic].retriable  # type: ignore[union-attr]
+
+    admin.create_partitions({topic: 4})
+    assert len(admin.describe_topics([topic])[0].partitions) == 4
+    with pytest.raises(FjordError) as fewer:
+        admin.create_partitions({topic: 3})
+    assert fewer.value.code is ErrorCode.INVALID_PARTITIONS
+
+    admin.alter_configs({topic: {"retention.ms": "7200000", "segment.bytes": "1048576"}})
+    configs = {e.name: e for e in admin.describe_configs([topic])[topic]}
+    assert configs["retention.ms"].value == "7200000" and configs["retention.ms"].source == "TOPIC"
+    admin.alter_configs({topic: {"segment.bytes": None}})
+    configs = {e.name: e for e in admin.describe_configs([topic])[topic]}
+    assert configs["segment.bytes"].source != "TOPIC"
+    with pytest.raises(FjordError) as bad_config:
+        admin.alter_configs({topic: {"retention.ms": "soon"}})
+    assert bad_config.value.code is ErrorCode.INVALID_CONFIG
+
+    admin.delete_topics([topic])
+    deadline = time.monotonic() + WAIT_S
+    while topic in admin.list_topics() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert topic not in admin.list_topics()
+    for call in (
+        lambda: admin.delete_topics([topic]),
+        lambda: admin.describe_topics([topic]),
+        lambda: admin.create_partitions({topic: 8}),
+    ):
+        with pytest.raises(FjordError) as unknown:
+            call()
+        assert unknown.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+def test_describe_cluster(admin: AdminClient, local_cluster) -> None:  # type: ignore[no-untyped-def]
+    description = admin.describe_cluster()
+    assert description.cluster_id == local_cluster.cluster_id
+    assert description.controller is not None
+    assert description.controller.id in {c.id for c in description.controllers}
+    assert {b.address for b in description.brokers} == set(
+        local_cluster.bootstrap_servers.split(",")
+    )
+
+
+def _dead_address() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"127.0.0.1:{s.getsockname()[1]}"  # closed again: nothing listens there
+
+
+def test_unreachable_cluster_fails_with_timeouts_not_hangs() -> None:
+    address = _dead_address()
+    started = time.monotonic()
+    with (
+        Producer(
+            {"bootstrap.servers": address, "max.block.ms": 1000, "request.timeout.ms": 500}
+        ) as producer,
+        pytest.raises(KafkaTimeoutError, match=r"max\.block\.ms"),
+    ):
+        producer.send("any", b"x")
+    with (
+        AdminClient(
+            {
+                "bootstrap.servers": address,
+                "default.api.timeout.ms": 1500,
+                "request.timeout.ms": 500,
+            }
+        ) as admin,
+        pytest.raises(KafkaTimeoutError),
+    ):
+        admin.list_topics()
+    assert time.monotonic() - started < 10
+
+
+def test_controller_failover_then_stopped_broker_timeout(
+    tmp_path,  # type: ignore[no-untyped-def]
+) -> None:
+    """A private cluster (the shared one must not lose processes): the admin client follows
+    the controller to its successor; a dead broker gives a timeout within the bounds."""
+    from fjord.local.cluster import LocalCluster
+
+    with LocalCluster(tmp_path, brokers=1, controllers=2, unsafe_etcd_no_fsync=True) as cluster:
+        with AdminClient(
+            {"bootstrap.servers": cluster.bootstrap_servers, "default.api.timeout.ms": 30000}
+        ) as admin:
+            admin.create_topics([NewTopic("before-failover", 1, 1)])
+            first = admin.describe_cluster().controller
+            assert first is not None
+            cluster.kill("controller", first.id)
+            # The old controller's address is cached: the call must notice it is gone, refresh
+            # metadata and retry on the new active controller (NOT_CONTROLLER or unreachable).
+            admin.create_topics([NewTopic("down", 1, 1)])
+            second = admin.describe_cluster().controller
+            assert second is not None and second.id != first.id
+        config = {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "linger.ms": 0,
+            "request.timeout.ms": 500,
+            "delivery.timeout.ms": 2000,
+            "retry.backoff.ms": 50,
+        }
+        with Producer(config) as producer:
+            assert producer.send("down", b"before").result(WAIT_S).offset == 0
+            cluster.kill("broker", 0)
+            started = time.monotonic()
+            future = producer.send("down", b"after")
+            error = future.exception(timeout=WAIT_S)
+            elapsed = time.monotonic() - started
+        assert isinstance(error, KafkaTimeoutError) and isinstance(error, TimeoutError)
+        assert error.code is ErrorCode.REQUEST_TIMED_OUT
+        assert 1.0 < elapsed < 6.0
+
+
+def test_callbacks_run_and_may_send_but_not_wait(admin: AdminClient, bootstrap: str) -> None:
+    topic = make_topic(admin, 1)
+    seen: list[object] = []
+    with Producer({"bootstrap.servers": bootstrap}) as producer:
+
+        def callback(future: object) -> None:
+            seen.append(producer.send(topic, b"from-callback"))  # metadata cached: fine
+            try:
+                producer.flush()
+            except FjordError as exc:
+                seen.append(exc)
+
+        producer.send(topic, b"first").add_done_callback(callback)
+        deadline = time.monotonic() + WAIT_S
+        while len(seen) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the callback runs on the I/O thread
+        assert len(seen) == 2
+        assert seen[0].result(WAIT_S).offset == 1  # type: ignore[attr-defined]
+    assert isinstance(seen[1], FjordError) and "callback" in str(seen[1])

@@ -1,0 +1,84 @@
+"""The RecordBatch v2 header: parsing, validation and stamping, on hand-built batches."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+from fjord.errors import CorruptRecordError, ErrorCode, RecordTooLargeError
+from fjord.records.header import (
+    BATCH_HEADER_SIZE,
+    CRC_START,
+    HEADER_STRUCT,
+    Compression,
+    crc32c,
+    iter_batches,
+    parse_header,
+    stamp_batch,
+    validate_batch,
+)
+
+
+def make_batch(payload: bytes = b"\x00" * 10, record_count: int = 1, attributes: int = 0) -> bytes:
+    """A header with a valid CRC over ``payload`` (records are not decoded here)."""
+    length = BATCH_HEADER_SIZE - 12 + len(payload)
+    fields = [0, length, -1, 2, 0, attributes, record_count - 1, 1000, 1000, -1, -1, -1,
+              record_count]
+    buf = bytearray(HEADER_STRUCT.pack(*fields) + payload)
+    struct.pack_into(">I", buf, 17, crc32c(buf[CRC_START:]))
+    return bytes(buf)
+
+
+def test_crc32c_known_vector() -> None:
+    assert crc32c(b"123456789") == 0xE3069283
+
+
+def test_header_round_trip_and_properties() -> None:
+    h = validate_batch(make_batch(record_count=3, attributes=Compression.LZ4 | 0x08))
+    assert h.size == BATCH_HEADER_SIZE + 10
+    assert h.record_count == 3 and h.last_offset_delta == 2 and h.next_offset == 3
+    assert h.compression is Compression.LZ4
+    assert h.timestamp_type.name == "LOG_APPEND_TIME"
+
+
+def test_stamp_keeps_crc_valid() -> None:
+    buf = bytearray(make_batch())
+    stamp_batch(buf, 0, base_offset=42, leader_epoch=7)
+    h = validate_batch(buf)
+    assert (h.base_offset, h.partition_leader_epoch, h.last_offset) == (42, 7, 42)
+
+
+def test_iter_batches_walks_concatenation() -> None:
+    a, b = make_batch(b"a" * 5), make_batch(b"b" * 9, record_count=2)
+    found = list(iter_batches(a + b))
+    assert [pos for pos, _ in found] == [0, len(a)]
+    assert [h.record_count for _, h in found] == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda b: b[:30], "truncated batch header"),
+        (lambda b: b[:-1], "truncated batch"),
+        (lambda b: b[:16] + b"\x01" + b[17:], "magic 1"),
+        (lambda b: b[:-1] + bytes([b[-1] ^ 1]), "CRC mismatch"),
+        (lambda b: b[:8] + struct.pack(">i", 10) + b[12:], "less than a header"),
+        (lambda b: b[:22] + b"\x07" + b[23:], "unknown compression"),
+    ],
+)
+def test_corrupt_headers_raise_typed_errors(mutate, message) -> None:
+    with pytest.raises(CorruptRecordError, match=message) as info:
+        validate_batch(mutate(make_batch()))
+    assert info.value.code is ErrorCode.CORRUPT_MESSAGE
+
+
+def test_too_large_batch() -> None:
+    with pytest.raises(RecordTooLargeError, match=r"max\.message\.bytes=50"):
+        validate_batch(make_batch(), max_batch_bytes=50)
+
+
+def test_parse_header_does_not_check_crc() -> None:
+    bad = bytearray(make_batch())
+    bad[-1] ^= 0xFF
+    assert parse_header(bad).record_count == 1

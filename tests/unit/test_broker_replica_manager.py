@@ -1,0 +1,598 @@
+"""ReplicaManager against real partition logs in a temp dir, driven by metadata images:
+produce (acks 0/1/all), long-poll fetch, list offsets, errors, and metadata changes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from fjord._proto import broker_pb2
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.server import BrokerOptions, check_data_dir_identity, parse_listen
+from fjord.errors import ConfigError, ErrorCode
+from fjord.metadata import (
+    BrokerRegistration,
+    Keys,
+    MetadataEvent,
+    MetadataImage,
+    PartitionState,
+    TopicRecord,
+)
+from fjord.records import BatchBuilder, decode_records
+from fjord.storage import LogManager
+
+T = TypeVar("T")
+BROKER = 1
+
+
+def run(coro: Awaitable[T]) -> T:
+    async def main() -> T:
+        return await asyncio.wait_for(coro, 20)
+
+    return asyncio.run(main())
+
+
+def batch(n: int = 1, ts: int = 1_000, value: bytes = b"v") -> bytes:
+    builder = BatchBuilder(batch_size=1 << 30)
+    for i in range(n):
+        builder.append(ts + i, None, value)
+    return builder.build()
+
+
+class Cluster:
+    """Builds successive metadata images for a one-cluster test."""
+
+    def __init__(self) -> None:
+        self.keys = Keys("c")
+        self.revision = 0
+        self.image = MetadataImage.empty("c")
+        self.change([(self.keys.broker(BROKER), BrokerRegistration(BROKER, "h", 1).to_json())])
+
+    def change(self, puts: list[tuple[str, bytes]], deletes: tuple[str, ...] = ()) -> MetadataImage:
+        events = []
+        for key, value in puts:
+            self.revision += 1
+            events.append(MetadataEvent.put(key, value, self.revision, self.revision))
+        for key in deletes:
+            self.revision += 1
+            events.append(MetadataEvent.delete(key, self.revision))
+        self.image = self.image.apply(events)
+        return self.image
+
+    def topic(
+        self,
+        name: str,
+        states: list[PartitionState],
+        config: dict[str, str] | None = None,
+    ) -> MetadataImage:
+        puts = [
+            (
+                self.keys.topic(name),
+                TopicRecord("0" * 32, len(states), len(states[0].replicas), config or {}).to_json(),
+            )
+        ]
+        puts += [(self.keys.partition(name, i), s.to_json()) for i, s in enumerate(states)]
+        return self.change(puts)
+
+
+def leader_state(
+    replicas: tuple[int, ...] = (BROKER,),
+    isr: tuple[int, ...] | None = None,
+    leader: int = BROKER,
+    epoch: int = 0,
+) -> PartitionState:
+    return PartitionState(replicas, isr if isr is not None else replicas, leader, epoch, epoch)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[tuple[ReplicaManager, Cluster, LogManager]]:
+    logs = LogManager(tmp_path / "data")
+    manager = ReplicaManager(BROKER, logs)
+    yield manager, Cluster(), logs
+    logs.close()
+
+
+def produce_request(
+    topic: str, partition: int, records: bytes, acks: int = 1, timeout_ms: int = 5000
+) -> broker_pb2.ProduceRequest:
+    return broker_pb2.ProduceRequest(
+        acks=acks,
+        timeout_ms=timeout_ms,
+        topics=[
+            broker_pb2.ProduceTopic(
+                name=topic,
+                partitions=[broker_pb2.ProducePartition(partition=partition, records=records)],
+            )
+        ],
+    )
+
+
+def fetch_request(
+    topic: str,
+    partition: int,
+    offset: int,
+    *,
+    max_wait_ms: int = 0,
+    min_bytes: int = 0,
+    replica_id: int = -1,
+    epoch: int = -1,
+    partition_max_bytes: int = 1 << 20,
+) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(
+        replica_id=replica_id,
+        max_wait_ms=max_wait_ms,
+        min_bytes=min_bytes,
+        max_bytes=1 << 20,
+        topics=[
+            broker_pb2.FetchTopic(
+                name=topic,
+                partitions=[
+                    broker_pb2.FetchPartition(
+                        partition=partition,
+                        fetch_offset=offset,
+                        partition_max_bytes=partition_max_bytes,
+                        current_leader_epoch=epoch,
+                    )
+                ],
+            )
+        ],
+    )
+
+
+def one_produce(response: broker_pb2.ProduceResponse) -> broker_pb2.ProducePartitionResponse:
+    return response.topics[0].partitions[0]
+
+
+def one_fetch(response: broker_pb2.FetchResponse) -> broker_pb2.FetchPartitionResponse:
+    return response.topics[0].partitions[0]
+
+
+Env = tuple[ReplicaManager, Cluster, LogManager]
+
+
+def test_produce_then_fetch(env: Env) -> None:
+    manager, cluster, logs = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state(), leader_state()]))
+        assert sorted(manager.partitions) == [("t", 0), ("t", 1)]
+        first = one_produce(await manager.produce(produce_request("t", 1, batch(3))))
+        second = one_produce(await manager.produce(produce_request("t", 1, batch(2), acks=-1)))
+        assert (first.error.code, first.base_offset, first.log_append_time_ms) == (0, 0, -1)
+        assert (second.error.code, second.base_offset) == (0, 3)
+        none = one_produce(await manager.produce(produce_request("t", 0, batch(1), acks=0)))
+        assert none.error.code == 0
+        out = one_fetch(await manager.fetch(fetch_request("t", 1, 1)))
+        assert out.error.code == 0
+        assert (out.high_watermark, out.log_start_offset, out.leader_id) == (5, 0, BROKER)
+        assert [r.offset for r in decode_records(out.records)] == [0, 1, 2, 3, 4]
+        assert logs.get("t", 1) is not None
+
+    run(scenario())
+
+
+def test_produce_errors(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((2, BROKER), leader=2)]))
+        cluster.topic("other", [leader_state((2,), leader=2)])
+        await manager.apply_metadata(cluster.image)
+        codes = {}
+        for name, request in {
+            "unknown": produce_request("nope", 0, batch()),
+            "follower": produce_request("t", 0, batch()),
+            "not a replica": produce_request("other", 0, batch()),
+            "acks": produce_request("t", 0, batch(), acks=2),
+        }.items():
+            result = one_produce(await manager.produce(request))
+            codes[name] = result.error.code
+            assert result.base_offset == -1
+        assert codes == {
+            "unknown": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code,
+            "follower": ErrorCode.NOT_LEADER_OR_FOLLOWER.code,
+            "not a replica": ErrorCode.NOT_LEADER_OR_FOLLOWER.code,
+            "acks": ErrorCode.INVALID_REQUIRED_ACKS.code,
+        }
+
+    run(scenario())
+
+
+def test_corrupt_and_oversized_batches_append_nothing(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        state = leader_state()
+        await manager.apply_metadata(cluster.topic("t", [state], {"max.message.bytes": "200"}))
+        corrupt = bytearray(batch(2))
+        corrupt[-1] ^= 1
+        bad = one_produce(await manager.produce(produce_request("t", 0, bytes(corrupt))))
+        assert bad.error.code == ErrorCode.CORRUPT_MESSAGE.code
+        assert "CRC" in bad.error.message
+        big = one_produce(
+            await manager.produce(produce_request("t", 0, batch(1, value=b"x" * 500)))
+        )
+        assert big.error.code == ErrorCode.MESSAGE_TOO_LARGE.code
+        assert manager.partitions[("t", 0)].log_end_offset == 0
+
+    run(scenario())
+
+
+def test_long_poll_wakes_on_append(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        started = time.monotonic()
+        waiting = asyncio.ensure_future(
+            manager.fetch(fetch_request("t", 0, 0, max_wait_ms=5000, min_bytes=1))
+        )
+        await asyncio.sleep(0)  # let the fetch park
+        assert not waiting.done()
+        await manager.produce(produce_request("t", 0, batch(2)))
+        out = one_fetch(await waiting)
+        assert time.monotonic() - started < 2
+        assert [r.offset for r in decode_records(out.records)] == [0, 1]
+
+    run(scenario())
+
+
+def test_long_poll_times_out_empty_and_min_bytes_accumulates(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        started = time.monotonic()
+        out = one_fetch(await manager.fetch(fetch_request("t", 0, 0, max_wait_ms=100, min_bytes=1)))
+        elapsed = time.monotonic() - started
+        assert 0.09 <= elapsed < 2 and out.records == b"" and out.error.code == 0
+        size = len(batch(1))
+        waiting = asyncio.ensure_future(
+            manager.fetch(fetch_request("t", 0, 0, max_wait_ms=5000, min_bytes=2 * size))
+        )
+        await asyncio.sleep(0)
+        await manager.produce(produce_request("t", 0, batch(1)))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # one batch is not min_bytes yet
+        await manager.produce(produce_request("t", 0, batch(1)))
+        assert len(one_fetch(await waiting).records) == 2 * size
+
+    run(scenario())
+
+
+def test_acks_all_waits_for_follower(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        producing = asyncio.ensure_future(
+            manager.produce(produce_request("t", 0, batch(3), acks=-1))
+        )
+        await asyncio.sleep(0.05)
+        assert not producing.done()
+        # The consumer does not see unreplicated data; the follower does.
+        consumer = one_fetch(await manager.fetch(fetch_request("t", 0, 0)))
+        assert consumer.records == b"" and consumer.high_watermark == 0
+        follower = one_fetch(await manager.fetch(fetch_request("t", 0, 0, replica_id=2)))
+        assert len(list(decode_records(follower.records))) == 3
+        # The follower's next fetch proves it holds offsets 0..2: the produce completes.
+        await manager.fetch(fetch_request("t", 0, 3, replica_id=2))
+        result = one_produce(await producing)
+        assert (result.error.code, result.base_offset) == (0, 0)
+        assert manager.partitions[("t", 0)].high_watermark == 3
+
+    run(scenario())
+
+
+def test_acks_all_timeout_and_not_enough_replicas(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(
+            cluster.topic(
+                "t",
+                [leader_state((BROKER, 2)), leader_state((BROKER, 2), isr=(BROKER,))],
+                {"min.insync.replicas": "2"},
+            )
+        )
+        timed_out = one_produce(
+            await manager.produce(produce_request("t", 0, batch(), acks=-1, timeout_ms=100))
+        )
+        assert timed_out.error.code == ErrorCode.REQUEST_TIMED_OUT.code
+        assert timed_out.base_offset == 0  # appended, just not replicated in time
+        refused = one_produce(await manager.produce(produce_request("t", 1, batch(), acks=-1)))
+        assert refused.error.code == ErrorCode.NOT_ENOUGH_REPLICAS.code
+        assert manager.partitions[("t", 1)].log_end_offset == 0
+
+    run(scenario())
+
+
+def test_leadership_loss_fails_waiting_produce(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        producing = asyncio.ensure_future(
+            manager.produce(produce_request("t", 0, batch(), acks=-1))
+        )
+        await asyncio.sleep(0.02)
+        state = leader_state((BROKER, 2), leader=2, epoch=1)
+        await manager.apply_metadata(
+            cluster.change([(cluster.keys.partition("t", 0), state.to_json())])
+        )
+        result = one_produce(await producing)
+        assert result.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+
+    run(scenario())
+
+
+def test_fetch_errors(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state(epoch=4)]))
+        await manager.produce(produce_request("t", 0, batch(2)))
+        cases = {
+            "fenced": fetch_request("t", 0, 0, epoch=3),
+            "unknown epoch": fetch_request("t", 0, 0, epoch=5),
+            "out of range": fetch_request("t", 0, 3),
+            "unknown": fetch_request("x", 0, 0),
+        }
+        codes = {}
+        for name, request in cases.items():
+            codes[name] = one_fetch(await manager.fetch(request)).error.code
+        assert codes == {
+            "fenced": ErrorCode.FENCED_LEADER_EPOCH.code,
+            "unknown epoch": ErrorCode.UNKNOWN_LEADER_EPOCH.code,
+            "out of range": ErrorCode.OFFSET_OUT_OF_RANGE.code,
+            "unknown": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code,
+        }
+        ok = one_fetch(await manager.fetch(fetch_request("t", 0, 2, epoch=4, max_wait_ms=10)))
+        assert (ok.error.code, ok.records, ok.leader_epoch) == (0, b"", 4)
+        bad = await manager.fetch(broker_pb2.FetchRequest(max_bytes=-1))
+        assert bad.error.code == ErrorCode.INVALID_REQUEST.code
+
+    run(scenario())
+
+
+def test_list_offsets(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state(epoch=2)]))
+        await manager.produce(produce_request("t", 0, batch(2, ts=1000)))
+        await manager.produce(produce_request("t", 0, batch(2, ts=5000)))
+        await manager.produce(produce_request("t", 0, batch(1, ts=3000)))
+
+        async def ask(ts: int, epoch: int = -1) -> broker_pb2.ListOffsetsPartitionResponse:
+            request = broker_pb2.ListOffsetsRequest(
+                replica_id=-1,
+                topics=[
+                    broker_pb2.ListOffsetsTopic(
+                        name="t",
+                        partitions=[
+                            broker_pb2.ListOffsetsPartition(
+                                partition=0, timestamp=ts, current_leader_epoch=epoch
+                            )
+                        ],
+                    )
+                ],
+            )
+            return manager.list_offsets(request).topics[0].partitions[0]
+
+        assert (await ask(-2)).offset == 0
+        latest = await ask(-1)
+        assert (latest.offset, latest.leader_epoch) == (5, 2)
+        max_ts = await ask(-3)
+        assert (max_ts.offset, max_ts.timestamp) == (2, 5001)
+        by_time = await ask(4000)
+        assert (by_time.offset, by_time.timestamp) == (2, 5001)
+        missing = await ask(10_000)
+        assert (missing.offset, missing.timestamp, missing.error.code) == (-1, -1, 0)
+        assert (await ask(-7)).error.code == ErrorCode.INVALID_REQUEST.code
+        assert (await ask(-1, epoch=1)).error.code == ErrorCode.FENCED_LEADER_EPOCH.code
+
+    run(scenario())
+
+
+def test_metadata_changes_create_and_delete_logs(env: Env) -> None:
+    manager, cluster, logs = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        await manager.produce(produce_request("t", 0, batch()))
+        directory = logs.get("t", 0).directory  # type: ignore[union-attr]
+        assert directory.exists()
+        parked = asyncio.ensure_future(
+            manager.fetch(fetch_request("t", 0, 1, max_wait_ms=5000, min_bytes=1))
+        )
+        await asyncio.sleep(0)
+        keys = cluster.keys
+        await manager.apply_metadata(cluster.change([], (keys.topic("t"), keys.partition("t", 0))))
+        assert manager.partitions == {}
+        assert logs.get("t", 0) is None and not directory.exists()
+        # The parked fetch was woken and answers with the partition gone.
+        out = one_fetch(await parked)
+        assert out.error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code
+
+    run(scenario())
+
+
+def test_fenced_broker_refuses_produce(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        manager.fenced = True
+        result = one_produce(await manager.produce(produce_request("t", 0, batch())))
+        assert result.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+        manager.fenced = False
+        assert one_produce(await manager.produce(produce_request("t", 0, batch()))).error.code == 0
+
+    run(scenario())
+
+
+def test_follower_fetch_reports_divergence(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2), epoch=3)]))
+        manager.partitions[("t", 0)].log.append(batch(2), 1)  # offsets 0-1 in epoch 1
+        manager.partitions[("t", 0)].log.append(batch(2), 3)  # offsets 2-3 in epoch 3
+        request = fetch_request("t", 0, 3, replica_id=2)
+        request.topics[0].partitions[0].last_fetched_epoch = 2  # follower wrote 2..3 in epoch 2
+        out = one_fetch(await manager.fetch(request))
+        assert out.records == b""
+        assert (out.diverging_epoch.epoch, out.diverging_epoch.end_offset) == (1, 2)
+        assert manager.partitions[("t", 0)].follower_end_offset(2) is None  # proves nothing
+        request.topics[0].partitions[0].last_fetched_epoch = 1
+        request.topics[0].partitions[0].fetch_offset = 2  # a prefix of ours: no divergence
+        out = one_fetch(await manager.fetch(request))
+        assert out.diverging_epoch.end_offset == 0 and out.diverging_epoch.epoch == 0
+        assert [r.offset for r in decode_records(out.records)] == [2, 3]
+        assert manager.partitions[("t", 0)].high_watermark == 2
+
+    run(scenario())
+
+
+def test_stray_logs_are_deleted_at_first_snapshot(tmp_path: Path) -> None:
+    logs = LogManager(tmp_path / "data")
+    logs.get_or_create("gone", 0)
+    logs.get_or_create("t", 0)
+    manager = ReplicaManager(BROKER, logs)
+    cluster = Cluster()
+    try:
+        run(manager.apply_metadata(cluster.topic("t", [leader_state()])))
+        assert logs.get("gone", 0) is None and logs.get("t", 0) is not None
+        assert not (tmp_path / "data" / "gone-0").exists()
+    finally:
+        logs.close()
+
+
+def test_data_dir_identity(tmp_path: Path) -> None:
+    check_data_dir_identity(tmp_path, "c1", 1)
+    check_data_dir_identity(tmp_path, "c1", 1)
+    with pytest.raises(ConfigError, match="data-dir"):
+        check_data_dir_identity(tmp_path, "c2", 1)
+    with pytest.raises(ConfigError, match="data-dir"):
+        check_data_dir_identity(tmp_path, "c1", 2)
+
+
+def test_broker_options_validation(tmp_path: Path) -> None:
+    def options(**overrides: object) -> BrokerOptions:
+        base: dict[str, object] = {
+            "broker_id": 1,
+            "listen_host": "127.0.0.1",
+            "listen_port": 0,
+            "data_dir": tmp_path,
+            "etcd_url": "http://127.0.0.1:2379",
+            "cluster_id": "c",
+        }
+        base.update(overrides)
+        return BrokerOptions(**base)  # type: ignore[arg-type]
+
+    assert options().broker_id == 1
+    with pytest.raises(ConfigError, match="id"):
+        options(broker_id=-1)
+    with pytest.raises(ConfigError, match=r"retention\.ms"):
+        options(config={"retention.ms": "soon"})
+    with pytest.raises(ConfigError, match="cluster-id"):
+        options(cluster_id="a/b")
+    assert parse_listen("localhost:9093") == ("localhost", 9093)
+    assert parse_listen("[::1]:9093") == ("::1", 9093)
+    assert parse_listen("myhost") == ("myhost", 9092)
+    for bad in ("host:port", ":9092", "h:70000"):
+        with pytest.raises(ConfigError, match="listen"):
+            parse_listen(bad)
+
+
+def test_big_fetch_reads_in_thread_and_read_failures_stay_per_partition(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state(), leader_state()]))
+        for partition in (0, 1):
+            await manager.produce(produce_request("t", partition, batch(3)))
+        request = fetch_request("t", 0, 0, partition_max_bytes=8 << 20)
+        request.max_bytes = 16 << 20
+        request.topics[0].partitions.add(
+            partition=1, fetch_offset=0, partition_max_bytes=8 << 20, current_leader_epoch=-1
+        )
+        big = await manager.fetch(request)  # above READ_IN_THREAD_THRESHOLD_BYTES
+        assert [len(list(decode_records(p.records))) for p in big.topics[0].partitions] == [3, 3]
+        manager.partitions[("t", 1)].log.close()  # a log that fails under the reader
+        out = (await manager.fetch(request)).topics[0].partitions
+        assert out[0].error.code == 0 and len(list(decode_records(out[0].records))) == 3
+        assert out[1].error.code == ErrorCode.KAFKA_STORAGE_ERROR.code and out[1].records == b""
+
+    run(scenario())
+
+
+def test_close_answers_parked_operations(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        fetching = asyncio.ensure_future(
+            manager.fetch(fetch_request("t", 0, 0, max_wait_ms=10_000, min_bytes=1))
+        )
+        producing = asyncio.ensure_future(
+            manager.produce(produce_request("t", 0, batch(), acks=-1, timeout_ms=10_000))
+        )
+        await asyncio.sleep(0.02)
+        started = time.monotonic()
+        manager.close()
+        produced = one_produce(await producing)
+        assert produced.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+        assert one_fetch(await fetching).error.code == 0
+        assert time.monotonic() - started < 1
+
+    run(scenario())
+
+
+def test_one_request_many_partitions(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("a", [leader_state(), leader_state()]))
+        await manager.apply_metadata(cluster.topic("b", [leader_state((2,), leader=2)]))
+        corrupt = bytearray(batch(1))
+        corrupt[-1] ^= 1
+        request = broker_pb2.ProduceRequest(
+            acks=-1,
+            timeout_ms=1000,
+            topics=[
+                broker_pb2.ProduceTopic(
+                    name="a",
+                    partitions=[
+                        broker_pb2.ProducePartition(partition=1, records=batch(2)),
+                        broker_pb2.ProducePartition(partition=0, records=bytes(corrupt)),
+                        broker_pb2.ProducePartition(partition=7, records=batch(1)),
+                    ],
+                ),
+                broker_pb2.ProduceTopic(
+                    name="b", partitions=[broker_pb2.ProducePartition(partition=0, records=batch())]
+                ),
+            ],
+        )
+        response = await manager.produce(request)
+        answers = [
+            (t.name, p.partition, p.error.code, p.base_offset)
+            for t in response.topics
+            for p in t.partitions
+        ]
+        assert answers == [
+            ("a", 1, 0, 0),
+            ("a", 0, ErrorCode.CORRUPT_MESSAGE.code, -1),
+            ("a", 7, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code, -1),
+            ("b", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER.code, -1),
+        ]
+        assert manager.partitions[("a", 1)].log_end_offset == 2
+        assert manager.partitions[("a", 0)].log_end_offset == 0
+
+    run(scenario())

@@ -1,0 +1,73 @@
+"""Pure helpers of the client commands: percentiles, record formatting, k=v parsing, errors."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from fjord.cli.client_common import friendly_errors, parse_pairs
+from fjord.cli.console_cmd import _format_record, record_json
+from fjord.cli.perf_cmd import percentile
+from fjord.client import ConsumerRecord
+from fjord.errors import ConfigError, OffsetOutOfRangeError
+
+RECORD = ConsumerRecord("t", 2, 41, b"k", b"\xff\x00", (("h", b"1"), ("n", None)), 1234)
+
+
+def test_percentile_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 0.5) == 50
+    assert percentile(values, 0.99) == 99
+    assert percentile(values, 1.0) == 100
+    assert percentile([7.0], 0.95) == 7
+    assert percentile([], 0.5) == 0
+
+
+def test_console_formatting() -> None:
+    assert _format_record(RECORD._replace(value=b"v"), {}) == "v"
+    props = {
+        "print.key": "true",
+        "print.offset": "true",
+        "print.partition": "true",
+        "print.timestamp": "true",
+        "print.headers": "true",
+        "key.separator": "|",
+    }
+    line = _format_record(RECORD._replace(value=None), props)
+    assert line == "CreateTime:1234|Partition:2|Offset:41|h:1,n:null|k|null"
+
+
+def test_record_json_keeps_binary_values() -> None:
+    data = record_json(RECORD)
+    assert data["key"] == "k" and data["value"] == {"base64": "/wA="}
+    assert data["headers"] == [["h", "1"], ["n", None]]
+    assert (data["partition"], data["offset"], data["timestamp"]) == (2, 41, 1234)
+
+
+def test_parse_pairs() -> None:
+    assert parse_pairs(["a=1", " b = x=y "], "--config") == {"a": "1", "b": "x=y"}
+    with pytest.raises(click.BadParameter, match="expected k=v"):
+        parse_pairs(["novalue"], "--config")
+    with pytest.raises(click.BadParameter):
+        parse_pairs(["=v"], "--config")
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (ConfigError("unknown key 'x'"), "INVALID_CONFIG: unknown key 'x'"),
+        (OffsetOutOfRangeError("too far"), "OFFSET_OUT_OF_RANGE: too far"),
+        (TimeoutError("slow"), "TimeoutError: slow"),
+    ],
+)
+def test_errors_become_one_line(error: Exception, shown: str) -> None:
+    @click.command()
+    @friendly_errors
+    def boom() -> None:
+        raise error
+
+    result = CliRunner().invoke(boom, [])
+    assert result.exit_code == 1
+    assert result.stderr.strip().splitlines() == [f"Error: {shown}"]
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,373 @@
+"""The producer's pure core: record futures, the accumulator (batching, linger, memory,
+ordering, expiry) and response handling (complete / retry / fail), with the real BatchBuilder."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from fjord._proto import broker_pb2, common_pb2
+from fjord.client.accumulator import (
+    BufferExhaustedError,
+    PartitionResult,
+    RecordAccumulator,
+    handle_produce_results,
+)
+from fjord.client.futures import BatchCompletion, RecordFuture
+from fjord.client.metadata import merge_snapshots, snapshot_from_response
+from fjord.client.network import KafkaTimeoutError, NetworkError
+from fjord.client.types import RecordMetadata, TopicPartition
+from fjord.errors import ErrorCode, FjordError, RecordTooLargeError
+from fjord.records.builder import BatchBuilder
+from fjord.records.reader import decode_records
+
+TP0 = TopicPartition("t", 0)
+TP1 = TopicPartition("t", 1)
+
+
+def make_accumulator(**overrides: int) -> RecordAccumulator:
+    settings = {
+        "batch_size": 200,
+        "linger_ms": 10,
+        "buffer_memory": 10_000,
+        "delivery_timeout_ms": 1000,
+    }
+    settings.update(overrides)
+    batch_size = settings["batch_size"]
+    return RecordAccumulator(lambda: BatchBuilder(batch_size=batch_size), **settings)
+
+
+# -- futures ------------------------------------------------------------------------------------
+
+
+def test_record_futures_share_one_completion() -> None:
+    batch = BatchCompletion("t", 3)
+    futures = [RecordFuture(batch, i, 1000 + i) for i in range(3)]
+    seen: list[RecordMetadata] = []
+    futures[1].add_done_callback(lambda f: seen.append(f.result()))
+    assert not futures[0].done() and futures[0].running() and not futures[0].cancel()
+    with pytest.raises(TimeoutError):
+        futures[0].result(timeout=0.01)
+    batch.complete(40)
+    assert [f.result(0) for f in futures] == [
+        RecordMetadata("t", 3, 40, 1000),
+        RecordMetadata("t", 3, 41, 1001),
+        RecordMetadata("t", 3, 42, 1002),
+    ]
+    assert seen == [RecordMetadata("t", 3, 41, 1001)]
+    assert futures[2].exception() is None
+    # Registered after completion: runs at once. Completing twice changes nothing.
+    futures[2].add_done_callback(lambda f: seen.append(f.result()))
+    batch.complete(99)
+    assert seen[-1].offset == 42
+
+
+def test_log_append_time_and_acks0_offsets() -> None:
+    batch = BatchCompletion("t", 0)
+    batch.complete(7, log_append_time=5555)
+    assert RecordFuture(batch, 1, 1).result() == RecordMetadata("t", 0, 8, 5555)
+    unknown = BatchCompletion("t", 0)
+    unknown.complete(-1)
+    assert RecordFuture(unknown, 3, 9).result().offset == -1
+
+
+def test_failed_batch_raises_in_every_future_and_callbacks_survive_errors() -> None:
+    batch = BatchCompletion("t", 0)
+    calls: list[str] = []
+
+    def bad(_: object) -> None:
+        calls.append("bad")
+        raise RuntimeError("callback bug")
+
+    futures = [RecordFuture(batch, i, 0) for i in range(2)]
+    futures[0].add_done_callback(bad)
+    futures[1].add_done_callback(lambda f: calls.append(type(f.exception()).__name__))
+    batch.fail(RecordTooLargeError("too big"))
+    assert calls == ["bad", "RecordTooLargeError"]
+    for f in futures:
+        with pytest.raises(RecordTooLargeError):
+            f.result()
+        assert isinstance(f.exception(), RecordTooLargeError)
+
+
+def test_result_waits_for_another_thread() -> None:
+    batch = BatchCompletion("t", 0)
+    future = RecordFuture(batch, 0, 0)
+    threading.Timer(0.02, batch.complete, args=(5,)).start()
+    assert future.result(timeout=5).offset == 5
+
+
+# -- accumulator --------------------------------------------------------------------------------
+
+
+def test_records_fill_a_batch_then_open_the_next() -> None:
+    acc = make_accumulator()
+    futures = []
+    wakes = []
+    for i in range(20):
+        future, wake = acc.append(TP0, 1000 + i, b"k", b"v" * 20, (), now_ms=0)
+        assert future is not None
+        futures.append(future)
+        wakes.append(wake)
+    assert wakes[0] is True and wakes[1] is False
+    assert wakes.count(True) >= 2  # a later batch opened once the first was full
+    ready, _ = acc.ready(now_ms=0)
+    assert ready == [TP0]  # a full batch is ready before linger.ms
+    drained = acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)
+    assert len(drained) >= 2 and sum(b.record_count for b in drained) == 20
+    records = list(decode_records(b"".join(b.close() for b in drained)))
+    assert [r.value for r in records] == [b"v" * 20] * 20
+    assert [r.timestamp for r in records] == list(range(1000, 1020))
+    assert all(f.done() is False for f in futures)
+
+
+def test_linger_makes_a_lone_batch_ready_later() -> None:
+    acc = make_accumulator(linger_ms=10)
+    acc.append(TP0, 1, None, b"x", (), now_ms=100)
+    ready, delay = acc.ready(now_ms=103)
+    assert ready == [] and delay == 7
+    ready, _ = acc.ready(now_ms=110)
+    assert ready == [TP0]
+
+
+def test_flush_makes_everything_ready_and_returns_the_completions() -> None:
+    acc = make_accumulator(linger_ms=10_000)
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP1, 1, None, b"y", (), now_ms=0)
+    assert acc.ready(now_ms=1)[0] == []
+    completions = acc.begin_flush()
+    assert len(completions) == 2
+    assert sorted(acc.ready(now_ms=1)[0]) == [TP0, TP1]
+    acc.end_flush()
+    assert acc.ready(now_ms=1)[0] == []
+
+
+def test_abort_on_new_batch_lets_the_sticky_partitioner_move() -> None:
+    acc = make_accumulator(batch_size=100)
+    assert acc.append(TP0, 1, None, b"a" * 50, (), now_ms=0)[0] is not None
+    future, wake = acc.append(TP0, 1, None, b"b" * 50, (), now_ms=0, abort_on_new_batch=True)
+    assert future is None and wake is False
+    assert acc.append(TP1, 1, None, b"b" * 50, (), now_ms=0)[0] is not None
+
+
+def test_buffer_memory_blocks_then_fails_and_frees_on_completion() -> None:
+    acc = make_accumulator(batch_size=1000, buffer_memory=2000)
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP1, 1, None, b"x", (), now_ms=0)
+    with pytest.raises(BufferExhaustedError, match=r"buffer\.memory"):
+        acc.append(TopicPartition("t", 2), 1, None, b"x", (), now_ms=0, max_block_s=0.01)
+    drained = acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)
+    threading.Timer(0.02, acc.deallocate, args=(drained[0],)).start()
+    future, _ = acc.append(TopicPartition("t", 2), 1, None, b"x", (), now_ms=0, max_block_s=5)
+    assert future is not None
+
+
+def test_drain_respects_max_request_size_but_takes_at_least_one() -> None:
+    acc = make_accumulator(batch_size=1000)
+    acc.append(TP0, 1, None, b"x" * 300, (), now_ms=0)
+    acc.append(TP1, 1, None, b"y" * 300, (), now_ms=0)
+    first = acc.drain([TP0, TP1], max_request_bytes=100, now_ms=10**9)
+    assert [b.tp for b in first] == [TP0]
+    assert [b.tp for b in acc.drain([TP0, TP1], max_request_bytes=100, now_ms=10**9)] == [TP1]
+
+
+def test_retry_goes_back_to_the_head_after_backoff_and_order_holds() -> None:
+    acc = make_accumulator(batch_size=200, guarantee_order=True)
+    futures = [acc.append(TP0, i, None, bytes([65 + i]) * 40, (), now_ms=0)[0] for i in range(6)]
+    first = acc.drain([TP0], 10**6, now_ms=10**9)
+    assert len(first) == 3  # two records per 200-byte batch, all three in one request
+    acc.append(TP0, 9, None, b"late", (), now_ms=0)
+    assert acc.drain([TP0], 10**6, now_ms=10**9) == []  # muted while in flight (max.in.flight=1)
+    outcome = handle_produce_results(
+        acc,
+        first,
+        {TP0: PartitionResult(ErrorCode.NOT_LEADER_OR_FOLLOWER)},
+        now_ms=10,
+        retries=3,
+        retry_backoff_ms=100,
+        make_timeout_error=KafkaTimeoutError,
+    )
+    assert outcome.retried == 3 and outcome.refresh_metadata
+    assert acc.ready(now_ms=50)[0] == []  # backing off
+    assert acc.ready(now_ms=110)[0] == [TP0]
+    again = acc.drain([TP0], 10**6, now_ms=110)
+    assert again[:3] == first and [b.attempts for b in again] == [2, 2, 2, 1]
+    handle_produce_results(
+        acc,
+        again,
+        {TP0: PartitionResult(ErrorCode.NONE, base_offset=50)},
+        now_ms=120,
+        retries=3,
+        retry_backoff_ms=100,
+        make_timeout_error=KafkaTimeoutError,
+    )
+    # The batches of one answer get consecutive offsets, in send order.
+    assert [f.result(0).offset for f in futures if f is not None] == [50, 51, 52, 53, 54, 55]
+    assert again[3].completion.base_offset == 56
+    assert not acc.has_pending()
+
+
+def test_drain_keeps_a_lingering_last_batch() -> None:
+    acc = make_accumulator(batch_size=200, linger_ms=10)
+    for i in range(3):
+        acc.append(TP0, i, None, b"x" * 40, (), now_ms=0)
+    assert [b.record_count for b in acc.drain([TP0], 10**6, now_ms=5)] == [2]
+    assert acc.drain([TP0], 10**6, now_ms=5) == []  # the open batch lingers until 10
+    assert [b.record_count for b in acc.drain([TP0], 10**6, now_ms=10)] == [1]
+
+
+def _handle(acc: RecordAccumulator, batches: list, results: object, now: int, retries: int = 5):  # type: ignore[no-untyped-def]
+    return handle_produce_results(
+        acc,
+        batches,
+        results,  # type: ignore[arg-type]
+        now_ms=now,
+        retries=retries,
+        retry_backoff_ms=0,
+        make_timeout_error=KafkaTimeoutError,
+    )
+
+
+def test_non_retriable_error_fails_the_batch_typed() -> None:
+    acc = make_accumulator()
+    future, _ = acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    batches = acc.drain([TP0], 10**6, now_ms=10**9)
+    outcome = _handle(acc, batches, {TP0: PartitionResult(ErrorCode.MESSAGE_TOO_LARGE, "big")}, 1)
+    assert outcome.failed == 1 and not outcome.refresh_metadata
+    assert future is not None
+    with pytest.raises(RecordTooLargeError, match="big"):
+        future.result(0)
+    assert not acc.has_pending()
+
+
+def test_retries_exhausted_and_delivery_timeout() -> None:
+    acc = make_accumulator(delivery_timeout_ms=1000)
+    f1, _ = acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    batches = acc.drain([TP0], 10**6, now_ms=10**9)
+    _handle(acc, batches, {TP0: PartitionResult(ErrorCode.LEADER_NOT_AVAILABLE)}, 1, retries=0)
+    assert f1 is not None and f1.exception(0).code is ErrorCode.LEADER_NOT_AVAILABLE  # type: ignore[union-attr]
+
+    f2, _ = acc.append(TP1, 1, None, b"x", (), now_ms=0)
+    batches = acc.drain([TP1], 10**6, now_ms=10**9)
+    _handle(acc, batches, NetworkError("connection refused"), 2000)
+    assert f2 is not None
+    error = f2.exception(0)
+    assert isinstance(error, KafkaTimeoutError) and isinstance(error, TimeoutError)
+    assert "connection refused" in str(error)
+
+
+def test_transport_error_retries_every_batch_of_the_request() -> None:
+    acc = make_accumulator()
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP1, 1, None, b"x", (), now_ms=0)
+    batches = acc.drain([TP0, TP1], 10**6, now_ms=10**9)
+    outcome = _handle(acc, batches, NetworkError("UNAVAILABLE"), 5)
+    assert outcome.retried == 2 and outcome.refresh_metadata
+    missing = acc.drain([TP0, TP1], 10**6, now_ms=10**9)
+    outcome = _handle(acc, missing, {TP0: PartitionResult(ErrorCode.NONE, base_offset=3)}, 6)
+    # A partition missing from the answer is a broker bug: failed, not silently retried.
+    assert outcome.completed == 1 and outcome.failed == 1
+
+
+def test_expire_removes_old_queued_batches() -> None:
+    acc = make_accumulator(delivery_timeout_ms=100)
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP1, 1, None, b"x", (), now_ms=50)
+    assert [b.tp for b in acc.expire(now_ms=120)] == [TP0]
+
+
+def test_closed_accumulator_refuses_appends() -> None:
+    acc = make_accumulator()
+    acc.close()
+    with pytest.raises(FjordError, match="closed"):
+        acc.append(TP0, 1, None, b"x", (), now_ms=0)
+
+
+# -- metadata -----------------------------------------------------------------------------------
+
+
+def _metadata(topics: list[broker_pb2.TopicMetadata]) -> broker_pb2.MetadataResponse:
+    return broker_pb2.MetadataResponse(
+        cluster_id="c",
+        brokers=[common_pb2.BrokerInfo(id=i, host="h", port=9000 + i) for i in (1, 2)],
+        controller=common_pb2.ControllerInfo(id=7, host="h", port=7000, epoch=3),
+        topics=topics,
+        metadata_version=12,
+    )
+
+
+def test_snapshot_translation_and_merge() -> None:
+    response = _metadata(
+        [
+            common_pb2.TopicMetadata(
+                name="a",
+                topic_id="id-a",
+                partitions=[
+                    common_pb2.PartitionMetadata(partition=1, leader=2, leader_epoch=4),
+                    common_pb2.PartitionMetadata(partition=0, leader=-1),
+                ],
+            ),
+            common_pb2.TopicMetadata(
+                name="gone", error=common_pb2.Error(code=3, message="unknown topic")
+            ),
+        ]
+    )
+    snap = snapshot_from_response(response)
+    assert snap.controller is not None and snap.controller.address == "h:7000"
+    assert snap.partition_count("a") == 2
+    assert [p.partition for p in snap.topics["a"].partitions] == [0, 1]
+    assert snap.leaders == {TopicPartition("a", 1): 2}
+    assert snap.leader_of(TopicPartition("a", 1)).port == 9002  # type: ignore[union-attr]
+    assert snap.leader_epoch_of(TopicPartition("a", 1)) == 4
+    assert snap.topic_errors["gone"][0] is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    other = snapshot_from_response(
+        _metadata(
+            [
+                common_pb2.TopicMetadata(
+                    name="b", partitions=[common_pb2.PartitionMetadata(partition=0, leader=1)]
+                )
+            ]
+        )
+    )
+    merged = merge_snapshots(snap, other, replace_all=False)
+    assert set(merged.topics) == {"a", "b"} and TopicPartition("a", 1) in merged.leaders
+    assert set(merge_snapshots(snap, other, replace_all=True).topics) == {"b"}
+
+
+# -- consumer's fetched data --------------------------------------------------------------------
+
+
+def _stamped_batches(*counts: int) -> bytes:
+    """Batches as a broker serves them: base offsets stamped, consecutive."""
+    from fjord.records.header import stamp_batch
+
+    out = bytearray()
+    offset = 0
+    for count in counts:
+        builder = BatchBuilder()
+        for i in range(count):
+            builder.append(1000 + offset + i, None, f"v{offset + i}".encode())
+        raw = bytearray(builder.build())
+        stamp_batch(raw, 0, offset, 0)
+        out += raw
+        offset += count
+    return bytes(out)
+
+
+def test_completed_fetch_takes_from_the_position_in_chunks() -> None:
+    from fjord.client.consumer import CompletedFetch, end_of_whole_batches
+
+    data = _stamped_batches(3, 4, 2)
+    assert end_of_whole_batches(data) == 9
+    assert end_of_whole_batches(data[:-5]) == 7  # a cut last batch does not count
+    assert end_of_whole_batches(b"") == -1
+    cf = CompletedFetch(TP0, 4, data, high_watermark=9)  # a fetch from inside batch 2
+    assert cf.end_offset == 9
+    first = cf.take(2)
+    assert [r.offset for r in first] == [4, 5] and cf.next_offset == 6
+    assert first[0].value == b"v4" and first[0].timestamp == 1004 and first[0].topic == "t"
+    assert not cf.exhausted
+    rest = cf.take(10)
+    assert [r.offset for r in rest] == [6, 7, 8] and cf.next_offset == 9
+    assert cf.exhausted and cf.take(5) == []
