@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check
 
 all: test
 
@@ -29,11 +29,16 @@ demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
 ## test: lint, type checks and the whole test suite
-test: $(STAMP) lint typecheck
+test: $(STAMP) java-check lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check services tests bench
+	$(VENV)/bin/ruff check services spark tests bench
+
+## java-check: the Spark tests (tests/spark) need Java 17+
+java-check:
+	@major=$$(java -version 2>&1 | awk -F'"' '/version/ {split($$2, v, "."); print (v[1] == "1" ? v[2] : v[1]); exit}'); \
+	if [ -z "$$major" ] || [ "$$major" -lt 17 ]; then echo "Spark needs Java 17+ (found: $${major:-none}); install it with: apt-get install -y openjdk-17-jre-headless"; exit 1; fi
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

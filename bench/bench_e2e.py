@@ -20,6 +20,10 @@ in the same process, on its own thread and event loop (Fjord's clients each run 
 the Redis and NATS consumers get one too, with their own connection); each value starts with the
 send time (``perf_counter_ns``); latency is receive time minus send time, the first 10% dropped
 as warm-up. Fjord's producer keeps its default ``linger.ms`` (5) unless ``--fjord-linger-ms``.
+For Fjord the garbage collector's pauses in this process during the latency run are recorded
+too (count and longest, per generation): the clients freeze the start-up objects out of the
+cyclic collector (``fjord.runtime.freeze_startup_objects``); run with ``FJORD_GC_FREEZE=false``
+in the environment to measure without that (it reaches the broker too).
 
 Run::
 
@@ -34,7 +38,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
+import gc
 import os
 import platform
 import statistics
@@ -43,7 +49,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,6 +81,7 @@ class Figures:
     e2e_latencies_ms: list[float] = field(default_factory=list)
     e2e_sent: int = 0
     note: str = ""
+    gc_pauses_ms: list[tuple[int, float]] = field(default_factory=list)  # (generation, ms)
 
     @property
     def produce_rps(self) -> float:
@@ -329,12 +336,44 @@ def bench_fjord(records: int, rate: int, seconds: float, linger_ms: int, rounds:
                 finally:
                     consumer.close()
 
-            figures.e2e_sent, figures.e2e_latencies_ms = _fjord_e2e(
-                bootstrap, rate, seconds, linger_ms
-            )
+            with gc_pauses(figures.gc_pauses_ms):
+                figures.e2e_sent, figures.e2e_latencies_ms = _fjord_e2e(
+                    bootstrap, rate, seconds, linger_ms
+                )
         finally:
             cluster.stop()
     return figures
+
+
+@contextlib.contextmanager
+def gc_pauses(out: list[tuple[int, float]]) -> Iterator[None]:
+    """Record (generation, milliseconds) of every garbage collection in this process."""
+    started = [0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter_ns()
+        else:
+            out.append((info["generation"], (time.perf_counter_ns() - started[0]) / 1e6))
+
+    gc.callbacks.append(callback)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(callback)
+
+
+def gc_line(figures: Figures) -> str:
+    freeze = os.environ.get("FJORD_GC_FREEZE", "true").strip().lower() not in ("false", "0", "no")
+    parts = []
+    for generation in range(3):
+        pauses = [ms for g, ms in figures.gc_pauses_ms if g == generation]
+        longest = f", longest {max(pauses):.1f} ms" if pauses else ""
+        parts.append(f"gen {generation}: {len(pauses)}{longest}")
+    return (
+        f"Fjord clients' process, garbage collections during the latency run: {'; '.join(parts)} "
+        f"(start-up objects frozen: {'yes' if freeze else 'no, FJORD_GC_FREEZE=false'})"
+    )
 
 
 def _fjord_e2e(
@@ -442,6 +481,7 @@ def verdicts(results: list[Figures]) -> list[str]:
         f"end to end: Fjord p99 {p99:.2f} ms (target <= {TARGET_E2E_P99_MS:g} ms): "
         f"{'met' if p99 <= TARGET_E2E_P99_MS else 'MISSED'}"
     )
+    lines.append(gc_line(fjord))
     if fjord.note:
         lines.append(f"note: {fjord.note}")
     return lines

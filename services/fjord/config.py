@@ -143,15 +143,6 @@ def _acks(key: str, raw: Any) -> int:
     raise ConfigError(f"invalid value {raw!r} for {key}: expected 0, 1, all or -1")
 
 
-def _idempotence(key: str, raw: Any) -> bool:
-    if _bool(key, raw):
-        raise ConfigError(
-            f"unsupported value {raw!r} for {key}: the idempotent producer is a later feature "
-            "of Fjord's client (see docs/clients.md)"
-        )
-    return False
-
-
 _COMMON = (
     ConfigDef("bootstrap.servers", None, _bootstrap, "First brokers to ask: host:port,..."),
     ConfigDef("client.id", "fjord-client", _string, "Name sent for logging and metrics."),
@@ -172,7 +163,12 @@ _PRODUCER = (
     ConfigDef("batch.size", 16384, _int(1), "Target size in bytes of one partition's batch."),
     ConfigDef("linger.ms", 5, _int(0), "Wait this long for more records before sending a batch."),
     ConfigDef("compression.type", "none", _choice(*COMPRESSION_TYPES), "Codec of batches."),
-    ConfigDef("enable.idempotence", False, _idempotence, "Only false is supported (see docs)."),
+    ConfigDef(
+        "enable.idempotence",
+        True,
+        _bool,
+        "Exactly one copy of each record per partition, in order (needs acks=all).",
+    ),
     ConfigDef(
         "max.in.flight.requests.per.connection",
         5,
@@ -258,7 +254,40 @@ def producer_config(raw: Mapping[str, Any]) -> ClientConfig:
         raise ConfigError(
             "invalid value for delivery.timeout.ms: must be at least linger.ms + request.timeout.ms"
         )
-    return config
+    return _resolve_idempotence(config, raw)
+
+
+MAX_IN_FLIGHT_FOR_IDEMPOTENCE = 5
+"""Most unanswered requests per broker an idempotent producer may have: brokers remember the
+last 5 batches of each producer, so a retry of anything older could not be recognised."""
+
+
+def _resolve_idempotence(config: ClientConfig, raw: Mapping[str, Any]) -> ClientConfig:
+    """Kafka's rules: idempotence needs acks=all, retries > 0 and at most 5 requests in flight.
+    Asked for explicitly with a conflicting setting: ConfigError naming that setting. On by
+    default only: a conflicting setting the user chose turns idempotence off instead."""
+    if not config["enable.idempotence"]:
+        return config
+    conflicts = []
+    if config["acks"] != -1:
+        conflicts.append(("acks", "must be all (-1) when enable.idempotence is true"))
+    if config["retries"] == 0:
+        conflicts.append(("retries", "must be greater than 0 when enable.idempotence is true"))
+    if config["max.in.flight.requests.per.connection"] > MAX_IN_FLIGHT_FOR_IDEMPOTENCE:
+        conflicts.append(
+            (
+                "max.in.flight.requests.per.connection",
+                f"must be at most {MAX_IN_FLIGHT_FOR_IDEMPOTENCE} when enable.idempotence is true",
+            )
+        )
+    if not conflicts:
+        return config
+    if "enable.idempotence" in raw:
+        key, why = conflicts[0]
+        raise ConfigError(f"invalid value {raw.get(key)!r} for {key}: {why}")
+    values = dict(config)
+    values["enable.idempotence"] = False
+    return ClientConfig(values)
 
 
 def consumer_config(raw: Mapping[str, Any]) -> ClientConfig:

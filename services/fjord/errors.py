@@ -41,6 +41,8 @@ class ErrorCode(Enum):
     INVALID_SESSION_TIMEOUT = (26, False)
     REBALANCE_IN_PROGRESS = (27, False)
     INVALID_COMMIT_OFFSET_SIZE = (28, False)
+    OFFSET_METADATA_TOO_LARGE = (12, False)
+    GROUP_MAX_SIZE_REACHED = (81, False)
     INVALID_TIMESTAMP = (32, False)
     INVALID_REQUEST = (42, False)
     TOPIC_ALREADY_EXISTS = (36, False)
@@ -63,6 +65,9 @@ class ErrorCode(Enum):
     PREFERRED_LEADER_NOT_AVAILABLE = (80, True)
     FENCED_INSTANCE_ID = (82, False)
     ELIGIBLE_LEADERS_NOT_AVAILABLE = (83, True)
+    ELECTION_NOT_NEEDED = (84, False)
+    NO_REASSIGNMENT_IN_PROGRESS = (85, False)
+    REASSIGNMENT_IN_PROGRESS = (60, False)
     UNSUPPORTED_COMPRESSION_TYPE = (76, False)
     INVALID_RECORD = (87, False)
     UNSTABLE_OFFSET_COMMIT = (88, True)
@@ -218,6 +223,14 @@ class NotEnoughReplicasError(FjordError):
 
 
 @register_error_class
+class NotEnoughReplicasAfterAppendError(FjordError):
+    """acks=all: the batch was appended, but the ISR fell below min.insync.replicas before it
+    was replicated to all of it (it may or may not be committed; retrying may duplicate it)."""
+
+    code = ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND
+
+
+@register_error_class
 class InvalidRequiredAcksError(FjordError):
     """acks is not 0, 1 or -1 (all)."""
 
@@ -302,6 +315,172 @@ class IneligibleReplicaError(FjordError):
     """AlterPartition would put a replica into the ISR that is not live or not assigned."""
 
     code = ErrorCode.INELIGIBLE_REPLICA
+
+
+@register_error_class
+class PreferredLeaderNotAvailableError(FjordError):
+    """A preferred election cannot move leadership: the preferred replica is not live or not
+    in the ISR."""
+
+    code = ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE
+
+
+@register_error_class
+class EligibleLeadersNotAvailableError(FjordError):
+    """An (unclean) election found no live replica that may lead."""
+
+    code = ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE
+
+
+@register_error_class
+class ElectionNotNeededError(FjordError):
+    """The requested election changes nothing: the partition already has the leader it would
+    get."""
+
+    code = ErrorCode.ELECTION_NOT_NEEDED
+
+
+@register_error_class
+class NoReassignmentInProgressError(FjordError):
+    """Cancelling a reassignment of a partition that is not being reassigned."""
+
+    code = ErrorCode.NO_REASSIGNMENT_IN_PROGRESS
+
+
+@register_error_class
+class ReassignmentInProgressError(FjordError):
+    """The request conflicts with a running reassignment (e.g. changing the replication factor
+    of a topic whose partitions are still moving)."""
+
+    code = ErrorCode.REASSIGNMENT_IN_PROGRESS
+
+
+# Idempotent producer errors (Kafka's names; see docs/idempotence.md).
+
+
+@register_error_class
+class OutOfOrderSequenceError(FjordError):
+    """An idempotent batch whose first sequence is not the one after the producer's last batch
+    in this partition (a gap: an earlier batch was lost or is still being retried)."""
+
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+@register_error_class
+class DuplicateSequenceError(FjordError):
+    """A duplicate idempotent batch the broker can no longer map to its offset."""
+
+    code = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+
+
+@register_error_class
+class InvalidProducerEpochError(FjordError):
+    """A batch from an older epoch of a producer id than the partition has seen (a zombie)."""
+
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+@register_error_class
+class UnknownProducerIdError(FjordError):
+    """A batch with a non-zero first sequence from a producer the partition has no state for
+    (its state expired or its records were deleted): the producer must reset its sequences."""
+
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+# Consumer group errors (Kafka's names; see docs/groups.md).
+
+
+@register_error_class
+class IllegalGenerationError(FjordError):
+    """A group request carries a generation id other than the group's current one."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+@register_error_class
+class UnknownMemberIdError(FjordError):
+    """A group request names a member id the group does not know (expired, left or fenced)."""
+
+    code = ErrorCode.UNKNOWN_MEMBER_ID
+
+
+@register_error_class
+class RebalanceInProgressError(FjordError):
+    """The group is rebalancing: the member must rejoin (JoinGroup) before it may go on."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+@register_error_class
+class MemberIdRequiredError(FjordError):
+    """First JoinGroup of a dynamic member: rejoin with the member id the response carries."""
+
+    code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+@register_error_class
+class FencedInstanceIdError(FjordError):
+    """A static member (``group.instance.id``) was replaced by a newer member with the same
+    instance id: this old member id is fenced."""
+
+    code = ErrorCode.FENCED_INSTANCE_ID
+
+
+@register_error_class
+class InconsistentGroupProtocolError(FjordError):
+    """The member's protocol type or protocols share nothing with the group's."""
+
+    code = ErrorCode.INCONSISTENT_GROUP_PROTOCOL
+
+
+@register_error_class
+class InvalidGroupIdError(FjordError):
+    """An empty or otherwise invalid group id."""
+
+    code = ErrorCode.INVALID_GROUP_ID
+
+
+@register_error_class
+class InvalidSessionTimeoutError(FjordError):
+    """session.timeout.ms outside [group.min.session.timeout.ms, group.max.session.timeout.ms]."""
+
+    code = ErrorCode.INVALID_SESSION_TIMEOUT
+
+
+@register_error_class
+class NonEmptyGroupError(FjordError):
+    """The operation (delete, offset reset) needs a group without active members."""
+
+    code = ErrorCode.NON_EMPTY_GROUP
+
+
+@register_error_class
+class GroupIdNotFoundError(FjordError):
+    """The group does not exist (or is already dead)."""
+
+    code = ErrorCode.GROUP_ID_NOT_FOUND
+
+
+@register_error_class
+class OffsetMetadataTooLargeError(FjordError):
+    """An offset commit's metadata string is longer than ``offset.metadata.max.bytes``."""
+
+    code = ErrorCode.OFFSET_METADATA_TOO_LARGE
+
+
+@register_error_class
+class CoordinatorNotAvailableError(FjordError):
+    """The group coordinator is not serving this group (unloaded or dead group): look it up."""
+
+    code = ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+@register_error_class
+class GroupMaxSizeReachedError(FjordError):
+    """The group already has ``group.max.size`` members."""
+
+    code = ErrorCode.GROUP_MAX_SIZE_REACHED
 
 
 class KafkaTimeoutError(RequestTimedOutError, TimeoutError):

@@ -154,7 +154,6 @@ def test_create_topic_places_leaders_evenly_and_writes_metadata(
         ("..", 1, 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "cannot be"),
         ("x" * 250, 1, 1, {}, ErrorCode.INVALID_TOPIC_EXCEPTION, "249"),
         ("zero", 0, 1, {}, ErrorCode.INVALID_PARTITIONS, "at least 1"),
-        ("rf2", 1, 2, {}, ErrorCode.INVALID_REPLICATION_FACTOR, "replication is not available"),
         ("rf4", 1, 4, {}, ErrorCode.INVALID_REPLICATION_FACTOR, "3 live brokers"),
         ("cfg", 1, 1, {"retention_ms": "soon"}, ErrorCode.INVALID_CONFIG, "retention.ms"),
         ("cfg", 1, 1, {"no_such_key": "1"}, ErrorCode.INVALID_CONFIG, "no.such.key"),

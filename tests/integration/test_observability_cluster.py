@@ -1,8 +1,10 @@
-"""Observability of real processes: /metrics of brokers and controllers, spans across processes.
+"""Observability of real processes: /metrics of every process, spans across processes.
 
-A small cluster of its own (etcd, 2 controllers, 1 broker) started by the shared launcher, with
-``--metrics-port`` added to each process and ``OTEL_TRACES_EXPORTER=console`` in their
-environment (spans go to each process's log file), so the shared cluster stays untouched.
+A small cluster of its own (etcd, 2 controllers, 1 broker) started by the plain launcher (which
+gives every process a metrics port) with ``OTEL_TRACES_EXPORTER=console`` in the children's
+environment (their spans go to each process's log file), so the shared cluster stays untouched.
+Client spans are recorded in this process with an ``InMemorySpanExporter`` given to each client
+as its ``tracer_provider``, so the process-wide OpenTelemetry provider stays unset.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import asyncio
 import json
 import os
 import re
-import subprocess
+import socket
 import time
 import urllib.request
 import uuid
@@ -20,16 +22,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from grpc import aio
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.cli.main import cli
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
-from fjord.local.etcd import free_port
 from fjord.observability import client_interceptors
+from fjord.observability.defaults import TRACEPARENT_HEADER
 
 pytestmark = pytest.mark.integration
 
@@ -37,26 +43,15 @@ TIMEOUT_S = 30.0
 RECORDS = 50
 # Children export spans every 50 ms instead of the SDK's 5 s, so the test waits little.
 CHILD_ENV = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
-
-
-class _MetricsCluster(LocalCluster):
-    """A LocalCluster whose controllers and brokers also serve /metrics on a free port each."""
-
-    metrics_ports: dict[tuple[str, int], int]
-
-    def _spawn(self, role: str, node_id: int, args: list[str]) -> subprocess.Popen[bytes]:
-        if not hasattr(self, "metrics_ports"):
-            self.metrics_ports = {}
-        port = free_port()
-        self.metrics_ports[(role, node_id)] = port
-        return super()._spawn(role, node_id, [*args, "--metrics-port", str(port)])
+PRODUCE = "fjord.v1.Broker/Produce"
+FETCH = "fjord.v1.Broker/Fetch"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_MetricsCluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     saved = {k: os.environ.get(k) for k in CHILD_ENV}
     os.environ.update(CHILD_ENV)  # inherited by the children at spawn, then restored
-    started = _MetricsCluster(
+    started = LocalCluster(
         tmp_path_factory.mktemp("obs-cluster"), brokers=1, controllers=2, unsafe_etcd_no_fsync=True
     )
     try:
@@ -73,10 +68,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_MetricsCluste
         started.stop()
 
 
-def _scrape(port: int) -> dict[str, float]:
-    """``{'name{labels}': value}`` from a /metrics page."""
-    url = f"http://127.0.0.1:{port}/metrics"
-    with urllib.request.urlopen(url, timeout=TIMEOUT_S) as reply:
+def _scrape(address: str) -> dict[str, float]:
+    """``{'name{labels}': value}`` from the /metrics page at ``host:port``."""
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=TIMEOUT_S) as reply:
         text = reply.read().decode()
     samples = {}
     for line in text.splitlines():
@@ -84,6 +78,14 @@ def _scrape(port: int) -> dict[str, float]:
             name, _, value = line.rpartition(" ")
             samples[name] = float(value)
     return samples
+
+
+def _rpc_sum(samples: dict[str, float], metric: str, method: str) -> float:
+    """Sum over the label sets of ``metric`` for one gRPC method with code OK."""
+    return sum(
+        v for k, v in samples.items()
+        if k.startswith(metric + "{") and f'method="{method}"' in k and 'code="OK"' in k
+    )  # fmt: skip
 
 
 def _wait_for(check: Any, what: str) -> Any:
@@ -96,85 +98,220 @@ def _wait_for(check: Any, what: str) -> Any:
         time.sleep(0.05)
 
 
-def test_broker_and_controller_metrics(cluster: _MetricsCluster) -> None:
+def _in_memory_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return provider, exporter
+
+
+def _create_topic(cluster: LocalCluster, partitions: int = 1) -> str:
     topic = f"obs-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, partitions, 1)], timeout=TIMEOUT_S)
+    return topic
+
+
+def test_local_status_shows_every_metrics_address(cluster: LocalCluster) -> None:
+    result = CliRunner().invoke(
+        cli, ["local", "status", "--data-dir", str(cluster.data_dir), "--output", "json"]
+    )
+    assert result.exit_code == 0, result.output
+    processes = json.loads(result.output)["processes"]
+    assert sorted(p["role"] for p in processes) == ["broker", "controller", "controller", "etcd"]
+    for process in processes:
+        assert process["metrics_address"] == cluster.metrics_address(process["role"], process["id"])
+        assert process["metrics_address"] != process["address"] or process["role"] == "etcd"
+        samples = _scrape(process["metrics_address"])
+        if process["role"] == "etcd":
+            assert samples["etcd_server_has_leader"] == 1.0
+        else:
+            assert samples[f'fjord_build_info{{version="{_version()}"}}'] == 1.0
+    table = CliRunner().invoke(cli, ["local", "status", "--data-dir", str(cluster.data_dir)])
+    assert "metrics_address" in table.output
+    assert cluster.metrics_address("broker", 0) in table.output
+
+
+def _version() -> str:
+    from fjord import __version__
+
+    return __version__
+
+
+def test_broker_and_controller_metrics_move(cluster: LocalCluster) -> None:
+    broker_address = cluster.metrics_address("broker", 0)
+    before = _scrape(broker_address)
+    topic = _create_topic(cluster, partitions=2)
     bootstrap = cluster.bootstrap_servers
-    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
-        admin.create_topics([NewTopic(topic, 1, 1)], timeout=TIMEOUT_S)
     with Producer({"bootstrap.servers": bootstrap, "acks": "1"}) as producer:
         for i in range(RECORDS):
-            producer.send(topic, b"v" * 100, key=str(i).encode())
+            producer.send(topic, b"v" * 100, partition=i % 2)
         producer.flush(TIMEOUT_S)
     consumer = Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"})
     try:
-        consumer.assign([TopicPartition(topic, 0)])
+        consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
         got: list[Any] = []
         _wait_for(lambda: got.extend(consumer.poll(0.2)) or len(got) >= RECORDS, "records")
     finally:
         consumer.close()
 
-    broker = _scrape(cluster.metrics_ports[("broker", 0)])
+    after = _scrape(broker_address)
     label = f'{{topic="{topic}"}}'
-    assert broker[f"fjord_broker_messages_in_total{label}"] == RECORDS
-    assert broker[f"fjord_broker_bytes_in_total{label}"] > RECORDS * 100
-    assert broker[f"fjord_broker_bytes_out_total{label}"] > RECORDS * 100
-    assert broker["fjord_broker_partitions_led"] >= 1
-    produced = [
-        v for k, v in broker.items()
-        if k.startswith("fjord_rpc_server_requests_total")
-        and 'method="fjord.v1.Broker/Produce"' in k and 'code="OK"' in k
-    ]  # fmt: skip
-    assert produced and sum(produced) >= 1
-    assert any(k.startswith("fjord_build_info") for k in broker)
+    assert after[f"fjord_broker_messages_in_total{label}"] == RECORDS
+    assert after[f"fjord_broker_bytes_in_total{label}"] > RECORDS * 100
+    assert after[f"fjord_broker_bytes_out_total{label}"] > RECORDS * 100
+    assert after["fjord_broker_partitions_led"] == before["fjord_broker_partitions_led"] + 2
+    for metric in ("fjord_rpc_server_requests_total", "fjord_rpc_server_latency_seconds_count"):
+        for method in (PRODUCE, FETCH):
+            assert _rpc_sum(after, metric, method) > _rpc_sum(before, metric, method), (
+                metric, method
+            )
+    # The histogram has the buckets and a sum consistent with its count.
+    produce_sum = _rpc_sum(after, "fjord_rpc_server_latency_seconds_sum", PRODUCE)
+    assert 0 < produce_sum < _rpc_sum(after, "fjord_rpc_server_latency_seconds_count", PRODUCE)
 
-    controllers = [_scrape(cluster.metrics_ports[("controller", i)]) for i in range(2)]
+    controllers = [_scrape(cluster.metrics_address("controller", i)) for i in range(2)]
     assert sorted(c["fjord_controller_active"] for c in controllers) == [0.0, 1.0]
     active = next(c for c in controllers if c["fjord_controller_active"] == 1.0)
-    created = [
-        v for k, v in active.items()
-        if k.startswith("fjord_rpc_server_requests_total") and "CreateTopics" in k
-    ]  # fmt: skip
-    assert created and sum(created) >= 1
+    assert _rpc_sum(active, "fjord_rpc_server_requests_total", "fjord.v1.Controller/CreateTopics")
+    assert active["fjord_controller_offline_partitions"] == 0.0
 
 
-def test_trace_context_crosses_into_the_broker_process(cluster: _MetricsCluster) -> None:
+def _broker_spans(cluster: LocalCluster) -> Iterator[dict[str, Any]]:
+    log = Path(cluster.logs_dir) / "broker-0.log"
+    yield from _json_documents(log.read_text(errors="replace"))
+
+
+def _broker_child_of(cluster: LocalCluster, client: ReadableSpan) -> dict[str, Any]:
+    """Wait for the broker's server span (in its log) whose parent is ``client``."""
+    assert client.context is not None
+    trace_hex = f"0x{client.context.trace_id:032x}"
+    parent_hex = f"0x{client.context.span_id:016x}"
+
+    def find() -> dict[str, Any] | None:
+        for document in _broker_spans(cluster):
+            if (
+                document.get("name") == client.name
+                and document.get("context", {}).get("trace_id") == trace_hex
+                and document.get("parent_id") == parent_hex
+            ):
+                return document
+        return None
+
+    span: dict[str, Any] = _wait_for(find, f"the broker's child span of {client.name}")
+    assert span["kind"] == "SpanKind.SERVER"
+    assert span["resource"]["attributes"]["service.name"] == "broker"
+    return span
+
+
+def test_trace_context_crosses_into_the_broker_process(cluster: LocalCluster) -> None:
     """A client span in this process is the parent of the broker's server span (its log)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("test")
-    span_ids: dict[str, int] = {}
+    provider, exporter = _in_memory_provider()
 
     async def call() -> None:
         channel = aio.insecure_channel(
             cluster.broker_addresses[0], interceptors=client_interceptors("test", provider)
         )
         try:
-            with tracer.start_as_current_span("test-root") as root:
-                span_ids["trace"] = root.get_span_context().trace_id
+            with provider.get_tracer("test").start_as_current_span("test-root"):
                 stub = broker_pb2_grpc.BrokerStub(channel)
                 await stub.Metadata(broker_pb2.MetadataRequest(), timeout=TIMEOUT_S)
         finally:
             await channel.close()
 
     asyncio.run(call())
-    log = Path(cluster.logs_dir) / "broker-0.log"
-    trace_hex = f"0x{span_ids['trace']:032x}"
-
-    def broker_span() -> dict[str, Any] | None:
-        for document in _json_documents(log.read_text(errors="replace")):
-            if (
-                document.get("name") == "fjord.v1.Broker/Metadata"
-                and document.get("context", {}).get("trace_id") == trace_hex
-            ):
-                return document
-        return None
-
-    span = _wait_for(broker_span, "the broker's span of our trace in its log")
     (client,) = [s for s in exporter.get_finished_spans() if s.name == "fjord.v1.Broker/Metadata"]
-    assert span["kind"] == "SpanKind.SERVER"
-    assert span["parent_id"] == f"0x{client.context.span_id:016x}"
-    assert span["resource"]["attributes"]["service.name"]
+    (root,) = [s for s in exporter.get_finished_spans() if s.name == "test-root"]
+    assert client.parent is not None and root.context is not None
+    assert client.parent.span_id == root.context.span_id
+    _broker_child_of(cluster, client)
+
+
+def test_producer_and_consumer_spans_reach_the_broker_and_the_record(
+    cluster: LocalCluster,
+) -> None:
+    """Producer.send + flush and Consumer.poll with a tracer provider: their Produce and Fetch
+    client spans are the parents of the broker's server spans, and the record carries the
+    application's send span to the consumer in its ``traceparent`` header."""
+    topic = _create_topic(cluster)
+    provider, exporter = _in_memory_provider()
+    tracer = provider.get_tracer("test")
+    bootstrap = cluster.bootstrap_servers
+    with Producer({"bootstrap.servers": bootstrap}, tracer_provider=provider) as producer:
+        with tracer.start_as_current_span("orders send", kind=SpanKind.PRODUCER) as send_span:
+            producer.send(topic, b"traced")
+        # Outside any span: no header, and a header the caller set is kept as it is.
+        producer.send(topic, b"untraced")
+        with tracer.start_as_current_span("other"):
+            producer.send(topic, b"own", headers=[(TRACEPARENT_HEADER, b"00-custom")])
+        producer.flush(TIMEOUT_S)
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}, tracer_provider=provider
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        got: list[Any] = []
+        _wait_for(lambda: got.extend(consumer.poll(0.2)) or len(got) >= 3, "the records")
+    finally:
+        consumer.close()
+
+    traced, untraced, own = got
+    send_context = send_span.get_span_context()
+    assert [name for name, _ in traced.headers] == [TRACEPARENT_HEADER]
+    assert traced.headers[0][1] == (
+        f"00-{send_context.trace_id:032x}-{send_context.span_id:016x}-"
+        f"{int(send_context.trace_flags):02x}".encode()
+    )
+    assert untraced.headers == ()
+    assert own.headers == ((TRACEPARENT_HEADER, b"00-custom"),)
+    # The consumer continues the producer's trace.
+    with tracer.start_as_current_span(
+        "orders process", context=traced.trace_context(), kind=SpanKind.CONSUMER
+    ) as process_span:
+        pass
+    process_context = process_span.get_span_context()
+    assert process_context.trace_id == send_context.trace_id
+    assert isinstance(process_span, ReadableSpan) and process_span.parent is not None
+    assert process_span.parent.span_id == send_context.span_id
+    # A malformed header: the consumer's span starts a new trace, nothing fails.
+    assert not trace.get_current_span(own.trace_context()).get_span_context().is_valid
+
+    finished = exporter.get_finished_spans()
+    produce = [s for s in finished if s.name == PRODUCE and s.kind is SpanKind.CLIENT]
+    fetch = [
+        s for s in finished
+        if s.name == FETCH and s.kind is SpanKind.CLIENT and s.status.is_ok
+    ]  # fmt: skip
+    assert produce and fetch
+    assert produce[0].resource is not None
+    _broker_child_of(cluster, produce[0])
+    _broker_child_of(cluster, fetch[0])
+
+
+def test_clients_without_a_tracer_provider_use_bare_channels(cluster: LocalCluster) -> None:
+    """No provider and no /metrics in this process: no interceptors, no record header."""
+    from fjord.observability.clients import client_instrumentation_enabled
+
+    if client_instrumentation_enabled():
+        pytest.skip("another test in this process installed a global tracer provider")
+    topic = _create_topic(cluster)
+    provider, _ = _in_memory_provider()
+    with Producer({"bootstrap.servers": cluster.bootstrap_servers}) as producer:
+        assert producer._network.interceptors is None
+        with provider.get_tracer("test").start_as_current_span("not exported"):
+            producer.send(topic, b"v").result(TIMEOUT_S)
+    consumer = Consumer(
+        {"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest"}
+    )
+    try:
+        assert consumer._network.interceptors is None
+        consumer.assign([TopicPartition(topic, 0)])
+        got: list[Any] = []
+        _wait_for(lambda: got.extend(consumer.poll(0.2)) or got, "the record")
+    finally:
+        consumer.close()
+    assert got[0].headers == ()
 
 
 def _json_documents(text: str) -> Iterator[dict[str, Any]]:
@@ -187,3 +324,29 @@ def _json_documents(text: str) -> Iterator[dict[str, Any]]:
             continue
         if isinstance(document, dict):
             yield document
+
+
+def test_a_taken_metrics_port_is_replaced_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launcher picks ports free, but another process may bind one before the child does:
+    the child then fails to serve /metrics and is started again on fresh ports."""
+    import fjord.local.cluster as cluster_module
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    taken_port = taken.getsockname()[1]
+    real_free_port = cluster_module.free_port
+    picks = iter([real_free_port(), taken_port])  # the first child's gRPC, then metrics port
+    monkeypatch.setattr(cluster_module, "free_port", lambda: next(picks, None) or real_free_port())
+    cluster = LocalCluster(tmp_path, brokers=0, controllers=1, unsafe_etcd_no_fsync=True)
+    try:
+        cluster.start()
+        address = cluster.metrics_address("controller", 0)
+        assert address != f"127.0.0.1:{taken_port}"
+        assert _scrape(address)["fjord_controller_active"] == 1.0
+        assert "Address already in use" in (tmp_path / "logs" / "controller-0.log").read_text()
+    finally:
+        cluster.stop()
+        taken.close()

@@ -66,7 +66,6 @@ def test_acks_spellings(value: object, expected: int) -> None:
         ("compression.type", "brotli"),
         ("retries", -3),
         ("max.in.flight.requests.per.connection", 0),
-        ("enable.idempotence", "true"),
         ("enable.idempotence", "perhaps"),
         ("bootstrap.servers", ""),
         ("bootstrap.servers", "host:notaport"),

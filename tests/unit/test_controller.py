@@ -238,7 +238,6 @@ def test_plan_create_topic_with_manual_assignment() -> None:
     [
         (TopicSpec("t", 0), InvalidPartitionsError),
         (TopicSpec("t", 1, 0), InvalidReplicationFactorError),
-        (TopicSpec("t", 1, 2), InvalidReplicationFactorError),  # replication not available yet
         (TopicSpec("t", 1, 3), InvalidReplicationFactorError),  # more than live brokers
         (TopicSpec("bad name"), InvalidTopicError),
         (TopicSpec("t", configs={"x": "1"}), ConfigError),

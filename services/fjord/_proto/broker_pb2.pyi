@@ -233,3 +233,25 @@ class MetadataResponse(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicMetadata]
     metadata_version: int
     def __init__(self, cluster_id: _Optional[str] = ..., brokers: _Optional[_Iterable[_Union[_common_pb2.BrokerInfo, _Mapping]]] = ..., controller: _Optional[_Union[_common_pb2.ControllerInfo, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[_common_pb2.TopicMetadata, _Mapping]]] = ..., metadata_version: _Optional[int] = ...) -> None: ...
+
+class InitProducerIdRequest(_message.Message):
+    __slots__ = ("transactional_id", "transaction_timeout_ms", "producer_id", "producer_epoch")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    transaction_timeout_ms: int
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., transaction_timeout_ms: _Optional[int] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...
+
+class InitProducerIdResponse(_message.Message):
+    __slots__ = ("error", "producer_id", "producer_epoch")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    producer_id: int
+    producer_epoch: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ...) -> None: ...

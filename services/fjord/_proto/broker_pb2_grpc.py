@@ -55,6 +55,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
                 _registered_method=True)
+        self.InitProducerId = channel.unary_unary(
+                '/fjord.v1.Broker/InitProducerId',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -84,6 +89,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitProducerId(self, request, context):
+        """A producer id and epoch for an idempotent producer (any broker answers; ids come in blocks
+        from the controller's AllocateProducerIds).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -106,6 +119,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Metadata,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.MetadataRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.MetadataResponse.SerializeToString,
+            ),
+            'InitProducerId': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitProducerId,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -216,6 +234,33 @@ class Broker:
             '/fjord.v1.Broker/Metadata',
             fjord_dot_v1_dot_broker__pb2.MetadataRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.MetadataResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitProducerId(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/InitProducerId',
+            fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -253,3 +253,97 @@ class AllocateProducerIdsResponse(_message.Message):
     first_producer_id: int
     count: int
     def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., first_producer_id: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
+
+class TopicPartitionRef(_message.Message):
+    __slots__ = ("topic", "partition")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
+
+class ReassignablePartition(_message.Message):
+    __slots__ = ("topic", "partition", "replicas", "cancel")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    CANCEL_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    cancel: bool
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., cancel: _Optional[bool] = ...) -> None: ...
+
+class AlterPartitionReassignmentsRequest(_message.Message):
+    __slots__ = ("partitions", "timeout_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[ReassignablePartition]
+    timeout_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[ReassignablePartition, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class PartitionError(_message.Message):
+    __slots__ = ("topic", "partition", "error")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    error: _common_pb2.Error
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+
+class AlterPartitionReassignmentsResponse(_message.Message):
+    __slots__ = ("error", "results")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    results: _containers.RepeatedCompositeFieldContainer[PartitionError]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PartitionError, _Mapping]]] = ...) -> None: ...
+
+class ListPartitionReassignmentsRequest(_message.Message):
+    __slots__ = ("partitions", "timeout_ms")
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
+    timeout_ms: int
+    def __init__(self, partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class OngoingPartitionReassignment(_message.Message):
+    __slots__ = ("topic", "partition", "replicas", "adding_replicas", "removing_replicas")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ADDING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REMOVING_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    replicas: _containers.RepeatedScalarFieldContainer[int]
+    adding_replicas: _containers.RepeatedScalarFieldContainer[int]
+    removing_replicas: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., replicas: _Optional[_Iterable[int]] = ..., adding_replicas: _Optional[_Iterable[int]] = ..., removing_replicas: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ListPartitionReassignmentsResponse(_message.Message):
+    __slots__ = ("error", "reassignments")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    REASSIGNMENTS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    reassignments: _containers.RepeatedCompositeFieldContainer[OngoingPartitionReassignment]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., reassignments: _Optional[_Iterable[_Union[OngoingPartitionReassignment, _Mapping]]] = ...) -> None: ...
+
+class ElectLeadersRequest(_message.Message):
+    __slots__ = ("election_type", "partitions", "timeout_ms")
+    ELECTION_TYPE_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    election_type: int
+    partitions: _containers.RepeatedCompositeFieldContainer[TopicPartitionRef]
+    timeout_ms: int
+    def __init__(self, election_type: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[TopicPartitionRef, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class ElectLeadersResponse(_message.Message):
+    __slots__ = ("error", "results")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    results: _containers.RepeatedCompositeFieldContainer[PartitionError]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., results: _Optional[_Iterable[_Union[PartitionError, _Mapping]]] = ...) -> None: ...

@@ -75,6 +75,21 @@ class ControllerStub:
                 request_serializer=fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
                 _registered_method=True)
+        self.AlterPartitionReassignments = channel.unary_unary(
+                '/fjord.v1.Controller/AlterPartitionReassignments',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ListPartitionReassignments = channel.unary_unary(
+                '/fjord.v1.Controller/ListPartitionReassignments',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsResponse.FromString,
+                _registered_method=True)
+        self.ElectLeaders = channel.unary_unary(
+                '/fjord.v1.Controller/ElectLeaders',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -128,6 +143,25 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AlterPartitionReassignments(self, request, context):
+        """Reassignment and elections (Kafka's KIP-455 and KIP-460 RPCs).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListPartitionReassignments(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ElectLeaders(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -170,6 +204,21 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.AllocateProducerIds,
                     request_deserializer=fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.SerializeToString,
+            ),
+            'AlterPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterPartitionReassignments,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ListPartitionReassignments': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListPartitionReassignments,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsResponse.SerializeToString,
+            ),
+            'ElectLeaders': grpc.unary_unary_rpc_method_handler(
+                    servicer.ElectLeaders,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -388,6 +437,87 @@ class Controller:
             '/fjord.v1.Controller/AllocateProducerIds',
             fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsRequest.SerializeToString,
             fjord_dot_v1_dot_controller__pb2.AllocateProducerIdsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/AlterPartitionReassignments',
+            fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.AlterPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListPartitionReassignments(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/ListPartitionReassignments',
+            fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.ListPartitionReassignmentsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ElectLeaders(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/ElectLeaders',
+            fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
             options,
             channel_credentials,
             insecure,

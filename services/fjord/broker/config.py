@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fjord.broker import defaults
+from fjord.broker.replication import REPLICATION_CONFIG_DEFAULTS, ReplicationSettings
 from fjord.errors import ConfigError
 from fjord.storage.config import LogConfig
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
@@ -19,7 +20,7 @@ from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
 TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
 
 #: Broker-only keys accepted by ``fjord broker --config`` besides topic defaults.
-BROKER_ONLY_KEYS = frozenset({"auto.create.topics.enable"})
+BROKER_ONLY_KEYS = frozenset({"auto.create.topics.enable", *REPLICATION_CONFIG_DEFAULTS})
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +49,7 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
             "`fjord topics create`"
         )
     topic_settings(out, {}, {})  # validates every topic default now, naming the bad key
+    ReplicationSettings.from_config(out)  # replica.* settings, naming the bad key
     return out
 
 

@@ -78,3 +78,24 @@ ROLL_CHECK_INTERVAL_S = 10.0
 
 #: Upper bound on one maintenance pass; a pass that takes longer is logged and cancelled.
 MAINTENANCE_TIMEOUT_S = 60.0
+
+# --- idempotent producers (see docs/idempotence.md) ------------------------------------------
+
+#: ``producer.id.expiration.ms``: a producer id whose newest batch in a partition is this old is
+#: forgotten by that partition (its next batch must then start at sequence 0). Kafka: 1 day.
+PRODUCER_ID_EXPIRATION_MS = 24 * 3600 * 1000
+
+#: How often expired producer ids are removed (Kafka:
+#: producer.id.expiration.check.interval.ms = 10 min).
+PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_S = 600.0
+
+#: How often partitions are checked for a producer-state snapshot to write (one is written
+#: when the log rolled a segment since the last snapshot; another at clean shutdown).
+PRODUCER_SNAPSHOT_CHECK_INTERVAL_S = 10.0
+
+#: Snapshot files kept per partition directory (the newest ones; older ones are deleted).
+PRODUCER_SNAPSHOTS_RETAINED = 2
+
+#: Seconds the broker waits for the controller's AllocateProducerIds before InitProducerId
+#: answers COORDINATOR_NOT_AVAILABLE (retriable).
+PRODUCER_ID_ALLOCATION_TIMEOUT_S = 10.0

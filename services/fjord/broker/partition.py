@@ -6,16 +6,21 @@ methods run synchronously on the caller's thread (the broker's event loop).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 
+from fjord.broker.isr import IsrTracker
+from fjord.broker.producer_state import Duplicate, ProducerStateManager, load_producer_state
 from fjord.errors import (
+    CorruptRecordError,
     FencedLeaderEpochError,
+    InvalidRecordError,
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     UnknownLeaderEpochError,
 )
+from fjord.records.header import BatchHeader, parse_header
 from fjord.storage import AppendInfo, PartitionLog
 
 #: A request's leader epoch when the client does not know it (no fencing check).
@@ -41,6 +46,7 @@ class AppendOutcome:
 
     info: AppendInfo
     high_watermark_advanced: bool
+    duplicate: bool = False  # an idempotent retry: nothing appended, info has original offsets
 
 
 def check_leader_epoch(current_leader_epoch: int, known_leader_epoch: int) -> None:
@@ -74,17 +80,30 @@ class Partition:
       factor 1) it is the log end offset.
     - A follower's high watermark is the leader's, as last reported, capped at its own log end.
     - Only the leader appends (``append_as_leader``); consumers read only below the high watermark,
-      followers up to the log end offset.
+      followers up to the log end offset. A follower appends only what it fetched from the leader
+      (``append_as_follower``, keeping the leader's offsets and epochs).
+    - The ISR that counts for the high watermark is the tracker's maximal ISR (committed ISR plus
+      a pending expansion; a pending shrink counts only once committed), see
+      :class:`fjord.broker.isr.IsrTracker`.
+    - ``stale_partition_epoch`` >= 0: the controller refused our AlterPartition for a stale
+      epoch; this replica does not act as leader (no appends, no ISR changes) until metadata
+      with a newer partition epoch arrives.
+    - When this broker becomes leader, its leader epoch is recorded in the epoch cache at its
+      log end offset (Kafka's maybeAssignEpochStartOffset), so its latest epoch is never older
+      than a follower's and the divergence check always has an answer.
     """
 
     __slots__ = (
-        "_follower_end_offsets",
         "_high_watermark",
+        "_isr",
         "assignment",
         "broker_id",
+        "leader_epoch_start_offset",
         "log",
         "min_insync_replicas",
         "partition",
+        "producer_state",
+        "stale_partition_epoch",
         "topic",
     )
 
@@ -97,17 +116,28 @@ class Partition:
         assignment: PartitionAssignment,
         *,
         min_insync_replicas: int,
+        initial_high_watermark: int | None = None,
+        now_ms: int = 0,
+        producer_state: ProducerStateManager | None = None,
     ) -> None:
         self.topic = topic
         self.partition = partition
         self.broker_id = broker_id
         self.log = log
         self.min_insync_replicas = min_insync_replicas
-        self._follower_end_offsets: dict[int, int] = {}
         self.assignment = assignment
-        # A new leader does not know how far the followers got: start from what its own log
-        # proves is safe (everything, when it is alone in the ISR) and move up as they fetch.
-        self._high_watermark = log.log_start_offset
+        # Idempotence state: the newest snapshot plus a header scan of the log after it.
+        self.producer_state = producer_state or load_producer_state(log)
+        self.stale_partition_epoch = -1
+        self.leader_epoch_start_offset = int(log.log_end_offset)
+        self._isr = IsrTracker(assignment.leader, assignment.replicas, assignment.isr, now_ms)
+        # A new leader does not know how far the followers got: start from the checkpointed high
+        # watermark (capped at the log end) or the log start, and move up as they fetch.
+        start = int(log.log_start_offset)
+        hw = start if initial_high_watermark is None else initial_high_watermark
+        self._high_watermark = max(start, min(hw, int(log.log_end_offset)))
+        if self.is_leader:
+            self._assign_leader_epoch_start()
         self._recompute_high_watermark()
 
     # --- state ----------------------------------------------------------------------------------
@@ -132,17 +162,41 @@ class Partition:
     def log_end_offset(self) -> int:
         return int(self.log.log_end_offset)
 
-    def update_assignment(self, assignment: PartitionAssignment) -> bool:
+    @property
+    def maximal_isr(self) -> tuple[int, ...]:
+        """The ISR the high watermark is computed over (see :class:`IsrTracker`)."""
+        return self._isr.maximal_isr if self.is_leader else self.assignment.isr
+
+    @property
+    def isr_change_pending(self) -> bool:
+        return self._isr.pending is not None
+
+    def update_assignment(self, assignment: PartitionAssignment, now_ms: int = 0) -> bool:
         """Apply a newer controller decision. Returns True when the high watermark advanced.
 
         A change of leader epoch forgets follower progress (they must prove it again to the new
-        leader); an ISR change alone keeps it.
+        leader); an ISR change alone keeps it. A newer partition epoch lifts a stale-epoch fence.
         """
         old = self.assignment
         self.assignment = assignment
-        if assignment.leader_epoch != old.leader_epoch:
-            self._follower_end_offsets.clear()
+        if assignment.partition_epoch > self.stale_partition_epoch or (
+            assignment.leader_epoch != old.leader_epoch
+        ):
+            self.stale_partition_epoch = -1
+        if assignment.leader_epoch != old.leader_epoch or assignment.leader != old.leader:
+            self._isr = IsrTracker(assignment.leader, assignment.replicas, assignment.isr, now_ms)
+            self.leader_epoch_start_offset = self.log_end_offset
+            if self.is_leader:
+                self._assign_leader_epoch_start()
+        else:
+            self._isr.on_committed(
+                assignment.replicas, assignment.isr, assignment.partition_epoch, now_ms
+            )
         return self._recompute_high_watermark()
+
+    def _assign_leader_epoch_start(self) -> None:
+        if self.assignment.leader_epoch > self.log.epoch_cache.latest_epoch:
+            self.log.epoch_cache.assign(self.assignment.leader_epoch, self.log_end_offset)
 
     def update_config(self, *, min_insync_replicas: int) -> None:
         self.min_insync_replicas = min_insync_replicas
@@ -156,6 +210,11 @@ class Partition:
             raise NotLeaderOrFollowerError(
                 f"broker {self.broker_id} is not the leader of {self.topic}-{self.partition} "
                 f"(leader is {self.assignment.leader}, epoch {self.assignment.leader_epoch})"
+            )
+        if self.stale_partition_epoch >= 0:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} was refused an ISR change of {self.topic}-"
+                f"{self.partition} for a stale epoch and waits for newer metadata"
             )
 
     def fetch_upper_bound(self, fetch_offset: int, replica_id: int) -> int:
@@ -195,7 +254,16 @@ class Partition:
         Nothing is appended when it raises; records are never decoded.
         """
         self.check_produce(acks)
+        headers = _headers_if_parsable(records)
+        if headers:
+            # Idempotence: a retried duplicate gets its original offsets, a gap or a stale
+            # producer epoch is refused (fjord.broker.producer_state), before any write.
+            duplicate = self.producer_state.check_append(headers)
+            if duplicate is not None:
+                return AppendOutcome(_duplicate_info(duplicate, self.log_start_offset), False, True)
         info = self.log.append(records, self.assignment.leader_epoch)
+        if headers:
+            self.producer_state.record_append(headers, info.first_offset)
         return AppendOutcome(info, self._recompute_high_watermark())
 
     # --- replication seam -------------------------------------------------------------------------
@@ -212,17 +280,82 @@ class Partition:
             return epoch, end_offset
         return None
 
-    def record_follower_fetch(self, replica_id: int, fetch_offset: int) -> bool:
+    def record_follower_fetch(self, replica_id: int, fetch_offset: int, now_ms: int = 0) -> bool:
         """A follower fetching at ``fetch_offset`` proves it holds everything below it.
 
         Returns True when the high watermark advanced (delayed produces and fetches may complete).
-        Fetch offsets from brokers that are not replicas are ignored.
+        Fetch offsets from brokers that are not replicas are ignored, and so are offsets past
+        our log end (a follower cannot hold what we never had).
         """
-        if replica_id not in self.assignment.replicas or replica_id == self.broker_id:
+        if not self.is_leader or replica_id == self.broker_id:
             return False
-        if fetch_offset > self._follower_end_offsets.get(replica_id, -1):
-            self._follower_end_offsets[replica_id] = fetch_offset
+        offset = min(fetch_offset, self.log_end_offset)
+        if not self._isr.on_fetch(replica_id, offset, self.log_end_offset, now_ms):
+            return False
         return self._recompute_high_watermark()
+
+    # --- ISR changes (leader) ---------------------------------------------------------------
+
+    def propose_isr_shrink(self, now_ms: int, lag_max_ms: int) -> tuple[int, ...] | None:
+        """The new ISR to ask the controller for when followers lag by more than
+        ``lag_max_ms`` (replica.lag.time.max.ms); None when nothing is due. Marks it pending."""
+        if not self.is_leader or self.stale_partition_epoch >= 0:
+            return None
+        return self._isr.propose_shrink(now_ms, lag_max_ms, self.assignment.partition_epoch)
+
+    def propose_isr_expansion(self, replica_id: int) -> tuple[int, ...] | None:
+        """The new ISR with ``replica_id`` once that follower caught up to the high watermark
+        (and the start of this leader epoch); None otherwise. Marks it pending (and it counts
+        for the high watermark at once: maximal ISR)."""
+        if not self.is_leader or self.stale_partition_epoch >= 0:
+            return None
+        return self._isr.propose_expansion(
+            replica_id,
+            self._high_watermark,
+            self.leader_epoch_start_offset,
+            self.assignment.partition_epoch,
+        )
+
+    def on_isr_change_failed(self, *, stale_epoch: bool) -> bool:
+        """The AlterPartition failed. ``stale_epoch``: the controller refused it because our
+        leader or partition epoch is old, so stop acting as leader until newer metadata comes.
+        Returns True when the high watermark moved (never: a refused expansion only lowers the
+        maximal ISR, and the high watermark never moves back)."""
+        self._isr.clear_pending()
+        if stale_epoch:
+            self.stale_partition_epoch = self.assignment.partition_epoch
+        return self._recompute_high_watermark()
+
+    # --- follower ---------------------------------------------------------------------------
+
+    def append_as_follower(self, records: bytes, leader_high_watermark: int) -> int:
+        """Append batches fetched from the leader (their offsets and epochs kept), then adopt
+        the leader's high watermark capped at the new log end. Returns the bytes appended."""
+        if self.is_leader:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} leads {self.topic}-{self.partition}: it does not "
+                "append as a follower"
+            )
+        if records:
+            self.log.append_as_follower(records)
+            self.producer_state.apply_log_batches(_iter_headers(records))
+        self.update_follower_high_watermark(leader_high_watermark)
+        return len(records)
+
+    def truncate_to(self, offset: int) -> None:
+        """A follower drops everything at or after ``offset`` (divergence from the leader).
+        The epoch cache loses entries at or past the new log end even when nothing is removed
+        (an epoch this broker assigned as leader but never wrote in)."""
+        if self.is_leader:
+            raise InvalidRecordError(
+                f"{self.topic}-{self.partition}: the leader never truncates its log"
+            )
+        self.log.truncate_to(offset)
+        self.log.epoch_cache.truncate_from_end(self.log_end_offset)
+        self.producer_state = load_producer_state(self.log, self.producer_state.expiration_ms)
+        self._high_watermark = max(
+            self.log_start_offset, min(self._high_watermark, self.log_end_offset)
+        )
 
     def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
         """On a follower: adopt the leader's high watermark, capped at the local log end."""
@@ -234,7 +367,7 @@ class Partition:
         return advanced
 
     def follower_end_offset(self, replica_id: int) -> int | None:
-        return self._follower_end_offsets.get(replica_id)
+        return self._isr.follower_end_offset(replica_id)
 
     def _recompute_high_watermark(self) -> bool:
         end = self.log_end_offset
@@ -243,10 +376,9 @@ class Partition:
             # Never above what the local log holds (it may have been truncated).
             self._high_watermark = max(start, min(self._high_watermark, end))
             return False
-        candidate = end
-        for replica in _isr_without(self.assignment.isr, self.broker_id):
-            candidate = min(candidate, self._follower_end_offsets.get(replica, start))
-        candidate = max(candidate, start)
+        if self.stale_partition_epoch >= 0:
+            return False  # a possibly deposed leader commits nothing more
+        candidate = self._isr.high_watermark_candidate(end, start)
         if candidate > self._high_watermark:
             self._high_watermark = candidate
             return True
@@ -255,5 +387,25 @@ class Partition:
         return False
 
 
-def _isr_without(isr: Sequence[int], broker_id: int) -> list[int]:
-    return [r for r in isr if r != broker_id]
+def _iter_headers(records: bytes) -> Iterator[BatchHeader]:
+    view = memoryview(records)
+    pos = 0
+    while pos < len(view):
+        header = parse_header(view, pos)
+        yield header
+        pos += header.size
+
+
+def _headers_if_parsable(records: bytes) -> list[BatchHeader] | None:
+    """The batch headers of a produce payload, or None when malformed (the log's own
+    validation then reports the precise error). Header fields only: cheap."""
+    try:
+        return list(_iter_headers(records))
+    except CorruptRecordError:
+        return None
+
+
+def _duplicate_info(duplicate: Duplicate, log_start_offset: int) -> AppendInfo:
+    """What a duplicate append answers: the original batch's offsets, nothing appended."""
+    first, last = duplicate.first_offset, duplicate.last_offset
+    return AppendInfo(first, last, -1, first, -1, log_start_offset, 0, 0, 0)

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
@@ -19,14 +21,24 @@ from fjord.broker.config import TopicSettings, topic_settings
 from fjord.broker.fetch import FetchSlot, assemble_fetch
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
+from fjord.broker.replication import (
+    NO_EPOCH,
+    FollowerPosition,
+    FollowerTarget,
+    ReplicationSettings,
+    truncation_for_divergence,
+)
 from fjord.errors import (
     ErrorCode,
     FjordError,
     InvalidRequestError,
     InvalidRequiredAcksError,
+    NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
+    error_code_from_number,
+    error_for_code,
 )
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
@@ -39,6 +51,50 @@ TopicPartition = tuple[str, int]
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
+
+#: ListOffsets ``replica_id`` of a debugging client (Kafka's DEBUGGING_REPLICA_ID): it may read
+#: any replica, leader or follower, up to its log end (tools and tests check replication with it).
+DEBUGGING_REPLICA_ID = -2
+
+#: AlterPartition errors that mean this leader's view is stale: it stops leading the partition
+#: until newer metadata arrives (fencing).
+STALE_ISR_ERRORS = frozenset(
+    {
+        ErrorCode.FENCED_LEADER_EPOCH.code,
+        ErrorCode.INVALID_UPDATE_VERSION.code,
+        ErrorCode.NOT_LEADER_OR_FOLLOWER.code,
+        ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code,
+    }
+)
+
+
+def monotonic_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class IsrChangeRequest:
+    """An ISR change this leader wants the controller to commit (one AlterPartition item)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    partition_epoch: int
+    new_isr: tuple[int, ...]
+    old_isr: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerFetchResult:
+    """What handling one partition of a follower fetch response did.
+
+    ``appended_bytes``: bytes appended; ``truncated``: the log was truncated (divergence);
+    ``error``: the partition's error (the fetcher backs off on this partition), None if none.
+    """
+
+    appended_bytes: int = 0
+    truncated: bool = False
+    error: FjordError | None = None
 
 
 class LogManagerLike(Protocol):
@@ -81,10 +137,19 @@ class ReplicaManager:
         broker_id: int,
         logs: LogManagerLike,
         broker_config: Mapping[str, str] | None = None,
+        *,
+        initial_high_watermarks: Mapping[TopicPartition, int] | None = None,
+        clock_ms: Callable[[], int] = monotonic_ms,
     ) -> None:
         self.broker_id = broker_id
         self._logs = logs
         self._broker_config = dict(broker_config or {})
+        self.replication = ReplicationSettings.from_config(self._broker_config)
+        self._initial_high_watermarks = dict(initial_high_watermarks or {})
+        self._clock_ms = clock_ms
+        #: ISR changes waiting to be sent to the controller, and the event that wakes the sender.
+        self.isr_requests: dict[TopicPartition, IsrChangeRequest] = {}
+        self.isr_requests_ready = asyncio.Event()
         self.partitions: dict[TopicPartition, Partition] = {}
         self.image: MetadataImage | None = None
         self.fenced = False
@@ -146,6 +211,8 @@ class ReplicaManager:
                     plog,
                     assignment,
                     min_insync_replicas=settings.min_insync_replicas,
+                    initial_high_watermark=self._initial_high_watermarks.pop(key, None),
+                    now_ms=self._clock_ms(),
                 )
                 log.info(
                     "hosting %s-%d (leader %d, epoch %d)",
@@ -157,7 +224,7 @@ class ReplicaManager:
                 continue
             if existing.assignment != assignment:
                 epoch_changed = existing.assignment.leader_epoch != assignment.leader_epoch
-                if existing.update_assignment(assignment):
+                if existing.update_assignment(assignment, self._clock_ms()):
                     self._notify_high_watermark(key, existing, None)
                 if epoch_changed:
                     self._wake_producers(key)
@@ -188,6 +255,17 @@ class ReplicaManager:
                 if p.is_leader and len(p.assignment.isr) < len(p.assignment.replicas)
             )
         )
+
+    def _current_incarnation(self, replica_id: int, replica_epoch: int) -> bool:
+        """Whether a follower's fetch comes from its current registration (Kafka's KIP-903):
+        a fetch from an older or not yet registered incarnation of a broker the metadata still
+        lists (e.g. restarted before its old lease expired) proves nothing for the ISR or the
+        high watermark; it is served, but not counted."""
+        image = self.image
+        if image is None:
+            return True
+        registered = image.broker_epoch(replica_id)
+        return registered is None or registered == replica_epoch
 
     def _missing_partition_error(self, topic: str, partition: int) -> FjordError:
         """Kafka's choice: NOT_LEADER_OR_FOLLOWER when the partition exists elsewhere,
@@ -334,6 +412,7 @@ class ReplicaManager:
                     not still_hosted
                     or not waited_on.is_leader
                     or waited_on.leader_epoch != epochs[key]
+                    or waited_on.stale_partition_epoch >= 0
                 ):
                     _set_error(
                         out,
@@ -344,6 +423,17 @@ class ReplicaManager:
                     )
                     del pending[key]
                 elif waited_on.high_watermark >= required:
+                    if len(waited_on.assignment.isr) < waited_on.min_insync_replicas:
+                        # Kafka's check when the delayed produce completes: the ISR shrank
+                        # below min.insync.replicas while the batch was being replicated.
+                        _set_error(
+                            out,
+                            NotEnoughReplicasAfterAppendError(
+                                f"{key[0]}-{key[1]}: the ISR {list(waited_on.assignment.isr)} "
+                                f"fell below min.insync.replicas="
+                                f"{waited_on.min_insync_replicas} after the append"
+                            ),
+                        )
                     del pending[key]
                 elif timed_out:
                     _set_error(
@@ -424,11 +514,20 @@ class ReplicaManager:
                         diverging = partition.diverging_epoch(
                             fp.last_fetched_epoch, fp.fetch_offset
                         )
-                        if diverging is None and partition.record_follower_fetch(
-                            replica_id, fp.fetch_offset
+                        if diverging is None and self._current_incarnation(
+                            replica_id, request.replica_epoch
                         ):
-                            self._notify_high_watermark(key, partition, None)
-                    upper = partition.fetch_upper_bound(fp.fetch_offset, replica_id)
+                            if partition.record_follower_fetch(
+                                replica_id, fp.fetch_offset, self._clock_ms()
+                            ):
+                                self._notify_high_watermark(key, partition, None)
+                            new_isr = partition.propose_isr_expansion(replica_id)
+                            if new_isr is not None:
+                                self._request_isr_change(key, partition, new_isr)
+                    # A diverging follower may fetch past our log end (its extra records are
+                    # what it must truncate): it gets the divergence, not OFFSET_OUT_OF_RANGE.
+                    upper = (partition.fetch_upper_bound(fp.fetch_offset, replica_id)
+                             if diverging is None else 0)
                 except FjordError as exc:
                     _set_error(out, exc)
                     if partition is not None:
@@ -493,7 +592,8 @@ class ReplicaManager:
                 try:
                     if partition is None:
                         raise self._missing_partition_error(topic.name, lp.partition)
-                    partition.check_leader(lp.current_leader_epoch)
+                    if request.replica_id != DEBUGGING_REPLICA_ID:
+                        partition.check_leader(lp.current_leader_epoch)
                     self._list_offset(partition, lp.timestamp, request.replica_id, out)
                 except FjordError as exc:
                     _set_error(out, exc)
@@ -502,7 +602,8 @@ class ReplicaManager:
         return response
 
     def _list_offset(self, partition: Partition, timestamp: int, replica_id: int, out: Any) -> None:
-        visible_end = partition.log_end_offset if replica_id >= 0 else partition.high_watermark
+        follower_view = replica_id >= 0 or replica_id == DEBUGGING_REPLICA_ID
+        visible_end = partition.log_end_offset if follower_view else partition.high_watermark
         if timestamp == EARLIEST_TIMESTAMP:
             out.offset = partition.log_start_offset
             out.leader_epoch = partition.leader_epoch
@@ -524,6 +625,172 @@ class ReplicaManager:
                 f"timestamp {timestamp}: expected -2 (earliest), -1 (latest), -3 (max "
                 "timestamp) or a timestamp in ms >= 0"
             )
+
+    # --- replication: ISR changes (leader side) ---------------------------------------------
+
+    def _request_isr_change(
+        self, key: TopicPartition, partition: Partition, new_isr: tuple[int, ...]
+    ) -> None:
+        log.info(
+            "%s-%d: asking the controller to change the ISR %s -> %s",
+            key[0],
+            key[1],
+            list(partition.assignment.isr),
+            list(new_isr),
+        )
+        self.isr_requests[key] = IsrChangeRequest(
+            key[0],
+            key[1],
+            partition.leader_epoch,
+            partition.assignment.partition_epoch,
+            new_isr,
+            partition.assignment.isr,
+        )
+        self.isr_requests_ready.set()
+
+    def check_isr_lag(self) -> int:
+        """Propose an ISR shrink for every led partition with a follower that has not caught up
+        for replica.lag.time.max.ms (the server calls this periodically). Returns how many."""
+        if self.fenced:
+            return 0
+        now = self._clock_ms()
+        proposed = 0
+        for key, partition in self.hosted():
+            new_isr = partition.propose_isr_shrink(now, self.replication.lag_time_max_ms)
+            if new_isr is not None:
+                self._request_isr_change(key, partition, new_isr)
+                proposed += 1
+        return proposed
+
+    def take_isr_requests(self) -> list[IsrChangeRequest]:
+        """Every ISR change waiting to be sent (the AlterPartition sender takes them all)."""
+        out = list(self.isr_requests.values())
+        self.isr_requests.clear()
+        self.isr_requests_ready.clear()
+        return out
+
+    def on_isr_change_result(
+        self, request: IsrChangeRequest, error_code: int, state: PartitionAssignment | None
+    ) -> None:
+        """The controller's answer to one ISR change (``error_code`` 0: committed as ``state``;
+        an RPC failure is reported as UNKNOWN_SERVER_ERROR with no state)."""
+        key = (request.topic, request.partition)
+        partition = self.partitions.get(key)
+        if partition is None or partition.leader_epoch != request.leader_epoch:
+            return  # leadership moved on meanwhile: the metadata already says what counts
+        if error_code == 0 and state is not None:
+            current = partition.assignment
+            if set(request.new_isr) < set(request.old_isr):
+                metrics.record_isr_shrink()
+            elif set(request.new_isr) > set(request.old_isr):
+                metrics.record_isr_expand()
+            # The answer may arrive before the watch event: apply it now (Kafka does too).
+            if (
+                state.leader_epoch == current.leader_epoch
+                and state.partition_epoch > current.partition_epoch
+                and partition.update_assignment(state, self._clock_ms())
+            ):
+                self._notify_high_watermark(key, partition, None)
+            return
+        stale = error_code in STALE_ISR_ERRORS
+        if stale:
+            log.warning(
+                "%s-%d: the controller refused an ISR change for a stale epoch (error %d); "
+                "not acting as leader until newer metadata arrives",
+                key[0],
+                key[1],
+                error_code,
+            )
+        partition.on_isr_change_failed(stale_epoch=stale)
+        if stale:
+            self._wake_producers(key)
+
+    # --- replication: follower side -------------------------------------------------------
+
+    def follower_targets(self) -> dict[TopicPartition, FollowerTarget]:
+        """Every hosted partition this broker follows, with its leader and leader epoch."""
+        return {
+            key: FollowerTarget(p.assignment.leader, p.leader_epoch)
+            for key, p in self.partitions.items()
+            if not p.is_leader and p.assignment.leader >= 0
+        }
+
+    def _followed(self, key: TopicPartition, target: FollowerTarget) -> Partition | None:
+        p = self.partitions.get(key)
+        if (
+            p is None
+            or p.is_leader
+            or p.assignment.leader != target.leader_id
+            or p.leader_epoch != target.leader_epoch
+        ):
+            return None
+        return p
+
+    def follower_position(
+        self, key: TopicPartition, target: FollowerTarget
+    ) -> FollowerPosition | None:
+        """Where to fetch ``key`` from its leader next; None when we no longer follow it there."""
+        p = self._followed(key, target)
+        if p is None:
+            return None
+        latest = p.log.latest_epoch if p.log_end_offset > p.log_start_offset else NO_EPOCH
+        return FollowerPosition(
+            key[0], key[1], p.log_end_offset, latest, p.leader_epoch, p.log_start_offset
+        )
+
+    def on_follower_fetch_response(
+        self, key: TopicPartition, target: FollowerTarget, out: Any
+    ) -> FollowerFetchResult:
+        """Apply one partition of the leader's fetch response: truncate on divergence, append
+        the records (offsets and epochs kept), adopt the leader's high watermark."""
+        p = self._followed(key, target)
+        if p is None:
+            return FollowerFetchResult()  # metadata moved on while the fetch was in flight
+        if out.error.code != 0:
+            code = error_code_from_number(out.error.code)
+            return FollowerFetchResult(error=error_for_code(code, out.error.message))
+        try:
+            if out.HasField("diverging_epoch"):
+                before = (p.log_end_offset, p.log.latest_epoch)
+                epoch, end = out.diverging_epoch.epoch, out.diverging_epoch.end_offset
+                decision = truncation_for_divergence(
+                    epoch,
+                    end,
+                    p.log.end_offset_for_epoch(epoch),
+                    p.log_end_offset,
+                    p.high_watermark,
+                )
+                log.info(
+                    "%s-%d: log diverged from leader %d (its epoch %d ends at %d); "
+                    "truncating %d -> %d",
+                    key[0],
+                    key[1],
+                    target.leader_id,
+                    epoch,
+                    end,
+                    p.log_end_offset,
+                    decision.offset,
+                )
+                p.truncate_to(decision.offset)
+                if (p.log_end_offset, p.log.latest_epoch) == before:
+                    # Nothing changed: asking again at once would get the same answer.
+                    return FollowerFetchResult(
+                        truncated=True,
+                        error=FjordError(
+                            f"{key[0]}-{key[1]}: divergence at {end} (epoch {epoch}) "
+                            "did not shorten the log",
+                            code=ErrorCode.UNKNOWN_SERVER_ERROR,
+                        ),
+                    )
+                return FollowerFetchResult(truncated=True)
+            appended = p.append_as_follower(out.records, out.high_watermark)
+        except FjordError as exc:
+            return FollowerFetchResult(error=exc)
+        return FollowerFetchResult(appended_bytes=appended)
+
+    def high_watermarks(self) -> dict[TopicPartition, int]:
+        """Every hosted partition's high watermark (for the replication-offset-checkpoint)."""
+        return {key: p.high_watermark for key, p in self.partitions.items()}
 
     # --- maintenance (called by the server's periodic tasks) ------------------------------
 

@@ -27,7 +27,12 @@ from grpc import aio
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
 from fjord.broker.config import topic_settings, validate_broker_config
+from fjord.broker.fetcher import ReplicaFetcherManager
+from fjord.broker.isr_sender import AlterPartitionSender
+from fjord.broker.producer_ids import ProducerIdAllocator
+from fjord.broker.producer_state import snapshot_due, write_snapshot
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.service import BrokerServicer
 from fjord.errors import ConfigError
 from fjord.metadata import (
@@ -139,6 +144,11 @@ class BrokerServer:
         self._watcher: MetadataWatcher | None = None
         self._logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
+        self._producer_ids = ProducerIdAllocator(options.broker_id, lambda: self._image())
+        self._fetchers: ReplicaFetcherManager | None = None
+        self._hw_checkpoint = HighWatermarkCheckpoint(options.data_dir)
+        #: The broker epoch: the etcd revision of this process's current registration.
+        self.broker_epoch = -1
         self._server: aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
@@ -155,7 +165,14 @@ class BrokerServer:
         default_log_config = topic_settings(opts.config, {}, {}).log_config
         # LogManager loads (and recovers) every partition at construction: a worker thread.
         self._logs = await asyncio.to_thread(LogManager, opts.data_dir, default_log_config)
-        self.replicas = ReplicaManager(opts.broker_id, self._logs, opts.config)
+        high_watermarks = await asyncio.to_thread(self._hw_checkpoint.read)
+        self.replicas = ReplicaManager(
+            opts.broker_id, self._logs, opts.config, initial_high_watermarks=high_watermarks
+        )
+        self._fetchers = ReplicaFetcherManager(
+            self.replicas, self._broker_address, lambda: self.broker_epoch
+        )
+        fetchers = self._fetchers
 
         self._etcd = etcd_client(opts.etcd_url)
         await self._etcd.connect()
@@ -164,6 +181,7 @@ class BrokerServer:
 
         async def on_change(_old: MetadataImage, new: MetadataImage) -> None:
             await replicas.apply_metadata(new)
+            await fetchers.update()
 
         self._watcher.add_listener(on_change)
         await self._watcher.start(defaults.METADATA_STARTUP_TIMEOUT_S)
@@ -177,7 +195,7 @@ class BrokerServer:
             ],
         )
         broker_pb2_grpc.add_BrokerServicer_to_server(
-            BrokerServicer(replicas, lambda: self._image()), self._server
+            BrokerServicer(replicas, lambda: self._image(), self._producer_ids), self._server
         )
         address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
         try:
@@ -194,6 +212,17 @@ class BrokerServer:
         revision = await self._register()
         self._spawn(self._keep_lease_alive(), "lease keep-alive")
         await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+        replication = replicas.replication
+        sender = AlterPartitionSender(replicas, self._image, lambda: self.broker_epoch)
+        self._spawn(sender.run(), "AlterPartition sender")
+        self._spawn(
+            self._periodic(replication.lag_time_max_ms / 2000, self._check_isr_lag),
+            "ISR lag check",
+        )
+        self._spawn(
+            self._periodic(replication.hw_checkpoint_interval_ms / 1000, self._checkpoint_hw),
+            "high-watermark checkpoint",
+        )
         self._spawn(
             self._periodic(defaults.FLUSH_CHECK_INTERVAL_S, self._flush_logs), "log flusher"
         )
@@ -202,6 +231,16 @@ class BrokerServer:
             "log retention",
         )
         self._spawn(self._periodic(defaults.ROLL_CHECK_INTERVAL_S, self._roll_logs), "log roller")
+        self._spawn(
+            self._periodic(defaults.PRODUCER_SNAPSHOT_CHECK_INTERVAL_S, self._snapshot_producers),
+            "producer-state snapshots",
+        )
+        self._spawn(
+            self._periodic(
+                defaults.PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_S, self._expire_producers
+            ),
+            "producer-id expiration",
+        )
         log.info(
             "broker %d serving on %s:%d (cluster %s, %d partitions)",
             opts.broker_id,
@@ -218,12 +257,19 @@ class BrokerServer:
         self._stopped.set()
         if self.replicas is not None:
             self.replicas.close()
+        if self._fetchers is not None:
+            await self._fetchers.close()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.replicas is not None and self._logs is not None:
+            try:  # a clean restart resumes with these high watermarks
+                await self._checkpoint_hw()
+            except Exception:
+                log.exception("writing the high-watermark checkpoint failed")
         if self._etcd is not None and self._lease_id is not None:
             try:
                 await self._etcd.revoke_lease(self._lease_id)
@@ -235,7 +281,10 @@ class BrokerServer:
         if self._etcd is not None:
             with contextlib.suppress(Exception):
                 await self._etcd.close()
+        await self._producer_ids.close()
         if self._logs is not None:
+            if self.replicas is not None:
+                await self._snapshot_producers(force=True)  # restart reads no log tail
             await asyncio.to_thread(self._logs.close)
             self._logs = None
         if self._metrics_port is not None:
@@ -299,6 +348,7 @@ class BrokerServer:
                 if ok:
                     self._lease_id = lease.id
                     revision = int(responses[0].response_put.header.revision)
+                    self.broker_epoch = revision
                     log.info(
                         "broker %d registered at %s:%d (epoch %d)",
                         self.options.broker_id,
@@ -358,6 +408,20 @@ class BrokerServer:
         assert self._watcher is not None
         return self._watcher.image
 
+    def _broker_address(self, broker_id: int) -> str | None:
+        registration = self._image().broker(broker_id) if self._watcher is not None else None
+        return None if registration is None else registration.address
+
+    # --- replication maintenance ----------------------------------------------------------------
+
+    async def _check_isr_lag(self) -> None:
+        assert self.replicas is not None
+        self.replicas.check_isr_lag()
+
+    async def _checkpoint_hw(self) -> None:
+        assert self.replicas is not None
+        await asyncio.to_thread(self._hw_checkpoint.write, self.replicas.high_watermarks())
+
     # --- maintenance ------------------------------------------------------------------------------
 
     def _spawn(self, coro: Awaitable[None], name: str) -> None:
@@ -392,6 +456,27 @@ class BrokerServer:
             if await asyncio.to_thread(plog.apply_retention, now_ms, partition.high_watermark):
                 moved.append(key)
         self.replicas.on_log_start_moved(moved)
+
+    async def _snapshot_producers(self, force: bool = False) -> None:
+        """Write a producer-state snapshot where the log rolled since the last one (``force``:
+        wherever the state moved, at shutdown). Serialised here, written by a worker thread."""
+        assert self.replicas is not None
+        for _key, partition in self.replicas.hosted():
+            state = partition.producer_state
+            try:
+                data = snapshot_due(state, partition.log, force=force)
+                if data is not None:
+                    end = state.end_offset
+                    await asyncio.to_thread(write_snapshot, partition.log.directory, data, end)
+                    state.last_snapshot_offset = max(state.last_snapshot_offset, end)
+            except Exception:
+                log.exception("producer-state snapshot of %s failed", partition.log.directory)
+
+    async def _expire_producers(self) -> None:
+        assert self.replicas is not None
+        now_ms = int(time.time() * 1000)
+        for _key, partition in self.replicas.hosted():
+            partition.producer_state.remove_expired(now_ms)
 
     async def _roll_logs(self) -> None:
         assert self.replicas is not None

@@ -12,20 +12,29 @@ from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.broker.metadata_view import MetadataResponder
+from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.metadata import MetadataImage
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    """Serves Produce, Fetch, ListOffsets and Metadata for one broker (gRPC's method names).
+    """Serves Produce, Fetch, ListOffsets, Metadata and InitProducerId for one broker (gRPC's
+    method names).
 
     Invariant: every call answers from the ReplicaManager's state and the newest metadata image
     the broker has applied (``image()``); nothing here caches partition state.
     """
 
-    def __init__(self, replicas: ReplicaManager, image: Callable[[], MetadataImage]) -> None:
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        image: Callable[[], MetadataImage],
+        producer_ids: ProducerIdAllocator | None = None,
+    ) -> None:
         self._replicas = replicas
         self._image = image
+        self._producer_ids = producer_ids
         self._metadata = MetadataResponder()
 
     async def Produce(
@@ -47,3 +56,24 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.MetadataRequest, context: aio.ServicerContext
     ) -> broker_pb2.MetadataResponse:
         return self._metadata.respond(self._image(), request)
+
+    async def InitProducerId(
+        self, request: broker_pb2.InitProducerIdRequest, context: aio.ServicerContext
+    ) -> broker_pb2.InitProducerIdResponse:
+        response = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+        try:
+            if request.transactional_id:
+                raise InvalidRequestError(
+                    "transactional.id is not supported: Fjord has idempotent producers only"
+                )
+            if self._producer_ids is None:
+                raise FjordError(
+                    "this broker does not allocate producer ids",
+                    ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                )
+            response.producer_id = await self._producer_ids.new_producer_id()
+            response.producer_epoch = 0
+        except FjordError as exc:
+            response.error.code = exc.code.code
+            response.error.message = str(exc)
+        return response

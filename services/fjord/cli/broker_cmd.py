@@ -12,6 +12,7 @@ from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer, parse_listen
 from fjord.errors import ConfigError
 from fjord.observability import setup_tracing, shutdown_tracing
+from fjord.runtime import freeze_startup_objects
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -93,6 +94,8 @@ def broker(
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
+    # Keep full garbage collections of the start-up objects from stalling produce and fetch.
+    freeze_startup_objects()
     try:
         asyncio.run(BrokerServer(options).run_until_signalled())
     finally:

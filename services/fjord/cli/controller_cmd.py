@@ -7,7 +7,11 @@ import logging
 
 import click
 
-from fjord.controller.defaults import LEASE_TTL_S
+from fjord.controller.defaults import (
+    AUTO_LEADER_REBALANCE_ENABLE,
+    LEADER_IMBALANCE_CHECK_INTERVAL_S,
+    LEASE_TTL_S,
+)
 from fjord.controller.server import run_controller
 from fjord.errors import ConfigError
 from fjord.metadata import parse_etcd_endpoint
@@ -29,6 +33,19 @@ from fjord.metadata import parse_etcd_endpoint
 @click.option(
     "--advertised-host", default=None, help="Host others should connect to (default: listen host)."
 )
+@click.option(
+    "--auto-leader-rebalance/--no-auto-leader-rebalance",
+    default=AUTO_LEADER_REBALANCE_ENABLE,
+    show_default=True,
+    help="Move leadership back to preferred replicas (Kafka's auto.leader.rebalance.enable).",
+)
+@click.option(
+    "--leader-imbalance-check-interval",
+    type=click.FloatRange(min=0.1),
+    default=LEADER_IMBALANCE_CHECK_INTERVAL_S,
+    show_default=True,
+    help="Seconds between preferred-leader checks (leader.imbalance.check.interval.seconds).",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def controller(
     controller_id: int,
@@ -38,6 +55,8 @@ def controller(
     metrics_port: int | None,
     lease_ttl: int,
     advertised_host: str | None,
+    auto_leader_rebalance: bool,
+    leader_imbalance_check_interval: float,
     log_level: str,
 ) -> None:
     """Run a controller: one active (leader lease in etcd), the others standby."""
@@ -60,6 +79,8 @@ def controller(
             run_controller(
                 controller_id, listen, etcd_url, cluster_id, lease_ttl, advertised_host,
                 metrics_port,
+                auto_leader_rebalance=auto_leader_rebalance,
+                leader_imbalance_check_interval_s=leader_imbalance_check_interval,
             )
         )
     except OSError as exc:

@@ -105,14 +105,17 @@ def up(data_dir: Path, brokers: int, detach: bool, config_items: tuple[str, ...]
 @_DATA_DIR
 @click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def status(data_dir: Path, output: str) -> None:
-    """Show the processes of the local cluster in DATA_DIR and whether they are alive."""
+    """Show the processes of the local cluster in DATA_DIR (gRPC and /metrics addresses) and
+    whether they are alive."""
     try:
         state = read_state(data_dir)
     except ClusterStateError as exc:
         raise click.ClickException(str(exc)) from exc
     assert state is not None
+    # A state file written before metrics ports existed has no "metrics_address": null.
     processes = [
-        {k: p[k] for k in ("role", "id", "pid", "address")} | {"alive": pid_alive(p["pid"])}
+        {k: p[k] for k in ("role", "id", "pid", "address")}
+        | {"metrics_address": p.get("metrics_address"), "alive": pid_alive(p["pid"])}
         for p in state["processes"]
     ]
     bootstrap = state.get("bootstrap_servers", "") if processes else ""

@@ -1,7 +1,11 @@
-"""``fjord topics create|list|describe|delete|alter`` (Kafka's kafka-topics flags)."""
+"""``fjord topics create|list|describe|delete|alter|reassign|elect-leaders`` (Kafka's
+kafka-topics, kafka-reassign-partitions and kafka-leader-election flags)."""
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import click
@@ -15,7 +19,7 @@ from fjord.cli.client_common import (
     parse_pairs,
 )
 from fjord.client import AdminClient, NewTopic, TopicDescription
-from fjord.errors import ErrorCode, FjordError
+from fjord.errors import ErrorCode, FjordError, InvalidReplicaAssignmentError
 
 
 def _admin(bootstrap_server: str | None) -> AdminClient:
@@ -166,6 +170,20 @@ def delete(bootstrap_server: str | None, names: tuple[str, ...], if_exists: bool
 @click.option("--partitions", type=int, default=None, help="New (larger) partition count.")
 @click.option("--config", "configs", multiple=True, metavar="K=V", help="Set a config.")
 @click.option("--delete-config", "deleted", multiple=True, metavar="K", help="Reset a config.")
+@click.option(
+    "--replication-factor",
+    type=int,
+    default=None,
+    help="New replication factor (a reassignment: fewest moves, balanced over live brokers).",
+)
+@click.option(
+    "--wait",
+    "wait_s",
+    type=float,
+    default=None,
+    metavar="SECONDS",
+    help="With --replication-factor: wait up to this long for the reassignment to complete.",
+)
 @friendly_errors
 def alter(
     bootstrap_server: str | None,
@@ -173,18 +191,224 @@ def alter(
     partitions: int | None,
     configs: tuple[str, ...],
     deleted: tuple[str, ...],
+    replication_factor: int | None,
+    wait_s: float | None,
 ) -> None:
-    """Grow a topic's partitions and/or change its configs."""
+    """Grow a topic's partitions, change its configs and/or its replication factor."""
     changes: dict[str, str | None] = dict(parse_pairs(configs, "--config"))
     changes.update({key: None for key in deleted})
-    if partitions is None and not changes:
+    if partitions is None and not changes and replication_factor is None:
         raise click.ClickException(
-            "nothing to alter: give --partitions, --config or --delete-config"
+            "nothing to alter: give --partitions, --config, --delete-config or "
+            "--replication-factor"
         )
     with _admin(bootstrap_server) as admin:
+        if replication_factor is not None:
+            plan = admin.alter_replication_factor(topic, replication_factor)
+            for (_, partition), replicas in sorted(plan.items()):
+                click.echo(f"Reassigning {topic}-{partition} to replicas "
+                           f"{','.join(map(str, replicas))}.")
+            if not plan:
+                click.echo(f"Topic {topic} already has replication factor {replication_factor}.")
+            elif wait_s is not None:
+                _wait_reassignments(admin, set(plan), wait_s)
+                click.echo(f"Topic {topic} now has replication factor {replication_factor}.")
         if partitions is not None:
             admin.create_partitions({topic: partitions})
             click.echo(f"Topic {topic} now has {partitions} partitions.")
         if changes:
             admin.alter_configs({topic: changes})
             click.echo(f"Updated configs of topic {topic}.")
+
+
+def parse_reassignment_json(text: str) -> dict[tuple[str, int], list[int]]:
+    """kafka-reassign-partitions' file format: ``{"version": 1, "partitions": [{"topic": "t",
+    "partition": 0, "replicas": [1, 2, 3]}, ...]}``. Raises InvalidReplicaAssignmentError
+    naming what is wrong (a partition named twice included)."""
+    try:
+        doc = json.loads(text)
+    except ValueError as exc:
+        raise InvalidReplicaAssignmentError(f"reassignment file is not JSON: {exc}") from None
+    entries = doc.get("partitions") if isinstance(doc, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise InvalidReplicaAssignmentError(
+            'reassignment file needs a non-empty "partitions" list'
+        )
+    out: dict[tuple[str, int], list[int]] = {}
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise InvalidReplicaAssignmentError(f"partitions[{i}] is not an object")
+        topic, partition, replicas = (
+            entry.get("topic"), entry.get("partition"), entry.get("replicas")
+        )
+        if not isinstance(topic, str) or not topic:
+            raise InvalidReplicaAssignmentError(f'partitions[{i}]: "topic" must be a string')
+        if not isinstance(partition, int) or isinstance(partition, bool) or partition < 0:
+            raise InvalidReplicaAssignmentError(
+                f'partitions[{i}]: "partition" must be a non-negative integer'
+            )
+        if not isinstance(replicas, list) or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in replicas
+        ):
+            raise InvalidReplicaAssignmentError(
+                f'partitions[{i}]: "replicas" must be a list of broker ids'
+            )
+        if (topic, partition) in out:
+            raise InvalidReplicaAssignmentError(f"{topic}-{partition} is listed twice")
+        out[(topic, partition)] = list(replicas)
+    return out
+
+
+def _wait_reassignments(
+    admin: AdminClient, partitions: set[tuple[str, int]], timeout_s: float
+) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        running = set(admin.list_partition_reassignments(sorted(partitions)))
+        if not running:
+            return
+        if time.monotonic() >= deadline:
+            raise click.ClickException(
+                "reassignment still in progress after "
+                f"{timeout_s:g} s for {', '.join(f'{t}-{p}' for t, p in sorted(running))}"
+            )
+        time.sleep(0.2)  # polling an admin API; bounded by the deadline above
+
+
+@topics.command("reassign")
+@bootstrap_option
+@output_option
+@click.option(
+    "--reassignment-json-file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help='Kafka\'s format: {"version":1,"partitions":[{"topic","partition","replicas"}]}.',
+)
+@click.option("--topic", default=None, help="One partition's topic (instead of a file).")
+@click.option("--partition", type=int, default=None, help="One partition (with --topic).")
+@click.option("--replicas", default=None, metavar="1,2,3", help="Its new replicas, leader first.")
+@click.option("--execute", "mode", flag_value="execute", help="Start the reassignment.")
+@click.option("--verify", "mode", flag_value="verify", help="Report whether it has completed.")
+@click.option("--cancel", "mode", flag_value="cancel", help="Cancel a running reassignment.")
+@click.option(
+    "--wait", "wait_s", type=float, default=None, metavar="SECONDS",
+    help="With --execute: wait up to this long for completion.",
+)
+@friendly_errors
+def reassign(
+    bootstrap_server: str | None,
+    output: str,
+    reassignment_json_file: Path | None,
+    topic: str | None,
+    partition: int | None,
+    replicas: str | None,
+    mode: str | None,
+    wait_s: float | None,
+) -> None:
+    """Move partitions to other brokers (kafka-reassign-partitions)."""
+    if mode is None:
+        raise click.UsageError("give one of --execute, --verify or --cancel")
+    if reassignment_json_file is not None:
+        if topic is not None or partition is not None or replicas is not None:
+            raise click.UsageError(
+                "give either --reassignment-json-file or --topic/--partition/--replicas"
+            )
+        plan = parse_reassignment_json(reassignment_json_file.read_text())
+    else:
+        if topic is None or partition is None or (replicas is None and mode != "cancel"):
+            raise click.UsageError(
+                "give --reassignment-json-file, or --topic, --partition and --replicas"
+            )
+        try:
+            target = [int(b) for b in (replicas or "").split(",") if b.strip()]
+        except ValueError:
+            raise click.BadParameter(
+                f"expected broker ids like 1,2,3, got {replicas!r}", param_hint="--replicas"
+            ) from None
+        plan = {(topic, partition): target}
+    with _admin(bootstrap_server) as admin:
+        if mode == "execute":
+            admin.alter_partition_reassignments(dict(plan))
+            for (t, p), target in sorted(plan.items()):
+                click.echo(f"Started reassignment of {t}-{p} to {','.join(map(str, target))}.")
+            if wait_s is not None:
+                _wait_reassignments(admin, set(plan), wait_s)
+                click.echo("Reassignment complete.")
+            return
+        if mode == "cancel":
+            admin.alter_partition_reassignments(dict.fromkeys(plan))
+            for t, p in sorted(plan):
+                click.echo(f"Cancelled reassignment of {t}-{p}.")
+            return
+        running = admin.list_partition_reassignments(sorted(plan))
+        described = {
+            (d.name, info.partition): info
+            for d in admin.describe_topics(sorted({t for t, _ in plan}))
+            for info in d.partitions
+        }
+    rows = []
+    for key, target in sorted(plan.items()):
+        info = described.get(key)
+        if key in running:
+            status = "in progress"
+        elif info is None:
+            status = "unknown partition"
+        elif list(info.replicas) == target:
+            status = "complete"
+        else:
+            status = "different replicas"
+        current = list(info.replicas) if info is not None else []
+        rows.append((key[0], key[1], ",".join(map(str, target)),
+                     ",".join(map(str, current)), status))
+    emit(
+        output,
+        [{"topic": r[0], "partition": r[1], "target": plan[(r[0], r[1])],
+          "replicas": described[(r[0], r[1])].replicas if (r[0], r[1]) in described else [],
+          "status": r[4]} for r in rows],
+        rows,
+        ["Topic", "Partition", "Target", "Replicas", "Status"],
+    )
+    if any(r[4] != "complete" for r in rows):
+        raise click.exceptions.Exit(1)
+
+
+@topics.command("elect-leaders")
+@bootstrap_option
+@click.option(
+    "--election-type",
+    type=click.Choice(["preferred", "unclean"], case_sensitive=False),
+    default="preferred",
+    show_default=True,
+    help="preferred: first replica leads again; unclean: any live replica leads (data loss).",
+)
+@click.option("--topic", default=None, help="Only this topic (with --partition: one partition).")
+@click.option("--partition", type=int, default=None, help="Partition of --topic.")
+@friendly_errors
+def elect_leaders(
+    bootstrap_server: str | None, election_type: str, topic: str | None, partition: int | None
+) -> None:
+    """Run a leader election (kafka-leader-election)."""
+    if partition is not None and topic is None:
+        raise click.UsageError("--partition needs --topic")
+    with _admin(bootstrap_server) as admin:
+        partitions: list[tuple[str, int]] | None = None
+        if topic is not None:
+            if partition is not None:
+                partitions = [(topic, partition)]
+            else:
+                (described,) = admin.describe_topics([topic])
+                partitions = [(topic, p.partition) for p in described.partitions]
+        results = admin.elect_leaders(election_type.lower(), partitions, raise_on_error=False)
+    failed = False
+    for (t, p), error in sorted(results.items()):
+        if error is None:
+            click.echo(f"Elected a new leader for {t}-{p}.")
+        elif error.code is ErrorCode.ELECTION_NOT_NEEDED:
+            click.echo(f"{t}-{p}: election not needed.")
+        else:
+            failed = True
+            click.echo(f"{t}-{p}: {error.code.name}: {error}", err=True)
+    if not results:
+        click.echo("No partition needed an election.")
+    if failed:
+        raise click.exceptions.Exit(1)

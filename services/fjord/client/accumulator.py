@@ -7,6 +7,8 @@ sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock
 
 from __future__ import annotations
 
+import bisect
+import struct
 import threading
 import time
 from collections import deque
@@ -17,6 +19,14 @@ from typing import Protocol
 from fjord.client.futures import BatchCompletion, RecordFuture
 from fjord.client.types import Headers, TopicPartition
 from fjord.errors import ErrorCode, FjordError, error_for_code
+from fjord.records.header import CRC_START, crc32c
+
+_PRODUCER_STATE = struct.Struct(">qhi")  # producer id, epoch, base sequence: header bytes 43..57
+_PRODUCER_STATE_AT = 43
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_MAX_SEQUENCE = 0x7FFFFFFF
+_MAX_EPOCH = 0x7FFF
 
 
 class Builder(Protocol):
@@ -53,6 +63,7 @@ class ProducerBatch:
 
     __slots__ = (
         "attempts",
+        "base_sequence",
         "builder",
         "completion",
         "created_ms",
@@ -71,6 +82,16 @@ class ProducerBatch:
         self.attempts = 0
         self.retry_after_ms = 0
         self.reserved_bytes = reserved
+        self.base_sequence = -1  # idempotence: assigned when first drained, -1 before
+
+    def stamp_producer_state(self, producer_id: int, epoch: int, base_sequence: int) -> None:
+        """Write producer id, epoch and base sequence into the built payload (fields inside
+        the CRC, so the CRC-32C is recomputed: one pass over the batch)."""
+        payload = bytearray(self.close())
+        _PRODUCER_STATE.pack_into(payload, _PRODUCER_STATE_AT, producer_id, epoch, base_sequence)
+        _CRC.pack_into(payload, _CRC_AT, crc32c(memoryview(payload)[CRC_START:]))
+        self.payload = bytes(payload)
+        self.base_sequence = base_sequence
 
     @property
     def record_count(self) -> int:
@@ -80,6 +101,78 @@ class ProducerBatch:
         if self.payload is None:
             self.payload = self.builder.build()
         return self.payload
+
+
+class IdempotenceState:
+    """The idempotent producer's sequence bookkeeping (Kafka's TransactionManager, without
+    transactions). Pure; used under the accumulator's lock and on the sender's loop.
+
+    Invariants: each partition's batches get consecutive sequences in drain order, starting at
+    0 for every producer epoch; ``unacked[tp]`` holds the base sequences, sorted, of drained
+    batches not yet completed or failed (in flight or waiting for a retry); a retried batch is
+    sent only when it is the lowest of them, so retries go out in sequence order and a batch
+    is never completed before an earlier one. ``bump_needed``: a batch with a sequence failed
+    for good (a hole in the sequence), so once nothing is in flight the epoch is bumped and
+    every partition restarts at sequence 0 (Kafka's KIP-360 epoch bump).
+    """
+
+    def __init__(self) -> None:
+        self.producer_id = -1
+        self.producer_epoch = -1
+        self.bump_needed = False
+        self._next_sequence: dict[TopicPartition, int] = {}
+        self.unacked: dict[TopicPartition, list[int]] = {}
+
+    @property
+    def has_producer_id(self) -> bool:
+        return self.producer_id >= 0
+
+    def set_producer_id(self, producer_id: int, epoch: int) -> None:
+        """A new id and epoch (from InitProducerId): every partition restarts at sequence 0."""
+        self.producer_id, self.producer_epoch = producer_id, epoch
+        self._reset()
+
+    def bump_epoch(self) -> bool:
+        """Bump the epoch locally (restarting every sequence at 0); False when the epoch would
+        overflow int16 and a new producer id is needed instead."""
+        if self.producer_epoch >= _MAX_EPOCH:
+            return False
+        self.producer_epoch += 1
+        self._reset()
+        return True
+
+    def _reset(self) -> None:
+        self._next_sequence.clear()
+        self.unacked.clear()
+        self.bump_needed = False
+
+    def may_send(self, batch: ProducerBatch) -> bool:
+        if self.bump_needed:
+            return False
+        if batch.base_sequence < 0:
+            return True
+        pending = self.unacked.get(batch.tp)
+        return not pending or pending[0] == batch.base_sequence
+
+    def assign(self, batch: ProducerBatch) -> None:
+        sequence = self._next_sequence.get(batch.tp, 0)
+        batch.stamp_producer_state(self.producer_id, self.producer_epoch, sequence)
+        self._next_sequence[batch.tp] = (sequence + batch.record_count) & _MAX_SEQUENCE
+        bisect.insort(self.unacked.setdefault(batch.tp, []), sequence)
+
+    def has_earlier_unacked(self, batch: ProducerBatch) -> bool:
+        pending = self.unacked.get(batch.tp)
+        return pending is not None and bool(pending) and pending[0] < batch.base_sequence
+
+    def done(self, batch: ProducerBatch, *, failed: bool) -> None:
+        """The batch completed (or failed for good: a hole, so the epoch must be bumped)."""
+        if batch.base_sequence < 0:
+            return
+        pending = self.unacked.get(batch.tp)
+        if pending and batch.base_sequence in pending:
+            pending.remove(batch.base_sequence)
+            if failed:
+                self.bump_needed = True
 
 
 class RecordAccumulator:
@@ -103,6 +196,7 @@ class RecordAccumulator:
         delivery_timeout_ms: int,
         guarantee_order: bool = False,
         clock: Callable[[], int] | None = None,
+        idempotence: IdempotenceState | None = None,
     ) -> None:
         self._new_builder = builder_factory
         # Milliseconds for batch creation times when append() is given now_ms=-1 (the producer
@@ -114,6 +208,7 @@ class RecordAccumulator:
         self._buffer_memory = buffer_memory
         self._delivery_timeout_ms = delivery_timeout_ms
         self._guarantee_order = guarantee_order
+        self.idempotence = idempotence
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)
         self._queues: dict[TopicPartition, deque[ProducerBatch]] = {}
@@ -205,10 +300,13 @@ class RecordAccumulator:
         next_ms = 1000
         with self._lock:
             sending_all = self._flushes > 0 or self.closed
+            idem = self.idempotence
             for tp, queue in self._queues.items():
                 if not queue or tp in self._muted:
                     continue
                 head = queue[0]
+                if idem is not None and not idem.may_send(head):
+                    continue  # woken when an answer (or the epoch bump) lets it go
                 if head.retry_after_ms > now_ms:
                     next_ms = min(next_ms, head.retry_after_ms - now_ms)
                     continue
@@ -239,6 +337,7 @@ class RecordAccumulator:
         a busy partition. The caller must later ``reenqueue`` or ``deallocate`` each batch."""
         drained: list[ProducerBatch] = []
         total = 0
+        idem = self.idempotence
         with self._lock:
             sending_all = self._flushes > 0 or self.closed
             for tp in partitions:
@@ -249,6 +348,8 @@ class RecordAccumulator:
                     head = queue[0]
                     if head.retry_after_ms > now_ms:
                         break
+                    if idem is not None and not idem.may_send(head):
+                        break  # a retry waits until it is the lowest unanswered sequence
                     if len(queue) == 1 and not (
                         sending_all
                         or head.payload is not None
@@ -262,19 +363,60 @@ class RecordAccumulator:
                     if drained and total + len(payload) > max_request_bytes:
                         return drained
                     queue.popleft()
+                    if idem is not None and head.base_sequence < 0:
+                        idem.assign(head)
+                        payload = head.close()
                     head.attempts += 1
                     total += len(payload)
                     drained.append(head)
                     if self._guarantee_order:
                         self._muted.add(tp)
+                    if idem is not None:
+                        break  # one batch per partition per request (Kafka's rule)
         return drained
 
     def reenqueue(self, batch: ProducerBatch, now_ms: int, backoff_ms: int) -> None:
         """Put a batch that failed with a retriable error back at the head of its queue."""
         with self._lock:
             batch.retry_after_ms = now_ms + backoff_ms
-            self._queues.setdefault(batch.tp, deque()).appendleft(batch)
+            queue = self._queues.setdefault(batch.tp, deque())
+            if batch.base_sequence >= 0:
+                # Idempotence: retries wait in sequence order, ahead of unsequenced batches.
+                at = 0
+                while (
+                    at < len(queue)
+                    and queue[at].base_sequence >= 0
+                    and queue[at].base_sequence < batch.base_sequence
+                ):
+                    at += 1
+                queue.insert(at, batch)
+            else:
+                queue.appendleft(batch)
             self._muted.discard(batch.tp)
+
+    def set_producer_id(self, producer_id: int, epoch: int) -> None:
+        """Idempotence: a new producer id (nothing in flight); queued batches lose their old
+        sequences and get new ones when drained again."""
+        assert self.idempotence is not None
+        with self._lock:
+            self._unassign_sequences()
+            self.idempotence.set_producer_id(producer_id, epoch)
+
+    def _unassign_sequences(self) -> None:
+        for queue in self._queues.values():
+            for batch in queue:
+                batch.base_sequence = -1
+
+    def bump_epoch_if_needed(self) -> bool:
+        """Idempotence: apply a pending epoch bump (the caller made sure nothing is in flight).
+        Queued batches lose their old sequences and get new ones when drained again. Returns
+        False when a new producer id is needed (the epoch would overflow)."""
+        idem = self.idempotence
+        if idem is None or not idem.bump_needed:
+            return True
+        with self._lock:
+            self._unassign_sequences()
+            return idem.bump_epoch()
 
     def deallocate(self, batch: ProducerBatch) -> None:
         """A batch is finished (completed or failed): free its memory and unmute its partition."""
@@ -342,6 +484,7 @@ def handle_produce_results(
     retries: int,
     retry_backoff_ms: int,
     make_timeout_error: Callable[[str], FjordError],
+    idempotence: IdempotenceState | None = None,
 ) -> ResponseOutcome:
     """Complete, retry or fail each batch of one Produce request.
 
@@ -368,7 +511,12 @@ def handle_produce_results(
                     f"no answer for {batch.tp.topic}-{batch.tp.partition}",
                     code=ErrorCode.UNKNOWN_SERVER_ERROR,
                 )
-            elif result.error_code is ErrorCode.NONE:
+            elif result.error_code is ErrorCode.NONE or (
+                result.error_code is ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+            ):
+                # DUPLICATE_SEQUENCE_NUMBER: written before, offset unknown (Kafka: success).
+                if idempotence is not None:
+                    idempotence.done(batch, failed=False)
                 base = next_base.get(batch.tp, result.base_offset)
                 if base >= 0:
                     next_base[batch.tp] = base + batch.record_count
@@ -378,7 +526,18 @@ def handle_produce_results(
                 continue
             else:
                 error = error_for_code(result.error_code, result.message)
-        if error.retriable:
+        if idempotence is not None and batch.base_sequence >= 0 and _sequence_retry(
+            idempotence, batch, error.code
+        ):
+            if not accumulator.expired(batch, now_ms):
+                to_retry.append(batch)
+                outcome.retried += 1
+                continue
+            error = make_timeout_error(
+                f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} "
+                f"expired after delivery.timeout.ms; last error: {error}"
+            )
+        elif error.retriable:
             outcome.refresh_metadata = True
             if accumulator.expired(batch, now_ms):
                 error = make_timeout_error(
@@ -389,6 +548,8 @@ def handle_produce_results(
                 to_retry.append(batch)
                 outcome.retried += 1
                 continue
+        if idempotence is not None:
+            idempotence.done(batch, failed=True)
         accumulator.deallocate(batch)
         batch.completion.fail(error)
         outcome.failed += 1
@@ -396,3 +557,19 @@ def handle_produce_results(
     for batch in reversed(to_retry):
         accumulator.reenqueue(batch, now_ms, retry_backoff_ms)
     return outcome
+
+
+def _sequence_retry(idem: IdempotenceState, batch: ProducerBatch, code: ErrorCode) -> bool:
+    """Idempotence: whether a sequence error is the echo of an earlier problem (retry the
+    batch) rather than its own failure. OUT_OF_ORDER_SEQUENCE or UNKNOWN_PRODUCER_ID while an
+    earlier batch of the partition is unanswered or being retried, or while an epoch bump is
+    pending, means that earlier batch is not written yet. UNKNOWN_PRODUCER_ID for the lowest
+    batch means the broker forgot us (expiration): bump the epoch and send it again."""
+    if code not in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID):
+        return False
+    if idem.bump_needed or idem.has_earlier_unacked(batch):
+        return True
+    if code is ErrorCode.UNKNOWN_PRODUCER_ID:
+        idem.bump_needed = True
+        return True
+    return False

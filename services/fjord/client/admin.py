@@ -11,7 +11,8 @@ request were processed; ``raise_on_error=False`` returns {topic: error or None} 
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from fjord._proto import common_pb2, controller_pb2
@@ -30,11 +31,53 @@ from fjord.errors import (
     FjordError,
     KafkaTimeoutError,
     NotControllerError,
+    ReassignmentInProgressError,
     error_code_from_number,
     error_for_code,
 )
 
 T = TypeVar("T")
+
+#: A partition as admin calls name it: (topic, partition).
+TopicPartitionKey = tuple[str, int]
+PartitionErrors = dict[TopicPartitionKey, FjordError | None]
+
+#: ElectLeaders election types (Kafka's names and wire values).
+ELECTION_TYPES = {"preferred": 0, "unclean": 1}
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReassignment:
+    """A running reassignment (ListPartitionReassignments): ``replicas`` is old + target
+    (target first) while it runs."""
+
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
+
+def _partition_results(results: Iterable[Any]) -> PartitionErrors:
+    out: PartitionErrors = {}
+    for r in results:
+        code = error_code_from_number(r.error.code)
+        out[(r.topic, r.partition)] = (
+            None
+            if code is ErrorCode.NONE
+            else error_for_code(code, f"{r.topic}-{r.partition}: {r.error.message}")
+        )
+    return out
+
+
+def _raise_first_partition(errors: PartitionErrors, raise_on_error: bool) -> PartitionErrors:
+    if raise_on_error:
+        for error in errors.values():
+            if error is not None:
+                raise error
+    return errors
 
 TopicErrors = dict[str, FjordError | None]
 
@@ -64,9 +107,10 @@ class AdminClient:
     Invariants: every call either returns within ``default.api.timeout.ms`` or raises
     :class:`KafkaTimeoutError`; retriable errors (NOT_CONTROLLER, transport failures) are
     retried after a metadata refresh, non-retriable ones are raised at once, typed.
+    ``tracer_provider``: as for :class:`~fjord.client.Producer`.
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
         self.config = admin_config(config)
         cfg = self.config
         self._timeout_s = cfg["default.api.timeout.ms"] / 1000
@@ -77,6 +121,8 @@ class AdminClient:
             cfg["bootstrap.servers"],
             client_id=cfg["client.id"],
             request_timeout_ms=cfg["request.timeout.ms"],
+            service="admin",
+            tracer_provider=tracer_provider,
         )
         self._closed = False
 
@@ -297,6 +343,141 @@ class AdminClient:
             tuple(sorted((node(b) for b in response.brokers), key=lambda n: n.id)),
             tuple(sorted((node(c) for c in response.controllers), key=lambda n: n.id)),
         )
+
+    # -- reassignment and elections -----------------------------------------------------------
+
+    def _top_error(self, response: Any) -> None:
+        error = _error_of(response.error, "(request)")
+        if error is not None:
+            raise error
+
+    def alter_partition_reassignments(
+        self,
+        reassignments: Mapping[TopicPartitionKey, Sequence[int] | None],
+        *,
+        timeout: float | None = None,
+        raise_on_error: bool = True,
+    ) -> PartitionErrors:
+        """Move partitions to new replica lists (first = preferred leader); None cancels a
+        running reassignment. Returns at once; the move completes when every new replica has
+        joined the ISR (see :meth:`list_partition_reassignments`). Typed errors per partition:
+        INVALID_REPLICA_ASSIGNMENT, UNKNOWN_TOPIC_OR_PARTITION, NO_REASSIGNMENT_IN_PROGRESS."""
+        request = controller_pb2.AlterPartitionReassignmentsRequest(
+            partitions=[
+                controller_pb2.ReassignablePartition(
+                    topic=topic,
+                    partition=partition,
+                    replicas=list(replicas or ()),
+                    cancel=replicas is None,
+                )
+                for (topic, partition), replicas in reassignments.items()
+            ],
+            timeout_ms=int(self._request_timeout_s * 1000),
+        )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call(
+                "AlterPartitionReassignments", request, deadline, True
+            )
+
+        response = self._run(call, timeout)
+        self._top_error(response)
+        return _raise_first_partition(_partition_results(response.results), raise_on_error)
+
+    def list_partition_reassignments(
+        self,
+        partitions: Iterable[TopicPartitionKey] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[TopicPartitionKey, PartitionReassignment]:
+        """The running reassignments (of ``partitions``, or all)."""
+        request = controller_pb2.ListPartitionReassignmentsRequest(
+            partitions=[
+                controller_pb2.TopicPartitionRef(topic=t, partition=p)
+                for t, p in (partitions or ())
+            ],
+            timeout_ms=int(self._request_timeout_s * 1000),
+        )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call(
+                "ListPartitionReassignments", request, deadline, True
+            )
+
+        response = self._run(call, timeout)
+        self._top_error(response)
+        return {
+            (r.topic, r.partition): PartitionReassignment(
+                tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
+            )
+            for r in response.reassignments
+        }
+
+    def elect_leaders(
+        self,
+        election_type: str = "preferred",
+        partitions: Iterable[TopicPartitionKey] | None = None,
+        *,
+        timeout: float | None = None,
+        raise_on_error: bool = True,
+    ) -> PartitionErrors:
+        """Kafka's ElectLeaders: ``preferred`` moves leadership to each partition's first
+        replica (if live and in the ISR), ``unclean`` elects any live replica for partitions
+        without a live leader. ``partitions`` None means every partition (then those that
+        need no election are left out). Errors per partition: ELECTION_NOT_NEEDED,
+        PREFERRED_LEADER_NOT_AVAILABLE, ELIGIBLE_LEADERS_NOT_AVAILABLE, ..."""
+        if election_type not in ELECTION_TYPES:
+            raise FjordError(
+                f"election type must be one of {sorted(ELECTION_TYPES)}, got {election_type!r}",
+                code=ErrorCode.INVALID_REQUEST,
+            )
+        request = controller_pb2.ElectLeadersRequest(
+            election_type=ELECTION_TYPES[election_type],
+            partitions=[
+                controller_pb2.TopicPartitionRef(topic=t, partition=p)
+                for t, p in (partitions or ())
+            ],
+            timeout_ms=int(self._request_timeout_s * 1000),
+        )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("ElectLeaders", request, deadline, True)
+
+        response = self._run(call, timeout)
+        self._top_error(response)
+        return _raise_first_partition(_partition_results(response.results), raise_on_error)
+
+    def plan_replication_factor(
+        self, topic: str, replication_factor: int, *, timeout: float | None = None
+    ) -> dict[TopicPartitionKey, list[int]]:
+        """The reassignment that gives ``topic`` ``replication_factor`` replicas per partition
+        with the fewest moves, balanced over the live brokers (the pure planner
+        :func:`fjord.controller.reassignment.plan_reassignment`). Refuses with
+        REASSIGNMENT_IN_PROGRESS while a partition of the topic is moving."""
+        from fjord.controller.reassignment import plan_reassignment
+
+        (description,) = self.describe_topics([topic], timeout=timeout)
+        moving = [
+            key for key in self.list_partition_reassignments(timeout=timeout) if key[0] == topic
+        ]
+        if moving:
+            raise ReassignmentInProgressError(
+                f"partitions {sorted(p for _, p in moving)} of {topic!r} are being reassigned"
+            )
+        brokers = [node.id for node in self.describe_cluster(timeout=timeout).brokers]
+        current = {(topic, p.partition): list(p.replicas) for p in description.partitions}
+        return plan_reassignment(current, brokers, target_rf=replication_factor)
+
+    def alter_replication_factor(
+        self, topic: str, replication_factor: int, *, timeout: float | None = None
+    ) -> dict[TopicPartitionKey, list[int]]:
+        """Change ``topic``'s replication factor: plans it (:meth:`plan_replication_factor`)
+        and starts the reassignment; returns the new replica lists (empty: nothing to do).
+        Growing completes when the new replicas have caught up; shrinking at once."""
+        plan = self.plan_replication_factor(topic, replication_factor, timeout=timeout)
+        if plan:
+            self.alter_partition_reassignments(dict(plan), timeout=timeout)
+        return plan
 
     # -- lifecycle ----------------------------------------------------------------------------
 

@@ -170,9 +170,13 @@ class Consumer:
     Invariants: ``poll()`` returns each partition's records in offset order, starting at its
     position, and moves the position past the last record returned; a ``seek`` discards data
     fetched for the old position; paused partitions return nothing until resumed.
+
+    ``tracer_provider`` (an OpenTelemetry SDK provider) traces this consumer's calls without a
+    global provider; records keep their ``traceparent`` header (see
+    :meth:`ConsumerRecord.trace_context`).
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
         self.config = consumer_config(config)
         cfg = self.config
         self._reset_policy: str = cfg["auto.offset.reset"]
@@ -199,6 +203,8 @@ class Consumer:
             client_id=cfg["client.id"],
             request_timeout_ms=cfg["request.timeout.ms"],
             allow_auto_topic_creation=cfg["allow.auto.create.topics"],
+            service="consumer",
+            tracer_provider=tracer_provider,
         )
         self._wakeup: asyncio.Event | None = None
         self._wake_pending = False

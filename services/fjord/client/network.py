@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable
@@ -26,6 +27,7 @@ from fjord.client.metadata import (
 )
 from fjord.config import CHANNEL_MAX_MESSAGE_BYTES, METADATA_REFRESH_BACKOFF_MS
 from fjord.errors import ErrorCode, FjordError, KafkaTimeoutError
+from fjord.runtime import freeze_startup_objects
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +65,13 @@ class EventLoopThread:
     """A daemon thread running one asyncio loop until :meth:`stop`.
 
     Invariant: every coroutine of the client runs on this loop; other threads only submit.
+    The first one in a process freezes the start-up objects out of the cyclic garbage
+    collector (:func:`fjord.runtime.freeze_startup_objects`): a full collection would stall
+    this thread, and with it every produce and fetch, for tens of milliseconds.
     """
 
     def __init__(self, name: str) -> None:
+        freeze_startup_objects()
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -113,12 +119,34 @@ class EventLoopThread:
         return threading.get_ident() == self._thread.ident
 
 
+def client_interceptors_if_enabled(
+    service: str, tracer_provider: Any | None
+) -> list[grpc.aio.ClientInterceptor] | None:
+    """Fjord's tracing/metrics interceptors when someone can see what they record (a tracer
+    provider is configured or this process serves /metrics), else None: bare channels. See
+    :mod:`fjord.observability.clients` for why."""
+    if (
+        tracer_provider is None
+        and "opentelemetry.trace" not in sys.modules
+        and "fjord.observability.metrics" not in sys.modules
+    ):
+        # Nobody set up tracing or metrics without importing them: skip loading both.
+        return None
+    from fjord.observability import client_interceptors
+    from fjord.observability.clients import client_instrumentation_enabled
+
+    if not client_instrumentation_enabled(tracer_provider):
+        return None
+    return client_interceptors(service, tracer_provider)
+
+
 class Network:
     """gRPC channels (one per address, cached) and the cluster metadata, on one event loop.
 
     Invariants: all methods except the constructor run on the owning loop; ``snapshot`` only
     moves forward by whole answers; refreshes are coalesced (concurrent callers share one
-    request) and spaced by at least ``METADATA_REFRESH_BACKOFF_MS``.
+    request) and spaced by at least ``METADATA_REFRESH_BACKOFF_MS``; every channel gets the
+    same interceptors, chosen once at construction (``service`` labels their metrics).
     """
 
     def __init__(
@@ -128,8 +156,11 @@ class Network:
         client_id: str,
         request_timeout_ms: int,
         allow_auto_topic_creation: bool = False,
+        service: str = "client",
+        tracer_provider: Any | None = None,
     ) -> None:
         self.bootstrap = [f"{h}:{p}" for h, p in bootstrap]
+        self.interceptors = client_interceptors_if_enabled(service, tracer_provider)
         self.client_id = client_id
         self.request_timeout_s = request_timeout_ms / 1000
         self.allow_auto_topic_creation = allow_auto_topic_creation
@@ -156,6 +187,7 @@ class Network:
                     ("grpc.max_reconnect_backoff_ms", 1000),
                     ("grpc.enable_retries", 0),
                 ],
+                interceptors=self.interceptors,
             )
             self._channels[address] = channel
         return channel

@@ -6,9 +6,11 @@ record (no I/O, no per-record Future); the sender coroutine runs on the client's
 thread (see :class:`fjord.client.network.EventLoopThread`) and is woken only when a batch
 closes or a new one opens. Callbacks run on that loop thread: keep them short, never block.
 
-Ordering: records of one partition are sent in order. With ``retries > 0`` and
-``max.in.flight.requests.per.connection > 1`` a retried batch may land after a later one (as in
-Kafka without idempotence); ``max.in.flight.requests.per.connection=1`` keeps order under retries.
+Ordering: records of one partition are sent in order. With ``enable.idempotence`` (the default)
+each batch carries the producer id, epoch and a per-partition sequence, is sent alone for its
+partition in a request, and retries go out in sequence order: no duplicate, no reordering with
+up to 5 requests in flight (docs/idempotence.md). Without it, a retried batch may land after a
+later one when ``max.in.flight.requests.per.connection > 1`` (as in Kafka).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import sys
 import threading
 import time
 from collections.abc import Awaitable, Iterable, Mapping
@@ -25,6 +28,7 @@ from typing import Any
 from fjord._proto import broker_pb2
 from fjord.client.accumulator import (
     BufferExhaustedError,
+    IdempotenceState,
     PartitionResult,
     ProducerBatch,
     RecordAccumulator,
@@ -109,6 +113,7 @@ class _Sender:
         self._refresh_task: asyncio.Task[Any] | None = None
         self._requests: set[asyncio.Task[None]] = set()
         self._last_refresh_ms = 0
+        self._init_task: asyncio.Task[None] | None = None
 
     def wake(self) -> None:
         self.wakeup.set()
@@ -141,6 +146,8 @@ class _Sender:
             self.wakeup.clear()
             now = _mono_ms()
             for batch in acc.expire(now):
+                if acc.idempotence is not None:
+                    acc.idempotence.done(batch, failed=True)
                 acc.deallocate(batch)
                 batch.completion.fail(
                     KafkaTimeoutError(
@@ -149,8 +156,19 @@ class _Sender:
                     )
                 )
             ready, delay_ms = acc.ready(now)
+            idem = acc.idempotence
+            if idem is not None and idem.bump_needed and not ready and self._idempotence_ready():
+                # ready() holds every partition back while an epoch bump is pending, so the
+                # bump is applied here (once nothing is in flight); without this the producer
+                # stalled for good after a batch failed (found by tests/chaos).
+                ready, delay_ms = acc.ready(now)
             if self.closing and not ready and not acc.has_pending() and not self._requests:
                 return
+            if acc.idempotence is not None and ready and not self._idempotence_ready():
+                # Sending waits for a producer id or an epoch bump; both wake the loop when
+                # done (as does every answer), the backoff only bounds the wait.
+                ready = []
+                delay_ms = max(delay_ms, self.config["retry.backoff.ms"])
             blocked = self._send_ready(ready)
             if now - self._last_refresh_ms > max_age:
                 self.request_metadata_refresh()
@@ -161,6 +179,53 @@ class _Sender:
                     await asyncio.wait_for(self.wakeup.wait(), delay_ms / 1000)
             else:
                 await asyncio.sleep(0)
+
+    def _idempotence_ready(self) -> bool:
+        """Whether batches may be drained: a producer id is known and no epoch bump is
+        pending. Both changes wait until no request is in flight (a batch of the old epoch
+        landing after the change would be fenced); the id is fetched in the background."""
+        idem = self.accumulator.idempotence
+        assert idem is not None
+        if idem.has_producer_id and not idem.bump_needed:
+            return True
+        if any(not task.done() for task in self._requests) or (
+            self._init_task is not None and not self._init_task.done()
+        ):
+            return False
+        if idem.has_producer_id and self.accumulator.bump_epoch_if_needed():
+            log.info("producer id %d: epoch bumped to %d", idem.producer_id, idem.producer_epoch)
+            return True
+        self._init_task = asyncio.ensure_future(self._init_producer_id())
+        return False
+
+    async def _init_producer_id(self) -> None:
+        """InitProducerId on any broker (known ones first, then bootstrap)."""
+        request = broker_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1)
+        errors: list[str] = []
+        try:
+            for address in self.network.candidate_addresses():
+                try:
+                    response = await self.network.broker(address).InitProducerId(
+                        request, timeout=self.timeout_s
+                    )
+                except Exception as exc:
+                    errors.append(str(transport_error(exc, address)))
+                    continue
+                if response.error.code:
+                    errors.append(f"{address}: {response.error.message}")
+                    continue
+                self.accumulator.set_producer_id(response.producer_id, response.producer_epoch)
+                log.info(
+                    "idempotent producer id %d epoch %d",
+                    response.producer_id,
+                    response.producer_epoch,
+                )
+                return
+            log.debug("InitProducerId failed: %s", "; ".join(errors[-3:]))
+            await asyncio.sleep(self.config["retry.backoff.ms"] / 1000)
+            self.request_metadata_refresh()
+        finally:
+            self.wakeup.set()
 
     def _send_ready(self, ready: list[TopicPartition]) -> bool:
         """Start requests for the ready partitions; True when some had to wait (no leader
@@ -225,6 +290,7 @@ class _Sender:
             retries=self.config["retries"],
             retry_backoff_ms=self.config["retry.backoff.ms"],
             make_timeout_error=KafkaTimeoutError,
+            idempotence=self.accumulator.idempotence,
         )
         if outcome.refresh_metadata:
             self.request_metadata_refresh()
@@ -273,7 +339,7 @@ class _ProducerBase:
     the caller's loop for :class:`AsyncProducer`) and how to wait.
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], tracer_provider: Any | None = None) -> None:
         self.config = producer_config(config)
         cfg = self.config
         codec = _CODECS[cfg["compression.type"]]
@@ -286,6 +352,7 @@ class _ProducerBase:
             delivery_timeout_ms=cfg["delivery.timeout.ms"],
             guarantee_order=cfg["max.in.flight.requests.per.connection"] == 1,
             clock=_mono_ms,
+            idempotence=IdempotenceState() if cfg["enable.idempotence"] else None,
         )
         self._max_block_s = cfg["max.block.ms"] / 1000
         self._max_record = cfg["max.request.size"]
@@ -297,7 +364,12 @@ class _ProducerBase:
             client_id=cfg["client.id"],
             request_timeout_ms=cfg["request.timeout.ms"],
             allow_auto_topic_creation=cfg["allow.auto.create.topics"],
+            service="producer",
+            tracer_provider=tracer_provider,
         )
+        # With tracing configured, records sent inside a span carry its traceparent header
+        # (decided once here: the check is not free and send() is the hot path).
+        self._trace_records = _tracing_configured(tracer_provider)
         self._sender = _Sender(cfg, self._accumulator, self._network)
         self._closed = False
 
@@ -344,6 +416,8 @@ class _ProducerBase:
         if type(key) is not bytes:
             key = _to_bytes(key, "key")
         header_items = _normalize_headers(headers) if headers else ()
+        if self._trace_records:
+            header_items = _with_traceparent(header_items)
         self._check_size(value, key)
         return value, key, header_items
 
@@ -431,10 +505,13 @@ class Producer(_ProducerBase):
     the same partition from one thread are appended in call order; after ``flush()`` returns
     every earlier ``send()`` is complete; after ``close()`` ``send()`` raises. Callbacks run on
     the producer's I/O thread.
+
+    ``tracer_provider`` (an OpenTelemetry SDK provider) traces this producer's calls and adds
+    the ``traceparent`` record header without a global provider (see docs/observability.md).
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
+    def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
+        super().__init__(config, tracer_provider)
         self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
         self._io_thread_id = self._io.thread_id
         self._sender_task = self._io.submit(self._start_sender())
@@ -446,9 +523,10 @@ class Producer(_ProducerBase):
 
     def _wake_sender(self) -> None:
         sender = self._sender
-        # With a request in flight its completion re-runs the sender, which then sees what was
-        # appended before: a cross-thread wake-up (a pipe write, ~10s of us) is not needed.
-        if not sender.wake_pending and not sender.in_flight_total:
+        # Called once per new or full batch, not per record. Even with a request in flight the
+        # sender must learn now when this batch's linger.ms ends: waiting for that request's
+        # answer to re-run it would add the request's latency to this batch's.
+        if not sender.wake_pending:
             sender.wake_pending = True
             self._io.call_soon(sender.wake)
 
@@ -484,6 +562,8 @@ class Producer(_ProducerBase):
         value_bytes = value if type(value) is bytes else _to_bytes(value, "value")
         key_bytes = key if key is None or type(key) is bytes else _to_bytes(key, "key")
         header_items = _normalize_headers(headers) if headers else ()
+        if self._trace_records:
+            header_items = _with_traceparent(header_items)
         if (len(value_bytes) if value_bytes else 0) + (len(key_bytes) if key_bytes else 0) > (
             self._max_record - _HEADER_OVERHEAD
         ):
@@ -553,8 +633,8 @@ class AsyncProducer(_ProducerBase):
     ``buffer.memory`` is waited for with ``await``, up to ``max.block.ms``).
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
-        super().__init__(config)
+    def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
+        super().__init__(config, tracer_provider)
         self._sender_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -650,6 +730,22 @@ class AsyncProducer(_ProducerBase):
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def _tracing_configured(tracer_provider: Any | None) -> bool:
+    if tracer_provider is None and "opentelemetry.trace" not in sys.modules:
+        return False  # nobody installed a provider without importing OpenTelemetry
+    from fjord.observability.clients import tracing_configured
+
+    return tracing_configured(tracer_provider)
+
+
+def _with_traceparent(
+    headers: tuple[tuple[str, bytes | None], ...],
+) -> tuple[tuple[str, bytes | None], ...]:
+    from fjord.observability.clients import with_traceparent
+
+    return with_traceparent(headers)
 
 
 def _settle(target: asyncio.Future[RecordMetadata], record_future: RecordFuture) -> None:

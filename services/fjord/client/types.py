@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
@@ -35,6 +35,14 @@ class ConsumerRecord(NamedTuple):
     value: bytes | None
     headers: Headers
     timestamp: int
+
+    def trace_context(self) -> Any:
+        """The OpenTelemetry context of the span the record was produced in, from its
+        ``traceparent`` header (an empty context when it has none or a malformed one): pass
+        it as ``context=`` of the consumer's span to continue the producer's trace."""
+        from fjord.observability.tracing import extract_from_record_headers
+
+        return extract_from_record_headers(self.headers)
 
 
 class OffsetAndTimestamp(NamedTuple):

@@ -2,7 +2,9 @@
 
 Pure cores: :mod:`~fjord.controller.topics` (name rules), :mod:`~fjord.controller.configs`,
 :mod:`~fjord.controller.placement` (replica placement), :mod:`~fjord.controller.election`
-(leader/ISR rules), :mod:`~fjord.controller.planner` (what each request writes). Shells:
+(leader/ISR rules, preferred and unclean elections), :mod:`~fjord.controller.reassignment`
+(the reassignment state machine and the cluster-wide reassignment planner),
+:mod:`~fjord.controller.planner` (what each request writes). Shells:
 :mod:`~fjord.controller.service` (election, lease, fenced etcd writes) and
 :mod:`~fjord.controller.server` (the gRPC servicer and process entry).
 """

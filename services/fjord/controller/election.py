@@ -12,11 +12,14 @@ from collections.abc import Collection, Sequence
 from dataclasses import replace
 
 from fjord.errors import (
+    ElectionNotNeededError,
+    EligibleLeadersNotAvailableError,
     FencedLeaderEpochError,
     IneligibleReplicaError,
     InvalidRequestError,
     InvalidUpdateVersionError,
     NotLeaderOrFollowerError,
+    PreferredLeaderNotAvailableError,
 )
 from fjord.metadata import NO_LEADER, PartitionState
 
@@ -97,3 +100,53 @@ def alter_isr(
     if ineligible:
         raise IneligibleReplicaError(f"brokers {ineligible} are not live")
     return _changed(state, state.leader, isr)
+
+
+def preferred_leader(state: PartitionState) -> int:
+    """The preferred replica: the first of the replica list (during a reassignment the list
+    starts with the target replicas, so it is the target's first)."""
+    return state.replicas[0]
+
+
+def elect_preferred(state: PartitionState, live: Collection[int]) -> PartitionState:
+    """Move leadership to the preferred replica (Kafka's preferred election).
+
+    Raises ElectionNotNeededError when it already leads and PreferredLeaderNotAvailableError
+    when it is not live or not in the ISR (leadership never goes to a replica that may lack
+    acknowledged records).
+    """
+    preferred = preferred_leader(state)
+    if state.leader == preferred:
+        raise ElectionNotNeededError(f"preferred replica {preferred} already leads")
+    if preferred not in live or preferred not in state.isr:
+        raise PreferredLeaderNotAvailableError(
+            f"preferred replica {preferred} is "
+            + ("not live" if preferred not in live else "not in the ISR")
+        )
+    return _changed(state, preferred, state.isr)
+
+
+def elect_unclean(state: PartitionState, live: Collection[int]) -> PartitionState:
+    """An explicit unclean election (ElectLeaders with UNCLEAN): for a partition without a live
+    leader, the first live ISR member leads, or else the first live replica (alone in the ISR:
+    records only the old ISR had are lost, which the operator asked for).
+
+    Raises ElectionNotNeededError when a live leader exists, EligibleLeadersNotAvailableError
+    when no replica is live.
+    """
+    if state.leader in live:
+        raise ElectionNotNeededError(f"broker {state.leader} is a live leader")
+    clean = [r for r in state.replicas if r in state.isr and r in live]
+    if clean:
+        return _changed(state, clean[0], tuple(r for r in state.isr if r in live))
+    dirty = [r for r in state.replicas if r in live]
+    if not dirty:
+        raise EligibleLeadersNotAvailableError("no replica of this partition is live")
+    return _changed(state, dirty[0], (dirty[0],))
+
+
+def needs_preferred_election(state: PartitionState, live: Collection[int]) -> bool:
+    """Whether auto leader rebalancing should move this partition's leadership: the preferred
+    replica is live and in the ISR but does not lead."""
+    preferred = preferred_leader(state)
+    return state.leader != preferred and preferred in live and preferred in state.isr

@@ -7,6 +7,7 @@ writes the result in fenced transactions; these functions never touch etcd.
 from __future__ import annotations
 
 import random
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
@@ -16,14 +17,27 @@ from fjord.controller.configs import (
     unclean_election_allowed,
     validate_topic_config,
 )
-from fjord.controller.defaults import MAX_SUPPORTED_REPLICATION_FACTOR
-from fjord.controller.election import initial_state, on_liveness_change
+from fjord.controller.election import (
+    elect_preferred,
+    elect_unclean,
+    initial_state,
+    needs_preferred_election,
+    on_liveness_change,
+)
 from fjord.controller.placement import assign_replicas, validate_manual_assignment
+from fjord.controller.reassignment import (
+    can_complete,
+    cancel_reassignment,
+    complete_reassignment,
+    start_reassignment,
+)
 from fjord.controller.topics import find_collision, validate_topic_name
 from fjord.errors import (
     ConfigError,
+    ElectionNotNeededError,
     InvalidPartitionsError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     InvalidTopicError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -62,11 +76,6 @@ def _check_replication_factor(rf: int, live: int) -> None:
     if rf > live:
         raise InvalidReplicationFactorError(
             f"replication factor {rf} is larger than the {live} live brokers"
-        )
-    if rf > MAX_SUPPORTED_REPLICATION_FACTOR:
-        raise InvalidReplicationFactorError(
-            f"replication factor {rf}: replication is not available yet "
-            f"(at most {MAX_SUPPORTED_REPLICATION_FACTOR})"
         )
 
 
@@ -189,3 +198,177 @@ def plan_liveness(image: MetadataImage) -> dict[tuple[str, int], PartitionState]
         if new is not ref.state:
             changes[(ref.topic, ref.partition)] = new
     return changes
+
+
+def plan_reconcile(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
+    """:func:`plan_liveness`, then every reassignment that can complete now (all target
+    replicas in the ISR) completes. Run after broker changes, ISR changes and on take-over, so
+    a new controller resumes the reassignments its predecessor started."""
+    live = set(image.brokers)
+    changes = plan_liveness(image)
+    for ref in image.all_partitions():
+        key = (ref.topic, ref.partition)
+        state = changes.get(key, ref.state)
+        if can_complete(state, live):
+            changes[key] = complete_reassignment(state, live)
+    return changes
+
+
+def plan_preferred_rebalance(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
+    """Auto leader rebalancing: partitions whose preferred replica is live and in the ISR but
+    does not lead get it back as leader."""
+    live = set(image.brokers)
+    return {
+        (ref.topic, ref.partition): elect_preferred(ref.state, live)
+        for ref in image.all_partitions()
+        if needs_preferred_election(ref.state, live)
+    }
+
+
+#: ElectLeaders election types (Kafka's values).
+PREFERRED_ELECTION = 0
+UNCLEAN_ELECTION = 1
+
+
+@dataclass(frozen=True)
+class PartitionOutcome:
+    """One partition's result of a batch request: the error, or None."""
+
+    topic: str
+    partition: int
+    error: Exception | None
+
+
+def _known_partition(image: MetadataImage, topic: str, partition: int) -> PartitionState:
+    state = image.partition(topic, partition)
+    if state is None:
+        raise UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
+    return state
+
+
+def plan_elect_leaders(
+    image: MetadataImage, election_type: int, partitions: list[tuple[str, int]] | None
+) -> tuple[dict[tuple[str, int], PartitionState], list[PartitionOutcome]]:
+    """ElectLeaders: the new states and each partition's outcome (None = all partitions;
+    then partitions needing no election are left out of the outcomes, as Kafka does)."""
+    if election_type not in (PREFERRED_ELECTION, UNCLEAN_ELECTION):
+        raise InvalidRequestError(f"unknown election type {election_type}")
+    live = set(image.brokers)
+    elect = elect_preferred if election_type == PREFERRED_ELECTION else elect_unclean
+    keys = (
+        [(r.topic, r.partition) for r in image.all_partitions()]
+        if partitions is None
+        else partitions
+    )
+    changes: dict[tuple[str, int], PartitionState] = {}
+    outcomes: list[PartitionOutcome] = []
+    for topic, partition in keys:
+        try:
+            state = _known_partition(image, topic, partition)
+            changes[(topic, partition)] = elect(state, live)
+        except ElectionNotNeededError as exc:
+            if partitions is not None:
+                outcomes.append(PartitionOutcome(topic, partition, exc))
+            continue
+        except Exception as exc:
+            outcomes.append(PartitionOutcome(topic, partition, exc))
+            continue
+        outcomes.append(PartitionOutcome(topic, partition, None))
+    return changes, outcomes
+
+
+@dataclass(frozen=True)
+class ReassignmentRequest:
+    """One partition of AlterPartitionReassignments: ``target`` None cancels."""
+
+    topic: str
+    partition: int
+    target: tuple[int, ...] | None
+
+
+def _records_after(
+    image: MetadataImage, changes: Mapping[tuple[str, int], PartitionState]
+) -> dict[str, TopicRecord]:
+    """Topic records whose replication factor changes with ``changes``: the size every
+    partition's target replica list shares (none when sizes differ: the RF stays)."""
+    out: dict[str, TopicRecord] = {}
+    for topic in sorted({t for t, _ in changes}):
+        record = image.topic(topic)
+        if record is None:
+            continue
+        sizes = {
+            len(changes.get((topic, p), state).target_replicas)
+            for p, state in image.partitions(topic).items()
+        }
+        if len(sizes) == 1:
+            (size,) = sizes
+            if size != record.replication_factor:
+                out[topic] = replace(record, replication_factor=size)
+    return out
+
+
+def plan_alter_reassignments(
+    image: MetadataImage, requests: list[ReassignmentRequest]
+) -> tuple[
+    dict[tuple[str, int], PartitionState], dict[str, TopicRecord], list[PartitionOutcome]
+]:
+    """AlterPartitionReassignments: new partition states (step 1 of the procedure, or cancel),
+    topic records whose replication factor follows, and each partition's outcome. A partition
+    named twice is refused (INVALID_REQUEST), bad targets with INVALID_REPLICA_ASSIGNMENT,
+    cancelling an idle partition with NO_REASSIGNMENT_IN_PROGRESS."""
+    live = set(image.brokers)
+    changes: dict[tuple[str, int], PartitionState] = {}
+    outcomes: list[PartitionOutcome] = []
+    counts = Counter((r.topic, r.partition) for r in requests)
+    for request in requests:
+        key = (request.topic, request.partition)
+        try:
+            if counts[key] > 1:
+                raise InvalidRequestError(f"{key[0]}-{key[1]} is named more than once")
+            state = _known_partition(image, *key)
+            if request.target is None:
+                new = cancel_reassignment(state, live)
+            else:
+                new = start_reassignment(state, request.target, live)
+                # Already complete (e.g. only the order changed, or targets all in the ISR)?
+                # Then start and completion are one change: the epochs grow once.
+                new = complete_reassignment(new, live)
+                if new is not state:
+                    new = replace(
+                        new,
+                        leader_epoch=state.leader_epoch + (new.leader != state.leader),
+                        partition_epoch=state.partition_epoch + 1,
+                    )
+        except Exception as exc:
+            outcomes.append(PartitionOutcome(request.topic, request.partition, exc))
+            continue
+        if new is not state:
+            changes[key] = new
+        outcomes.append(PartitionOutcome(request.topic, request.partition, None))
+    return changes, _records_after(image, changes), outcomes
+
+
+@dataclass(frozen=True)
+class OngoingReassignment:
+    """A running reassignment as ListPartitionReassignments shows it."""
+
+    topic: str
+    partition: int
+    replicas: tuple[int, ...]
+    adding_replicas: tuple[int, ...]
+    removing_replicas: tuple[int, ...]
+
+
+def list_reassignments(
+    image: MetadataImage, partitions: list[tuple[str, int]] | None = None
+) -> list[OngoingReassignment]:
+    """The running reassignments (of the named partitions, or all), sorted."""
+    wanted = None if partitions is None else set(partitions)
+    return [
+        OngoingReassignment(
+            ref.topic, ref.partition, ref.state.replicas,
+            ref.state.adding_replicas, ref.state.removing_replicas,
+        )
+        for ref in sorted(image.all_partitions(), key=lambda r: (r.topic, r.partition))
+        if ref.state.reassigning and (wanted is None or (ref.topic, ref.partition) in wanted)
+    ]

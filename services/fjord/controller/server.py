@@ -13,8 +13,12 @@ import grpc
 
 from fjord._proto import common_pb2, controller_pb2, controller_pb2_grpc
 from fjord.controller.configs import describe_topic_config
-from fjord.controller.defaults import SHUTDOWN_GRACE_S
-from fjord.controller.planner import TopicSpec
+from fjord.controller.defaults import (
+    AUTO_LEADER_REBALANCE_ENABLE,
+    LEADER_IMBALANCE_CHECK_INTERVAL_S,
+    SHUTDOWN_GRACE_S,
+)
+from fjord.controller.planner import PartitionOutcome, ReassignmentRequest, TopicSpec
 from fjord.controller.service import ControllerService
 from fjord.errors import (
     ErrorCode,
@@ -221,6 +225,75 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             response.error.CopyFrom(error_pb(exc))
         return response
 
+    async def AlterPartitionReassignments(
+        self,
+        request: controller_pb2.AlterPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.AlterPartitionReassignmentsResponse:
+        response = controller_pb2.AlterPartitionReassignmentsResponse()
+        try:
+            outcomes = await self.service.alter_partition_reassignments(
+                [
+                    ReassignmentRequest(
+                        p.topic, p.partition, None if p.cancel else tuple(p.replicas)
+                    )
+                    for p in request.partitions
+                ]
+            )
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        response.results.extend(_partition_errors(outcomes))
+        return response
+
+    async def ListPartitionReassignments(
+        self,
+        request: controller_pb2.ListPartitionReassignmentsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.ListPartitionReassignmentsResponse:
+        response = controller_pb2.ListPartitionReassignmentsResponse()
+        wanted = [(p.topic, p.partition) for p in request.partitions] or None
+        try:
+            ongoing = self.service.list_partition_reassignments(wanted)
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        for r in ongoing:
+            response.reassignments.append(
+                controller_pb2.OngoingPartitionReassignment(
+                    topic=r.topic,
+                    partition=r.partition,
+                    replicas=list(r.replicas),
+                    adding_replicas=list(r.adding_replicas),
+                    removing_replicas=list(r.removing_replicas),
+                )
+            )
+        return response
+
+    async def ElectLeaders(
+        self, request: controller_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.ElectLeadersResponse:
+        response = controller_pb2.ElectLeadersResponse()
+        wanted = [(p.topic, p.partition) for p in request.partitions] or None
+        try:
+            outcomes = await self.service.elect_leaders(request.election_type, wanted)
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        response.results.extend(_partition_errors(outcomes))
+        return response
+
+
+def _partition_errors(
+    outcomes: Iterable[PartitionOutcome],
+) -> list[controller_pb2.PartitionError]:
+    return [
+        controller_pb2.PartitionError(
+            topic=o.topic, partition=o.partition, error=error_pb(o.error)
+        )
+        for o in outcomes
+    ]
+
 
 async def run_controller(
     controller_id: int,
@@ -231,6 +304,9 @@ async def run_controller(
     advertised_host: str | None = None,
     metrics_port: int | None = None,
     stop: asyncio.Event | None = None,
+    *,
+    auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
+    leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit."""
     from fjord.observability import server_interceptors, start_metrics_server
@@ -250,7 +326,11 @@ async def run_controller(
     wildcard = host in ("", "0.0.0.0", "::")
     public_host = advertised_host or ("127.0.0.1" if wildcard else host)
     client = etcd_client(etcd_url)
-    service = ControllerService(client, cluster_id, controller_id, public_host, port, lease_ttl_s)
+    service = ControllerService(
+        client, cluster_id, controller_id, public_host, port, lease_ttl_s,
+        auto_leader_rebalance=auto_leader_rebalance,
+        leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
+    )
     controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(service), server)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -16,9 +16,11 @@ import aetcd
 from aetcd import rpc
 
 from fjord.controller.defaults import (
+    AUTO_LEADER_REBALANCE_ENABLE,
     ELECTION_POLL_S,
     ELECTION_RETRY_S,
     KEEPALIVE_FRACTION,
+    LEADER_IMBALANCE_CHECK_INTERVAL_S,
     LEASE_TTL_S,
     MAX_TXN_OPS,
     PRODUCER_ID_BLOCK_SIZE,
@@ -27,12 +29,19 @@ from fjord.controller.defaults import (
 )
 from fjord.controller.election import alter_isr
 from fjord.controller.planner import (
+    OngoingReassignment,
+    PartitionOutcome,
+    ReassignmentRequest,
     TopicPlan,
     TopicSpec,
+    list_reassignments,
     plan_alter_configs,
+    plan_alter_reassignments,
     plan_create_partitions,
     plan_create_topic,
-    plan_liveness,
+    plan_elect_leaders,
+    plan_preferred_rebalance,
+    plan_reconcile,
 )
 from fjord.errors import (
     NotControllerError,
@@ -138,6 +147,8 @@ class ControllerService:
         port: int,
         lease_ttl_s: int = LEASE_TTL_S,
         rng: random.Random | None = None,
+        auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
+        leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
     ) -> None:
         self.client = client
         self.cluster_id = cluster_id
@@ -146,6 +157,8 @@ class ControllerService:
         self.lease_ttl_s = lease_ttl_s
         self.watcher = MetadataWatcher(client, cluster_id)
         self._rng = rng or random.Random()
+        self.auto_leader_rebalance = auto_leader_rebalance
+        self.leader_imbalance_check_interval_s = leader_imbalance_check_interval_s
         self._lease_id = 0
         self._lease_deadline = 0.0  # loop time after which the lease may have expired
         self._epoch: int | None = None
@@ -204,6 +217,10 @@ class ControllerService:
             asyncio.create_task(self._election_loop(), name="controller-election"),
             asyncio.create_task(self._reconcile_loop(), name="controller-reconcile"),
         ]
+        if self.auto_leader_rebalance:
+            self._tasks.append(
+                asyncio.create_task(self._rebalance_loop(), name="controller-leader-rebalance")
+            )
 
     async def stop(self) -> None:
         """Stop acting and revoke the lease (so a standby takes over at once)."""
@@ -325,7 +342,11 @@ class ControllerService:
             current = new.controller
             if current is None or current.epoch != epoch:
                 self._step_down("controller key lost")
-        if old.brokers != new.brokers or old.topics.keys() != new.topics.keys():
+        if (
+            old.brokers != new.brokers
+            or old.topics.keys() != new.topics.keys()
+            or _reassignment_moved(old, new)
+        ):
             self._reconcile_needed.set()
         if self._epoch is not None:
             set_offline_partitions(sum(1 for r in new.all_partitions() if not r.state.online))
@@ -460,6 +481,85 @@ class ControllerService:
                 await self._write(ops)
             return results
 
+    def _partition_ops(
+        self,
+        changes: Mapping[tuple[str, int], PartitionState],
+        records: Mapping[str, TopicRecord] | None = None,
+    ) -> list[rpc.RequestOp]:
+        ops = [
+            put_op(self.keys.partition(t, p), s.to_json()) for (t, p), s in sorted(changes.items())
+        ]
+        ops += [put_op(self.keys.topic(n), r.to_json()) for n, r in sorted((records or {}).items())]
+        return ops
+
+    # -- reassignment and elections ----------------------------------------------------------
+
+    async def alter_partition_reassignments(
+        self, requests: list[ReassignmentRequest]
+    ) -> list[PartitionOutcome]:
+        """Start (or cancel, ``target`` None) reassignments; the rest of the procedure runs in
+        the reconcile loop as the ISR grows, also after a controller fail-over."""
+        async with self._write_lock:
+            self.require_active()
+            changes, records, outcomes = plan_alter_reassignments(self.image, requests)
+            if changes:
+                for (topic, partition), state in sorted(changes.items()):
+                    log.info("reassignment of %s-%d: replicas %s adding %s removing %s",
+                             topic, partition, list(state.replicas),
+                             list(state.adding_replicas), list(state.removing_replicas))
+                await self._write(self._partition_ops(changes, records))
+            return outcomes
+
+    def list_partition_reassignments(
+        self, partitions: list[tuple[str, int]] | None
+    ) -> list[OngoingReassignment]:
+        self.require_active()
+        return list_reassignments(self.image, partitions)
+
+    async def elect_leaders(
+        self, election_type: int, partitions: list[tuple[str, int]] | None
+    ) -> list[PartitionOutcome]:
+        async with self._write_lock:
+            self.require_active()
+            changes, outcomes = plan_elect_leaders(self.image, election_type, partitions)
+            if changes:
+                self._log_elections(changes, "ElectLeaders")
+                await self._write(self._partition_ops(changes))
+            return outcomes
+
+    def _log_elections(self, changes: Mapping[tuple[str, int], PartitionState], why: str) -> None:
+        image = self.image
+        for (topic, partition), new in sorted(changes.items()):
+            old = image.partition(topic, partition)
+            if old is None or old.leader == new.leader:
+                continue
+            if new.leader != -1 and new.leader not in old.isr:
+                log.error(
+                    "UNCLEAN leader election (%s) of %s-%d: broker %d was not in the ISR %s; "
+                    "records acknowledged only by the old ISR are lost",
+                    why, topic, partition, new.leader, list(old.isr),
+                )
+            else:
+                log.info("%s: %s-%d leader %d -> %d (leader epoch %d)", why, topic, partition,
+                         old.leader, new.leader, new.leader_epoch)
+
+    async def _rebalance_loop(self) -> None:
+        """Auto leader rebalancing: every interval, preferred replicas lead again."""
+        while True:
+            await asyncio.sleep(self.leader_imbalance_check_interval_s)
+            if not self.is_active():
+                continue
+            try:
+                async with self._write_lock:
+                    changes = plan_preferred_rebalance(self.image)
+                    if changes:
+                        self._log_elections(changes, "preferred leader rebalance")
+                        await self._write(self._partition_ops(changes))
+            except (asyncio.CancelledError, Exception) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
+                    raise
+                log.warning("leader rebalance failed: %r", exc)
+
     # -- liveness reactions ------------------------------------------------------------------
 
     async def _reconcile_loop(self) -> None:
@@ -470,16 +570,22 @@ class ControllerService:
                 continue
             try:
                 async with self._write_lock:
-                    changes = plan_liveness(self.image)
+                    changes = plan_reconcile(self.image)
                     if changes:
-                        log.info("liveness: updating %d partitions", len(changes))
-                        await self._write(
-                            [put_op(self.keys.partition(t, p), s.to_json())
-                             for (t, p), s in sorted(changes.items())]
-                        )
+                        log.info("reconcile: updating %d partitions", len(changes))
+                        self._log_elections(changes, "liveness/reassignment")
+                        await self._write(self._partition_ops(changes))
             except (asyncio.CancelledError, Exception) as exc:
                 if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
                     raise
                 log.warning("liveness reconcile failed: %r; retrying", exc)
                 await asyncio.sleep(ELECTION_RETRY_S)
                 self._reconcile_needed.set()
+
+
+def _reassignment_moved(old: MetadataImage, new: MetadataImage) -> bool:
+    """Whether a partition under reassignment changed (its ISR may now cover the target)."""
+    return any(
+        ref.state.reassigning and old.partition(ref.topic, ref.partition) != ref.state
+        for ref in new.all_partitions()
+    )

@@ -29,6 +29,8 @@ from fjord.local.defaults import (
     ETCD_START_TIMEOUT_S,
     LOCAL_BROKER_LEASE_TTL_S,
     LOCAL_CONTROLLER_LEASE_TTL_S,
+    LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S,
+    LOCAL_REPLICA_LAG_TIME_MAX_MS,
     LOOPBACK_HOST,
     PORT_RETRIES,
     PROBE_TIMEOUT_S,
@@ -57,6 +59,8 @@ class ProcessInfo:
     pid: int
     address: str  # host:port of its gRPC (or etcd client) endpoint
     log: str
+    # host:port serving Prometheus /metrics (etcd serves its own on its client port).
+    metrics_address: str | None = None
 
 
 def split_config(config: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -97,12 +101,15 @@ class LocalCluster:
     Layout of ``data_dir``: ``etcd/`` (etcd's data), ``brokers/<id>/`` (each broker's partition
     logs), ``logs/<role>-<id>.log`` (each process's output), and ``cluster.json``, the state
     file: ``{"cluster_id", "etcd_url", "bootstrap_servers", "launcher_pid", "processes": [{"role",
-    "id", "pid", "address", "log"}]}``.
+    "id", "pid", "address", "log", "metrics_address"}]}``.
 
-    Invariants: every process listens on loopback; :meth:`start` returns only when etcd is
-    healthy, a controller is active and every broker is registered and answers Metadata (each
-    wait bounded), otherwise it stops what it started and raises ProcessStartError with the
-    failing process's log tail; :meth:`stop` stops brokers, then controllers, then etcd.
+    Invariants: every process listens on loopback; every controller and broker also serves
+    Prometheus ``/metrics`` on a port of its own (picked free by the launcher, kept across
+    restarts of that process like its gRPC port; etcd serves its own metrics on its client
+    port); :meth:`start` returns only when etcd is healthy, a controller is active and every
+    broker is registered and answers Metadata (each wait bounded), otherwise it stops what it
+    started and raises ProcessStartError with the failing process's log tail; :meth:`stop`
+    stops brokers, then controllers, then etcd.
     """
 
     def __init__(
@@ -124,6 +131,7 @@ class LocalCluster:
         self.num_controllers = controllers
         self.cluster_id = cluster_id
         self.cluster_config, self.broker_config = split_config(dict(config or {}))
+        self.broker_config.setdefault("replica.lag.time.max.ms", str(LOCAL_REPLICA_LAG_TIME_MAX_MS))
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s
         self.detach = detach
@@ -138,6 +146,8 @@ class LocalCluster:
             unsafe_no_fsync=unsafe_etcd_no_fsync,
         )
         self._children: dict[tuple[str, int], tuple[subprocess.Popen[bytes], str]] = {}
+        # (role, id) -> the port its /metrics is served on; kept when the process restarts.
+        self._metrics_ports: dict[tuple[str, int], int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -147,6 +157,12 @@ class LocalCluster:
 
     def address(self, role: str, node_id: int) -> str:
         return self._children[(role, node_id)][1]
+
+    def metrics_address(self, role: str, node_id: int) -> str:
+        """``host:port`` where ``role`` ``node_id`` serves Prometheus ``/metrics``."""
+        if role == "etcd":
+            return self.etcd_url.removeprefix("http://")
+        return f"{LOOPBACK_HOST}:{self._metrics_ports[(role, node_id)]}"
 
     @property
     def broker_addresses(self) -> dict[int, str]:
@@ -165,10 +181,12 @@ class LocalCluster:
         if self.etcd.process is not None:
             out.append(
                 ProcessInfo("etcd", 0, self.etcd.process.pid,
-                            self.etcd.url.removeprefix("http://"), str(self.etcd.log_path))
+                            self.etcd.url.removeprefix("http://"), str(self.etcd.log_path),
+                            self.metrics_address("etcd", 0))
             )
         for (role, node_id), (proc, address) in sorted(self._children.items()):
-            out.append(ProcessInfo(role, node_id, proc.pid, address, str(self._log(role, node_id))))
+            out.append(ProcessInfo(role, node_id, proc.pid, address, str(self._log(role, node_id)),
+                                   self.metrics_address(role, node_id)))
         return out
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -247,8 +265,10 @@ class LocalCluster:
             raise ClusterStateError(f"{role} {node_id} is already running")
         port = int(old[1].rpartition(":")[2]) if old else free_port()
         address = f"{LOOPBACK_HOST}:{port}"
-        self._children[(role, node_id)] = (self._spawn(role, node_id, args_for_port(address)),
-                                           address)
+        metrics_port = self._metrics_ports.get((role, node_id)) or free_port()
+        self._metrics_ports[(role, node_id)] = metrics_port
+        args = [*args_for_port(address), "--metrics-port", str(metrics_port)]
+        self._children[(role, node_id)] = (self._spawn(role, node_id, args), address)
 
     def start_controller(self, controller_id: int, wait: bool = True) -> None:
         """Start (or restart, on the same port) controller ``controller_id``."""
@@ -259,6 +279,7 @@ class LocalCluster:
                 "controller", "--id", str(controller_id), "--listen", address,
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.controller_lease_ttl_s),
+                "--leader-imbalance-check-interval", str(LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S),
             ],
         )
         if wait:
@@ -312,7 +333,9 @@ class LocalCluster:
                 bind_failed = "bind" in log or "address already in use" in log
                 if proc.poll() is None or not bind_failed or attempt == PORT_RETRIES - 1:
                     raise
+                # Both ports are picked afresh: either may be the one that was taken.
                 del self._children[(role, node_id)]
+                del self._metrics_ports[(role, node_id)]
                 restart(node_id, wait=False)
 
     def _check_alive(self, role: str, node_id: int) -> None:

@@ -12,6 +12,12 @@
 - ``LOCAL_BROKER_LEASE_TTL_S`` (6 s): the brokers' lease TTL in a local cluster.
 - ``LOCAL_CONTROLLER_LEASE_TTL_S`` (3 s): the controllers' leader lease TTL in a local
   cluster, short so that fail-over is quick on one machine.
+- ``LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S`` (5 s): how often the local controllers move
+  leadership back to preferred replicas (production default: 300 s, Kafka's), short so that a
+  restarted broker leads its partitions again within seconds.
+- ``LOCAL_REPLICA_LAG_TIME_MAX_MS`` (10 s): the brokers' ``replica.lag.time.max.ms`` in a local
+  cluster unless ``--config`` sets it (production default: 30 s, Kafka's), so a stopped follower
+  leaves the ISR, and acks=all produces resume, within seconds.
 - ``STATE_FILE`` (``cluster.json``): name of the state file (pids, addresses) in the data dir.
 """
 
@@ -25,6 +31,8 @@ PROCESS_START_TIMEOUT_S = 30.0
 STOP_TIMEOUT_S = 10.0
 PORT_RETRIES = 3
 LOCAL_CONTROLLER_LEASE_TTL_S = 3
+LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S = 5.0
+LOCAL_REPLICA_LAG_TIME_MAX_MS = 10_000
 STATE_FILE = "cluster.json"
 # Brokers' etcd lease TTL in a local cluster: shorter than the broker's production default so
 # that fault tests see leadership move quickly, long enough to ride out a loaded 2-core machine.

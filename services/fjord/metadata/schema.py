@@ -178,6 +178,11 @@ class PartitionState:
     Invariants (kept by the controller): ``isr`` is a subset of ``replicas``; ``leader`` is
     in ``isr`` or is :data:`NO_LEADER` (-1, offline); ``leader_epoch`` grows by one every time
     the leader changes; ``partition_epoch`` grows by one on every change of this state.
+
+    During a reassignment (Kafka's procedure) ``replicas`` is the union of the old and the
+    target replicas, target first; ``adding_replicas`` are the targets that were not replicas
+    before and ``removing_replicas`` the old ones not in the target; both are empty otherwise
+    (and then absent from the JSON, so older readers see the same value as before).
     """
 
     replicas: tuple[int, ...]
@@ -185,21 +190,35 @@ class PartitionState:
     leader: int
     leader_epoch: int
     partition_epoch: int
+    adding_replicas: tuple[int, ...] = ()
+    removing_replicas: tuple[int, ...] = ()
 
     @property
     def online(self) -> bool:
         return self.leader != NO_LEADER
 
+    @property
+    def reassigning(self) -> bool:
+        return bool(self.adding_replicas or self.removing_replicas)
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        """The replicas this partition will have when its reassignment (if any) completes."""
+        return tuple(r for r in self.replicas if r not in self.removing_replicas)
+
     def to_json(self) -> bytes:
-        return _dump(
-            {
-                "replicas": list(self.replicas),
-                "isr": list(self.isr),
-                "leader": self.leader,
-                "leader_epoch": self.leader_epoch,
-                "partition_epoch": self.partition_epoch,
-            }
-        )
+        obj: dict[str, Any] = {
+            "replicas": list(self.replicas),
+            "isr": list(self.isr),
+            "leader": self.leader,
+            "leader_epoch": self.leader_epoch,
+            "partition_epoch": self.partition_epoch,
+        }
+        if self.adding_replicas:
+            obj["adding_replicas"] = list(self.adding_replicas)
+        if self.removing_replicas:
+            obj["removing_replicas"] = list(self.removing_replicas)
+        return _dump(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> PartitionState:
@@ -211,6 +230,8 @@ class PartitionState:
             _int(obj, "leader", what),
             _int(obj, "leader_epoch", what),
             _int(obj, "partition_epoch", what),
+            _int_list(obj, "adding_replicas", what) if "adding_replicas" in obj else (),
+            _int_list(obj, "removing_replicas", what) if "removing_replicas" in obj else (),
         )
 
 

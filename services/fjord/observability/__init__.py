@@ -10,6 +10,11 @@ and its outgoing channels with ``interceptors=client_interceptors("broker")``.
 See docs/observability.md for every metric and variable.
 """
 
+from fjord.observability.clients import (
+    client_instrumentation_enabled,
+    tracing_configured,
+    with_traceparent,
+)
 from fjord.observability.interceptors import (
     FjordServerInterceptor,
     client_interceptors,
@@ -43,6 +48,7 @@ from fjord.observability.tracing import (
 
 __all__ = [
     "FjordServerInterceptor",
+    "client_instrumentation_enabled",
     "client_interceptors",
     "extract_from_record_headers",
     "get_tracer",
@@ -66,4 +72,6 @@ __all__ = [
     "shutdown_tracing",
     "start_metrics_server",
     "stop_metrics_server",
+    "tracing_configured",
+    "with_traceparent",
 ]

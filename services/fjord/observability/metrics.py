@@ -253,3 +253,10 @@ def stop_metrics_server(port: int) -> None:
     if server is not None:
         server.shutdown()
         server.server_close()
+
+
+def metrics_served() -> bool:
+    """True while this process serves ``/metrics`` (started by :func:`start_metrics_server`):
+    the clients then record their per-call metrics too (see :mod:`fjord.observability.clients`)."""
+    with _servers_lock:
+        return bool(_servers)

@@ -25,6 +25,11 @@ def partition_dir_name(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+#: Files the broker keeps next to the partition directories (Kafka's
+#: ``replication-offset-checkpoint``, see fjord.broker.replication_checkpoint).
+BROKER_CHECKPOINT_PREFIX = "replication-offset-checkpoint"
+
+
 def parse_partition_dir_name(name: str) -> TopicPartition | None:
     """``("orders", 3)`` for ``orders-3``; None when the name does not have that shape."""
     topic, sep, number = name.rpartition("-")
@@ -81,6 +86,8 @@ class LogManager:
                 shutil.rmtree(entry, ignore_errors=True)
                 continue
             if not entry.is_dir():
+                if entry.name.startswith(BROKER_CHECKPOINT_PREFIX):
+                    continue  # the broker's replication-offset-checkpoint (and its temp file)
                 raise StorageError(f"unexpected file {entry} in data directory {self.data_dir}")
             key = parse_partition_dir_name(entry.name)
             if key is None:

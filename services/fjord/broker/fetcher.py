@@ -1,0 +1,228 @@
+"""Replication, follower side, asyncio shell: one fetcher task per source (leader) broker.
+
+Each :class:`SourceFetcher` loops: build one Fetch for every partition it follows on that
+leader (:func:`fjord.broker.replication.build_fetch_request`), send it (the leader parks it up
+to ``replica.fetch.wait.max.ms``), and hand each partition's answer to the ReplicaManager, which
+truncates, appends and adopts the high watermark. The pure decisions live in
+:mod:`fjord.broker.replication` and :mod:`fjord.broker.partition`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+import grpc
+from grpc import aio
+
+from fjord._proto import broker_pb2_grpc
+from fjord.broker import defaults
+from fjord.broker.replica_manager import ReplicaManager, TopicPartition
+from fjord.broker.replication import FollowerTarget, build_fetch_request, group_by_source
+
+log = logging.getLogger(__name__)
+
+#: Extra seconds a follower's Fetch call may take beyond the leader's max wait before the
+#: follower gives up on it (a stopped or partitioned leader), then backs off and retries.
+FETCH_CALL_MARGIN_S = 5.0
+
+
+class SourceFetcher:
+    """Fetches every partition this broker follows on one leader broker.
+
+    Invariants: at most one Fetch in flight; a partition is in ``targets`` exactly while the
+    last applied metadata says this broker follows it on ``source_id`` in that leader epoch; a
+    partition whose answer was an error is skipped until its backoff deadline (or until a
+    metadata change replaces its target).
+    """
+
+    def __init__(
+        self,
+        source_id: int,
+        replicas: ReplicaManager,
+        address_of: Callable[[int], str | None],
+        broker_epoch: Callable[[], int],
+    ) -> None:
+        self.source_id = source_id
+        self._replicas = replicas
+        self._address_of = address_of
+        self._broker_epoch = broker_epoch
+        self.targets: dict[TopicPartition, FollowerTarget] = {}
+        self._delayed_until: dict[TopicPartition, float] = {}
+        self._changed = asyncio.Event()
+        self._channel: aio.Channel | None = None
+        self._channel_address: str | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def set_targets(self, targets: dict[TopicPartition, FollowerTarget]) -> None:
+        if targets == self.targets:
+            return
+        for key, target in targets.items():
+            if self.targets.get(key) != target:
+                self._delayed_until.pop(key, None)
+        for key in list(self._delayed_until):
+            if key not in targets:
+                del self._delayed_until[key]
+        self.targets = dict(targets)
+        self._changed.set()
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+        self._task.set_name(f"replica fetcher from broker {self.source_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        await self.close_channel()
+
+    async def close_channel(self) -> None:
+        if self._channel is not None:
+            with contextlib.suppress(Exception):
+                await self._channel.close()
+        self._channel = None
+        self._channel_address = None
+
+    async def _stub(self) -> broker_pb2_grpc.BrokerStub | None:
+        address = self._address_of(self.source_id)
+        if address is None:
+            return None
+        if self._channel is None or address != self._channel_address:
+            await self.close_channel()
+            self._channel = aio.insecure_channel(
+                address,
+                options=[
+                    ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                ],
+            )
+            self._channel_address = address
+        return broker_pb2_grpc.BrokerStub(self._channel)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep up to ``seconds``, waking early when the followed partitions changed since the
+        current pass began."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), max(0.0, seconds))
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        settings = self._replicas.replication
+        backoff_s = settings.fetch_backoff_ms / 1000
+        while True:
+            self._changed.clear()  # a change from here on wakes the next pause at once
+            now = loop.time()
+            positions = []
+            keys = []
+            for key, target in self.targets.items():
+                if self._delayed_until.get(key, 0.0) > now:
+                    continue
+                pos = self._replicas.follower_position(key, target)
+                if pos is not None:
+                    positions.append(pos)
+                    keys.append((key, target))
+            if not positions:
+                wake = min(self._delayed_until.values(), default=now + backoff_s)
+                await self._pause(max(0.001, min(backoff_s, wake - now)))
+                continue
+            stub = await self._stub()
+            if stub is None:  # the leader is not registered (yet): wait for metadata
+                await self._pause(backoff_s)
+                continue
+            request = build_fetch_request(
+                self._replicas.broker_id, self._broker_epoch(), positions, settings
+            )
+            try:
+                response = await stub.Fetch(
+                    request, timeout=settings.fetch_wait_max_ms / 1000 + FETCH_CALL_MARGIN_S
+                )
+            except asyncio.CancelledError:
+                raise
+            except grpc.RpcError as exc:
+                log.info(
+                    "fetch from broker %d failed (%s); retrying in %.2f s",
+                    self.source_id,
+                    exc.code() if hasattr(exc, "code") else exc,
+                    backoff_s,
+                )
+                await self.close_channel()
+                await self._pause(backoff_s)
+                continue
+            if response.error.code != 0:
+                log.warning(
+                    "fetch from broker %d refused: %s", self.source_id, response.error.message
+                )
+                await self._pause(backoff_s)
+                continue
+            wanted = dict(keys)
+            for topic in response.topics:
+                for out in topic.partitions:
+                    key = (topic.name, out.partition)
+                    fetched_for = wanted.get(key)
+                    if fetched_for is None:
+                        continue
+                    try:
+                        result = self._replicas.on_follower_fetch_response(key, fetched_for, out)
+                    except Exception:
+                        log.exception("%s-%d: handling a fetch response failed", *key)
+                        self._delayed_until[key] = loop.time() + backoff_s
+                        continue
+                    if result.error is not None:
+                        log.info(
+                            "%s-%d: fetch from leader %d: %s; backing off",
+                            key[0],
+                            key[1],
+                            self.source_id,
+                            result.error,
+                        )
+                        self._delayed_until[key] = loop.time() + backoff_s
+
+
+class ReplicaFetcherManager:
+    """One :class:`SourceFetcher` per leader broker this broker follows partitions on.
+
+    Invariant: after :meth:`update`, every followed partition is in exactly one fetcher's
+    targets (its leader's), and fetchers with nothing to follow are stopped.
+    """
+
+    def __init__(
+        self,
+        replicas: ReplicaManager,
+        address_of: Callable[[int], str | None],
+        broker_epoch: Callable[[], int],
+    ) -> None:
+        self._replicas = replicas
+        self._address_of = address_of
+        self._broker_epoch = broker_epoch
+        self.fetchers: dict[int, SourceFetcher] = {}
+        self._closed = False
+
+    async def update(self) -> None:
+        """Re-read which partitions this broker follows, and where (after every metadata change)."""
+        if self._closed:
+            return
+        groups = group_by_source(self._replicas.follower_targets())
+        for source_id in list(self.fetchers):
+            if source_id not in groups:
+                await self.fetchers.pop(source_id).stop()
+        for source_id, targets in groups.items():
+            fetcher = self.fetchers.get(source_id)
+            if fetcher is None:
+                fetcher = SourceFetcher(
+                    source_id, self._replicas, self._address_of, self._broker_epoch
+                )
+                self.fetchers[source_id] = fetcher
+                fetcher.set_targets(targets)
+                fetcher.start()
+            else:
+                fetcher.set_targets(targets)
+
+    async def close(self) -> None:
+        self._closed = True
+        fetchers = list(self.fetchers.values())
+        self.fetchers.clear()
+        await asyncio.gather(*(f.stop() for f in fetchers), return_exceptions=True)

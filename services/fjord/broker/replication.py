@@ -1,0 +1,189 @@
+"""Replication, follower side, pure parts: settings, which leader each followed partition is
+fetched from, the Fetch request one fetcher sends, and the divergence (truncation) decision.
+
+No sockets, threads or clocks here; :mod:`fjord.broker.fetcher` is the asyncio shell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from fjord._proto import broker_pb2
+from fjord.errors import ConfigError
+
+TopicPartition = tuple[str, int]
+
+# --- defaults (Kafka's broker settings; every one can be set with ``fjord broker --config``) ---
+
+#: ``replica.lag.time.max.ms``: a follower that has not caught up with the leader's log end for
+#: this long leaves the ISR (Kafka: 30 s). ``fjord local`` uses a shorter value, see
+#: fjord.local.defaults.LOCAL_REPLICA_LAG_TIME_MAX_MS.
+DEFAULT_REPLICA_LAG_TIME_MAX_MS = 30_000
+
+#: ``replica.fetch.wait.max.ms``: how long the leader may park a follower's fetch (Kafka: 500).
+DEFAULT_REPLICA_FETCH_WAIT_MAX_MS = 500
+
+#: ``replica.fetch.min.bytes`` (Kafka: 1): a follower's fetch returns as soon as any byte is there.
+DEFAULT_REPLICA_FETCH_MIN_BYTES = 1
+
+#: ``replica.fetch.max.bytes`` (Kafka: 1 MiB): per partition in one follower fetch.
+DEFAULT_REPLICA_FETCH_MAX_BYTES = 1024 * 1024
+
+#: ``replica.fetch.response.max.bytes`` (Kafka: 10 MiB): one follower fetch in total.
+DEFAULT_REPLICA_FETCH_RESPONSE_MAX_BYTES = 10 * 1024 * 1024
+
+#: ``replica.fetch.backoff.ms`` (Kafka: 1000): pause after a failed fetch or partition error.
+#: Fjord: 200 ms, since a leader change is announced by etcd within milliseconds and a shorter
+#: pause shortens under-replication after failovers.
+DEFAULT_REPLICA_FETCH_BACKOFF_MS = 200
+
+#: ``replica.high.watermark.checkpoint.interval.ms`` (Kafka: 5000).
+DEFAULT_HW_CHECKPOINT_INTERVAL_MS = 5_000
+
+#: Keys (and defaults) :class:`ReplicationSettings` reads from the broker config.
+REPLICATION_CONFIG_DEFAULTS: dict[str, int] = {
+    "replica.lag.time.max.ms": DEFAULT_REPLICA_LAG_TIME_MAX_MS,
+    "replica.fetch.wait.max.ms": DEFAULT_REPLICA_FETCH_WAIT_MAX_MS,
+    "replica.fetch.min.bytes": DEFAULT_REPLICA_FETCH_MIN_BYTES,
+    "replica.fetch.max.bytes": DEFAULT_REPLICA_FETCH_MAX_BYTES,
+    "replica.fetch.response.max.bytes": DEFAULT_REPLICA_FETCH_RESPONSE_MAX_BYTES,
+    "replica.fetch.backoff.ms": DEFAULT_REPLICA_FETCH_BACKOFF_MS,
+    "replica.high.watermark.checkpoint.interval.ms": DEFAULT_HW_CHECKPOINT_INTERVAL_MS,
+}
+
+#: Sent as a follower's last fetched epoch when its log is empty (no divergence check).
+NO_EPOCH = -1
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicationSettings:
+    """The broker's replication settings. Invariant: every value is >= 1 (checked)."""
+
+    lag_time_max_ms: int = DEFAULT_REPLICA_LAG_TIME_MAX_MS
+    fetch_wait_max_ms: int = DEFAULT_REPLICA_FETCH_WAIT_MAX_MS
+    fetch_min_bytes: int = DEFAULT_REPLICA_FETCH_MIN_BYTES
+    fetch_max_bytes: int = DEFAULT_REPLICA_FETCH_MAX_BYTES
+    fetch_response_max_bytes: int = DEFAULT_REPLICA_FETCH_RESPONSE_MAX_BYTES
+    fetch_backoff_ms: int = DEFAULT_REPLICA_FETCH_BACKOFF_MS
+    hw_checkpoint_interval_ms: int = DEFAULT_HW_CHECKPOINT_INTERVAL_MS
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, str]) -> ReplicationSettings:
+        """Read the ``replica.*`` keys; ConfigError names a key that is not an integer >= 1."""
+        values: dict[str, int] = {}
+        for key, default in REPLICATION_CONFIG_DEFAULTS.items():
+            raw = config.get(key)
+            if raw is None:
+                values[key] = default
+                continue
+            try:
+                value = int(str(raw).strip())
+            except ValueError:
+                raise ConfigError(f"{key}: expected an integer, got {raw!r}") from None
+            if value < 1:
+                raise ConfigError(f"{key}: {value} is below the minimum 1")
+            values[key] = value
+        return cls(*values.values())
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerTarget:
+    """Where a followed partition is fetched from: its leader and the leader epoch we know."""
+
+    leader_id: int
+    leader_epoch: int
+
+
+def group_by_source(
+    targets: Mapping[TopicPartition, FollowerTarget],
+) -> dict[int, dict[TopicPartition, FollowerTarget]]:
+    """One group per source (leader) broker: each group is served by one fetcher, and one Fetch
+    request carries all of its partitions. Partitions without a leader (-1) are not fetched."""
+    groups: dict[int, dict[TopicPartition, FollowerTarget]] = {}
+    for key, target in targets.items():
+        if target.leader_id >= 0:
+            groups.setdefault(target.leader_id, {})[key] = target
+    return groups
+
+
+@dataclass(frozen=True, slots=True)
+class FollowerPosition:
+    """One partition as a follower fetches it: from its log end, with its latest epoch."""
+
+    topic: str
+    partition: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    current_leader_epoch: int
+    log_start_offset: int
+
+
+def build_fetch_request(
+    replica_id: int,
+    replica_epoch: int,
+    positions: Iterable[FollowerPosition],
+    settings: ReplicationSettings,
+) -> broker_pb2.FetchRequest:
+    """The Fetch a follower sends to one leader for all the partitions it follows there (topics
+    grouped, in the order given)."""
+    request = broker_pb2.FetchRequest(
+        replica_id=replica_id,
+        replica_epoch=replica_epoch,
+        max_wait_ms=settings.fetch_wait_max_ms,
+        min_bytes=settings.fetch_min_bytes,
+        max_bytes=settings.fetch_response_max_bytes,
+    )
+    by_topic: dict[str, broker_pb2.FetchTopic] = {}
+    for pos in positions:
+        topic = by_topic.get(pos.topic)
+        if topic is None:
+            topic = request.topics.add(name=pos.topic)
+            by_topic[pos.topic] = topic
+        topic.partitions.add(
+            partition=pos.partition,
+            fetch_offset=pos.fetch_offset,
+            partition_max_bytes=settings.fetch_max_bytes,
+            current_leader_epoch=pos.current_leader_epoch,
+            last_fetched_epoch=pos.last_fetched_epoch,
+            log_start_offset=pos.log_start_offset,
+        )
+    return request
+
+
+@dataclass(frozen=True, slots=True)
+class Truncation:
+    """Where a diverged follower truncates to. ``complete`` False: the epochs did not match yet;
+    the follower truncates and asks again with its (now older) latest epoch."""
+
+    offset: int
+    complete: bool
+
+
+def truncation_for_divergence(
+    leader_epoch: int,
+    leader_end_offset: int,
+    local_epoch_end: tuple[int, int],
+    log_end_offset: int,
+    high_watermark: int,
+) -> Truncation:
+    """Kafka's follower rule (AbstractFetcherThread.getOffsetTruncationState).
+
+    ``(leader_epoch, leader_end_offset)`` is the leader's answer (the largest epoch it has at
+    or below our last fetched epoch, and where that epoch ends in its log);
+    ``local_epoch_end`` is our own ``end_offset_for_epoch(leader_epoch)``.
+
+    - The leader knows no such epoch: truncate to our high watermark (committed, so the leader
+      has it).
+    - We know no such epoch either: truncate to the leader's end offset.
+    - Our largest epoch at or below it differs: truncate to where ours ends, ask again.
+    - Same epoch: both logs agree up to the smaller end offset.
+    """
+    if leader_end_offset < 0:
+        return Truncation(min(high_watermark, log_end_offset), True)
+    local_epoch, local_end = local_epoch_end
+    if leader_epoch < 0 or local_end < 0:
+        return Truncation(min(leader_end_offset, log_end_offset), True)
+    if local_epoch != leader_epoch:
+        return Truncation(min(local_end, log_end_offset), False)
+    return Truncation(min(leader_end_offset, local_end, log_end_offset), True)

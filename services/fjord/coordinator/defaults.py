@@ -1,0 +1,56 @@
+"""Every default of the group coordinator, defined once here.
+
+Names are Kafka's broker/consumer settings (in the comment); values are Kafka's.
+"""
+
+from __future__ import annotations
+
+#: ``offsets.topic.num.partitions``: partitions of ``__consumer_offsets``; a group lives in
+#: partition ``abs(javaStringHashCode(group)) % OFFSETS_TOPIC_PARTITIONS``.
+OFFSETS_TOPIC_PARTITIONS = 50
+
+#: Name of the internal topic holding group metadata and committed offsets.
+OFFSETS_TOPIC = "__consumer_offsets"
+
+#: ``group.min.session.timeout.ms``: the smallest session timeout a member may ask for.
+GROUP_MIN_SESSION_TIMEOUT_MS = 6_000
+
+#: ``group.max.session.timeout.ms``: the largest session timeout a member may ask for.
+GROUP_MAX_SESSION_TIMEOUT_MS = 1_800_000
+
+#: ``group.initial.rebalance.delay.ms``: how long the first rebalance of an empty group waits for
+#: more members (extended by this much per new member, up to the rebalance timeout).
+GROUP_INITIAL_REBALANCE_DELAY_MS = 3_000
+
+#: ``group.max.size``: most members in one group (Kafka: Integer.MAX_VALUE, i.e. unlimited).
+GROUP_MAX_SIZE = 2**31 - 1
+
+#: Kafka's ``GroupCoordinator.NewMemberJoinTimeoutMs``: a brand-new member waiting in its first
+#: join phase is dropped after this long, so a client that disconnected does not hold the
+#: rebalance for its whole rebalance timeout.
+NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+
+#: ``offset.metadata.max.bytes``: longest metadata string an offset commit may carry.
+OFFSET_METADATA_MAX_BYTES = 4_096
+
+#: ``offsets.retention.minutes`` (7 days): committed offsets of an empty group expire this long
+#: after the group became empty (after the commit, for groups without a protocol type).
+OFFSETS_RETENTION_MINUTES = 7 * 24 * 60
+OFFSETS_RETENTION_MS = OFFSETS_RETENTION_MINUTES * 60_000
+
+#: ``offsets.retention.check.interval.ms``: how often the shell runs offset expiry.
+OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000
+
+# --- consumer side (the client's defaults; the coordinator only sees what members send) ------
+
+#: ``session.timeout.ms`` (consumer, Kafka 3.0+).
+CONSUMER_SESSION_TIMEOUT_MS = 45_000
+
+#: ``heartbeat.interval.ms`` (consumer).
+CONSUMER_HEARTBEAT_INTERVAL_MS = 3_000
+
+#: ``max.poll.interval.ms`` (consumer): sent as the member's rebalance timeout.
+CONSUMER_MAX_POLL_INTERVAL_MS = 300_000
+
+#: The protocol type consumers use (``ConsumerProtocol.PROTOCOL_TYPE``).
+CONSUMER_PROTOCOL_TYPE = "consumer"

@@ -1,0 +1,660 @@
+"""The chaos harness's shell: run a :class:`fjord.testing.chaos.FaultPlan` against a real local
+cluster while a producer writes keyed sequence numbers, then read everything back and judge it.
+
+Only public interfaces are used: :class:`fjord.local.LocalCluster` (start, kill, restart,
+Metadata probes), signals to its processes, and the ``fjord.client`` Producer, Consumer and
+AdminClient. Every wait is bounded (the bounds below); the only timed sleeps are the plan's own
+"stay down" and "gap" pauses and the writer's pace.
+
+Bounds (seconds), defined here once:
+
+- ``HEAL_TIMEOUT_S`` (30): a restarted broker re-registers and every partition has its full ISR.
+- ``CONTROLLER_FAILOVER_TIMEOUT_S`` (20): a standby takes over after the active one's SIGKILL.
+- ``FREEZE_EXTRA_S`` (15): beyond replica.lag.time.max.ms + the broker lease TTL, how long a
+  frozen broker may take to leave every ISR before it is resumed anyway (and the miss noted).
+- ``FINAL_HEAL_TIMEOUT_S`` (45): after the faults, the cluster is whole again.
+- ``READ_TIMEOUT_S`` (60): reading every partition back to its end.
+- ``POST_HEAL_WRITE_TIMEOUT_S`` (30): after the final heal, a record sent then is acknowledged.
+- ``CLIENT_LOG_LINES`` (40): client log messages (INFO and up) copied into the timeline.
+- ``FLUSH_TIMEOUT_S`` (75): the producer's last records get their outcome (its
+  delivery.timeout.ms is 60 s, so every record has one by then).
+- ``POLL_INTERVAL_S`` (0.1): how often conditions are checked while waiting.
+- ``ETCD_REQUEST_TIMEOUT_S`` (5): one read of a broker's registration from etcd.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import functools
+import json
+import logging
+import os
+import signal
+import threading
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.errors import ConfigError, FjordError, InvalidReplicationFactorError
+from fjord.local.cluster import LocalCluster
+from fjord.local.etcd import ProcessStartError, log_tail
+from fjord.metadata import Keys
+from fjord.testing.chaos import (
+    DEFAULT_FAULT_SECONDS,
+    DEFAULT_KEYS,
+    DEFAULT_MIN_BROKER_KILLS,
+    DEFAULT_PARTITIONS,
+    DEFAULT_RECORDS_PER_SECOND,
+    Acked,
+    DeliveryLedger,
+    DeliveryReport,
+    Failed,
+    FaultKind,
+    FaultPlan,
+    PlannedFault,
+    ReadRecord,
+    RecordId,
+    Timeline,
+    encode_value,
+    key_name,
+    plan_faults,
+    verify_delivery,
+)
+
+HEAL_TIMEOUT_S = 30.0
+CONTROLLER_FAILOVER_TIMEOUT_S = 20.0
+FREEZE_EXTRA_S = 15.0
+FINAL_HEAL_TIMEOUT_S = 45.0
+READ_TIMEOUT_S = 60.0
+FLUSH_TIMEOUT_S = 75.0
+POST_HEAL_WRITE_TIMEOUT_S = 30.0
+CLIENT_LOG_LINES = 40
+POLL_INTERVAL_S = 0.1
+ETCD_REQUEST_TIMEOUT_S = 5.0
+
+#: The broker setting that bounds how long a follower may lag before leaving the ISR.
+REPLICA_LAG_KEY = "replica.lag.time.max.ms"
+#: Its value in the chaos cluster: short, so that a frozen follower leaves the ISR quickly.
+CHAOS_REPLICA_LAG_MS = 3000
+#: The brokers' lease TTL in the chaos cluster (local default: 6 s). A killed broker can only
+#: register again once its old lease has expired, so the TTL bounds how fast kills can follow
+#: each other one at a time: 3 s fits 10+ kills, a freeze and a controller kill into ~65 s.
+CHAOS_BROKER_LEASE_TTL_S = 3
+#: Kafka's default, assumed when the broker does not accept the key (noted in the output).
+KAFKA_REPLICA_LAG_MS = 30000
+
+
+class _FaultPhaseAborted(Exception):
+    """The cluster did not heal after a fault: stop injecting more (a finding is recorded)."""
+
+
+class _TimelineHandler(logging.Handler):
+    """Copies the first ``limit`` client log messages into a runner's timeline."""
+
+    def __init__(self, runner: ChaosRunner, limit: int) -> None:
+        super().__init__(logging.INFO)
+        self.runner = runner
+        self.left = limit
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.left > 0:
+            self.left -= 1
+            self.runner.note(f"client {record.levelname.lower()}: {record.getMessage()}")
+
+
+class ReplicationUnavailableError(RuntimeError):
+    """The cluster refused a replicated topic (replication not built yet)."""
+
+
+@dataclass(frozen=True)
+class PartitionState:
+    leader: int
+    isr: tuple[int, ...]
+    replicas: tuple[int, ...]
+
+
+def partition_states(
+    cluster: LocalCluster, topic: str, ask: Iterable[int]
+) -> dict[int, PartitionState] | None:
+    """``topic``'s partitions as the first answering broker of ``ask`` describes them."""
+    for broker_id in ask:
+        response = cluster.broker_metadata(broker_id)
+        if response is None:
+            continue
+        for t in response.topics:
+            if t.name == topic and t.error.code == 0:
+                return {
+                    p.partition: PartitionState(p.leader, tuple(p.isr), tuple(p.replicas))
+                    for p in t.partitions
+                }
+        return None
+    return None
+
+
+def broker_registration(cluster: LocalCluster, broker_id: int) -> int | None:
+    """The create revision (broker epoch) of ``broker_id``'s registration in etcd, or None
+    when it is not registered. Read through etcd's JSON gateway: a restarted broker answers
+    Metadata before its new registration exists (the old one lives until its lease expires),
+    so only the epoch tells that the restart has registered."""
+    key = base64.b64encode(Keys(cluster.cluster_id).broker(broker_id).encode()).decode()
+    request = urllib.request.Request(
+        f"{cluster.etcd_url}/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST"
+    )
+    with urllib.request.urlopen(request, timeout=ETCD_REQUEST_TIMEOUT_S) as response:
+        kvs = json.loads(response.read()).get("kvs") or []
+    return int(kvs[0]["create_revision"]) if kvs else None
+
+
+def producer_state(producer: Producer) -> str:
+    """A diagnostic snapshot of a producer's sender (private attributes, read without locks:
+    for the report of a stalled producer only; never raises)."""
+    try:
+        sender: Any = getattr(producer, "_sender", None)
+        acc: Any = getattr(producer, "_accumulator", None)
+        idem: Any = getattr(acc, "idempotence", None)
+        queues = {f"{tp.topic}-{tp.partition}": [(b.base_sequence, b.attempts) for b in q][:3]
+                  for tp, q in getattr(acc, "_queues", {}).items() if q}
+        parts = [
+            f"in_flight={getattr(sender, 'in_flight', '?')}",
+            f"requests={len(getattr(sender, '_requests', ()))}",
+            f"init_task={getattr(sender, '_init_task', None)!r}"[:120],
+            f"queued heads (base_sequence, attempts)={queues}",
+        ]
+        if idem is not None:
+            unacked = {f"{tp.topic}-{tp.partition}": v[:5] for tp, v in idem.unacked.items()}
+            parts.append(f"producer_id={idem.producer_id} epoch={idem.producer_epoch} "
+                         f"bump_needed={idem.bump_needed} unacked={unacked}")
+        return ", ".join(parts)
+    except Exception as exc:  # diagnostics must not hide the finding itself
+        return f"(unavailable: {exc!r})"
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float) -> float | None:
+    """Poll ``condition`` until true (returns the seconds it took) or ``timeout_s`` (None)."""
+    start = time.monotonic()
+    while True:
+        if condition():
+            return time.monotonic() - start
+        if time.monotonic() - start > timeout_s:
+            return None
+        time.sleep(POLL_INTERVAL_S)
+
+
+def chaos_cluster(data_dir: Path, replica_lag_ms: int = CHAOS_REPLICA_LAG_MS,
+                  min_insync_replicas: int = 2,
+                  broker_lease_ttl_s: int = CHAOS_BROKER_LEASE_TTL_S,
+                  **kwargs: Any) -> tuple[LocalCluster, int]:
+    """A (not yet started) 3-broker LocalCluster for chaos runs, and the replica lag time in
+    ms that applies to it (the launcher's or Kafka's default when the brokers do not accept
+    the setting)."""
+    config = {"min.insync.replicas": str(min_insync_replicas), REPLICA_LAG_KEY: str(replica_lag_ms)}
+    try:
+        return LocalCluster(data_dir, brokers=3, config=config,
+                            broker_lease_ttl_s=broker_lease_ttl_s, **kwargs), replica_lag_ms
+    except ConfigError:
+        del config[REPLICA_LAG_KEY]
+        cluster = LocalCluster(data_dir, brokers=3, config=config,
+                               broker_lease_ttl_s=broker_lease_ttl_s, **kwargs)
+        return cluster, int(cluster.broker_config.get(REPLICA_LAG_KEY, KAFKA_REPLICA_LAG_MS))
+
+
+@dataclass(frozen=True)
+class ChaosSettings:
+    """One chaos run's knobs (defaults: :mod:`fjord.testing.chaos`)."""
+
+    seed: int
+    fault_seconds: float = DEFAULT_FAULT_SECONDS
+    min_broker_kills: int = DEFAULT_MIN_BROKER_KILLS
+    keys: int = DEFAULT_KEYS
+    records_per_second: int = DEFAULT_RECORDS_PER_SECOND
+    partitions: int = DEFAULT_PARTITIONS
+    replication_factor: int = 3
+    min_insync_replicas: int = 2
+    topic: str = "chaos"
+    replica_lag_ms: int = CHAOS_REPLICA_LAG_MS
+
+
+@dataclass
+class ChaosResult:
+    """What a run did and found. ``findings`` are problems other than the delivery verdict
+    (processes that died by themselves, heals that did not happen in time, ...)."""
+
+    settings: ChaosSettings
+    plan: FaultPlan
+    idempotent: bool
+    report: DeliveryReport
+    timeline: Timeline
+    faults: Counter[str] = field(default_factory=Counter)
+    findings: list[str] = field(default_factory=list)
+    fault_phase_s: float = 0.0
+
+    def render(self) -> str:
+        producer = ("idempotent producer (enable.idempotence=true)" if self.idempotent else
+                    "producer WITHOUT idempotence (not available), max.in.flight=1")
+        return "\n".join([
+            f"chaos run: seed {self.settings.seed} (replay: FJORD_CHAOS_SEED="
+            f"{self.settings.seed}), {self.settings.partitions} partitions, RF "
+            f"{self.settings.replication_factor}, min.insync.replicas "
+            f"{self.settings.min_insync_replicas}, acks=all, {producer}, "
+            f"replica.lag.time.max.ms {self.settings.replica_lag_ms}",
+            f"faults in {self.fault_phase_s:.1f} s: " + ", ".join(
+                f"{k} x{n}" for k, n in sorted(self.faults.items())),
+            "timeline:",
+            self.timeline.render(),
+            "verdict:",
+            self.report.summary(),
+            *(f"finding: {f}" for f in self.findings),
+        ])
+
+
+class ChaosRunner:
+    """Runs one chaos experiment on a started cluster that nobody else uses.
+
+    Invariants: at most one broker is down or frozen at any time (the plan's faults run one
+    after the other), so min.insync.replicas=2 of 3 can be met whenever the cluster has healed;
+    every process it stopped is running again when :meth:`run` returns (or raises).
+    """
+
+    def __init__(self, cluster: LocalCluster, settings: ChaosSettings,
+                 log: Callable[[str], None] = print) -> None:
+        self.cluster = cluster
+        self.settings = settings
+        self.log = log
+        self.plan = plan_faults(settings.seed, cluster.num_brokers, settings.partitions,
+                                settings.min_broker_kills)
+        self.timeline = Timeline()
+        self.ledger = DeliveryLedger()
+        self.faults: Counter[str] = Counter()
+        self.findings: list[str] = []
+        self.unavailable: set[int] = set()  # brokers down or frozen right now
+        self._start = time.monotonic()
+        self._stop_writer = threading.Event()
+        self._writer_error: BaseException | None = None
+        self._sent_index = 0  # how many records the writer has sent (1-based index of the last)
+        self._max_acked_index = 0  # the highest such index acknowledged so far
+        self.idempotent = False
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def note(self, what: str) -> None:
+        at = time.monotonic() - self._start
+        self.timeline.add(at, what)
+        self.log(f"[chaos {at:7.2f} s] {what}")
+
+    def _brokers(self) -> list[int]:
+        return sorted(self.cluster.broker_addresses)
+
+    def states(self) -> dict[int, PartitionState] | None:
+        ask = [b for b in self._brokers() if b not in self.unavailable]
+        return partition_states(self.cluster, self.settings.topic, ask)
+
+    def healthy(self) -> bool:
+        """Every running broker sees every partition led, with its full replica set in ISR."""
+        for broker_id in self._brokers():
+            if broker_id in self.unavailable:
+                return False
+            states = partition_states(self.cluster, self.settings.topic, [broker_id])
+            if states is None or len(states) != self.settings.partitions:
+                return False
+            for state in states.values():
+                if state.leader < 0 or set(state.isr) != set(state.replicas):
+                    return False
+        return True
+
+    def _check_processes(self) -> None:
+        """A broker or controller that exited without our signal is a finding; restart it."""
+        for info in self.cluster.processes():
+            if info.role == "etcd" or (info.role == "broker" and info.id in self.unavailable):
+                continue
+            proc = self.cluster.process(info.role, info.id)
+            if proc.poll() is not None:
+                finding = f"{info.role} {info.id} exited by itself with {proc.returncode}"
+                self.findings.append(finding)
+                self.note(finding + "; restarting it")
+                self._restart(info.role, info.id)
+
+    def _restart(self, role: str, node_id: int, wait: bool = True) -> bool:
+        """Start a stopped process again; a failure to start is a finding (with its log)."""
+        try:
+            if role == "broker":
+                self.cluster.start_broker(node_id, wait=wait)
+            else:
+                self.cluster.start_controller(node_id, wait=wait)
+        except ProcessStartError as exc:
+            finding = f"{role} {node_id} failed to start again: {exc}"
+            self.findings.append(finding)
+            self.note(finding)
+            return False
+        return True
+
+    def _wait_healed(self, after: str, timeout_s: float = HEAL_TIMEOUT_S) -> None:
+        """Wait until every ISR is full again; if that does not happen in time, it is a
+        finding and the fault phase ends (more faults on a broken cluster would only bury it)."""
+        took = wait_for(self.healthy, timeout_s)
+        if took is None:
+            finding = f"not healed {timeout_s:.0f} s after {after}: {self.states()}"
+            self.findings.append(finding)
+            self.note(finding)
+            raise _FaultPhaseAborted(finding)
+        self.note(f"healed (full ISR everywhere) {took:.1f} s after {after}")
+
+    # -- the writer -----------------------------------------------------------------------------
+
+    def _producer(self) -> Producer:
+        base: dict[str, Any] = {
+            "bootstrap.servers": self.cluster.bootstrap_servers,
+            "acks": "all",
+            "linger.ms": 5,
+            "request.timeout.ms": 10000,
+            "delivery.timeout.ms": 60000,
+            "client.id": "chaos-writer",
+        }
+        try:
+            producer = Producer({**base, "enable.idempotence": True,
+                                 "max.in.flight.requests.per.connection": 5})
+            self.idempotent = True
+            return producer
+        except ConfigError as exc:
+            self.note(f"idempotent producer refused ({exc}); acks=all without it, "
+                      "max.in.flight.requests.per.connection=1 to keep per-key order")
+            return Producer({**base, "max.in.flight.requests.per.connection": 1})
+
+    def _settle(self, record: RecordId, index: int, future: Any) -> None:
+        error = future.exception()
+        if error is not None:
+            self.ledger.settle(record, Failed(repr(error)))
+        else:
+            meta = future.result()
+            self.ledger.settle(record, Acked(meta.partition, meta.offset))
+            if index > self._max_acked_index:
+                self._max_acked_index = index
+
+    def _write(self, producer: Producer) -> None:
+        settings = self.settings
+        interval = 1.0 / settings.records_per_second
+        seqs = [0] * settings.keys
+        due = time.monotonic()
+        i = 0
+        try:
+            while not self._stop_writer.is_set():
+                now = time.monotonic()
+                if now < due:
+                    self._stop_writer.wait(due - now)
+                    continue
+                # Falling far behind (send blocked): resume the pace instead of bursting.
+                due = max(due, now - 1.0) + interval
+                index = i % settings.keys
+                i += 1
+                self._sent_index = i
+                seqs[index] += 1
+                key = key_name(index)
+                record = (key, seqs[index])
+                self.ledger.sent(record)
+                try:
+                    future = producer.send(settings.topic, value=encode_value(*record), key=key)
+                except FjordError as exc:
+                    self.ledger.settle(record, Failed(f"send(): {exc!r}"))
+                    continue
+                future.add_done_callback(functools.partial(self._settle, record, i))
+        except BaseException as exc:  # surfaced by run()
+            self._writer_error = exc
+
+    # -- faults ---------------------------------------------------------------------------------
+
+    def _kill_broker(self, step: PlannedFault) -> None:
+        states = self.states() or {}
+        if step.leader_of >= 0:
+            leader = states[step.leader_of].leader if step.leader_of in states else -1
+            target = leader if leader >= 0 else step.leader_of % self.cluster.num_brokers
+            why = f"leader of p{step.leader_of}" if leader >= 0 else "p's leader unknown"
+        else:
+            target, why = step.broker, "by number"
+        led = sorted(p for p, s in states.items() if s.leader == target)
+        epoch = broker_registration(self.cluster, target)
+        self.cluster.kill("broker", target)
+        self.unavailable.add(target)
+        self.faults["broker SIGKILL"] += 1
+        self.note(f"SIGKILL broker {target} ({why}; led {[f'p{p}' for p in led]})")
+        time.sleep(step.down_s)  # the plan's "stay down" time
+        self.cluster.start_broker(target, wait=False)
+        try:
+            registered = wait_for(lambda: self._registered(target, epoch), HEAL_TIMEOUT_S)
+        except ProcessStartError as exc:
+            self.findings.append(str(exc))
+            self.note(str(exc))
+            raise
+        finally:
+            self.unavailable.discard(target)
+        if registered is None:
+            self.note(f"broker {target} restarted but not registered in {HEAL_TIMEOUT_S:.0f} s")
+            return
+        self.note(f"broker {target} restarted, registered with a new epoch {registered:.1f} s "
+                  "later")
+        self._wait_healed(f"broker {target}'s restart")
+
+    def _registered(self, broker_id: int, old_epoch: int | None) -> bool:
+        proc = self.cluster.process("broker", broker_id)
+        if proc.poll() is not None:
+            raise ProcessStartError(
+                f"broker {broker_id} exited with {proc.returncode} during its restart:\n"
+                + log_tail(self.cluster.logs_dir / f"broker-{broker_id}.log")
+            )
+        epoch = broker_registration(self.cluster, broker_id)
+        return epoch is not None and epoch != old_epoch
+
+    def _kill_controller(self) -> None:
+        active = self.cluster.active_controller()
+        if active is None:
+            self.note("no active controller to kill (skipped)")
+            return
+        self.cluster.kill("controller", active)
+        self.faults["controller SIGKILL"] += 1
+        self.note(f"SIGKILL active controller {active}")
+        took = wait_for(lambda: self.cluster.active_controller() not in (None, active),
+                        CONTROLLER_FAILOVER_TIMEOUT_S)
+        if took is None:
+            self.findings.append(f"no controller took over within "
+                                 f"{CONTROLLER_FAILOVER_TIMEOUT_S:.0f} s")
+            self.note("no controller took over in time")
+        else:
+            self.note(f"controller {self.cluster.active_controller()} active {took:.1f} s later")
+        # Not waited for: a controller's start-up takes seconds on a loaded machine and the
+        # next faults do not need it (the final heal checks it is still running).
+        if self._restart("controller", active, wait=False):
+            self.note(f"controller {active} restarting (standby)")
+
+    def _freeze_broker(self, step: PlannedFault) -> None:
+        target = step.broker
+        pid = self.cluster.process("broker", target).pid
+        states = self.states() or {}
+        led = sorted(p for p, s in states.items() if s.leader == target)
+        lag_s = self.settings.replica_lag_ms / 1000
+        os.kill(pid, signal.SIGSTOP)
+        self.unavailable.add(target)
+        self.faults["broker SIGSTOP"] += 1
+        self.note(f"SIGSTOP broker {target} (led {[f'p{p}' for p in led]}; "
+                  f"replica.lag.time.max.ms {self.settings.replica_lag_ms})")
+        try:
+            start = time.monotonic()
+
+            def left_every_isr() -> bool:
+                if time.monotonic() - start < lag_s + 1.0:
+                    return False
+                now = self.states()
+                return now is not None and all(target not in s.isr for s in now.values())
+
+            took = wait_for(left_every_isr, lag_s + self.cluster.broker_lease_ttl_s +
+                            FREEZE_EXTRA_S)
+            if took is None:
+                held = time.monotonic() - start
+                finding = f"frozen broker {target} still in some ISR after {held:.1f} s"
+                self.findings.append(finding)
+                self.note(finding)
+            else:
+                self.note(f"broker {target} out of every ISR; frozen {took:.1f} s")
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.unavailable.discard(target)
+        self.note(f"SIGCONT broker {target}")
+        self._wait_healed(f"broker {target}'s resume")
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def create_topic(self) -> None:
+        with AdminClient({"bootstrap.servers": self.cluster.bootstrap_servers}) as admin:
+            try:
+                admin.create_topics([NewTopic(
+                    self.settings.topic, self.settings.partitions,
+                    self.settings.replication_factor,
+                    {"min.insync.replicas": str(self.settings.min_insync_replicas)},
+                )])
+            except InvalidReplicationFactorError as exc:
+                raise ReplicationUnavailableError(str(exc)) from exc
+        took = wait_for(self.healthy, HEAL_TIMEOUT_S)
+        if took is None:
+            raise RuntimeError(f"topic {self.settings.topic} not fully replicated in "
+                               f"{HEAL_TIMEOUT_S:.0f} s: {self.states()}")
+        self.note(f"topic {self.settings.topic} created, every ISR full after {took:.1f} s")
+
+    def run(self) -> ChaosResult:
+        client_log = logging.getLogger("fjord.client")
+        handler = _TimelineHandler(self, CLIENT_LOG_LINES)
+        old_level = client_log.level
+        client_log.addHandler(handler)
+        client_log.setLevel(logging.INFO)
+        try:
+            return self._run()
+        finally:
+            client_log.removeHandler(handler)
+            client_log.setLevel(old_level)
+
+    def _run(self) -> ChaosResult:
+        self._start = time.monotonic()
+        self.log(self.plan.describe())
+        self.create_topic()
+        producer = self._producer()
+        writer = threading.Thread(target=self._write, args=(producer,), name="chaos-writer",
+                                  daemon=True)
+        writer.start()
+        self.note("writer started")
+        fault_start = time.monotonic()
+        try:
+            self._run_faults(fault_start)
+        except (ProcessStartError, _FaultPhaseAborted) as exc:
+            # Already a finding; carry on to healing and the verdict on what was written.
+            self.note(f"fault phase aborted: {str(exc).splitlines()[0]}")
+        finally:
+            fault_phase_s = time.monotonic() - fault_start
+            self._heal_everything()
+        self._check_writes_resume(producer)
+        self._stop_writer.set()
+        writer.join(30)
+        sent, acked, failed = self.ledger.counts()
+        self.note(f"writer stopped: sent {sent}, acknowledged {acked}, failed {failed} so far")
+        try:
+            producer.flush(timeout=FLUSH_TIMEOUT_S)
+        except FjordError as exc:
+            self.findings.append(f"producer flush did not finish: {exc}")
+        producer.close(timeout=10)
+        sent, acked, failed = self.ledger.counts()
+        self.note(f"producer closed: sent {sent}, acknowledged {acked}, failed {failed}")
+        if self._writer_error is not None:
+            self.findings.append(f"writer thread failed: {self._writer_error!r}")
+        try:
+            records = self.read_back()
+        except FjordError as exc:
+            # Without the whole log the verdict would call everything lost: the finding
+            # (checked first by the test) says what really happened.
+            records = []
+            finding = f"reading back failed, the verdict below is not meaningful: {exc}"
+            self.findings.append(finding)
+            self.note(finding)
+        report = verify_delivery(self.ledger.outcomes(), records)
+        self.note("verified")
+        return ChaosResult(self.settings, self.plan, self.idempotent, report, self.timeline,
+                           self.faults, self.findings, fault_phase_s)
+
+    def _check_writes_resume(self, producer: Producer) -> None:
+        """A healed cluster must take writes: a record sent now is acknowledged soon."""
+        since = self._sent_index
+        took = wait_for(lambda: self._max_acked_index > since, POST_HEAL_WRITE_TIMEOUT_S)
+        if took is None:
+            finding = (f"no record sent after the final heal was acknowledged within "
+                       f"{POST_HEAL_WRITE_TIMEOUT_S:.0f} s ({self._sent_index - since} sent); "
+                       f"producer state: {producer_state(producer)}")
+            self.findings.append(finding)
+            self.note(finding)
+        else:
+            self.note(f"writes acknowledged again {took:.1f} s after the final heal")
+
+    def _run_faults(self, fault_start: float) -> None:
+        hard_limit = self.settings.fault_seconds * 2.5
+        for index, step in enumerate(self.plan.steps):
+            elapsed = time.monotonic() - fault_start
+            if index >= self.plan.required and elapsed >= self.settings.fault_seconds:
+                break
+            if elapsed > hard_limit:
+                self.findings.append(f"only {index} of {self.plan.required} required faults "
+                                     f"ran within {hard_limit:.0f} s")
+                break
+            time.sleep(step.gap_s)  # the plan's pause between faults
+            self._check_processes()
+            if step.kind is FaultKind.KILL_BROKER:
+                self._kill_broker(step)
+            elif step.kind is FaultKind.KILL_CONTROLLER:
+                self._kill_controller()
+            else:
+                self._freeze_broker(step)
+
+    def _heal_everything(self) -> None:
+        for broker_id in self._brokers():
+            proc = self.cluster.process("broker", broker_id)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGCONT)
+        self.unavailable.clear()
+        self._check_processes()
+        took = wait_for(self.healthy, FINAL_HEAL_TIMEOUT_S)
+        if took is None:
+            finding = f"cluster not healed {FINAL_HEAL_TIMEOUT_S:.0f} s after the faults: " \
+                      f"{self.states()}"
+            self.findings.append(finding)
+            self.note(finding)
+        else:
+            self.note(f"faults over; cluster healed after {took:.1f} s")
+
+    def read_back(self) -> list[ReadRecord]:
+        """Every record of every partition from the beginning to the current end."""
+        topic = self.settings.topic
+        tps = [TopicPartition(topic, p) for p in range(self.settings.partitions)]
+        records: list[ReadRecord] = []
+        with Consumer({"bootstrap.servers": self.cluster.bootstrap_servers,
+                       "auto.offset.reset": "earliest", "client.id": "chaos-reader"}) as consumer:
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
+            starts = consumer.beginning_offsets(tps)
+            ends = consumer.end_offsets(tps)
+            if any(starts[tp] != 0 for tp in tps):
+                self.findings.append(f"log start offsets moved: {starts}")
+            deadline = time.monotonic() + READ_TIMEOUT_S
+            remaining = {tp for tp in tps if ends[tp] > 0}
+            while remaining:
+                if time.monotonic() > deadline:
+                    stuck = {str(tp): consumer.position(tp) for tp in remaining}
+                    self.findings.append(
+                        f"read did not reach the end in {READ_TIMEOUT_S:.0f} s: {stuck}, "
+                        f"ends {ends}"
+                    )
+                    break
+                for r in consumer.poll(0.5):
+                    if r.offset < ends[TopicPartition(r.topic, r.partition)]:
+                        records.append(ReadRecord(r.partition, r.offset, r.value))
+                remaining = {tp for tp in remaining if consumer.position(tp) < ends[tp]}
+        self.note(f"read back {len(records)} records up to the high watermarks "
+                  f"{[ends[tp] for tp in tps]}")
+        return records

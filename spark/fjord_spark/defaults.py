@@ -1,0 +1,42 @@
+"""Every default of the Fjord Spark data source, defined once (see docs/spark.md)."""
+
+from __future__ import annotations
+
+#: The format name users pass to ``spark.read.format(...)`` / ``writeStream.format(...)``.
+FORMAT_NAME = "fjord"
+
+#: Java release Spark 4 needs; older ones fail with a clear error before Spark starts.
+MIN_JAVA_VERSION = 17
+
+#: Where streaming queries start without ``startingOffsets`` (Spark's Kafka source: latest).
+STREAMING_STARTING_OFFSETS = "latest"
+
+#: Where batch queries start and end without ``startingOffsets`` / ``endingOffsets``
+#: (Spark's Kafka source: earliest .. latest).
+BATCH_STARTING_OFFSETS = "earliest"
+BATCH_ENDING_OFFSETS = "latest"
+
+#: ``failOnDataLoss`` default (Spark's Kafka source: true).
+FAIL_ON_DATA_LOSS = True
+
+#: ``startingOffsetsByTimestampStrategy`` default: "error" fails when no record is at or after
+#: the timestamp; "latest" starts at the end instead (Spark's Kafka source's names).
+TIMESTAMP_STRATEGY = "error"
+
+#: ``pollTimeoutMs``: how long a task waits for records it knows exist before failing (Spark's
+#: kafkaConsumer.pollTimeoutMs defaults to spark.network.timeout, 120 s).
+POLL_TIMEOUT_MS = 120_000
+
+#: ``max.poll.records`` of the consumer inside a read task unless ``fjord.max.poll.records`` is
+#: given: a task converts whole polls into Arrow, so bigger polls mean fewer, bigger batches.
+TASK_MAX_POLL_RECORDS = 20_000
+
+#: Pause before a read task asks again after an OFFSET_OUT_OF_RANGE answer that was not data loss
+#: (the log still starts at or before the offset: a leader change or a replica behind).
+OUT_OF_RANGE_RETRY_BACKOFF_S = 0.2
+
+#: Most rows in one Arrow record batch a read task yields.
+ARROW_BATCH_ROWS = 20_000
+
+#: ``acks`` of the producer inside a write task unless ``fjord.acks`` is given (Kafka's default).
+WRITER_ACKS = "all"

@@ -1,0 +1,499 @@
+"""The ``fjord`` Spark data source: batch and streaming reader, batch and streaming writer.
+
+This module is the thin shell: it translates between Spark's Python Data Source API and
+``fjord.client``; option parsing, offset arithmetic and Arrow conversion live in the pure
+modules next to it. Where the code runs:
+
+- ``FjordDataSource`` and the readers/writers are created on the driver (in Python processes
+  Spark starts for planning and for a streaming query's offsets) and pickled to executors;
+  they hold no open clients when pickled (clients are created lazily and dropped by
+  ``__getstate__``).
+- ``read()`` and ``write()`` run in tasks. Everything a read task needs travels inside its
+  :class:`FjordInputPartition`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from fjord.client import AdminClient, Consumer, ConsumerRecord, Producer, TopicPartition
+from fjord.errors import (
+    ConfigError,
+    ErrorCode,
+    FjordError,
+    KafkaTimeoutError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
+from fjord_spark import defaults
+from fjord_spark.arrow import (
+    TIMESTAMP_TYPES,
+    arrow_schema,
+    batch_to_records,
+    check_writer_schema,
+    reader_schema,
+    records_to_batch,
+)
+from fjord_spark.errors import DataLossError
+from fjord_spark.offsets import (
+    OffsetRange,
+    Offsets,
+    limit_offsets,
+    offsets_from_json,
+    offsets_to_json,
+    plan_ranges,
+    resolve_offsets,
+)
+from fjord_spark.options import (
+    ReaderOptions,
+    TopicSelection,
+    WriterOptions,
+    parse_reader_options,
+    parse_writer_options,
+)
+
+log = logging.getLogger(__name__)
+
+
+class FjordDataSource(DataSource):
+    """``spark.read[Stream].format("fjord")`` and ``df.write[Stream].format("fjord")``.
+
+    Invariant: options are validated when a reader or writer is created, so a bad option
+    fails the query at analysis time with a :class:`fjord.errors.ConfigError` naming it.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return defaults.FORMAT_NAME
+
+    def schema(self) -> StructType:
+        include = str(self.options.get("includeHeaders", "false")).strip().lower() == "true"
+        return reader_schema(include)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return FjordBatchReader(parse_reader_options(self.options, streaming=False), schema)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return FjordStreamReader(parse_reader_options(self.options, streaming=True), schema)
+
+    def writer(self, schema: StructType, overwrite: bool) -> FjordBatchWriter:
+        if overwrite:
+            raise ConfigError(
+                "save mode Overwrite is not allowed for fjord (a log is append-only): "
+                "use append or errorifexists"
+            )
+        options = parse_writer_options(self.options)
+        check_writer_schema(schema, options.topic)
+        return FjordBatchWriter(options)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> FjordStreamWriter:
+        options = parse_writer_options(self.options)
+        check_writer_schema(schema, options.topic)
+        return FjordStreamWriter(options)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FjordInputPartition(InputPartition):
+    """One read task: records ``[from_offset, until_offset)`` of one partition, plus the
+    consumer configuration and read settings the task needs (it asks the driver nothing)."""
+
+    topic: str
+    partition: int
+    from_offset: int
+    until_offset: int
+    timestamp_type: int
+    include_headers: bool
+    fail_on_data_loss: bool
+    poll_timeout_ms: int
+    consumer_config: Mapping[str, Any]
+
+
+def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Arrow batches of exactly the records ``[from_offset, until_offset)`` of the task's
+    partition (fewer when records were compacted away, or deleted and ``failOnDataLoss`` is
+    false). Raises :class:`DataLossError` when the range was deleted meanwhile and
+    ``failOnDataLoss`` is true, :class:`KafkaTimeoutError` when records known to exist do not
+    arrive within ``pollTimeoutMs``."""
+    until = task.until_offset
+    if task.from_offset >= until:
+        return
+    tp = TopicPartition(task.topic, task.partition)
+    timeout_s = task.poll_timeout_ms / 1000
+    consumer = Consumer(task.consumer_config)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, task.from_offset)
+        position = task.from_offset
+        pending: list[ConsumerRecord] = []
+        deadline = time.monotonic() + timeout_s
+        while position < until:
+            try:
+                records = consumer.poll(timeout=max(0.0, min(deadline - time.monotonic(), 1.0)))
+            except OffsetOutOfRangeError as exc:
+                moved = _after_out_of_range(consumer, tp, position, task)
+                if moved != position:
+                    position = moved
+                    deadline = time.monotonic() + timeout_s
+                elif time.monotonic() >= deadline:
+                    raise KafkaTimeoutError(
+                        f"{tp.topic}-{tp.partition} kept answering OFFSET_OUT_OF_RANGE for offset "
+                        f"{position} (which its log holds) for pollTimeoutMs="
+                        f"{task.poll_timeout_ms}"
+                    ) from exc
+                continue
+            if records:
+                if records[-1].offset >= until:
+                    records = records[: bisect.bisect_left(records, until, key=_offset_of)]
+                pending.extend(records)
+                deadline = time.monotonic() + timeout_s
+                if len(pending) >= defaults.ARROW_BATCH_ROWS:
+                    yield records_to_batch(pending, schema, task.timestamp_type)
+                    pending = []
+            elif time.monotonic() >= deadline:
+                raise KafkaTimeoutError(
+                    f"no records of {tp.topic}-{tp.partition} arrived within pollTimeoutMs="
+                    f"{task.poll_timeout_ms} although offsets {position}..{until - 1} exist "
+                    "(is its leader up?)"
+                )
+            position = max(position, consumer.position(tp))
+        if pending:
+            yield records_to_batch(pending, schema, task.timestamp_type)
+    finally:
+        consumer.close()
+
+
+def _offset_of(record: ConsumerRecord) -> int:
+    return record.offset
+
+
+def _after_out_of_range(
+    consumer: Consumer, tp: TopicPartition, position: int, task: FjordInputPartition
+) -> int:
+    """The broker answered OFFSET_OUT_OF_RANGE for ``position``. When the log now starts past
+    it, records were deleted while the task ran: fail, or go on from the new log start (which
+    may be past the task's end). Otherwise the answer was transient (a leader change, a replica
+    behind): seek to the same position again, after a pause."""
+    earliest = consumer.beginning_offsets([tp])[tp]
+    if earliest <= position:
+        time.sleep(defaults.OUT_OF_RANGE_RETRY_BACKOFF_S)
+        consumer.seek(tp, position)
+        return position
+    message = (
+        f"cannot read {tp.topic}-{tp.partition} from offset {position}: the log now starts at "
+        f"{earliest}"
+    )
+    if task.fail_on_data_loss:
+        raise DataLossError(
+            f"{message}. Some data may have been lost because it is no longer available in "
+            'Fjord (deleted by retention). Set the option failOnDataLoss to "false" to skip it.'
+        )
+    log.warning("%s; skipping the lost records because failOnDataLoss is false", message)
+    start = min(earliest, task.until_offset)
+    if start < task.until_offset:
+        consumer.seek(tp, start)
+    return start
+
+
+class ClusterView:
+    """The driver's window on the cluster: which partitions a query reads and their offsets.
+
+    Invariant: holds at most one AdminClient and one Consumer, created on first use and closed
+    by :meth:`close`; never pickled with them (readers travel to executors)."""
+
+    def __init__(self, options: ReaderOptions) -> None:
+        self.options = options
+        self._admin: AdminClient | None = None
+        self._consumer: Consumer | None = None
+        self._timestamp_types: dict[str, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+
+    @property
+    def admin(self) -> AdminClient:
+        if self._admin is None:
+            self._admin = AdminClient(self.options.admin_config())
+        return self._admin
+
+    @property
+    def consumer(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(self.options.driver_consumer_config())
+        return self._consumer
+
+    def partitions(self) -> list[TopicPartition]:
+        """The partitions the query reads now (a pattern matches topics created later too)."""
+        selection: TopicSelection = self.options.selection
+        if selection.pattern is not None:
+            return sorted(
+                TopicPartition(t.name, p.partition)
+                for t in self.admin.describe_topics(None)
+                if not t.internal and selection.matches(t.name)
+                for p in t.partitions
+            )
+        topics = list(selection.topics) or list(
+            dict.fromkeys(tp.topic for tp in selection.assigned)
+        )
+        existing: dict[str, set[int]] = {}
+        for topic in topics:
+            try:
+                (description,) = self.admin.describe_topics([topic])
+            except FjordError as exc:
+                if exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise UnknownTopicOrPartitionError(
+                        f"topic {topic!r} does not exist (create it first, e.g. "
+                        f"`fjord topics create --topic {topic}`)"
+                    ) from exc
+                raise
+            existing[topic] = {p.partition for p in description.partitions}
+        if not selection.assigned:
+            return sorted(TopicPartition(t, p) for t, ps in existing.items() for p in ps)
+        for tp in selection.assigned:
+            if tp.partition not in existing[tp.topic]:
+                raise UnknownTopicOrPartitionError(
+                    f"partition {tp.topic}-{tp.partition} does not exist (topic {tp.topic!r} has "
+                    f"{len(existing[tp.topic])} partitions)"
+                )
+        return sorted(selection.assigned)
+
+    def earliest(self, tps: Sequence[TopicPartition]) -> Offsets:
+        return dict(self.consumer.beginning_offsets(tps)) if tps else {}
+
+    def latest(self, tps: Sequence[TopicPartition]) -> Offsets:
+        return dict(self.consumer.end_offsets(tps)) if tps else {}
+
+    def at_timestamp(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> Offsets:
+        """The first offset at or after ``timestamp_ms`` per partition; where there is none,
+        the end (``startingOffsetsByTimestampStrategy=latest``) or an error (``error``)."""
+        if not tps:
+            return {}
+        found = self.consumer.offsets_for_times({tp: timestamp_ms for tp in tps})
+        missing = [tp for tp, hit in found.items() if hit is None]
+        if missing and self.options.timestamp_strategy == "error":
+            names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in missing)
+            raise OffsetOutOfRangeError(
+                f"no record at or after startingTimestamp={timestamp_ms} in {names}; set "
+                "startingOffsetsByTimestampStrategy to latest to start at the end there"
+            )
+        latest = self.latest(missing)
+        return {tp: (hit.offset if hit is not None else latest[tp]) for tp, hit in found.items()}
+
+    def starting_offsets(self, tps: list[TopicPartition]) -> Offsets:
+        if self.options.starting_timestamp is not None:
+            return self.at_timestamp(tps, self.options.starting_timestamp)
+        return resolve_offsets(
+            self.options.starting, tps, self.earliest(tps), self.latest(tps), "startingOffsets"
+        )
+
+    def timestamp_type(self, topic: str) -> int:
+        """0 (CreateTime) or 1 (LogAppendTime): the topic's message.timestamp.type."""
+        if topic not in self._timestamp_types:
+            entries = self.admin.describe_configs([topic]).get(topic, [])
+            value = next((e.value for e in entries if e.name == "message.timestamp.type"), "")
+            self._timestamp_types[topic] = TIMESTAMP_TYPES.get(value, 0)
+        return self._timestamp_types[topic]
+
+    def tasks(self, ranges: list[OffsetRange]) -> list[FjordInputPartition]:
+        options = self.options
+        consumer_config = options.task_consumer_config()
+        return [
+            FjordInputPartition(
+                topic=r.tp.topic,
+                partition=r.tp.partition,
+                from_offset=r.from_offset,
+                until_offset=r.until_offset,
+                timestamp_type=self.timestamp_type(r.tp.topic),
+                include_headers=options.include_headers,
+                fail_on_data_loss=options.fail_on_data_loss,
+                poll_timeout_ms=options.poll_timeout_ms,
+                consumer_config=consumer_config,
+            )
+            for r in ranges
+        ]
+
+    def close(self) -> None:
+        for client in (self._consumer, self._admin):
+            if client is not None:
+                client.close()
+        self._consumer = self._admin = None
+
+
+class FjordBatchReader(DataSourceReader):
+    """``spark.read.format("fjord")``: one task per partition with records between
+    ``startingOffsets`` (or ``startingTimestamp``) and ``endingOffsets``, both resolved once
+    when the query is planned."""
+
+    def __init__(self, options: ReaderOptions, schema: StructType) -> None:
+        self.options = options
+        self.arrow_schema = arrow_schema(schema)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        view = ClusterView(self.options)
+        try:
+            tps = view.partitions()
+            start = view.starting_offsets(tps)
+            assert self.options.ending is not None
+            earliest = view.earliest(tps)
+            end = resolve_offsets(
+                self.options.ending, tps, earliest, view.latest(tps), "endingOffsets"
+            )
+            return view.tasks(plan_ranges(start, end, earliest, self.options.fail_on_data_loss))
+        finally:
+            view.close()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, FjordInputPartition)
+        return read_partition(partition, self.arrow_schema)
+
+
+class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("fjord")``.
+
+    Offsets are Spark's Kafka source's JSON (``{"topic": {"0": 42}}``: the next offset to read
+    per partition), kept by Spark in the query's checkpoint, so a restarted query resumes
+    exactly where its last committed micro-batch ended. ``commit(end)`` is only Spark telling
+    that batches up to ``end`` are done (it comes one batch behind): nothing is kept here.
+    With ``Trigger.AvailableNow`` the end offsets are fixed when the query starts.
+    """
+
+    def __init__(self, options: ReaderOptions, schema: StructType) -> None:
+        self.options = options
+        self.arrow_schema = arrow_schema(schema)
+        self.view = ClusterView(options)
+        self._available_now_end: Offsets | None = None
+
+    def initialOffset(self) -> dict[str, Any]:
+        tps = self.view.partitions()
+        return offsets_to_json(self.view.starting_offsets(tps))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.options.max_offsets_per_trigger
+        return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._available_now_end = self.view.latest(self.view.partitions())
+
+    def _latest(self) -> Offsets:
+        if self._available_now_end is not None:
+            return dict(self._available_now_end)
+        return self.view.latest(self.view.partitions())
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        latest = self._latest()
+        begin = offsets_from_json(start)
+        new = [tp for tp in latest if tp not in begin]
+        begin.update(self.view.earliest(new))
+        if isinstance(limit, ReadMaxRows):
+            latest = limit_offsets(begin, latest, limit.max_rows)
+        return offsets_to_json(latest)
+
+    def reportLatestOffset(self) -> dict[str, Any] | None:
+        return offsets_to_json(self._latest())
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begin, until = offsets_from_json(start), offsets_from_json(end)
+        log_start = self.view.earliest(sorted(until))
+        ranges = plan_ranges(begin, until, log_start, self.options.fail_on_data_loss)
+        return self.view.tasks(ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, FjordInputPartition)
+        return read_partition(partition, self.arrow_schema)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint, not in Fjord."""
+
+    def stop(self) -> None:
+        self.view.close()
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FjordCommitMessage(WriterCommitMessage):
+    """What one write task reports after every record it sent was acknowledged."""
+
+    records: int
+
+
+def write_batches(options: WriterOptions, batches: Iterator[pa.RecordBatch]) -> FjordCommitMessage:
+    """Send every row with one producer, then flush and check every record's future: a record
+    that was not acknowledged fails the task (Spark retries it), it is never lost silently."""
+    futures = []
+    with Producer(options.producer_config()) as producer:
+        for batch in batches:
+            for topic, partition, key, value, headers in batch_to_records(batch, options.topic):
+                if topic is None:
+                    raise ConfigError("a row has a null topic and the option topic is not set")
+                futures.append(
+                    producer.send(topic, value=value, key=key, partition=partition, headers=headers)
+                )
+        producer.flush()
+        for future in futures:
+            future.result()  # raises the record's typed error
+    return FjordCommitMessage(len(futures))
+
+
+class FjordBatchWriter(DataSourceArrowWriter):
+    """``df.write.format("fjord")``: each task produces its rows and succeeds only when all were
+    acknowledged (at-least-once: a retried task may write some rows twice, as in Kafka)."""
+
+    def __init__(self, options: WriterOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_batches(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.info("wrote %d records", sum(getattr(m, "records", 0) for m in messages))
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        log.warning("write aborted: records of finished tasks stay in the topic")
+
+
+class FjordStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("fjord")``: like the batch writer, per micro-batch."""
+
+    def __init__(self, options: WriterOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_batches(self.options, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.info(
+            "batch %d: wrote %d records", batchId, sum(getattr(m, "records", 0) for m in messages)
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning("batch %d aborted: records of finished tasks stay in the topic", batchId)

@@ -1,0 +1,56 @@
+"""Shared fixtures for every test directory (all engineers); moved here from
+tests/integration/conftest.py so that tests/integration and tests/spark share ONE session cluster.
+
+- ``etcd``: a bare single-member etcd (session scope); use a fresh ``cluster_id`` per test so
+  tests never see each other's keys.
+- ``local_cluster``: a started :class:`fjord.local.LocalCluster` (etcd, 2 controllers,
+  3 brokers) in a temporary directory, shared by the whole session and stopped at the end.
+  Tests must not stop its processes; tests that kill processes start their own cluster.
+- ``bootstrap``: the shared cluster's bootstrap servers (``host:port,host:port,...``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fjord.local.etcd import EtcdProcess
+
+
+@pytest.fixture(scope="session")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EtcdProcess]:
+    base = tmp_path_factory.mktemp("etcd")
+    proc = EtcdProcess(base / "data", base / "etcd.log", unsafe_no_fsync=True)
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def cluster_id() -> str:
+    """A cluster id no other test uses (its own key prefix in a shared etcd)."""
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+def _local_cluster_factory(base: Path):  # type: ignore[no-untyped-def]
+    from fjord.local.cluster import LocalCluster
+
+    return LocalCluster(base, brokers=3, unsafe_etcd_no_fsync=True)
+
+
+@pytest.fixture(scope="session")
+def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    cluster = _local_cluster_factory(tmp_path_factory.mktemp("fjord-local"))
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def bootstrap(local_cluster) -> str:  # type: ignore[no-untyped-def]
+    return str(local_cluster.bootstrap_servers)

@@ -1,0 +1,344 @@
+"""Replication end to end on a private local cluster (etcd, 2 controllers, 3 brokers; topics
+with replication factor 3 and min.insync.replicas=2): acks=all waits for the ISR, followers
+catch up after a restart, a stopped follower leaves the ISR and rejoins, NOT_ENOUGH_REPLICAS,
+leader failover without losing acknowledged records, divergent-tail truncation, and the
+high-watermark checkpoint across restarts.
+
+Every test kills or stops processes, so they use their own cluster (never the shared one). The
+cluster is shared by the tests of this module, which leave all brokers running when they end.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+
+from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
+from fjord.client import AdminClient, NewTopic
+from fjord.errors import ErrorCode
+from fjord.local.cluster import LocalCluster
+from fjord.records import BatchBuilder, read_batches
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+
+#: Short lag limit so that ISR shrink is observable within seconds, long enough that a leader
+#: does not drop followers stopped for the moment a test needs (on a loaded 2-core machine).
+LAG_MS = 5_000
+WAIT_S = 30.0
+BROKERS = (0, 1, 2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        tmp_path_factory.mktemp("replication"),
+        brokers=3,
+        cluster_id=f"repl-{uuid.uuid4().hex[:8]}",
+        config={"replica.lag.time.max.ms": str(LAG_MS)},
+        unsafe_etcd_no_fsync=True,
+    )
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[AdminClient]:
+    client = AdminClient(
+        {"bootstrap.servers": cluster.bootstrap_servers, "default.api.timeout.ms": 20000}
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def all_brokers_running(cluster: LocalCluster) -> Iterator[None]:
+    """Each test starts and ends with every broker running (and none stopped)."""
+    yield
+    for b in BROKERS:
+        proc = cluster.process("broker", b)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+        else:
+            cluster.start_broker(b)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result is not None and result is not False:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+def stub(cluster: LocalCluster, broker: int) -> broker_pb2_grpc.BrokerStub:
+    return broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.address("broker", broker)))
+
+
+def new_topic(admin: AdminClient, **config: str) -> str:
+    name = f"r-{uuid.uuid4().hex[:10]}"
+    admin.create_topics([NewTopic(name, 1, 3, {"min.insync.replicas": "2", **config})])
+    return name
+
+
+def partition_state(
+    cluster: LocalCluster, topic: str, via: int | None = None
+) -> tuple[int, int, tuple[int, ...]] | None:
+    """(leader, leader_epoch, isr) as a live broker's metadata cache has it."""
+    brokers = [via] if via is not None else live_brokers(cluster)
+    for b in brokers:
+        try:
+            md = stub(cluster, b).Metadata(broker_pb2.MetadataRequest(topics=[topic]), timeout=5)
+        except grpc.RpcError:
+            continue
+        for t in md.topics:
+            for p in t.partitions:
+                if p.partition == 0 and t.error.code == 0:
+                    return p.leader, p.leader_epoch, tuple(sorted(p.isr))
+    return None
+
+
+def live_brokers(cluster: LocalCluster) -> list[int]:
+    return [b for b in BROKERS if cluster.process("broker", b).poll() is None]
+
+
+def batch(values: list[bytes]) -> bytes:
+    builder = BatchBuilder(batch_size=1 << 30)
+    for i, v in enumerate(values):
+        builder.append(1_000 + i, None, v)
+    return builder.build()
+
+
+def produce(
+    cluster: LocalCluster,
+    broker: int,
+    topic: str,
+    values: list[bytes],
+    acks: int = -1,
+    timeout_ms: int = 15_000,
+) -> broker_pb2.ProducePartitionResponse:
+    request = broker_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+    request.topics.add(name=topic).partitions.add(partition=0, records=batch(values))
+    response = stub(cluster, broker).Produce(request, timeout=timeout_ms / 1000 + 10)
+    return response.topics[0].partitions[0]
+
+
+def log_end_offset(cluster: LocalCluster, broker: int, topic: str) -> int:
+    """Any replica's log end offset (ListOffsets as a debugging replica reads followers too)."""
+    request = broker_pb2.ListOffsetsRequest(replica_id=DEBUGGING_REPLICA_ID)
+    request.topics.add(name=topic).partitions.add(
+        partition=0, timestamp=-1, current_leader_epoch=-1
+    )
+    out = stub(cluster, broker).ListOffsets(request, timeout=5).topics[0].partitions[0]
+    assert out.error.code == 0, out.error.message
+    return int(out.offset)
+
+
+def consume_all(cluster: LocalCluster, broker: int, topic: str) -> list[bytes]:
+    """Every record value a consumer can read from ``broker`` (below the high watermark)."""
+    values: list[bytes] = []
+    offset = 0
+    while True:
+        request = broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=1 << 24)
+        request.topics.add(name=topic).partitions.add(
+            partition=0, fetch_offset=offset, partition_max_bytes=1 << 24, current_leader_epoch=-1
+        )
+        out = stub(cluster, broker).Fetch(request, timeout=10).topics[0].partitions[0]
+        assert out.error.code == 0, out.error.message
+        if not out.records:
+            return values
+        for b in read_batches(out.records):
+            for r in b.records():
+                if r.offset >= offset:
+                    values.append(bytes(r.value or b""))
+            offset = b.last_offset + 1
+
+
+def leader_of(cluster: LocalCluster, topic: str) -> int:
+    def known() -> int | None:
+        state = partition_state(cluster, topic)
+        return state[0] if state is not None and state[0] >= 0 else None
+
+    return wait_for(f"a leader of {topic}", known)
+
+
+def wait_isr(
+    cluster: LocalCluster, topic: str, isr: tuple[int, ...], timeout: float = WAIT_S
+) -> None:
+    wait_for(
+        f"ISR {isr} of {topic}",
+        lambda: (s := partition_state(cluster, topic)) is not None and s[2] == tuple(sorted(isr)),
+        timeout,
+    )
+
+
+def wait_replicated(cluster: LocalCluster, topic: str, brokers: list[int], end: int) -> None:
+    wait_for(
+        f"{topic} replicated to {end} on {brokers}",
+        lambda: all(log_end_offset(cluster, b, topic) == end for b in brokers),
+    )
+
+
+# --- tests --------------------------------------------------------------------------------
+
+
+def test_acks_all_completes_only_when_every_isr_member_has_it(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    for i in range(5):
+        out = produce(cluster, leader, topic, [f"v{i}-{j}".encode() for j in range(10)])
+        assert out.error.code == 0, out.error.message
+        assert out.base_offset == 10 * i
+        # Acknowledged: the high watermark passed it, so every ISR member holds it already.
+        for b in BROKERS:
+            assert log_end_offset(cluster, b, topic) >= 10 * (i + 1)
+    assert len(consume_all(cluster, leader, topic)) == 50
+
+
+def test_follower_catches_up_after_restart_and_rejoins_the_isr(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    follower = next(b for b in BROKERS if b != leader)
+    cluster.kill("broker", follower, signal.SIGTERM)  # clean stop: its lease goes at once
+    for i in range(20):  # acks=1: nothing waits for the dead follower
+        assert produce(cluster, leader, topic, [f"a{i}".encode()] * 5, acks=1).error.code == 0
+    others = [b for b in BROKERS if b != follower]
+    wait_isr(cluster, topic, tuple(others))
+    cluster.start_broker(follower)
+    wait_replicated(cluster, topic, list(BROKERS), 100)
+    wait_isr(cluster, topic, BROKERS)
+    out = produce(cluster, leader_of(cluster, topic), topic, [b"after"])
+    assert out.error.code == 0 and out.base_offset == 100
+
+
+def test_stopped_follower_leaves_the_isr_and_rejoins_after_sigcont(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    follower = next(b for b in BROKERS if b != leader)
+    stopped_at = time.monotonic()
+    os.kill(cluster.process("broker", follower).pid, signal.SIGSTOP)
+    try:
+        produce(cluster, leader, topic, [b"x"], acks=1)
+        others = tuple(b for b in BROKERS if b != follower)
+        # Out of the ISR after replica.lag.time.max.ms (the leader's AlterPartition; the
+        # controller would also drop it when its lease expires, later). Its last fetch may
+        # have been parked up to replica.fetch.wait.max.ms before the stop: 1 s of slack.
+        wait_isr(cluster, topic, others)
+        assert time.monotonic() - stopped_at >= LAG_MS / 1000 - 1.0
+        out = produce(cluster, leader, topic, [b"y"] * 3)  # acks=all works with ISR 2 >= 2
+        assert out.error.code == 0, out.error.message
+    finally:
+        os.kill(cluster.process("broker", follower).pid, signal.SIGCONT)
+    wait_isr(cluster, topic, BROKERS)
+    wait_replicated(cluster, topic, list(BROKERS), 4)
+
+
+def test_not_enough_replicas_when_two_followers_are_down(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    assert produce(cluster, leader, topic, [b"ok"]).error.code == 0
+    followers = [b for b in BROKERS if b != leader]
+    for b in followers:
+        cluster.kill("broker", b, signal.SIGTERM)
+    wait_isr(cluster, topic, (leader,))
+    out = produce(cluster, leader, topic, [b"refused"])
+    assert out.error.code == ErrorCode.NOT_ENOUGH_REPLICAS.code, out.error.message
+    assert log_end_offset(cluster, leader, topic) == 1  # nothing was appended
+    assert produce(cluster, leader, topic, [b"acks-1"], acks=1).error.code == 0
+    for b in followers:
+        cluster.start_broker(b)
+    wait_isr(cluster, topic, BROKERS)
+    wait_replicated(cluster, topic, list(BROKERS), 2)
+
+
+def test_leader_failover_keeps_acknowledged_records_and_truncates_the_old_leader(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    old_leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    acked = [f"acked-{i}".encode() for i in range(30)]
+    for i in range(0, 30, 10):
+        out = produce(cluster, old_leader, topic, acked[i : i + 10])
+        assert out.error.code == 0, out.error.message
+    followers = [b for b in BROKERS if b != old_leader]
+    for b in followers:
+        os.kill(cluster.process("broker", b).pid, signal.SIGSTOP)
+    try:
+        # A tail only the leader gets (acks=1, never acknowledged as committed): at most the
+        # first batch reaches a follower (through a fetch it had parked before it stopped).
+        tail = [f"tail-{i}".encode() for i in range(3)]
+        for i, value in enumerate(tail):
+            out = produce(cluster, old_leader, topic, [value], acks=1)
+            assert (out.error.code, out.base_offset) == (0, 30 + i)
+        cluster.kill("broker", old_leader)  # SIGKILL: its lease expires, the controller elects
+    finally:
+        for b in followers:
+            os.kill(cluster.process("broker", b).pid, signal.SIGCONT)
+
+    def new_leader() -> int | None:
+        state = partition_state(cluster, topic)
+        return state[0] if state is not None and state[0] in followers else None
+
+    elected = wait_for("a new leader", new_leader)
+    more = [f"more-{i}".encode() for i in range(5)]
+    out = produce(cluster, elected, topic, more)
+    assert out.error.code == 0, out.error.message
+
+    cluster.start_broker(old_leader)
+    wait_isr(cluster, topic, BROKERS)
+    final_end = log_end_offset(cluster, elected, topic)
+    wait_replicated(cluster, topic, list(BROKERS), final_end)
+    values = consume_all(cluster, leader_of(cluster, topic), topic)
+    assert values[:30] == acked  # nothing acknowledged is lost, order kept
+    assert values[-5:] == more
+    assert tail[-1] not in values  # the old leader's divergent tail is gone everywhere
+    assert len(values) == final_end
+    log_text = Path(cluster.logs_dir / f"broker-{old_leader}.log").read_text()
+    assert "diverged" in log_text
+
+
+def test_high_watermark_checkpoint_written_on_clean_shutdown(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    assert produce(cluster, leader, topic, [b"c"] * 7).error.code == 0  # acks=all: HW is 7
+    cluster.kill("broker", leader, signal.SIGTERM)
+    path = cluster.data_dir / "brokers" / str(leader) / "replication-offset-checkpoint"
+    assert f"{topic} 0 7" in path.read_text().splitlines()
+    cluster.start_broker(leader)
+    wait_isr(cluster, topic, BROKERS)
+    wait_replicated(cluster, topic, list(BROKERS), 7)

@@ -1,0 +1,130 @@
+"""The orders -> shipments job end to end: orders produced to a Fjord topic on the shared local
+cluster, the job run with AvailableNow through the ``fjord`` source and sink, shipments and dead
+letters read back from their topics; a second run with the same checkpoint (through the job's
+command line, ``main()``) processes only the orders that arrived since."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fjord.client import Consumer, ConsumerRecord, Producer, TopicPartition
+from fjord_jobs import orders_shipments
+from fjord_jobs.common import JobOptions
+from fjord_jobs.defaults import REJECT_REASON_HEADER
+from tests.spark.conftest import SPARK_WAIT_S
+
+pytestmark = pytest.mark.integration
+
+
+def send_orders(bootstrap: str, topic: str, values: list[tuple[str, str]]) -> None:
+    """Produce (key, value) records, as the order service would (keyed by order id)."""
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
+        futures = [producer.send(topic, value=value, key=key) for key, value in values]
+        producer.flush()
+        for future in futures:
+            future.result(30)
+
+
+def order(order_id: str, sku: str, qty: int = 1) -> tuple[str, str]:
+    body = {"order_id": order_id, "user_id": f"user-{order_id}", "sku": sku, "qty": qty}
+    return order_id, json.dumps(body)
+
+
+def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
+    """Every record of ``topic`` up to its current end (read with the Fjord consumer, which is
+    cheaper than a Spark job)."""
+    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
+        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
+        consumer.assign(tps)
+        end = consumer.end_offsets(tps)
+        records: list[ConsumerRecord] = []
+        deadline = time.monotonic() + SPARK_WAIT_S
+        while any(consumer.position(tp) < end[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"timed out reading {topic}"
+            records.extend(consumer.poll(timeout=1.0))
+        return records
+
+
+def header(record: ConsumerRecord, name: str) -> str:
+    values = [bytes(v or b"").decode() for k, v in record.headers if k == name]
+    assert len(values) == 1, record.headers
+    return values[0]
+
+
+# Under a loaded 2-core machine Spark's first streaming queries are slow: a larger bound.
+@pytest.mark.timeout(900)
+def test_orders_to_shipments_through_fjord_topics(
+    spark: Any, bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    orders, shipments, dead = new_topic(2), new_topic(2), new_topic(1)
+    first = [
+        order("o-1", "SKU-BOOK", 2),
+        order("o-2", "SKU-PHONE"),
+        order("o-3", "SKU-CHAIR", 4),
+        order("o-4", "SKU-NOT-STOCKED"),
+        ("o-5", "{broken json"),
+    ]
+    send_orders(bootstrap, orders, first)
+    checkpoint = tmp_path / "checkpoint"
+
+    query = orders_shipments.start(
+        spark,
+        JobOptions(bootstrap_servers=bootstrap, checkpoint=str(checkpoint), available_now=True),
+        orders_shipments.warehouses_frame(spark),
+        orders,
+        shipments,
+        dead,
+    )
+    assert query.awaitTermination(SPARK_WAIT_S), "AvailableNow did not finish"
+    assert query.exception() is None
+
+    shipped = {
+        (r.key or b"").decode(): json.loads(r.value or b"") for r in read_all(bootstrap, shipments)
+    }
+    assert sorted(shipped) == ["o-1", "o-2", "o-3"]
+    assert {k: (s["warehouse"], s["carrier"], s["qty"]) for k, s in shipped.items()} == {
+        "o-1": ("WH-NORTH", "DHL", 2),
+        "o-2": ("WH-SOUTH", "UPS", 1),
+        "o-3": ("WH-WEST", "FEDEX", 4),
+    }
+    assert all(s["source"]["topic"] == orders for s in shipped.values())
+    dead_letters = read_all(bootstrap, dead)
+    got_dead = {
+        (r.key or b"").decode(): (
+            (r.value or b"").decode(),
+            header(r, REJECT_REASON_HEADER),
+        )
+        for r in dead_letters
+    }
+    assert got_dead == {
+        "o-4": (dict(first)["o-4"], "UNKNOWN_SKU"),
+        "o-5": ("{broken json", "INVALID_JSON"),
+    }
+
+    # New orders arrive; the job runs again from its checkpoint, now through its command line.
+    send_orders(bootstrap, orders, [order("o-6", "SKU-DESK"), order("o-7", "SKU-LAMP", 3)])
+    exit_code = orders_shipments.main(
+        [
+            "--bootstrap-servers",
+            bootstrap,
+            "--checkpoint",
+            str(checkpoint),
+            "--available-now",
+            "--orders-topic",
+            orders,
+            "--shipments-topic",
+            shipments,
+            "--dead-letter-topic",
+            dead,
+        ]
+    )
+    assert exit_code == 0
+    keys = sorted((r.key or b"").decode() for r in read_all(bootstrap, shipments))
+    assert keys == ["o-1", "o-2", "o-3", "o-6", "o-7"]  # nothing processed twice
+    assert len(read_all(bootstrap, dead)) == 2

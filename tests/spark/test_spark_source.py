@@ -1,0 +1,299 @@
+"""The fjord data source end to end: Spark ``local[2]`` against the shared local cluster."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fjord.client import Consumer, TopicPartition
+from fjord.errors import KafkaTimeoutError
+from fjord_spark.arrow import arrow_schema, reader_schema
+from fjord_spark.errors import DataLossError
+from fjord_spark.offsets import OffsetRange
+from fjord_spark.options import parse_reader_options
+from fjord_spark.source import ClusterView, FjordInputPartition, read_partition
+from tests.spark.conftest import SPARK_WAIT_S, produce, wait_until
+
+pytestmark = pytest.mark.integration
+
+RETAINED_RECORDS = 30
+
+
+@pytest.fixture(scope="module")
+def retained_topic(new_topic: Callable[..., str], bootstrap: str) -> str:
+    """A topic whose oldest segments retention deletes (tiny segments, retention.bytes=1).
+    Made first (autouse below) so the broker's retention pass runs while other tests do."""
+    topic = new_topic(1, {"segment.bytes": "200", "retention.bytes": "1"})
+    for i in range(RETAINED_RECORDS):  # one batch each, so several segments roll
+        produce(bootstrap, topic, 1, start=i)
+    return topic
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _start_retention_early(retained_topic: str) -> None:
+    return None
+
+
+def rows_of(df: Any) -> list[tuple[Any, ...]]:
+    return sorted((r.partition, r.offset, bytes(r.key), bytes(r.value)) for r in df.collect())
+
+
+def expected_rows(metadata: list[Any], start: int = 0) -> list[tuple[Any, ...]]:
+    return sorted(
+        (m.partition, m.offset, f"k{start + i}".encode(), f"v{start + i}".encode())
+        for i, m in enumerate(metadata)
+    )
+
+
+def reader(spark: Any, bootstrap: str, **options: str) -> Any:
+    r = spark.read.format("fjord").option("bootstrap.servers", bootstrap)
+    for key, value in options.items():
+        r = r.option(key, value)
+    return r
+
+
+# -- batch --------------------------------------------------------------------------------------
+
+
+def test_batch_read_all_with_headers_and_schema(spark: Any, bootstrap: str, new_topic: Any) -> None:
+    topic = new_topic(3)
+    sent = produce(bootstrap, topic, 200)
+    df = reader(spark, bootstrap, subscribe=topic, includeHeaders="true").load()
+    assert df.schema.simpleString() == (
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,"
+        "timestamp:timestamp,timestampType:int,headers:array<struct<key:string,value:binary>>>"
+    )
+    rows = df.collect()
+    assert len(rows) == 200
+    by_value = {bytes(r.value): r for r in rows}
+    for i, m in enumerate(sent):
+        row = by_value[f"v{i}".encode()]
+        assert (row.topic, row.partition, row.offset) == (topic, m.partition, m.offset)
+        assert bytes(row.key) == f"k{i}".encode()
+        assert [(h.key, bytes(h.value)) for h in row.headers] == [("i", str(i).encode())]
+        assert row.timestampType == 0
+        assert int(row.timestamp.timestamp() * 1000) == m.timestamp
+
+
+def test_batch_read_between_offsets(spark: Any, bootstrap: str, new_topic: Any) -> None:
+    topic = new_topic(2)
+    sent = produce(bootstrap, topic, 100)
+    per_partition = {p: sorted(m.offset for m in sent if m.partition == p) for p in (0, 1)}
+    assert min(len(v) for v in per_partition.values()) > 10
+    df = reader(
+        spark,
+        bootstrap,
+        assign=json.dumps({topic: [0, 1]}),
+        startingOffsets=json.dumps({topic: {"0": 5, "1": -2}}),
+        endingOffsets=json.dumps({topic: {"0": 9, "1": -1}}),
+    ).load()
+    got = sorted((r.partition, r.offset) for r in df.select("partition", "offset").collect())
+    assert got == [(0, o) for o in range(5, 9)] + [(1, o) for o in per_partition[1]]
+
+
+def test_batch_write_then_read_back(spark: Any, bootstrap: str, new_topic: Any) -> None:
+    topic = new_topic(2)
+    data = [
+        (f"k{i}".encode(), f"v{i}".encode(), i % 2, [("h", f"{i}".encode())]) for i in range(120)
+    ]
+    schema = (
+        "key binary, value binary, partition int, headers array<struct<key:string,value:binary>>"
+    )
+    spark.createDataFrame(data, schema).write.format("fjord").option(
+        "bootstrap.servers", bootstrap
+    ).option("topic", topic).mode("append").save()
+    back = reader(spark, bootstrap, subscribe=topic, includeHeaders="true").load().collect()
+    got = sorted(
+        (bytes(r.key), bytes(r.value), r.partition, [(h.key, bytes(h.value)) for h in r.headers])
+        for r in back
+    )
+    assert got == sorted(data)
+    # Order within a partition is the write order of that task's rows.
+    assert sorted(r.offset for r in back if r.partition == 0) == list(range(60))
+
+
+def test_write_to_unknown_topic_fails_the_task(spark: Any, bootstrap: str) -> None:
+    df = spark.createDataFrame([("k", "v")], "key string, value string")
+    with pytest.raises(Exception, match="spark-no-such-topic"):
+        df.write.format("fjord").option("bootstrap.servers", bootstrap).option(
+            "topic", "spark-no-such-topic"
+        ).option("fjord.max.block.ms", "1500").option(
+            "fjord.allow.auto.create.topics", "false"
+        ).mode("append").save()
+
+
+def test_clear_errors_for_unknown_topic_and_missing_bootstrap(spark: Any, bootstrap: str) -> None:
+    with pytest.raises(Exception, match="topic 'spark-absent' does not exist"):
+        reader(spark, bootstrap, subscribe="spark-absent").load().collect()
+    with pytest.raises(Exception, match=r"missing option bootstrap\.servers"):
+        spark.read.format("fjord").option("subscribe", "x").load().collect()
+    with pytest.raises(Exception, match=r"missing option bootstrap\.servers"):
+        spark.readStream.format("fjord").option("subscribe", "x").load().writeStream.format(
+            "noop"
+        ).start().awaitTermination(SPARK_WAIT_S)
+    with pytest.raises(Exception, match="startingOffsets=latest is not allowed"):
+        reader(spark, bootstrap, subscribe="x", startingOffsets="latest").load().collect()
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+def test_stream_restart_from_checkpoint_no_loss_no_duplicate(
+    spark: Any, bootstrap: str, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(3)
+    first = produce(bootstrap, topic, 300)
+    out, checkpoint = str(tmp_path / "out"), str(tmp_path / "checkpoint")
+
+    def start(**options: str) -> Any:
+        r = spark.readStream.format("fjord").option("bootstrap.servers", bootstrap)
+        r = r.option("subscribe", topic).option("startingOffsets", "earliest")
+        for key, value in options.items():
+            r = r.option(key, value)
+        return (
+            r.load()
+            .select("key", "value", "partition", "offset")
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", checkpoint)
+            .trigger(processingTime="200 milliseconds")
+            .start()
+        )
+
+    def rows_read(query: Any) -> int:
+        if not query.isActive:
+            raise AssertionError(f"the query stopped: {query.exception()}")
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    query = start(maxOffsetsPerTrigger="50")
+    try:
+        wait_until(lambda: rows_read(query) >= 50, "the first micro-batch")
+    finally:
+        query.stop()
+    assert sum(p["numInputRows"] for p in query.recentProgress) < 300  # work left to restart
+    second = produce(bootstrap, topic, 200, start=300)
+    query = start()
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    got = rows_of(spark.read.parquet(out))
+    assert got == expected_rows(first + second)  # exactly once: no loss, no duplicate
+
+
+def test_available_now_with_max_offsets_per_trigger(
+    spark: Any, bootstrap: str, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(3)
+    produce(bootstrap, topic, 250)
+    batch_sizes: list[int] = []
+
+    def record(batch_df: Any, batch_id: int) -> None:
+        batch_sizes.append(batch_df.count())
+        if batch_id == 0:
+            produce(bootstrap, topic, 10, start=1000)  # after the start: AvailableNow skips it
+
+    query = (
+        spark.readStream.format("fjord")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "100")
+        .load()
+        .writeStream.foreachBatch(record)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(SPARK_WAIT_S), "AvailableNow did not finish"
+    assert query.exception() is None
+    assert [s for s in batch_sizes if s] == [100, 100, 50]
+
+
+def test_stream_write_then_read_back(
+    spark: Any, bootstrap: str, new_topic: Any, tmp_path: Path
+) -> None:
+    source, sink = new_topic(2), new_topic(2)
+    sent = produce(bootstrap, source, 150)
+    query = (
+        spark.readStream.format("fjord")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", source)
+        .option("startingOffsets", "earliest")
+        .load()
+        .selectExpr("key", "value", "partition")
+        .writeStream.format("fjord")
+        .option("bootstrap.servers", bootstrap)
+        .option("topic", sink)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(SPARK_WAIT_S), "the streaming write did not finish"
+    assert query.exception() is None
+    back = reader(spark, bootstrap, subscribe=sink).load()
+    assert rows_of(back) == expected_rows(sent)  # same partitions, same offsets, same rows
+
+
+# -- data loss ----------------------------------------------------------------------------------
+
+
+def _log_start(bootstrap: str, topic: str) -> int:
+    with Consumer({"bootstrap.servers": bootstrap}) as consumer:
+        return consumer.beginning_offsets([TopicPartition(topic, 0)])[TopicPartition(topic, 0)]
+
+
+def test_fail_on_data_loss_both_ways(spark: Any, bootstrap: str, retained_topic: str) -> None:
+    wait_until(lambda: _log_start(bootstrap, retained_topic) > 0, "retention", timeout=120)
+    log_start = _log_start(bootstrap, retained_topic)
+    from_zero = json.dumps({retained_topic: {"0": 0}})
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        reader(spark, bootstrap, subscribe=retained_topic, startingOffsets=from_zero).load().count()
+    skipped = reader(
+        spark,
+        bootstrap,
+        subscribe=retained_topic,
+        startingOffsets=from_zero,
+        failOnDataLoss="false",
+    ).load()
+    assert sorted(r.offset for r in skipped.select("offset").collect()) == list(
+        range(log_start, RETAINED_RECORDS)
+    )
+
+    # The same inside a read task, when retention runs after the range was planned.
+    options = parse_reader_options(
+        {"bootstrap.servers": bootstrap, "subscribe": retained_topic, "pollTimeoutMs": "10000"},
+        streaming=False,
+    )
+    view = ClusterView(options)
+    try:
+        (task,) = view.tasks([OffsetRange(TopicPartition(retained_topic, 0), 0, RETAINED_RECORDS)])
+    finally:
+        view.close()
+    schema = arrow_schema(reader_schema(False))
+    with pytest.raises(DataLossError, match="log now starts at"):
+        list(read_partition(task, schema))
+    lenient = FjordInputPartition(**{**task.__dict__, "fail_on_data_loss": False})
+    offsets = [o for b in read_partition(lenient, schema) for o in b.column("offset").to_pylist()]
+    assert offsets == list(range(log_start, RETAINED_RECORDS))
+
+
+def test_read_task_times_out_clearly(bootstrap: str, new_topic: Any) -> None:
+    """Records the plan says exist but that never arrive (here: past the end of an empty
+    topic) fail the task after pollTimeoutMs instead of hanging."""
+    topic = new_topic(1)
+    options = parse_reader_options(
+        {"bootstrap.servers": bootstrap, "subscribe": topic, "pollTimeoutMs": "1500"},
+        streaming=False,
+    )
+    view = ClusterView(options)
+    try:
+        (task,) = view.tasks([OffsetRange(TopicPartition(topic, 0), 0, 1)])
+    finally:
+        view.close()
+    with pytest.raises(KafkaTimeoutError, match="pollTimeoutMs=1500"):
+        list(read_partition(task, arrow_schema(reader_schema(False))))

@@ -1,0 +1,203 @@
+"""Leader elections of the controller, pure: liveness (clean / unclean), preferred elections,
+auto leader rebalancing and ElectLeaders planning."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjord.controller.election import (
+    elect_preferred,
+    elect_unclean,
+    initial_state,
+    needs_preferred_election,
+    on_liveness_change,
+)
+from fjord.controller.planner import (
+    PREFERRED_ELECTION,
+    UNCLEAN_ELECTION,
+    plan_elect_leaders,
+    plan_preferred_rebalance,
+)
+from fjord.errors import (
+    ElectionNotNeededError,
+    EligibleLeadersNotAvailableError,
+    InvalidRequestError,
+    PreferredLeaderNotAvailableError,
+    UnknownTopicOrPartitionError,
+)
+from fjord.metadata import (
+    NO_LEADER,
+    BrokerRegistration,
+    Keys,
+    MetadataEvent,
+    MetadataImage,
+    PartitionState,
+    TopicRecord,
+)
+
+K = Keys("c")
+
+
+def image_of(live: list[int], partitions: dict[tuple[str, int], PartitionState]) -> MetadataImage:
+    events = [
+        MetadataEvent.put(K.broker(b), BrokerRegistration(b, "h", b, None).to_json(), 1, 1)
+        for b in live
+    ]
+    for topic in sorted({t for t, _ in partitions}):
+        count = sum(1 for t, _ in partitions if t == topic)
+        rf = len(partitions[(topic, 0)].replicas)
+        record = TopicRecord(f"id-{topic}", count, rf, {})
+        events.append(MetadataEvent.put(K.topic(topic), record.to_json(), 2, 2))
+    events += [
+        MetadataEvent.put(K.partition(t, p), s.to_json(), 3, 3) for (t, p), s in partitions.items()
+    ]
+    return MetadataImage.empty("c").apply(events)
+
+
+def state(replicas: list[int], isr: list[int], leader: int, le: int = 4, pe: int = 9):
+    return PartitionState(tuple(replicas), tuple(isr), leader, le, pe)
+
+
+# -- liveness ---------------------------------------------------------------------------------
+
+
+def test_dead_leader_hands_over_to_first_live_isr_member_in_preferred_order() -> None:
+    new = on_liveness_change(state([1, 2, 3], [3, 2, 1], 1), live={2, 3})
+    assert new.leader == 2  # replica order, not ISR order
+    assert new.isr == (3, 2)
+    assert (new.leader_epoch, new.partition_epoch) == (5, 10)
+
+
+def test_dead_follower_leaves_isr_without_leader_epoch_bump() -> None:
+    new = on_liveness_change(state([1, 2, 3], [1, 2, 3], 1), live={1, 2})
+    assert (new.leader, new.isr, new.leader_epoch, new.partition_epoch) == (1, (1, 2), 4, 10)
+
+
+def test_no_live_isr_goes_offline_unless_unclean_allowed() -> None:
+    s = state([1, 2, 3], [1], 1)
+    offline = on_liveness_change(s, live={2, 3})
+    assert offline.leader == NO_LEADER and offline.isr == (1,)  # last member kept
+    unclean = on_liveness_change(s, live={2, 3}, unclean_allowed=True)
+    assert (unclean.leader, unclean.isr) == (2, (2,))
+    assert unclean.leader_epoch == 5
+
+
+def test_returning_last_isr_member_leads_again() -> None:
+    offline = on_liveness_change(state([1, 2], [1], 1), live={2})
+    back = on_liveness_change(offline, live={1, 2})
+    assert back.leader == 1 and back.leader_epoch == offline.leader_epoch + 1
+
+
+def test_returning_broker_is_a_follower_not_in_isr() -> None:
+    moved = on_liveness_change(state([1, 2, 3], [1, 2, 3], 1), live={2, 3})
+    back = on_liveness_change(moved, live={1, 2, 3})
+    assert back is moved  # it rejoins the ISR only through the leader's AlterPartition
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    replicas=st.permutations([1, 2, 3, 4]).map(lambda p: p[:3]),
+    isr_mask=st.lists(st.booleans(), min_size=3, max_size=3),
+    live=st.sets(st.integers(1, 4)),
+    unclean=st.booleans(),
+)
+def test_liveness_keeps_invariants(
+    replicas: list[int], isr_mask: list[bool], live: set[int], unclean: bool
+) -> None:
+    isr = [r for r, keep in zip(replicas, isr_mask, strict=True) if keep] or replicas[:1]
+    leader = isr[0]
+    old = state(replicas, isr, leader)
+    new = on_liveness_change(old, live, unclean)
+    assert set(new.isr) <= set(new.replicas) and new.isr
+    assert new.leader == NO_LEADER or new.leader in new.isr
+    if new.leader != NO_LEADER:
+        assert new.leader in live
+        if not unclean:
+            assert new.leader in old.isr  # clean: never a replica that may lack data
+    assert new.leader_epoch == old.leader_epoch + (new.leader != old.leader)
+    assert new.partition_epoch == old.partition_epoch + (new is not old)
+    if any(r in live for r in old.isr):
+        assert new.leader != NO_LEADER
+
+
+# -- preferred and unclean elections ------------------------------------------------------------
+
+
+def test_preferred_election_moves_leadership_back() -> None:
+    new = elect_preferred(state([1, 2, 3], [2, 3, 1], 2), live={1, 2, 3})
+    assert (new.leader, new.isr, new.leader_epoch) == (1, (2, 3, 1), 5)
+
+
+@pytest.mark.parametrize(
+    ("s", "live", "error"),
+    [
+        (state([1, 2], [1, 2], 1), {1, 2}, ElectionNotNeededError),
+        (state([1, 2], [2], 2), {1, 2}, PreferredLeaderNotAvailableError),  # not in ISR
+        (state([1, 2], [1, 2], 2), {2}, PreferredLeaderNotAvailableError),  # not live
+    ],
+)
+def test_preferred_election_refusals(s: PartitionState, live: set[int], error: type) -> None:
+    with pytest.raises(error):
+        elect_preferred(s, live)
+    assert not needs_preferred_election(s, live)
+
+
+def test_unclean_election() -> None:
+    offline = state([1, 2, 3], [1], NO_LEADER)
+    new = elect_unclean(offline, live={3, 2})
+    assert (new.leader, new.isr) == (2, (2,))
+    with pytest.raises(ElectionNotNeededError):
+        elect_unclean(state([1, 2], [1, 2], 1), live={1})
+    with pytest.raises(EligibleLeadersNotAvailableError):
+        elect_unclean(offline, live={7})
+    # A live ISR member is preferred over a replica outside the ISR.
+    assert elect_unclean(state([1, 2, 3], [3], NO_LEADER), live={2, 3}).leader == 3
+
+
+# -- planner ----------------------------------------------------------------------------------
+
+
+def test_auto_rebalance_plans_only_partitions_whose_preferred_replica_can_lead() -> None:
+    image = image_of(
+        [1, 2, 3],
+        {
+            ("t", 0): state([1, 2, 3], [1, 2, 3], 2),  # moves back to 1
+            ("t", 1): state([2, 3, 1], [2, 3, 1], 2),  # already preferred
+            ("t", 2): state([3, 1, 2], [1, 2], 1),  # 3 not in ISR
+        },
+    )
+    changes = plan_preferred_rebalance(image)
+    assert set(changes) == {("t", 0)} and changes[("t", 0)].leader == 1
+
+
+def test_elect_leaders_outcomes() -> None:
+    image = image_of(
+        [1, 2],
+        {("t", 0): state([1, 2], [1, 2], 2), ("t", 1): state([2, 1], [2, 1], 2)},
+    )
+    changes, outcomes = plan_elect_leaders(image, PREFERRED_ELECTION, [("t", 0), ("t", 1),
+                                                                      ("t", 5)])
+    assert set(changes) == {("t", 0)}
+    errors = {(o.topic, o.partition): type(o.error) for o in outcomes}
+    assert errors == {
+        ("t", 0): type(None),
+        ("t", 1): ElectionNotNeededError,
+        ("t", 5): UnknownTopicOrPartitionError,
+    }
+    # All partitions: the ones needing nothing are left out, as Kafka does.
+    _, all_outcomes = plan_elect_leaders(image, PREFERRED_ELECTION, None)
+    assert [(o.topic, o.partition) for o in all_outcomes] == [("t", 0)]
+    with pytest.raises(InvalidRequestError):
+        plan_elect_leaders(image, 7, None)
+
+
+def test_elect_leaders_unclean_for_offline_partition() -> None:
+    image = image_of([2], {("t", 0): state([1, 2], [1], NO_LEADER)})
+    changes, outcomes = plan_elect_leaders(image, UNCLEAN_ELECTION, [("t", 0)])
+    assert changes[("t", 0)].leader == 2 and outcomes[0].error is None
+
+
+def test_initial_state_first_replica_leads() -> None:
+    assert initial_state([3, 1, 2]) == PartitionState((3, 1, 2), (3, 1, 2), 3, 0, 0)

@@ -1,0 +1,150 @@
+"""Lag rows (``kafka-consumer-groups.sh --describe``) and the ``--reset-offsets`` planner."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjord.coordinator.lag import (
+    LagRow,
+    MemberPartitions,
+    PartitionReset,
+    ShiftBy,
+    ToDatetime,
+    ToEarliest,
+    ToLatest,
+    ToOffset,
+    lag_rows,
+    parse_topic_selector,
+    plan_offset_reset,
+    reset_scope,
+    total_lag,
+)
+from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
+
+
+def test_describe_rows():
+    committed = {("orders", 0): 10, ("orders", 1): 5, ("old", 0): 3}
+    ends = {("orders", 0): 15, ("orders", 1): 5, ("orders", 2): 9}
+    members = [MemberPartitions("c-1", "/10.0.0.1", "svc", (("orders", 0), ("orders", 2)))]
+    rows = lag_rows(committed, ends, members)
+    assert rows == [
+        LagRow("old", 0, 3, None, None, None, None, None),
+        LagRow("orders", 0, 10, 15, 5, "c-1", "/10.0.0.1", "svc"),
+        LagRow("orders", 1, 5, 5, 0, None, None, None),
+        LagRow("orders", 2, None, 9, None, "c-1", "/10.0.0.1", "svc"),
+    ]
+    assert total_lag(rows) == 5
+    # OffsetFetch's -1 is "nothing committed"; a committed offset past the end shows lag 0.
+    assert lag_rows({("t", 0): -1, ("t", 1): 20}, {("t", 0): 4, ("t", 1): 10}) == [
+        LagRow("t", 0, None, 4, None, None, None, None),
+        LagRow("t", 1, 20, 10, 0, None, None, None),
+    ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.dictionaries(
+        st.tuples(st.sampled_from("ab"), st.integers(0, 3)),
+        st.tuples(st.integers(0, 100), st.integers(0, 100)),
+        max_size=8,
+    )
+)
+def test_lag_is_end_minus_committed(data):
+    committed = {tp: c for tp, (c, _) in data.items()}
+    ends = {tp: c + extra for tp, (c, extra) in data.items()}
+    rows = lag_rows(committed, ends)
+    assert [(r.topic, r.partition) for r in rows] == sorted(data)
+    assert all(r.lag == ends[(r.topic, r.partition)] - r.current_offset for r in rows)
+    assert total_lag(rows) == sum(extra for _, extra in data.values())
+
+
+EARLIEST = {("t", 0): 10, ("t", 1): 0}
+LATEST = {("t", 0): 100, ("t", 1): 50}
+COMMITTED = {("t", 0): 40, ("t", 1): 45}
+TPS = [("t", 0), ("t", 1)]
+
+
+def plan(spec, **kw):
+    args = dict(
+        group_state="Empty", active_members=0, committed=COMMITTED, earliest=EARLIEST, latest=LATEST
+    )
+    args.update(kw)
+    return {(r.topic, r.partition): r.new_offset for r in plan_offset_reset("g", spec, TPS, **args)}
+
+
+def test_reset_specs():
+    assert plan(ToEarliest()) == {("t", 0): 10, ("t", 1): 0}
+    assert plan(ToLatest()) == {("t", 0): 100, ("t", 1): 50}
+    assert plan(ToOffset(20)) == {("t", 0): 20, ("t", 1): 20}
+    assert plan(ToOffset(5)) == {("t", 0): 10, ("t", 1): 5}  # clamped to earliest
+    assert plan(ShiftBy(10)) == {("t", 0): 50, ("t", 1): 50}  # clamped to latest
+    assert plan(ShiftBy(-45)) == {("t", 0): 10, ("t", 1): 0}
+    times = {("t", 0): 70, ("t", 1): None}  # no record that late in t-1: its end
+    assert plan(ToDatetime(1_700_000_000_000), offsets_for_times=times) == {
+        ("t", 0): 70,
+        ("t", 1): 50,
+    }
+    rows = plan_offset_reset(
+        "g",
+        ToEarliest(),
+        TPS,
+        group_state="Dead",
+        active_members=0,
+        committed={},
+        earliest=EARLIEST,
+        latest=LATEST,
+    )
+    assert rows[0] == PartitionReset("t", 0, None, 10)
+
+
+def test_reset_refusals_are_typed():
+    with pytest.raises(NonEmptyGroupError, match=r"inactive.*Stable"):
+        plan(ToEarliest(), group_state="Stable", active_members=2)
+    with pytest.raises(InvalidRequestError, match="no committed offset"):
+        plan(ShiftBy(1), committed={("t", 0): 1})
+    with pytest.raises(InvalidRequestError, match="offsets_for_times"):
+        plan(ToDatetime(0))
+    with pytest.raises(InvalidRequestError, match="earliest/latest"):
+        plan(ToEarliest(), latest={})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 50), st.integers(0, 50), st.integers(-200, 200), st.integers(-10, 200))
+def test_reset_always_lands_in_range(low, width, shift, offset):
+    high = low + width
+    for spec in (ShiftBy(shift), ToOffset(offset)):
+        rows = plan_offset_reset(
+            "g",
+            spec,
+            [("t", 0)],
+            group_state="Empty",
+            active_members=0,
+            committed={("t", 0): low},
+            earliest={("t", 0): low},
+            latest={("t", 0): high},
+        )
+        assert low <= rows[0].new_offset <= high
+
+
+def test_scope_selection():
+    counts = {"t": 3, "u": 2}
+    assert reset_scope(
+        topics=None, all_topics=True, partitions_per_topic=counts, committed={("u", 1): 4}
+    ) == [("u", 0), ("u", 1)]
+    assert reset_scope(
+        topics=["t:0,2", "u"], all_topics=False, partitions_per_topic=counts, committed={}
+    ) == [("t", 0), ("t", 2), ("u", 0), ("u", 1)]
+    assert parse_topic_selector("t") == ("t", None)
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        reset_scope(topics=["t"], all_topics=True, partitions_per_topic=counts, committed={})
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        reset_scope(topics=None, all_topics=False, partitions_per_topic=counts, committed={})
+    with pytest.raises(UnknownTopicOrPartitionError, match="does not exist"):
+        reset_scope(topics=["nope"], all_topics=False, partitions_per_topic=counts, committed={})
+    with pytest.raises(UnknownTopicOrPartitionError, match="3 partitions"):
+        reset_scope(topics=["t:3"], all_topics=False, partitions_per_topic=counts, committed={})
+    for bad in ("t:x", ":1", "t:", "t:-1"):
+        with pytest.raises(InvalidRequestError):
+            parse_topic_selector(bad)
