@@ -48,7 +48,7 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.records = int(options["records"])
         self.partitions_count = int(options["partitions"])
-        self.value_size = int(options["valueSize"])
+        self.value_size = int(options["valuesize"])  # Spark lower-cases option names
         self.schema = arrow_schema(schema)
 
     def _sizes(self) -> dict[str, int]:
