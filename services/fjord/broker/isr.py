@@ -144,9 +144,17 @@ class IsrTracker:
             if r not in self.replicas:
                 del self.followers[r]
 
-    def clear_pending(self) -> None:
-        """The AlterPartition failed (or was refused): nothing is in flight any more."""
-        self.pending = None
+    def clear_pending(self, based_on_partition_epoch: int | None = None) -> None:
+        """The AlterPartition failed (or was refused): nothing is in flight any more. With
+        ``based_on_partition_epoch``, only a pending change fenced with that partition epoch is
+        cleared (an answer to an older request must not drop a newer one)."""
+        if self.pending is None:
+            return
+        if (
+            based_on_partition_epoch is None
+            or self.pending.based_on_partition_epoch == based_on_partition_epoch
+        ):
+            self.pending = None
 
     # --- decisions --------------------------------------------------------------------------
 

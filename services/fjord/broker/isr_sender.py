@@ -113,7 +113,7 @@ class AlterPartitionSender:
                 self._replicas.on_isr_change_result(r, ErrorCode.UNKNOWN_SERVER_ERROR.code, None)
                 continue
             state = None
-            if answer.error.code == 0:
+            if answer.isr:  # the committed state, or the current one with a refusal
                 key = (r.topic, r.partition)
                 hosted = self._replicas.partitions.get(key)
                 replicas = hosted.assignment.replicas if hosted is not None else tuple(answer.isr)
@@ -124,6 +124,7 @@ class AlterPartitionSender:
                     isr=tuple(answer.isr),
                     partition_epoch=answer.partition_epoch,
                 )
+            if answer.error.code == 0:
                 log.info(
                     "%s-%d: ISR is now %s (partition epoch %d)",
                     r.topic,
@@ -133,10 +134,11 @@ class AlterPartitionSender:
                 )
             else:
                 log.warning(
-                    "%s-%d: ISR change to %s refused: %s",
+                    "%s-%d: ISR change to %s (partition epoch %d) refused: %s",
                     r.topic,
                     r.partition,
                     list(r.new_isr),
+                    r.partition_epoch,
                     answer.error.message,
                 )
             self._replicas.on_isr_change_result(r, answer.error.code, state)

@@ -87,7 +87,9 @@ class Partition:
       :class:`fjord.broker.isr.IsrTracker`.
     - ``stale_partition_epoch`` >= 0: the controller refused our AlterPartition for a stale
       epoch; this replica does not act as leader (no appends, no ISR changes) until metadata
-      with a newer partition epoch arrives.
+      with a newer partition epoch arrives. It is the partition epoch the refused request
+      carried, never an older one than the metadata shows (a refusal that crossed an update
+      does not fence: nothing newer might ever come).
     - When this broker becomes leader, its leader epoch is recorded in the epoch cache at its
       log end offset (Kafka's maybeAssignEpochStartOffset), so its latest epoch is never older
       than a follower's and the divergence check always has an answer.
@@ -316,14 +318,26 @@ class Partition:
             self.assignment.partition_epoch,
         )
 
-    def on_isr_change_failed(self, *, stale_epoch: bool) -> bool:
-        """The AlterPartition failed. ``stale_epoch``: the controller refused it because our
-        leader or partition epoch is old, so stop acting as leader until newer metadata comes.
-        Returns True when the high watermark moved (never: a refused expansion only lowers the
-        maximal ISR, and the high watermark never moves back)."""
-        self._isr.clear_pending()
+    def on_isr_change_failed(
+        self, *, stale_epoch: bool, sent_partition_epoch: int | None = None
+    ) -> bool:
+        """The AlterPartition sent with ``sent_partition_epoch`` (None: the current one) failed.
+
+        ``stale_epoch``: the controller refused it because the epochs it carried are old, so
+        stop acting as leader until metadata NEWER than what the request was based on comes
+        (Kafka's rule). When the metadata already moved past ``sent_partition_epoch`` (the
+        refusal crossed an update), the refusal says nothing about the current state: no
+        fence, and a pending change made since is left alone; the leader proposes again at
+        once from the new state. Returns True when the high watermark moved (never: a refused
+        expansion only lowers the maximal ISR, and the high watermark never moves back)."""
+        sent = self.assignment.partition_epoch if sent_partition_epoch is None else (
+            sent_partition_epoch
+        )
+        if sent < self.assignment.partition_epoch:
+            return False  # settled by newer metadata already (see IsrTracker.on_committed)
+        self._isr.clear_pending(based_on_partition_epoch=sent)
         if stale_epoch:
-            self.stale_partition_epoch = self.assignment.partition_epoch
+            self.stale_partition_epoch = sent
         return self._recompute_high_watermark()
 
     # --- follower ---------------------------------------------------------------------------

@@ -228,6 +228,7 @@ class ProducerStateManager:
                 raise OutOfOrderSequenceError(
                     f"producer {h.producer_id} epoch {h.producer_epoch}: expected sequence "
                     f"{next_sequence(entry.last_sequence)}, got {h.base_sequence}"
+                    + _older_than_remembered(entry, h.base_sequence)
                 )
             updated = entry.copy() if entry is not None else ProducerEntry(h.producer_id, -1, -1)
             _apply(updated, h, 0, 0)
@@ -338,6 +339,18 @@ class ProducerStateManager:
             raise CorruptRecordError(f"producer snapshot has {len(data) - pos} trailing bytes")
         state.last_snapshot_offset = end_offset
         return state
+
+
+def _older_than_remembered(entry: ProducerEntry, first_sequence: int) -> str:
+    """The explanation for a sequence below the remembered batches: a batch written before
+    whose retry can no longer be recognised (never appended again, refused instead)."""
+    if not entry.batches or not first_sequence < entry.batches[0].first_sequence:
+        return ""
+    return (
+        f" (older than the {len(entry.batches)} batches remembered, which start at sequence "
+        f"{entry.batches[0].first_sequence}: a retry of a batch written before cannot be "
+        "recognised as a duplicate any more)"
+    )
 
 
 def _apply(entry: ProducerEntry, h: BatchHeader, first_offset: int, last_offset: int) -> None:

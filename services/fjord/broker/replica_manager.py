@@ -673,7 +673,15 @@ class ReplicaManager:
         self, request: IsrChangeRequest, error_code: int, state: PartitionAssignment | None
     ) -> None:
         """The controller's answer to one ISR change (``error_code`` 0: committed as ``state``;
-        an RPC failure is reported as UNKNOWN_SERVER_ERROR with no state)."""
+        a refusal may carry the controller's current ``state``; an RPC failure is reported as
+        UNKNOWN_SERVER_ERROR with no state).
+
+        A stale-epoch refusal fences the partition until metadata newer than the request's
+        partition epoch arrives, except when that is already here (the refusal crossed an
+        update, or it carries the newer committed state, which is adopted): then the leader
+        proposes again at once. A refusal from a controller whose state is older than the
+        request's is not stale (the controller's watch lags): it is retried like a failed call.
+        """
         key = (request.topic, request.partition)
         partition = self.partitions.get(key)
         if partition is None or partition.leader_epoch != request.leader_epoch:
@@ -693,17 +701,37 @@ class ReplicaManager:
                 self._notify_high_watermark(key, partition, None)
             return
         stale = error_code in STALE_ISR_ERRORS
-        if stale:
+        current = partition.assignment
+        if stale and state is not None:
+            if state.partition_epoch < request.partition_epoch:
+                # The controller's view lags behind ours (its watch, e.g. right after a
+                # fail-over; the partition epoch grows with every change, leader changes
+                # included): our epochs are not stale; retry once it has caught up.
+                stale = False
+            elif (
+                state.leader == self.broker_id
+                and state.leader_epoch == current.leader_epoch
+                and state.partition_epoch > current.partition_epoch
+                # The refusal carries the committed state we have not seen yet: adopt it (as
+                # for a commit) instead of waiting for the watch, then propose again from it.
+                and partition.update_assignment(state, self._clock_ms())
+            ):
+                self._notify_high_watermark(key, partition, None)
+        advanced = partition.on_isr_change_failed(
+            stale_epoch=stale, sent_partition_epoch=request.partition_epoch
+        )
+        if stale and partition.stale_partition_epoch >= 0:
             log.warning(
                 "%s-%d: the controller refused an ISR change for a stale epoch (error %d); "
-                "not acting as leader until newer metadata arrives",
+                "not acting as leader until metadata newer than partition epoch %d arrives",
                 key[0],
                 key[1],
                 error_code,
+                partition.stale_partition_epoch,
             )
-        partition.on_isr_change_failed(stale_epoch=stale)
-        if stale:
             self._wake_producers(key)
+        elif advanced:
+            self._notify_high_watermark(key, partition, None)
 
     # --- replication: follower side -------------------------------------------------------
 

@@ -7,7 +7,6 @@ sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock
 
 from __future__ import annotations
 
-import bisect
 import struct
 import threading
 import time
@@ -18,7 +17,8 @@ from typing import Protocol
 
 from fjord.client.futures import BatchCompletion, RecordFuture
 from fjord.client.types import Headers, TopicPartition
-from fjord.errors import ErrorCode, FjordError, error_for_code
+from fjord.config import MAX_IN_FLIGHT_FOR_IDEMPOTENCE
+from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
 from fjord.records.header import CRC_START, crc32c
 
 _PRODUCER_STATE = struct.Struct(">qhi")  # producer id, epoch, base sequence: header bytes 43..57
@@ -108,20 +108,30 @@ class IdempotenceState:
     transactions). Pure; used under the accumulator's lock and on the sender's loop.
 
     Invariants: each partition's batches get consecutive sequences in drain order, starting at
-    0 for every producer epoch; ``unacked[tp]`` holds the base sequences, sorted, of drained
-    batches not yet completed or failed (in flight or waiting for a retry); a retried batch is
-    sent only when it is the lowest of them, so retries go out in sequence order and a batch
-    is never completed before an earlier one. ``bump_needed``: a batch with a sequence failed
-    for good (a hole in the sequence), so once nothing is in flight the epoch is bumped and
-    every partition restarts at sequence 0 (Kafka's KIP-360 epoch bump).
+    0 for every producer epoch; ``unacked[tp]`` holds the base sequences, in assignment order,
+    of drained batches not yet completed or failed (in flight or waiting for a retry); a
+    retried batch is sent only when it is the first of them, so retries go out in sequence
+    order. ``window[tp]`` holds the base sequences assigned since the oldest unacknowledged
+    batch of the partition (completed ones included: a later batch may be answered first by
+    another broker) and never grows past ``max_window`` batches, the number of batches a
+    broker remembers per producer and partition: whatever the leader changes, every batch a
+    broker holds after the oldest unacknowledged one belongs to this window, so that batch is
+    still among the broker's remembered ones when it is retried (a duplicate is recognised,
+    never appended again). ``bump_needed``: a batch with a sequence failed for good (a hole in
+    the sequence), so once nothing is in flight the epoch is bumped and every partition
+    restarts at sequence 0 (Kafka's KIP-360 epoch bump).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_window: int = MAX_IN_FLIGHT_FOR_IDEMPOTENCE) -> None:
+        if max_window < 1:
+            raise ConfigError(f"max_window must be at least 1 batch, got {max_window}")
         self.producer_id = -1
         self.producer_epoch = -1
         self.bump_needed = False
+        self.max_window = max_window
         self._next_sequence: dict[TopicPartition, int] = {}
         self.unacked: dict[TopicPartition, list[int]] = {}
+        self.window: dict[TopicPartition, deque[int]] = {}
 
     @property
     def has_producer_id(self) -> bool:
@@ -144,13 +154,17 @@ class IdempotenceState:
     def _reset(self) -> None:
         self._next_sequence.clear()
         self.unacked.clear()
+        self.window.clear()
         self.bump_needed = False
 
     def may_send(self, batch: ProducerBatch) -> bool:
+        """Whether ``batch`` may be drained now: a new batch only while the partition's window
+        has room (at most ``max_window`` batches since the oldest unacknowledged one, whichever
+        brokers they went to), a retry only when it is the oldest unacknowledged batch."""
         if self.bump_needed:
             return False
         if batch.base_sequence < 0:
-            return True
+            return len(self.window.get(batch.tp, ())) < self.max_window
         pending = self.unacked.get(batch.tp)
         return not pending or pending[0] == batch.base_sequence
 
@@ -158,11 +172,12 @@ class IdempotenceState:
         sequence = self._next_sequence.get(batch.tp, 0)
         batch.stamp_producer_state(self.producer_id, self.producer_epoch, sequence)
         self._next_sequence[batch.tp] = (sequence + batch.record_count) & _MAX_SEQUENCE
-        bisect.insort(self.unacked.setdefault(batch.tp, []), sequence)
+        self.unacked.setdefault(batch.tp, []).append(sequence)
+        self.window.setdefault(batch.tp, deque()).append(sequence)
 
     def has_earlier_unacked(self, batch: ProducerBatch) -> bool:
         pending = self.unacked.get(batch.tp)
-        return pending is not None and bool(pending) and pending[0] < batch.base_sequence
+        return pending is not None and bool(pending) and pending[0] != batch.base_sequence
 
     def done(self, batch: ProducerBatch, *, failed: bool) -> None:
         """The batch completed (or failed for good: a hole, so the epoch must be bumped)."""
@@ -173,6 +188,9 @@ class IdempotenceState:
             pending.remove(batch.base_sequence)
             if failed:
                 self.bump_needed = True
+            window = self.window.get(batch.tp)
+            while window and window[0] not in pending:
+                window.popleft()  # answered, and so is everything before it
 
 
 class RecordAccumulator:

@@ -8,8 +8,9 @@ closes or a new one opens. Callbacks run on that loop thread: keep them short, n
 
 Ordering: records of one partition are sent in order. With ``enable.idempotence`` (the default)
 each batch carries the producer id, epoch and a per-partition sequence, is sent alone for its
-partition in a request, and retries go out in sequence order: no duplicate, no reordering with
-up to 5 requests in flight (docs/idempotence.md). Without it, a retried batch may land after a
+partition in a request, at most 5 batches of a partition are outstanding (across leader
+changes too), and retries go out in sequence order: no duplicate, no reordering with up to 5
+requests in flight (docs/idempotence.md). Without it, a retried batch may land after a
 later one when ``max.in.flight.requests.per.connection > 1`` (as in Kafka).
 """
 
