@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 import grpc
 
@@ -55,6 +56,19 @@ def _assignments(items: Iterable[controller_pb2.ReplicaAssignment]) -> dict[int,
     return out
 
 
+async def _topic_result(
+    name: str, action: Callable[..., Awaitable[object]], *args: Any
+) -> controller_pb2.TopicResult:
+    """Run one topic's part of a request, ``action(*args)``; its exception becomes the result's
+    typed error, so one bad topic never fails the others."""
+    error: Exception | None = None
+    try:
+        await action(*args)
+    except Exception as exc:
+        error = exc
+    return controller_pb2.TopicResult(name=name, error=error_pb(error))
+
+
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     """Answers every RPC from the active controller; a standby answers NOT_CONTROLLER."""
 
@@ -87,45 +101,39 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DeleteTopics(
         self, request: controller_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteTopicsResponse:
-        results = []
-        for name in request.names:
-            error: Exception | None = None
-            try:
-                await self.service.delete_topic(name)
-            except Exception as exc:
-                error = exc
-            results.append(controller_pb2.TopicResult(name=name, error=error_pb(error)))
+        results = [
+            await _topic_result(name, self.service.delete_topic, name) for name in request.names
+        ]
         return controller_pb2.DeleteTopicsResponse(results=results)
 
     async def CreatePartitions(
         self, request: controller_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.CreatePartitionsResponse:
-        results = []
-        for topic in request.topics:
-            error: Exception | None = None
-            try:
-                await self.service.create_partitions(
-                    topic.name, topic.count, _assignments(topic.assignments),
-                    request.validate_only,
-                )
-            except Exception as exc:
-                error = exc
-            results.append(controller_pb2.TopicResult(name=topic.name, error=error_pb(error)))
+        results = [
+            await _topic_result(
+                topic.name, self._create_partitions, topic, request.validate_only
+            )
+            for topic in request.topics
+        ]
         return controller_pb2.CreatePartitionsResponse(results=results)
+
+    async def _create_partitions(
+        self, topic: controller_pb2.PartitionCount, validate_only: bool
+    ) -> None:
+        await self.service.create_partitions(
+            topic.name, topic.count, _assignments(topic.assignments), validate_only
+        )
 
     async def AlterConfigs(
         self, request: controller_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AlterConfigsResponse:
-        results = []
-        for topic in request.topics:
-            error: Exception | None = None
-            try:
-                await self.service.alter_configs(
-                    topic.name, dict(topic.set), list(topic.delete), request.validate_only
-                )
-            except Exception as exc:
-                error = exc
-            results.append(controller_pb2.TopicResult(name=topic.name, error=error_pb(error)))
+        results = [
+            await _topic_result(
+                topic.name, self.service.alter_configs,
+                topic.name, dict(topic.set), list(topic.delete), request.validate_only,
+            )
+            for topic in request.topics
+        ]
         return controller_pb2.AlterConfigsResponse(results=results)
 
     async def DescribeConfigs(
