@@ -57,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from e2e_servers import nats_server, redis_server
-from results_file import write_section
+from results_file import cpu_model, write_section
 
 VALUE_SIZE = 100
 STAMP = struct.Struct(">q")
@@ -419,14 +419,6 @@ def _fjord_e2e(
 # --- report ---------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def table(results: list[Figures]) -> str:

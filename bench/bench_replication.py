@@ -48,7 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results_file import RESULTS
+from results_file import RESULTS, cpu_model
 
 from fjord.cli.perf_cmd import run_produce_perf
 from fjord.client import AdminClient, NewTopic, Producer
@@ -210,14 +210,6 @@ def bench_failover(cluster: LocalCluster, args: argparse.Namespace) -> list[floa
     return gaps
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def render(args: argparse.Namespace, throughput: list[ProduceFigures], gaps: list[float],

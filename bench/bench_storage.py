@@ -22,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from results_file import cpu_model
+
 from fjord.storage import LogConfig, PartitionLog
 from fjord.storage.testing import make_batch_of_size
 
@@ -85,14 +87,7 @@ def read_rate(directory: Path, batch: bytes, batches: int, max_bytes: int) -> fl
 
 
 def machine() -> str:
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     return (
         f"nproc {os.cpu_count()}, CPU {cpu}, Python {platform.python_version()}, "
         f"{platform.system()} {platform.release()}"

@@ -5,6 +5,7 @@ A section starts at a line ``## <name>`` and runs to the next ``## `` heading or
 
 from __future__ import annotations
 
+import platform
 import re
 from pathlib import Path
 
@@ -13,6 +14,17 @@ HEADER = (
     "# Benchmark results\n\nEach component appends its own section (command, machine, date, "
     "figures). Regenerate with `make bench`.\n\n"
 )
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (for the machine line of every section)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
 
 
 def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
