@@ -60,6 +60,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
                 _registered_method=True)
+        self.FindCoordinator = channel.unary_unary(
+                '/fjord.v1.Broker/FindCoordinator',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -97,6 +102,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def FindCoordinator(self, request, context):
+        """The group coordinator serving a group (any broker answers from its metadata cache):
+        the owner of __consumer_offsets partition abs(javaStringHashCode(key)) % 50.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -124,6 +137,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.InitProducerId,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.SerializeToString,
+            ),
+            'FindCoordinator': grpc.unary_unary_rpc_method_handler(
+                    servicer.FindCoordinator,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -261,6 +279,33 @@ class Broker:
             '/fjord.v1.Broker/InitProducerId',
             fjord_dot_v1_dot_broker__pb2.InitProducerIdRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.InitProducerIdResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FindCoordinator(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/FindCoordinator',
+            fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,9 +17,11 @@ from fjord.metadata.schema import (
     BrokerRegistration,
     ClusterConfig,
     ControllerRegistration,
+    CoordinatorRegistration,
     InvalidMetadataError,
     KeyKind,
     Keys,
+    OffsetsOwner,
     ParsedKey,
     PartitionState,
     ProducerIdBlock,
@@ -97,6 +99,9 @@ class MetadataImage:
         "_cluster_config",
         "_controller",
         "_controllers",
+        "_coordinator_epochs",
+        "_coordinators",
+        "_offsets_owners",
         "_partitions",
         "_producer_ids",
         "_topics",
@@ -115,6 +120,9 @@ class MetadataImage:
         self._partitions: dict[str, dict[int, PartitionState]] = {}
         self._cluster_config: dict[str, str] = {}
         self._producer_ids: int | None = None
+        self._coordinators: dict[int, CoordinatorRegistration] = {}
+        self._coordinator_epochs: dict[int, int] = {}
+        self._offsets_owners: dict[int, OffsetsOwner] = {}
 
     @classmethod
     def empty(cls, cluster_id: str) -> MetadataImage:
@@ -145,6 +153,9 @@ class MetadataImage:
         other._partitions = dict(self._partitions)
         other._cluster_config = self._cluster_config
         other._producer_ids = self._producer_ids
+        other._coordinators = dict(self._coordinators)
+        other._coordinator_epochs = dict(self._coordinator_epochs)
+        other._offsets_owners = dict(self._offsets_owners)
         return other
 
     def apply(self, events: Iterable[MetadataEvent], revision: int | None = None) -> MetadataImage:
@@ -217,6 +228,11 @@ class MetadataImage:
             self._cluster_config = dict(value.values) if value else {}
         elif kind is KeyKind.PRODUCER_IDS:
             self._producer_ids = value.next if value else None
+        elif kind is KeyKind.COORDINATOR:
+            _put_or_pop(self._coordinators, ident, value)
+            _put_or_pop(self._coordinator_epochs, ident, create_revision if value else None)
+        elif kind is KeyKind.OFFSETS_OWNER:
+            _put_or_pop(self._offsets_owners, partition, value)
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -289,6 +305,24 @@ class MetadataImage:
         """The ``next`` of ``producer-ids``; ``None`` before the first allocation."""
         return self._producer_ids
 
+    @property
+    def coordinators(self) -> Mapping[int, CoordinatorRegistration]:
+        """Every live (registered) group coordinator by id."""
+        return _frozen(self._coordinators)
+
+    def coordinator_epoch(self, coordinator_id: int) -> int | None:
+        """The coordinator's epoch (create revision of its registration), ``None`` if not
+        live."""
+        return self._coordinator_epochs.get(coordinator_id)
+
+    @property
+    def offsets_owners(self) -> Mapping[int, OffsetsOwner]:
+        """Owner of each ``__consumer_offsets`` partition that has one, by partition."""
+        return _frozen(self._offsets_owners)
+
+    def offsets_owner(self, partition: int) -> OffsetsOwner | None:
+        return self._offsets_owners.get(partition)
+
     def __repr__(self) -> str:
         return (
             f"MetadataImage(cluster={self.cluster_id!r}, revision={self.revision}, "
@@ -311,6 +345,8 @@ _DECODERS = {
     KeyKind.PARTITION: PartitionState.from_json,
     KeyKind.CLUSTER_CONFIG: ClusterConfig.from_json,
     KeyKind.PRODUCER_IDS: ProducerIdBlock.from_json,
+    KeyKind.COORDINATOR: CoordinatorRegistration.from_json,
+    KeyKind.OFFSETS_OWNER: OffsetsOwner.from_json,
 }
 
 

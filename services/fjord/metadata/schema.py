@@ -15,6 +15,11 @@ key (relative to the cluster prefix)   value
 ``topics/<name>/<partition>``          :class:`PartitionState`
 ``cluster-config``                     :class:`ClusterConfig` (``{k: v}`` topic/broker defaults)
 ``producer-ids``                       :class:`ProducerIdBlock` (``{"next": int}``)
+``coordinators/<id>``                  :class:`CoordinatorRegistration`, bound to the
+                                       coordinator's lease; its create revision is the
+                                       coordinator's epoch
+``offsets-owners/<p>``                 :class:`OffsetsOwner`: which coordinator serves the
+                                       groups of ``__consumer_offsets`` partition ``p``
 =====================================  ==========================================================
 
 Topic names never contain ``/`` (see :mod:`fjord.controller.topics`), so the partition keys
@@ -134,6 +139,52 @@ class BrokerRegistration:
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None
         )
+
+
+@dataclass(frozen=True)
+class CoordinatorRegistration:
+    """A live group coordinator process: its id and the gRPC address it serves on."""
+
+    id: int
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> bytes:
+        return _dump({"id": self.id, "host": self.host, "port": self.port})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> CoordinatorRegistration:
+        what = "coordinator registration"
+        obj = _load_object(raw, what)
+        return cls(_int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what))
+
+
+@dataclass(frozen=True)
+class OffsetsOwner:
+    """The coordinator that owns one ``__consumer_offsets`` partition.
+
+    ``coordinator_epoch`` grows by one each time the controller moves the partition to
+    another coordinator (or back), so a coordinator can tell a fresh assignment from the
+    one it already served and replay the partition again.
+    """
+
+    coordinator_id: int
+    coordinator_epoch: int
+
+    def to_json(self) -> bytes:
+        return _dump(
+            {"coordinator_id": self.coordinator_id, "coordinator_epoch": self.coordinator_epoch}
+        )
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> OffsetsOwner:
+        what = "offsets owner"
+        obj = _load_object(raw, what)
+        return cls(_int(obj, "coordinator_id", what), _int(obj, "coordinator_epoch", what))
 
 
 @dataclass(frozen=True)
@@ -274,17 +325,26 @@ class KeyKind(Enum):
     PARTITION = "partition"
     CLUSTER_CONFIG = "cluster-config"
     PRODUCER_IDS = "producer-ids"
+    COORDINATOR = "coordinators"
+    OFFSETS_OWNER = "offsets-owners"
 
 
 @dataclass(frozen=True)
 class ParsedKey:
-    """A key split into its kind and parts: ``id`` for controllers/brokers, ``topic`` and
-    ``partition`` for topics and partitions."""
+    """A key split into its kind and parts: ``id`` for controllers/brokers/coordinators,
+    ``topic`` and ``partition`` for topics and partitions, ``partition`` for offsets owners."""
 
     kind: KeyKind
     id: int | None = None
     topic: str | None = None
     partition: int | None = None
+
+
+_ID_KINDS = {
+    "controllers": KeyKind.CONTROLLER_MEMBER,
+    "brokers": KeyKind.BROKER,
+    "coordinators": KeyKind.COORDINATOR,
+}
 
 
 def _parse_id(text: str) -> int | None:
@@ -342,6 +402,20 @@ class Keys:
     def producer_ids(self) -> str:
         return self.prefix + "producer-ids"
 
+    @property
+    def coordinators_prefix(self) -> str:
+        return self.prefix + "coordinators/"
+
+    def coordinator(self, coordinator_id: int) -> str:
+        return f"{self.coordinators_prefix}{coordinator_id}"
+
+    @property
+    def offsets_owners_prefix(self) -> str:
+        return self.prefix + "offsets-owners/"
+
+    def offsets_owner(self, partition: int) -> str:
+        return f"{self.offsets_owners_prefix}{partition}"
+
     def parse(self, key: str) -> ParsedKey | None:
         """The kind and parts of ``key``; ``None`` for keys outside this schema (ignored)."""
         if not key.startswith(self.prefix):
@@ -354,12 +428,16 @@ class Keys:
         if rest == "producer-ids":
             return ParsedKey(KeyKind.PRODUCER_IDS)
         head, _, tail = rest.partition("/")
-        if head in ("controllers", "brokers"):
+        if head in _ID_KINDS:
             ident = _parse_id(tail)
             if ident is None:
                 return None
-            kind = KeyKind.CONTROLLER_MEMBER if head == "controllers" else KeyKind.BROKER
-            return ParsedKey(kind, id=ident)
+            return ParsedKey(_ID_KINDS[head], id=ident)
+        if head == "offsets-owners":
+            partition = _parse_id(tail)
+            if partition is None:
+                return None
+            return ParsedKey(KeyKind.OFFSETS_OWNER, partition=partition)
         if head == "topics" and tail:
             name, slash, part = tail.partition("/")
             if not name:
