@@ -74,7 +74,10 @@ def test_parse_round_trips_every_kind(key: str, parsed: ParsedKey) -> None:
         "/fjord/c1/topics/t/p",
         "/fjord/c1/topics/t/1/2",
         "/fjord/c1/unknown",
-        "/fjord/c1/coordinators/1",  # not part of this schema yet: ignored
+        "/fjord/c1/coordinators/x",
+        "/fjord/c1/coordinators/01",
+        "/fjord/c1/offsets-owners/",
+        "/fjord/c1/offsets-owners/-1",
     ],
 )
 def test_parse_ignores_foreign_and_malformed_keys(key: str) -> None:
@@ -326,3 +329,24 @@ def test_etcd_binary_is_found() -> None:
 
     path = find_etcd_binary()
     assert path.endswith("etcd")
+
+
+def test_coordinator_and_offsets_owner_keys_round_trip_through_the_image() -> None:
+    from fjord.metadata import CoordinatorRegistration, KeyKind, MetadataEvent, OffsetsOwner
+
+    assert K.parse(K.coordinator(3)) == ParsedKey(KeyKind.COORDINATOR, id=3)
+    assert K.parse(K.offsets_owner(49)) == ParsedKey(KeyKind.OFFSETS_OWNER, partition=49)
+    image = MetadataImage.empty("c1").apply(
+        [
+            MetadataEvent.put(K.coordinator(3), CoordinatorRegistration(3, "h", 9).to_json(), 5, 5),
+            MetadataEvent.put(K.offsets_owner(7), OffsetsOwner(3, 2).to_json(), 6, 6),
+        ]
+    )
+    assert image.coordinators[3].address == "h:9"
+    assert image.coordinator_epoch(3) == 5
+    assert image.offsets_owner(7) == OffsetsOwner(3, 2)
+    gone = image.apply([MetadataEvent.delete(K.coordinator(3), 7)])
+    assert gone.coordinators == {} and gone.coordinator_epoch(3) is None
+    assert image.coordinators[3].id == 3  # the older image never changes
+    with pytest.raises(InvalidMetadataError):
+        OffsetsOwner.from_json(b'{"coordinator_id": "3", "coordinator_epoch": 1}')
