@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2_grpc
+from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2_grpc, coordinator_pb2_grpc
 from fjord.client.metadata import (
     EMPTY_SNAPSHOT,
     ClusterSnapshot,
@@ -26,7 +26,13 @@ from fjord.client.metadata import (
     snapshot_from_response,
 )
 from fjord.config import CHANNEL_MAX_MESSAGE_BYTES, METADATA_REFRESH_BACKOFF_MS
-from fjord.errors import ErrorCode, FjordError, KafkaTimeoutError
+from fjord.errors import (
+    ErrorCode,
+    FjordError,
+    KafkaTimeoutError,
+    error_code_from_number,
+    error_for_code,
+)
 from fjord.runtime import freeze_startup_objects
 
 log = logging.getLogger(__name__)
@@ -169,6 +175,7 @@ class Network:
         self._channels: dict[str, grpc.aio.Channel] = {}
         self._brokers: dict[str, broker_pb2_grpc.BrokerStub] = {}
         self._controllers: dict[str, controller_pb2_grpc.ControllerStub] = {}
+        self._coordinators: dict[str, coordinator_pb2_grpc.CoordinatorStub] = {}
         self._refresh: asyncio.Task[ClusterSnapshot] | None = None
         self._last_refresh = 0.0
         self.closed = False
@@ -204,6 +211,38 @@ class Network:
             stub = controller_pb2_grpc.ControllerStub(self._channel(address))
             self._controllers[address] = stub
         return stub
+
+    def coordinator(self, address: str) -> coordinator_pb2_grpc.CoordinatorStub:
+        stub = self._coordinators.get(address)
+        if stub is None:
+            stub = coordinator_pb2_grpc.CoordinatorStub(self._channel(address))
+            self._coordinators[address] = stub
+        return stub
+
+    async def find_coordinator(self, group_id: str) -> str:
+        """The address of the coordinator serving ``group_id``, from the first broker that
+        answers FindCoordinator. Raises the typed (retriable) error the broker reports, e.g.
+        COORDINATOR_NOT_AVAILABLE while ``__consumer_offsets`` or its owner is missing, or
+        NetworkError when no broker answers; wrap in :meth:`call_with_retries` to wait."""
+        request = broker_pb2.FindCoordinatorRequest(key=group_id, key_type=0)
+        errors: list[str] = []
+        for address in self.candidate_addresses():
+            try:
+                response = await self.broker(address).FindCoordinator(
+                    request, timeout=self.request_timeout_s
+                )
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                errors.append(str(transport_error(exc, address)))
+                continue
+            code = error_code_from_number(response.error.code)
+            if code is not ErrorCode.NONE:
+                raise error_for_code(
+                    code, f"FindCoordinator({group_id!r}): {response.error.message}"
+                )
+            return f"{response.coordinator.host}:{response.coordinator.port}"
+        raise NetworkError(
+            f"no broker answered FindCoordinator({group_id!r}): " + "; ".join(errors[-3:])
+        )
 
     def candidate_addresses(self) -> list[str]:
         known = [n.address for n in self.snapshot.brokers.values()]
@@ -288,6 +327,7 @@ class Network:
         channels, self._channels = list(self._channels.values()), {}
         self._brokers.clear()
         self._controllers.clear()
+        self._coordinators.clear()
         for channel in channels:
             await channel.close(grace=None)
 
