@@ -295,3 +295,62 @@ def test_fetch_from_a_stale_incarnation_counts_for_nothing(env: Env) -> None:
         assert one_fetch(await manager.fetch(current)).high_watermark == 3
 
     run(scenario())
+
+
+def test_follower_below_the_leaders_log_start_restarts_there(env: Env, tmp_path: Path) -> None:
+    """Retention ran on the leader while the follower was away: the follower's fetch offset is
+    below the leader's log start, so it drops its log, restarts empty at the leader's log start
+    and fetches on from there (it could never rejoin the ISR otherwise)."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [state(2, (BROKER, 2, 3), epoch=4)]))
+        target = FollowerTarget(2, 4)
+        part = manager.partitions[("t", 0)]
+        manager.on_follower_fetch_response(
+            ("t", 0), target, leader_response(leader_batches(tmp_path / "a", [(1, 4)]), 4)
+        )
+        assert part.log_end_offset == 4
+        out = leader_response()
+        out.error.code = ErrorCode.OFFSET_OUT_OF_RANGE.code
+        out.log_start_offset = 10
+        result = manager.on_follower_fetch_response(("t", 0), target, out)
+        assert result.truncated and result.error is None
+        assert (part.log_start_offset, part.log_end_offset, part.high_watermark) == (10, 10, 10)
+        pos = manager.follower_position(("t", 0), target)
+        assert pos is not None and (pos.fetch_offset, pos.last_fetched_epoch) == (10, -1)
+        # The leader's batches from offset 10 on append as usual.
+        source = PartitionLog.open(tmp_path / "b" / "source-0")
+        source.truncate_fully_and_start_at(10)
+        source.append(batch(3), 4)
+        data = source.read(10, 1 << 20)
+        source.close()
+        result = manager.on_follower_fetch_response(("t", 0), target, leader_response(data, 13))
+        assert result.error is None and (part.log_end_offset, part.high_watermark) == (13, 13)
+        # An out-of-range answer while we are inside the leader's log changes nothing.
+        out.log_start_offset = 12
+        result = manager.on_follower_fetch_response(("t", 0), target, out)
+        assert result.error is not None and part.log_start_offset == 10
+
+    run(scenario())
+
+
+def test_follower_moves_its_log_start_with_the_leader(env: Env, tmp_path: Path) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [state(2, (BROKER, 2, 3), epoch=4)]))
+        target = FollowerTarget(2, 4)
+        part = manager.partitions[("t", 0)]
+        data = leader_batches(tmp_path, [(1, 2), (2, 2), (3, 2)])
+        out = leader_response(data, 6)
+        out.log_start_offset = 2
+        assert manager.on_follower_fetch_response(("t", 0), target, out).error is None
+        assert (part.log_start_offset, part.log_end_offset) == (2, 6)
+        # Never past its own log end, never backwards.
+        out = leader_response(hw=6)
+        out.log_start_offset = 1
+        manager.on_follower_fetch_response(("t", 0), target, out)
+        assert part.log_start_offset == 2
+
+    run(scenario())

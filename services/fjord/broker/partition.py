@@ -371,6 +371,26 @@ class Partition:
             self.log_start_offset, min(self._high_watermark, self.log_end_offset)
         )
 
+    def restart_at_leader_log_start(self, leader_log_start: int) -> None:
+        """A follower whose log ends below the leader's log start (retention ran on the leader
+        while it was away) drops its log and continues empty from the leader's log start."""
+        if self.is_leader:
+            raise InvalidRecordError(
+                f"{self.topic}-{self.partition}: the leader never truncates its log"
+            )
+        self.log.truncate_fully_and_start_at(leader_log_start)
+        self.producer_state = load_producer_state(self.log, self.producer_state.expiration_ms)
+        self._high_watermark = leader_log_start
+
+    def follow_leader_log_start(self, leader_log_start: int) -> bool:
+        """A follower moves its log start up with the leader's (never past its own log end),
+        as Kafka's followers do, so retention and DeleteRecords hold on every replica."""
+        if self.is_leader or leader_log_start <= self.log_start_offset:
+            return False
+        self.log.delete_records(min(leader_log_start, self.log_end_offset))
+        self._high_watermark = max(self._high_watermark, self.log_start_offset)
+        return True
+
     def update_follower_high_watermark(self, leader_high_watermark: int) -> bool:
         """On a follower: adopt the leader's high watermark, capped at the local log end."""
         if self.is_leader:

@@ -533,6 +533,8 @@ class ReplicaManager:
                     if partition is not None:
                         out.leader_id = partition.assignment.leader
                         out.leader_epoch = partition.leader_epoch
+                        # An out-of-range follower restarts from here when it fell behind.
+                        out.log_start_offset = partition.log_start_offset
                     has_error = True
                     continue
                 hw = partition.high_watermark
@@ -776,6 +778,22 @@ class ReplicaManager:
             return FollowerFetchResult()  # metadata moved on while the fetch was in flight
         if out.error.code != 0:
             code = error_code_from_number(out.error.code)
+            if code is ErrorCode.OFFSET_OUT_OF_RANGE and out.log_start_offset > p.log_end_offset:
+                # Retention on the leader passed everything we hold: nothing to keep, so
+                # continue from the leader's log start (Kafka's truncateFullyAndStartAt).
+                log.warning(
+                    "%s-%d: log end %d is below leader %d's log start %d; restarting there",
+                    key[0],
+                    key[1],
+                    p.log_end_offset,
+                    target.leader_id,
+                    out.log_start_offset,
+                )
+                try:
+                    p.restart_at_leader_log_start(out.log_start_offset)
+                except FjordError as exc:
+                    return FollowerFetchResult(error=exc)
+                return FollowerFetchResult(truncated=True)
             return FollowerFetchResult(error=error_for_code(code, out.error.message))
         try:
             if out.HasField("diverging_epoch"):
@@ -812,6 +830,7 @@ class ReplicaManager:
                     )
                 return FollowerFetchResult(truncated=True)
             appended = p.append_as_follower(out.records, out.high_watermark)
+            p.follow_leader_log_start(out.log_start_offset)
         except FjordError as exc:
             return FollowerFetchResult(error=exc)
         return FollowerFetchResult(appended_bytes=appended)

@@ -626,22 +626,36 @@ class PartitionLog:
             self._check_open()
             if offset >= self.log_end_offset:
                 return
-            self._generation += 1
             if offset < self.log_start_offset:
-                for segment in self._segments:
-                    self._forget(segment)
-                self._segments.clear()
-                self._bases.clear()
-                self._add_segment(self._new_segment(offset, now))
-                self.log_start_offset = offset
-                self.epoch_cache.clear()
-            else:
-                while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
-                    self._forget(self._segments.pop())
-                    self._bases.pop()
-                self.active_segment.truncate_to(offset)
-                self.epoch_cache.truncate_from_end(self.log_end_offset)
+                self.truncate_fully_and_start_at(offset, now)
+                return
+            self._generation += 1
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
+                self._forget(self._segments.pop())
+                self._bases.pop()
+            self.active_segment.truncate_to(offset)
+            self.epoch_cache.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
+            self._write_partition_checkpoint(sync=False)
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int | None = None) -> None:
+        """Drop every segment and restart the log, empty, at ``offset`` (Kafka's
+        truncateFullyAndStartAt): a follower whose log end fell below the leader's log start
+        (retention ran on the leader while it was away) can only continue from there."""
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot restart {self.directory} at offset {offset}")
+        now = wall_clock_ms() if now_ms is None else now_ms
+        with self._lock:
+            self._check_open()
+            self._generation += 1
+            for segment in self._segments:
+                self._forget(segment)
+            self._segments.clear()
+            self._bases.clear()
+            self._add_segment(self._new_segment(offset, now))
+            self.log_start_offset = offset
+            self.epoch_cache.clear()
+            self.recovery_point = offset
             self._write_partition_checkpoint(sync=False)
 
     def delete_records(self, before_offset: int) -> int:
