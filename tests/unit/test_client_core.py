@@ -151,6 +151,16 @@ def test_abort_on_new_batch_lets_the_sticky_partitioner_move() -> None:
     assert acc.append(TP1, 1, None, b"b" * 50, (), now_ms=0)[0] is not None
 
 
+def test_sticky_partitioner_moves_on_when_linger_sent_a_partial_batch() -> None:
+    """Low traffic: batches never fill, linger.ms sends them half empty. Each new batch must
+    still go to another partition (KIP-480), or every null-key record would stay on one."""
+    acc = make_accumulator(batch_size=1000)
+    assert acc.append(TP0, 1, None, b"a", (), now_ms=0)[0] is not None
+    acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)  # sent: nothing open or queued
+    future, _ = acc.append(TP0, 1, None, b"b", (), now_ms=0, abort_on_new_batch=True)
+    assert future is None
+
+
 def test_buffer_memory_blocks_then_fails_and_frees_on_completion() -> None:
     acc = make_accumulator(batch_size=1000, buffer_memory=2000)
     acc.append(TP0, 1, None, b"x", (), now_ms=0)

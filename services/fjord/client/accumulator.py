@@ -268,7 +268,9 @@ class RecordAccumulator:
             queue = self._queues.get(tp)
             if queue is None:
                 queue = self._queues[tp] = deque()
-            if abort_on_new_batch and queue:
+            if abort_on_new_batch:
+                # KIP-480: a new batch (the previous one filled up or was sent after
+                # linger.ms) is the moment the sticky partitioner moves on.
                 return None, False
             size = _record_size_estimate(key, value, headers)
             reserve = max(self._batch_size, size)
