@@ -86,3 +86,41 @@ def test_producer_id_blocks() -> None:
         blocks.add_block(-1, 10)
     with pytest.raises(FjordError):
         blocks.add_block(5, 0)
+
+
+def test_snapshot_written_across_a_truncation_is_never_published(tmp_path: Path) -> None:
+    """The broker serialises a snapshot on the event loop and writes it in a worker thread; a
+    follower truncation that runs on the loop meanwhile replaces the state, and the snapshot
+    (which still counts the cut batches) must not appear: a restart would trust it."""
+    import asyncio
+
+    from fjord.broker.producer_state import list_snapshots
+    from fjord.broker.server import snapshot_producer_state
+
+    leader = partition(tmp_path / "leader" / "t-0", leader=1)
+    for seq in (0, 2, 4):
+        leader.append_as_leader(batch(7, seq), acks=1)
+    follower = Partition(
+        "t",
+        0,
+        2,
+        PartitionLog.open(tmp_path / "follower" / "t-0", LogConfig()),
+        PartitionAssignment(1, 1, (1, 2), (1, 2)),
+        min_insync_replicas=1,
+    )
+    follower.append_as_follower(leader.log.read(0, 1 << 20), leader.high_watermark)
+    directory = follower.log.directory
+
+    async def snapshot_racing_a_truncation() -> bool:
+        # Runs before the worker thread's completion is delivered to the loop.
+        asyncio.get_running_loop().call_soon(follower.truncate_to, 4)
+        return await snapshot_producer_state(follower, force=True)
+
+    assert asyncio.run(snapshot_racing_a_truncation()) is False
+    assert list_snapshots(directory) == []
+    assert not list(directory.glob("*.tmp"))
+    # Without a truncation the same call publishes the snapshot at the log end.
+    assert asyncio.run(snapshot_producer_state(follower, force=True)) is True
+    assert [end for end, _ in list_snapshots(directory)] == [follower.log_end_offset]
+    leader.log.close()
+    follower.log.close()

@@ -10,7 +10,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from fjord.broker.isr import IsrTracker
-from fjord.broker.producer_state import Duplicate, ProducerStateManager, load_producer_state
+from fjord.broker.producer_state import (
+    Duplicate,
+    ProducerStateManager,
+    delete_snapshots,
+    load_producer_state,
+)
 from fjord.errors import (
     CorruptRecordError,
     FencedLeaderEpochError,
@@ -379,6 +384,7 @@ class Partition:
                 f"{self.topic}-{self.partition}: the leader never truncates its log"
             )
         self.log.truncate_fully_and_start_at(leader_log_start)
+        delete_snapshots(self.log.directory)
         self.producer_state = load_producer_state(self.log, self.producer_state.expiration_ms)
         self._high_watermark = leader_log_start
 

@@ -385,8 +385,15 @@ def list_snapshots(directory: Path) -> list[tuple[int, Path]]:
 
 def write_snapshot(directory: Path, data: bytes, end_offset: int) -> Path:
     """Write a snapshot atomically (temp file, fsync, rename, fsync of the directory) and
-    delete all but the newest :data:`defaults.PRODUCER_SNAPSHOTS_RETAINED` ones. Blocking:
-    the broker calls it on a worker thread."""
+    delete all but the newest :data:`defaults.PRODUCER_SNAPSHOTS_RETAINED` ones. Blocking."""
+    path = publish_snapshot(stage_snapshot(directory, data, end_offset))
+    prune_snapshots(directory)
+    return path
+
+
+def stage_snapshot(directory: Path, data: bytes, end_offset: int) -> Path:
+    """Write and fsync the snapshot under a temporary name (``<final>.tmp``); invisible to
+    :func:`load_producer_state` until :func:`publish_snapshot`. Blocking: a worker thread."""
     path = snapshot_path(directory, end_offset)
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -397,12 +404,32 @@ def write_snapshot(directory: Path, data: bytes, end_offset: int) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
+    return tmp
+
+
+def publish_snapshot(staged: Path) -> Path:
+    """Rename a staged snapshot to its final name (one rename: cheap enough for the event loop,
+    where the broker calls it so that no truncation can slip between its check and the
+    rename)."""
+    path = staged.with_name(staged.name.removesuffix(".tmp"))
+    os.replace(staged, path)
+    return path
+
+
+def prune_snapshots(directory: Path) -> None:
+    """Keep the newest :data:`defaults.PRODUCER_SNAPSHOTS_RETAINED` snapshots and make the
+    directory's entries durable. Blocking: a worker thread."""
     for _, old in list_snapshots(directory)[: -defaults.PRODUCER_SNAPSHOTS_RETAINED]:
         with contextlib.suppress(FileNotFoundError):
             old.unlink()
     sync_directory(directory)
-    return path
+
+
+def delete_snapshots(directory: Path) -> None:
+    """Delete every snapshot (a log restarted empty at a new offset keeps no producer state)."""
+    for _, path in list_snapshots(directory):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
 
 
 class SegmentedLog(Protocol):
