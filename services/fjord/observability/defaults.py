@@ -3,6 +3,9 @@
 - ``METRICS_HOST``: the address ``/metrics`` binds to when a service is given ``--metrics-port``
   without a host. Loopback, so that a process started on a laptop does not expose its metrics
   to the network; Kubernetes deployments pass ``0.0.0.0`` explicitly.
+- ``METRICS_HOST_ENV``: the environment variable that overrides ``METRICS_HOST`` for every
+  service of a process (``FJORD_METRICS_HOST``); the container image (``Dockerfile``) sets it to
+  ``0.0.0.0``: the pods' probes and Prometheus reach ``/metrics`` on the pod's address.
 - ``METRICS_PATH``: where Prometheus scrapes (the client library serves every path; this is the
   one we document and test).
 - ``RPC_LATENCY_BUCKETS_S``: histogram buckets of RPC latency, in seconds. They start at 100 us
@@ -19,6 +22,7 @@
 from __future__ import annotations
 
 METRICS_HOST = "127.0.0.1"
+METRICS_HOST_ENV = "FJORD_METRICS_HOST"
 METRICS_PATH = "/metrics"
 
 RPC_LATENCY_BUCKETS_S: tuple[float, ...] = (

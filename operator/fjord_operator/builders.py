@@ -1,0 +1,483 @@
+"""Pure builders: a FjordCluster (its ``metadata`` and ``spec`` as a plain dict) -> the
+Kubernetes objects that run it, as plain dicts ready for the API.
+
+Invariants: the output depends only on the input (no clock, no I/O), so applying it twice
+changes nothing; every object carries the four ``app.kubernetes.io/*`` labels and a controller
+owner reference to the FjordCluster; names follow docs/kubernetes.md (for a cluster ``X``:
+``X-broker`` StatefulSet and client Service, ``X-broker-headless``, ``X-controller``,
+``X-coordinator`` (+ ``-headless``), ``X-config``, PDBs ``X-broker``/``X-controller``,
+``X-etcd`` when managed). The broker id is the pod's ordinal, parsed from its hostname.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fjord.broker.config import validate_broker_config
+from fjord.errors import ConfigError
+from fjord_operator import settings as s
+
+Obj = dict[str, Any]
+
+#: Kubernetes quantity (the subset a volume size uses), e.g. "10Gi", "500M", "1.5Ti".
+QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
+ETCD_ENDPOINT = re.compile(r"^https?://[^\s/:]+:[0-9]{1,5}/?$")
+
+
+# -- names and addresses ------------------------------------------------------------------------
+
+
+def broker_name(cluster: str) -> str:
+    return f"{cluster}-broker"
+
+
+def broker_headless_name(cluster: str) -> str:
+    return f"{cluster}-broker-headless"
+
+
+def controller_name(cluster: str) -> str:
+    return f"{cluster}-controller"
+
+
+def coordinator_name(cluster: str) -> str:
+    return f"{cluster}-coordinator"
+
+
+def config_map_name(cluster: str) -> str:
+    return f"{cluster}-config"
+
+
+def etcd_name(cluster: str) -> str:
+    return f"{cluster}-etcd"
+
+
+def cluster_id(body: Mapping[str, Any]) -> str:
+    """The Fjord cluster id (etcd prefix): ``<namespace>.<name>``, stable across re-creation."""
+    meta = body["metadata"]
+    return f"{meta.get('namespace', 'default')}.{meta['name']}"
+
+
+def bootstrap_servers(body: Mapping[str, Any]) -> str:
+    """Where the operator reaches the cluster's admin API: the ``fjord.io/bootstrap-servers``
+    annotation, else the client Service ``X-broker.N.svc:9092``."""
+    meta = body["metadata"]
+    annotated = (meta.get("annotations") or {}).get(s.BOOTSTRAP_ANNOTATION, "").strip()
+    if annotated:
+        return str(annotated)
+    return f"{broker_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:{s.BROKER_PORT}"
+
+
+def broker_metrics_addresses(body: Mapping[str, Any], broker_hosts: Sequence[str]) -> list[str]:
+    """Where the autoscaler reads the brokers' per-topic bytes in: the
+    ``fjord.io/broker-metrics`` annotation; else, for a cluster the operator runs (no bootstrap
+    annotation), each registered broker's host on the metrics port; else none (ingress is then
+    measured in records)."""
+    annotations = body["metadata"].get("annotations") or {}
+    listed = str(annotations.get(s.BROKER_METRICS_ANNOTATION, "")).strip()
+    if listed:
+        return [a.strip() for a in listed.split(",") if a.strip()]
+    if str(annotations.get(s.BOOTSTRAP_ANNOTATION, "")).strip():
+        return []
+    return [f"{host}:{s.METRICS_PORT}" for host in broker_hosts]
+
+
+def etcd_url(body: Mapping[str, Any]) -> str:
+    """The etcd endpoint services use: the managed etcd's Service, or the first endpoint."""
+    etcd = body.get("spec", {}).get("etcd") or {}
+    if etcd.get("endpoints"):
+        return str(etcd["endpoints"][0]).rstrip("/")
+    meta = body["metadata"]
+    return (
+        f"http://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
+        f"{s.ETCD_CLIENT_PORT}"
+    )
+
+
+# -- validation of what the schema cannot check ----------------------------------------------------
+
+
+def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
+    """Why a FjordCluster spec cannot be reconciled (empty: it can). The CRD schema checks
+    types and ranges; this checks combinations and values it cannot express."""
+    problems: list[str] = []
+    brokers = spec.get("brokers") or {}
+    replicas = brokers.get("replicas")
+    if not isinstance(replicas, int) or replicas < 1:
+        problems.append(f"spec.brokers.replicas must be an integer >= 1, got {replicas!r}")
+        replicas = None
+    etcd = spec.get("etcd") or {}
+    has_endpoints, has_managed = bool(etcd.get("endpoints")), "managed" in etcd
+    if has_endpoints == has_managed:
+        problems.append("spec.etcd needs exactly one of endpoints or managed")
+    for endpoint in etcd.get("endpoints") or ():
+        if not ETCD_ENDPOINT.match(str(endpoint)):
+            problems.append(f"spec.etcd.endpoints: {endpoint!r} is not http(s)://HOST:PORT")
+    if has_managed and (etcd.get("managed") or {}).get("replicas", 1) not in (1, 3):
+        problems.append("spec.etcd.managed.replicas must be 1 or 3")
+    for where, storage in (
+        ("spec.brokers.storage.size", (brokers.get("storage") or {})),
+        ("spec.etcd.managed.storage.size", ((etcd.get("managed") or {}).get("storage") or {})),
+    ):
+        size = storage.get("size")
+        if size is not None and not QUANTITY.match(str(size)):
+            problems.append(f"{where}: {size!r} is not a Kubernetes quantity such as 10Gi")
+    config = {str(k): str(v) for k, v in (brokers.get("config") or {}).items()}
+    try:
+        validate_broker_config(config)
+    except ConfigError as exc:
+        problems.append(f"spec.brokers.config: {exc}")
+    if replicas is not None:
+        for key in ("min.insync.replicas",):
+            value = config.get(key)
+            if value is not None and value.isdigit() and int(value) > replicas:
+                problems.append(
+                    f"spec.brokers.config: {key}={value} exceeds the {replicas} brokers"
+                )
+    for part in ("controllers", "coordinators"):
+        count = (spec.get(part) or {}).get("replicas", 1)
+        if not isinstance(count, int) or count < 1:
+            problems.append(f"spec.{part}.replicas must be an integer >= 1, got {count!r}")
+    return problems
+
+
+# -- common pieces -------------------------------------------------------------------------------
+
+
+def labels(cluster: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "fjord",
+        "app.kubernetes.io/instance": cluster,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": s.MANAGED_BY,
+    }
+
+
+def selector_labels(cluster: str, component: str) -> dict[str, str]:
+    return {k: v for k, v in labels(cluster, component).items() if "managed-by" not in k}
+
+
+def owner_reference(body: Mapping[str, Any]) -> Obj:
+    meta = body["metadata"]
+    return {
+        "apiVersion": body.get("apiVersion", s.API_VERSION),
+        "kind": body.get("kind", s.CLUSTER_KIND),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def _metadata(body: Mapping[str, Any], name: str, component: str) -> Obj:
+    meta = body["metadata"]
+    return {
+        "name": name,
+        "namespace": meta.get("namespace", "default"),
+        "labels": labels(meta["name"], component),
+        "ownerReferences": [owner_reference(body)],
+    }
+
+
+def _image(spec: Mapping[str, Any]) -> tuple[str, str]:
+    image = spec.get("image") or {}
+    repository = image.get("repository", s.DEFAULT_IMAGE_REPOSITORY)
+    tag = image.get("tag", s.DEFAULT_IMAGE_TAG)
+    return f"{repository}:{tag}", image.get("pullPolicy", s.DEFAULT_PULL_POLICY)
+
+
+def _env_from_fields(**paths: str) -> list[Obj]:
+    return [
+        {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+        for name, path in paths.items()
+    ]
+
+
+def _container(
+    spec: Mapping[str, Any],
+    component: str,
+    script: str,
+    args: list[str],
+    port: int,
+    resources: Mapping[str, Any] | None,
+    env: list[Obj],
+    cluster: str,
+) -> Obj:
+    image, pull_policy = _image(spec)
+    return {
+        "name": component,
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        # sh expands the pod's identity (ordinal, uid, ip) into flags; "$@" passes ``args``.
+        "command": ["sh", "-c", script, component, *args],
+        "envFrom": [{"configMapRef": {"name": config_map_name(cluster)}}],
+        "env": env,
+        "ports": [
+            {"name": "grpc", "containerPort": port, "protocol": "TCP"},
+            {"name": "metrics", "containerPort": s.METRICS_PORT, "protocol": "TCP"},
+        ],
+        # Ready when the gRPC port accepts connections; alive while /metrics answers.
+        "readinessProbe": {"tcpSocket": {"port": "grpc"}, "periodSeconds": 5},
+        "livenessProbe": {
+            "httpGet": {"path": "/metrics", "port": "metrics"},
+            "initialDelaySeconds": 30,
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "resources": dict(resources or {}),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        },
+    }
+
+
+def _pod_security() -> Obj:
+    return {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
+
+
+# An integer id for a Deployment pod, from the first 7 hex digits of its uid (< 2**28).
+_ID_FROM_UID = '$((0x$(echo "$POD_UID" | tr -d - | cut -c1-7)))'
+_COMMON_FLAGS = '--etcd "$FJORD_ETCD" --cluster-id "$FJORD_CLUSTER_ID" --metrics-port {metrics}'
+
+
+# -- the objects ---------------------------------------------------------------------------------
+
+
+def config_map(body: Mapping[str, Any]) -> Obj:
+    """``X-config``: the environment every Fjord container starts with."""
+    name = body["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(body, config_map_name(name), "config"),
+        "data": {
+            "FJORD_CLUSTER_ID": cluster_id(body),
+            "FJORD_ETCD": etcd_url(body),
+            "FJORD_BOOTSTRAP_SERVERS": bootstrap_servers(body),
+        },
+    }
+
+
+def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
+    """``X-broker``: ``replicas`` brokers (the scaling decision's count, not always the
+    spec's), ids = ordinals, one PVC each, Parallel pod management."""
+    meta, spec = body["metadata"], body.get("spec", {})
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    brokers = spec.get("brokers") or {}
+    storage = brokers.get("storage") or {}
+    config_args: list[str] = []
+    for key, value in sorted((brokers.get("config") or {}).items()):
+        config_args += ["--config", f"{key}={value}"]
+    script = (
+        'exec fjord broker --id "${HOSTNAME##*-}" '
+        f"--listen 0.0.0.0:{s.BROKER_PORT} "
+        f'--advertised-host "$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc" '
+        f"--data-dir {s.BROKER_DATA_DIR} " + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
+    )
+    container = _container(
+        spec, "broker", script, config_args, s.BROKER_PORT, brokers.get("resources"), [], name
+    )
+    container["volumeMounts"] = [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
+    claim_spec: Obj = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage.get("size", s.DEFAULT_BROKER_STORAGE)}},
+    }
+    if storage.get("storageClassName"):
+        claim_spec["storageClassName"] = storage["storageClassName"]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(body, broker_name(name), "broker"),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": broker_headless_name(name),
+            "podManagementPolicy": "Parallel",
+            "updateStrategy": {"type": "RollingUpdate"},
+            "selector": {"matchLabels": selector_labels(name, "broker")},
+            "template": {
+                "metadata": {"labels": labels(name, "broker")},
+                "spec": {
+                    "securityContext": _pod_security(),
+                    "terminationGracePeriodSeconds": 60,
+                    "containers": [container],
+                },
+            },
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "data", "labels": labels(name, "broker")}, "spec": claim_spec}
+            ],
+        },
+    }
+
+
+def _service(body: Mapping[str, Any], name: str, component: str, port: int, headless: bool) -> Obj:
+    cluster = body["metadata"]["name"]
+    spec: Obj = {
+        "selector": selector_labels(cluster, component),
+        "ports": [
+            {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
+            {"name": "metrics", "port": s.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
+        ],
+    }
+    if headless:
+        spec["clusterIP"] = "None"
+        # Brokers find each other (replica fetch) before they are Ready.
+        spec["publishNotReadyAddresses"] = True
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(body, name, component),
+        "spec": spec,
+    }
+
+
+def _deployment(body: Mapping[str, Any], component: str, command: str, port: int) -> Obj:
+    meta, spec = body["metadata"], body.get("spec", {})
+    name = meta["name"]
+    part = spec.get(f"{component}s") or {}
+    default = (
+        s.DEFAULT_CONTROLLER_REPLICAS
+        if component == "controller"
+        else s.DEFAULT_COORDINATOR_REPLICAS
+    )
+    script = (
+        f'exec fjord {command} --id "{_ID_FROM_UID}" --listen 0.0.0.0:{port} '
+        '--advertised-host "$POD_IP" ' + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
+    )
+    env = _env_from_fields(POD_UID="metadata.uid", POD_IP="status.podIP")
+    container = _container(spec, component, script, [], port, part.get("resources"), env, name)
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(body, f"{name}-{component}", component),
+        "spec": {
+            "replicas": part.get("replicas", default),
+            "selector": {"matchLabels": selector_labels(name, component)},
+            "template": {
+                "metadata": {"labels": labels(name, component)},
+                "spec": {"securityContext": _pod_security(), "containers": [container]},
+            },
+        },
+    }
+
+
+def _pdb(body: Mapping[str, Any], name: str, component: str) -> Obj:
+    cluster = body["metadata"]["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(body, name, component),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(cluster, component)},
+        },
+    }
+
+
+def etcd_objects(body: Mapping[str, Any]) -> list[Obj]:
+    """A managed etcd: headless Service + StatefulSet ``X-etcd`` of 1 or 3 members (none
+    when the spec names external endpoints)."""
+    meta, spec = body["metadata"], body.get("spec", {})
+    managed = (spec.get("etcd") or {}).get("managed")
+    if managed is None:
+        return []
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    etcd = etcd_name(name)
+    members = int(managed.get("replicas", 1))
+    storage = managed.get("storage") or {}
+    peers = ",".join(
+        f"{etcd}-{i}=http://{etcd}-{i}.{etcd}.{namespace}.svc:{s.ETCD_PEER_PORT}"
+        for i in range(members)
+    )
+    host = f"$(POD_NAME).{etcd}.{namespace}.svc"
+    claim_spec: Obj = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": storage.get("size", s.DEFAULT_ETCD_STORAGE)}},
+    }
+    if storage.get("storageClassName"):
+        claim_spec["storageClassName"] = storage["storageClassName"]
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(body, etcd, "etcd"),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,  # members must find each other to form a quorum
+            "selector": selector_labels(name, "etcd"),
+            "ports": [
+                {"name": "client", "port": s.ETCD_CLIENT_PORT, "targetPort": "client"},
+                {"name": "peer", "port": s.ETCD_PEER_PORT, "targetPort": "peer"},
+            ],
+        },
+    }
+    statefulset = {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(body, etcd, "etcd"),
+        "spec": {
+            "replicas": members,
+            "serviceName": etcd,
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(name, "etcd")},
+            "template": {
+                "metadata": {"labels": labels(name, "etcd")},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "etcd",
+                            "image": s.MANAGED_ETCD_IMAGE,
+                            "command": [
+                                "etcd",
+                                "--name=$(POD_NAME)",
+                                f"--data-dir={s.ETCD_DATA_DIR}",
+                                f"--listen-client-urls=http://0.0.0.0:{s.ETCD_CLIENT_PORT}",
+                                f"--advertise-client-urls=http://{host}:{s.ETCD_CLIENT_PORT}",
+                                f"--listen-peer-urls=http://0.0.0.0:{s.ETCD_PEER_PORT}",
+                                f"--initial-advertise-peer-urls=http://{host}:{s.ETCD_PEER_PORT}",
+                                f"--initial-cluster={peers}",
+                                "--initial-cluster-state=new",
+                                f"--initial-cluster-token={cluster_id(body)}",
+                            ],
+                            "env": _env_from_fields(POD_NAME="metadata.name"),
+                            "ports": [
+                                {"name": "client", "containerPort": s.ETCD_CLIENT_PORT},
+                                {"name": "peer", "containerPort": s.ETCD_PEER_PORT},
+                            ],
+                            "readinessProbe": {
+                                "httpGet": {"path": "/health", "port": "client"},
+                                "periodSeconds": 5,
+                            },
+                            "volumeMounts": [{"name": "data", "mountPath": s.ETCD_DATA_DIR}],
+                        }
+                    ]
+                },
+            },
+            "volumeClaimTemplates": [
+                {"metadata": {"name": "data", "labels": labels(name, "etcd")}, "spec": claim_spec}
+            ],
+        },
+    }
+    return [service, statefulset]
+
+
+def cluster_objects(body: Mapping[str, Any], broker_replicas: int) -> list[Obj]:
+    """Everything a FjordCluster runs on, in apply order (config and etcd first).
+    ``broker_replicas``: the StatefulSet size the scaling decision allows now."""
+    name = body["metadata"]["name"]
+    return [
+        config_map(body),
+        *etcd_objects(body),
+        _service(body, broker_headless_name(name), "broker", s.BROKER_PORT, headless=True),
+        _service(body, broker_name(name), "broker", s.BROKER_PORT, headless=False),
+        broker_statefulset(body, broker_replicas),
+        _service(body, controller_name(name), "controller", s.CONTROLLER_PORT, headless=False),
+        _deployment(body, "controller", "controller", s.CONTROLLER_PORT),
+        _service(
+            body, f"{coordinator_name(name)}-headless", "coordinator", s.COORDINATOR_PORT, True
+        ),
+        _deployment(body, "coordinator", "coordinator", s.COORDINATOR_PORT),
+        _pdb(body, broker_name(name), "broker"),
+        _pdb(body, controller_name(name), "controller"),
+    ]

@@ -1,0 +1,455 @@
+"""Pure decisions of the operator: broker scaling (out, then rebalance; in, after draining),
+topic reconciliation, and partition autoscaling from ingress samples.
+
+Nothing here does I/O or reads a clock: the handlers observe the Kubernetes and Fjord state,
+call these functions, and apply what they return. Every decision is derived from the observed
+state (plus the scaling phase recorded in status), so an operator restarted at any point takes
+the next step, never a step twice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fjord.controller.reassignment import plan_reassignment
+from fjord.errors import InvalidReplicationFactorError
+from fjord_operator.settings import DEFAULT_STABILIZATION_WINDOW_S
+
+TopicPartitionKey = tuple[str, int]
+
+
+# -- broker scaling ---------------------------------------------------------------------------
+
+
+class ScalingPhase(StrEnum):
+    """``status.scaling.phase`` of a FjordCluster."""
+
+    STABLE = "Stable"
+    #: StatefulSet raised; waiting until every new broker registers with the controller.
+    WAITING_FOR_BROKERS = "WaitingForBrokers"
+    #: Reassignments submitted (or running) that move partitions onto the new brokers.
+    REBALANCING = "Rebalancing"
+    #: Reassignments that move every replica off the brokers that go.
+    DRAINING = "Draining"
+    #: Drained; the StatefulSet is shrunk to the spec.
+    SHRINKING = "Shrinking"
+    #: A scale-in that would leave a topic without enough brokers: nothing changed.
+    REFUSED = "Refused"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterObservation:
+    """What the handler saw. ``statefulset_replicas``: None when the StatefulSet does not
+    exist yet. ``registered``: ids of the brokers registered with the controller (None: the
+    Fjord cluster did not answer). ``assignment``: every partition's replicas, internal topics
+    included. ``reassigning``: partitions with a reassignment running."""
+
+    desired: int
+    statefulset_replicas: int | None
+    registered: frozenset[int] | None
+    assignment: Mapping[TopicPartitionKey, Sequence[int]] = field(default_factory=dict)
+    reassigning: frozenset[TopicPartitionKey] = frozenset()
+    #: The phase recorded in status by the previous reconciliation.
+    previous_phase: ScalingPhase = ScalingPhase.STABLE
+
+
+@dataclass(frozen=True, slots=True)
+class ScalingDecision:
+    """What to do now. ``statefulset_replicas``: the size to build the StatefulSet with.
+    ``reassign``: target replica lists to submit (empty: none). ``done``: no step is pending
+    (the cluster is at its spec). ``reason``/``message``: for the status conditions."""
+
+    phase: ScalingPhase
+    statefulset_replicas: int
+    reassign: Mapping[TopicPartitionKey, list[int]]
+    done: bool
+    reason: str
+    message: str
+    refused: bool = False
+
+
+def _step(
+    phase: ScalingPhase,
+    replicas: int,
+    reason: str,
+    message: str,
+    *,
+    reassign: Mapping[TopicPartitionKey, list[int]] | None = None,
+    done: bool = False,
+    refused: bool = False,
+) -> ScalingDecision:
+    return ScalingDecision(phase, replicas, dict(reassign or {}), done, reason, message, refused)
+
+
+def replication_factors(
+    assignment: Mapping[TopicPartitionKey, Sequence[int]],
+) -> dict[str, int]:
+    """The largest replica count of each topic (a topic whose partitions differ counts its
+    largest: that is what a scale-in must still place)."""
+    out: dict[str, int] = {}
+    for (topic, _), replicas in assignment.items():
+        out[topic] = max(out.get(topic, 0), len(replicas))
+    return out
+
+
+def decide_scaling(obs: ClusterObservation) -> ScalingDecision:
+    """The next step towards ``obs.desired`` brokers (ids 0..desired-1).
+
+    Scale out: raise the StatefulSet at once; when all brokers registered, plan moves onto them
+    with :func:`plan_reassignment` and submit; done when no reassignment runs and the plan is
+    empty. Scale in: refuse when a topic's replication factor exceeds the brokers that stay;
+    otherwise drain the highest ordinals (:func:`plan_reassignment` with ``drain``), wait until
+    no replica is on them and no reassignment runs, and only then shrink the StatefulSet.
+    """
+    desired = obs.desired
+    current = obs.statefulset_replicas
+    if current is None:
+        return _step(
+            ScalingPhase.WAITING_FOR_BROKERS,
+            desired,
+            "Creating",
+            f"creating the StatefulSet with {desired} brokers",
+        )
+    wanted = frozenset(range(desired))
+    if desired > current:
+        return _step(
+            ScalingPhase.WAITING_FOR_BROKERS,
+            desired,
+            "ScalingOut",
+            f"raising brokers from {current} to {desired}",
+        )
+    if obs.registered is None:
+        return _step(
+            obs.previous_phase,
+            current,
+            "ClusterUnreachable",
+            "the Fjord cluster does not answer yet",
+        )
+    if desired < current:
+        return _decide_scale_in(obs, current, wanted)
+    missing = sorted(wanted - obs.registered)
+    if missing:
+        return _step(
+            ScalingPhase.WAITING_FOR_BROKERS,
+            current,
+            "WaitingForBrokers",
+            f"waiting for brokers {missing} to register",
+        )
+    if obs.reassigning:
+        phase = (
+            ScalingPhase.REBALANCING
+            if obs.previous_phase in (ScalingPhase.WAITING_FOR_BROKERS, ScalingPhase.REBALANCING)
+            else obs.previous_phase
+        )
+        return _step(
+            phase,
+            current,
+            "ReassignmentInProgress",
+            f"{len(obs.reassigning)} partition reassignments running",
+        )
+    if obs.previous_phase == ScalingPhase.WAITING_FOR_BROKERS or _idle_brokers(obs, wanted):
+        # After a scale-out (also when the recorded phase was lost: a broker of the spec holds
+        # nothing while there are replicas enough for all), spread partitions onto the new
+        # brokers. Otherwise the operator never moves data on its own.
+        plan = plan_reassignment(obs.assignment, wanted) if obs.assignment else {}
+        if plan:
+            return _step(
+                ScalingPhase.REBALANCING,
+                current,
+                "Rebalancing",
+                f"moving {len(plan)} partitions onto the new brokers",
+                reassign=plan,
+            )
+    on_others = sorted({b for replicas in obs.assignment.values() for b in replicas} - wanted)
+    if on_others:
+        # Brokers beyond the spec still hold replicas (e.g. a drain was interrupted by a
+        # spec change back): nothing to shrink, report it.
+        return _step(
+            ScalingPhase.STABLE,
+            current,
+            "ReplicasOutsideSpec",
+            f"brokers {on_others} outside 0..{desired - 1} still hold replicas",
+            done=True,
+        )
+    return _step(
+        ScalingPhase.STABLE,
+        current,
+        "Ready",
+        f"{desired} brokers registered",
+        done=True,
+    )
+
+
+def _idle_brokers(obs: ClusterObservation, wanted: frozenset[int]) -> list[int]:
+    """Brokers of the spec that hold no replica although there are at least as many replicas
+    as brokers (a balanced cluster has none)."""
+    held = Counter(b for replicas in obs.assignment.values() for b in replicas)
+    if sum(held[b] for b in wanted) < len(wanted):
+        return []
+    return sorted(b for b in wanted if held[b] == 0)
+
+
+def _decide_scale_in(
+    obs: ClusterObservation, current: int, wanted: frozenset[int]
+) -> ScalingDecision:
+    going = frozenset(range(obs.desired, current))
+    assert obs.registered is not None
+    too_big = {
+        topic: rf for topic, rf in replication_factors(obs.assignment).items() if rf > len(wanted)
+    }
+    if too_big:
+        topic, rf = max(too_big.items(), key=lambda item: (item[1], item[0]))
+        return _step(
+            ScalingPhase.REFUSED,
+            current,
+            "ScaleInWouldBreakReplication",
+            f"cannot scale in to {obs.desired} brokers: topic {topic!r} has replication "
+            f"factor {rf} ({len(too_big)} topics need more brokers than remain)",
+            refused=True,
+        )
+    missing = sorted(wanted - obs.registered)
+    if missing:
+        return _step(
+            ScalingPhase.DRAINING,
+            current,
+            "WaitingForBrokers",
+            f"waiting for brokers {missing} to register before draining {sorted(going)}",
+        )
+    if obs.reassigning:
+        return _step(
+            ScalingPhase.DRAINING,
+            current,
+            "Draining",
+            f"{len(obs.reassigning)} partition reassignments running; draining {sorted(going)}",
+        )
+    holding = {key for key, replicas in obs.assignment.items() if going & set(replicas)}
+    if holding:
+        try:
+            plan = plan_reassignment(obs.assignment, wanted | going, drain=going)
+        except InvalidReplicationFactorError as exc:  # checked above; kept as a clear refusal
+            return _step(
+                ScalingPhase.REFUSED,
+                current,
+                "ScaleInWouldBreakReplication",
+                str(exc),
+                refused=True,
+            )
+        return _step(
+            ScalingPhase.DRAINING,
+            current,
+            "Draining",
+            f"moving {len(holding)} partitions off brokers {sorted(going)}",
+            reassign=plan,
+        )
+    return _step(
+        ScalingPhase.SHRINKING,
+        obs.desired,
+        "Shrinking",
+        f"brokers {sorted(going)} drained; shrinking from {current} to {obs.desired}",
+    )
+
+
+# -- topics -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TopicObservation:
+    """A topic as Fjord has it: partition count, largest replica count, topic-level config
+    (only keys set on the topic, not defaults), id."""
+
+    partitions: int
+    replication_factor: int
+    config: Mapping[str, str]
+    topic_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class AutoscalingPolicy:
+    """``spec.autoscaling``. Invariant: 1 <= min_partitions <= max_partitions."""
+
+    min_partitions: int
+    max_partitions: int
+    target_bytes_per_second_per_partition: int
+    stabilization_window_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TopicDecision:
+    """What to do for a FjordTopic. ``create``: create with ``partitions`` and the config in
+    ``config_changes``;
+    ``grow_to``: new total partitions (None: keep); ``config_changes``: key -> value, None
+    resets a key; ``replication_factor``: a new replication factor (None: keep). ``error``:
+    a refusal (reason, message) shown as the Error condition; other steps still apply."""
+
+    create: bool = False
+    partitions: int = 0
+    grow_to: int | None = None
+    config_changes: Mapping[str, str | None] = field(default_factory=dict)
+    replication_factor: int | None = None
+    error: tuple[str, str] | None = None
+
+    @property
+    def changes_anything(self) -> bool:
+        return bool(self.create or self.grow_to or self.config_changes or self.replication_factor)
+
+
+def autoscaling_policy(spec: Mapping[str, object]) -> AutoscalingPolicy | None:
+    """The policy of an enabled ``spec.autoscaling`` (None when absent or disabled)."""
+    raw = spec.get("autoscaling")
+    if not isinstance(raw, Mapping) or not raw.get("enabled"):
+        return None
+    partitions = int(spec.get("partitions", 1))  # type: ignore[call-overload]
+    return AutoscalingPolicy(
+        min_partitions=int(raw.get("minPartitions", partitions)),
+        max_partitions=int(raw.get("maxPartitions", partitions)),
+        target_bytes_per_second_per_partition=int(raw.get("targetBytesPerSecondPerPartition", 1)),
+        stabilization_window_s=float(
+            raw.get("stabilizationWindowSeconds", DEFAULT_STABILIZATION_WINDOW_S)
+        ),
+    )
+
+
+def topic_spec_problems(spec: Mapping[str, object]) -> list[str]:
+    """What the CRD schema cannot check in a FjordTopic spec."""
+    problems = []
+    policy = autoscaling_policy(spec)
+    if policy is not None:
+        if policy.min_partitions > policy.max_partitions:
+            problems.append(
+                f"spec.autoscaling.minPartitions {policy.min_partitions} exceeds maxPartitions "
+                f"{policy.max_partitions}"
+            )
+        partitions = spec.get("partitions")
+        if isinstance(partitions, int) and partitions > policy.max_partitions:
+            problems.append(
+                f"spec.partitions {partitions} exceeds spec.autoscaling.maxPartitions "
+                f"{policy.max_partitions}"
+            )
+    return problems
+
+
+def decide_topic(
+    partitions: int,
+    replication_factor: int,
+    config: Mapping[str, str],
+    actual: TopicObservation | None,
+    autoscaling: AutoscalingPolicy | None = None,
+) -> TopicDecision:
+    """Bring the topic to the spec: create it, grow its partitions, set config drift back,
+    change its replication factor. Partitions never shrink: a spec below the actual count is
+    refused (PartitionDecreaseRefused), unless autoscaling grew it within its bounds (the
+    autoscaler owns counts between spec.partitions and maxPartitions)."""
+    floor = partitions if autoscaling is None else max(partitions, autoscaling.min_partitions)
+    if actual is None:
+        return TopicDecision(
+            create=True, partitions=floor, config_changes={k: str(v) for k, v in config.items()}
+        )
+    error: tuple[str, str] | None = None
+    grow_to = floor if floor > actual.partitions else None
+    autoscaled = autoscaling is not None and actual.partitions <= autoscaling.max_partitions
+    if actual.partitions > floor and not autoscaled:
+        error = (
+            "PartitionDecreaseRefused",
+            f"spec.partitions is {partitions} but the topic has {actual.partitions}: Fjord "
+            "partitions never shrink (records are spread over them); delete and re-create the "
+            "topic to have fewer",
+        )
+    changes: dict[str, str | None] = {
+        key: str(value) for key, value in config.items() if actual.config.get(key) != str(value)
+    }
+    changes.update({key: None for key in actual.config if key not in config})
+    return TopicDecision(
+        grow_to=grow_to,
+        config_changes=changes,
+        replication_factor=(
+            replication_factor if replication_factor != actual.replication_factor else None
+        ),
+        error=error,
+    )
+
+
+# -- autoscaling ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IngressSample:
+    """At ``time_s`` (monotonic seconds) the topic had received ``total_bytes`` in all (a
+    counter: the sum of its partitions' log-end offsets times the bytes per record)."""
+
+    time_s: float
+    total_bytes: float
+
+
+def prune_samples(
+    samples: Sequence[IngressSample], now_s: float, window_s: float
+) -> list[IngressSample]:
+    """The samples still needed: those inside the window plus the last one at or before its
+    start (the start of the first rate), and never fewer than the last two. A counter going
+    backwards (a topic re-created) drops the older samples."""
+    kept: list[IngressSample] = []
+    for sample in samples:
+        if kept and sample.total_bytes < kept[-1].total_bytes:
+            kept = []
+        kept.append(sample)
+    start = now_s - window_s
+    first = 0
+    for i, sample in enumerate(kept):
+        if sample.time_s <= start:
+            first = i
+    # Keep at least the last two samples (one rate): a zero window judges the latest rate.
+    return kept[max(0, min(first, len(kept) - 2)) :]
+
+
+def decide_autoscale(
+    samples: Sequence[IngressSample],
+    partitions: int,
+    policy: AutoscalingPolicy,
+    now_s: float,
+) -> int | None:
+    """The new partition count, or None to keep ``partitions``.
+
+    Grows only when the samples cover the whole stabilization window and every rate in it
+    (between consecutive samples) per partition exceeded the target: then to the count that
+    brings the smallest of those rates to the target, at least one more, at most
+    ``max_partitions``. Never shrinks. A window of 0 needs two samples."""
+    if partitions >= policy.max_partitions:
+        return None
+    window = prune_samples(samples, now_s, policy.stabilization_window_s)
+    if len(window) < 2 or window[0].time_s > now_s - policy.stabilization_window_s:
+        return None
+    rates = [
+        (b.total_bytes - a.total_bytes) / (b.time_s - a.time_s)
+        for a, b in itertools.pairwise(window)
+        if b.time_s > a.time_s
+    ]
+    if not rates:
+        return None
+    sustained = min(rates)
+    target = policy.target_bytes_per_second_per_partition
+    if sustained / partitions <= target:
+        return None
+    needed = math.ceil(sustained / target)
+    return min(policy.max_partitions, max(partitions + 1, needed))
+
+
+def topic_bytes_in(metrics_pages: Sequence[str], topic: str) -> float:
+    """Bytes produced to ``topic`` so far: the sum over brokers of their per-topic bytes-in
+    counter (``fjord_broker_bytes_in``, counted by each partition's leader) in Prometheus text
+    pages. A broker restart lowers the sum; :func:`prune_samples` then starts a new window."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from fjord.observability.metrics import BROKER_BYTES_IN
+
+    sample_name = f"{next(iter(BROKER_BYTES_IN.describe())).name}_total"
+    total = 0.0
+    for page in metrics_pages:
+        for family in text_string_to_metric_families(page):
+            for sample in family.samples:
+                if sample.name == sample_name and sample.labels.get("topic") == topic:
+                    total += sample.value
+    return total

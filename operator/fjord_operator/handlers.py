@@ -1,0 +1,736 @@
+"""kopf handlers: observe Kubernetes and Fjord, call the pure decisions, apply the result.
+
+:func:`register` binds every handler to a kopf registry with the given
+:class:`~fjord_operator.settings.OperatorSettings` (intervals are decided at registration, so
+tests can shorten them). Per object, one reconciliation runs at a time (a lock per uid): the
+change handlers and the timers call the same idempotent functions.
+
+The shells here only translate: :class:`FjordAdmin` runs the synchronous
+:class:`fjord.client.AdminClient` in worker threads (the kopf event loop never blocks);
+:class:`KubeApi` creates or merge-patches objects through lightkube. The plan of each
+reconciliation comes from :func:`plan_cluster` / :func:`plan_topic`, which are pure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from fjord.errors import (
+    FjordError,
+    KafkaTimeoutError,
+    ReassignmentInProgressError,
+    UnknownTopicOrPartitionError,
+)
+from fjord_operator import builders
+from fjord_operator import settings as s
+from fjord_operator.decisions import (
+    AutoscalingPolicy,
+    ClusterObservation,
+    IngressSample,
+    ScalingDecision,
+    ScalingPhase,
+    TopicDecision,
+    TopicObservation,
+    autoscaling_policy,
+    decide_autoscale,
+    decide_scaling,
+    decide_topic,
+    prune_samples,
+    topic_bytes_in,
+    topic_spec_problems,
+)
+from fjord_operator.settings import OperatorSettings
+from fjord_operator.status import Outcome, Verdict, status_patch
+
+log = logging.getLogger(__name__)
+
+TopicPartitionKey = tuple[str, int]
+
+
+# -- pure planning of one reconciliation ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterPlan:
+    """What one FjordCluster reconciliation does: ``objects`` to apply (empty when nothing may
+    change), ``reassign`` to submit, the ``status`` to write, and whether to come back soon
+    (``retry``: a step waits for the cluster)."""
+
+    objects: list[dict[str, Any]]
+    reassign: Mapping[TopicPartitionKey, list[int]]
+    status: dict[str, Any]
+    retry: bool
+
+
+def plan_cluster(
+    body: Mapping[str, Any],
+    statefulset_replicas: int | None,
+    ready_brokers: int | None,
+    registered: frozenset[int] | None,
+    assignment: Mapping[TopicPartitionKey, Sequence[int]],
+    reassigning: frozenset[TopicPartitionKey],
+    now: datetime,
+) -> ClusterPlan:
+    """The plan for ``body`` given what was observed (see :class:`ClusterObservation`)."""
+    spec = body.get("spec") or {}
+    meta = body.get("metadata") or {}
+    previous = body.get("status") or {}
+    generation = meta.get("generation")
+    problems = builders.cluster_spec_problems(spec)
+    if problems:
+        verdict = Verdict(Outcome.ERROR, "InvalidSpec", "; ".join(problems))
+        return ClusterPlan([], {}, status_patch(verdict, generation, previous, now), False)
+    desired = int(spec["brokers"]["replicas"])
+    try:
+        previous_phase = ScalingPhase((previous.get("scaling") or {}).get("phase", "Stable"))
+    except ValueError:
+        previous_phase = ScalingPhase.STABLE
+    decision: ScalingDecision = decide_scaling(
+        ClusterObservation(
+            desired=desired,
+            statefulset_replicas=statefulset_replicas,
+            registered=registered,
+            assignment=assignment,
+            reassigning=reassigning,
+            previous_phase=previous_phase,
+        )
+    )
+    if decision.refused:
+        verdict = Verdict(Outcome.ERROR, decision.reason, decision.message)
+    elif decision.done:
+        verdict = Verdict(Outcome.READY, decision.reason, decision.message)
+    else:
+        verdict = Verdict(Outcome.RECONCILING, decision.reason, decision.message)
+    fields: dict[str, Any] = {
+        "brokers": len(registered) if registered is not None else 0,
+        "scaling": {
+            "phase": decision.phase.value,
+            "from": statefulset_replicas if statefulset_replicas is not None else 0,
+            "to": desired,
+            "message": decision.message,
+        },
+    }
+    if ready_brokers is not None:
+        fields["readyBrokers"] = ready_brokers
+    objects = (
+        [] if decision.refused else builders.cluster_objects(body, decision.statefulset_replicas)
+    )
+    return ClusterPlan(
+        objects,
+        decision.reassign,
+        status_patch(verdict, generation, previous, now, **fields),
+        retry=not (decision.done or decision.refused),
+    )
+
+
+def topic_name(body: Mapping[str, Any]) -> str:
+    return str((body.get("spec") or {}).get("topicName") or body["metadata"]["name"])
+
+
+def error_reason(error: FjordError) -> str:
+    """A condition reason from a Fjord error code: INVALID_REPLICATION_FACTOR ->
+    InvalidReplicationFactor."""
+    return "".join(part.capitalize() for part in error.code.name.split("_"))
+
+
+# -- the shells ----------------------------------------------------------------------------------
+
+
+class FjordAdmin:
+    """Async face of one Fjord cluster's admin API. The AdminClient is synchronous (it owns an
+    I/O thread), so every call runs in a worker thread. Invariant: one AdminClient per
+    bootstrap address, created on first use, closed by :meth:`close`."""
+
+    def __init__(self, bootstrap: str, timeout_s: float) -> None:
+        self.bootstrap = bootstrap
+        self.timeout_s = timeout_s
+        self._admin: Any = None
+        self._consumer: Any = None
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            from fjord.client import AdminClient
+
+            self._admin = AdminClient(
+                {
+                    "bootstrap.servers": self.bootstrap,
+                    "client.id": "fjord-operator",
+                    "default.api.timeout.ms": int(self.timeout_s * 1000),
+                }
+            )
+        return self._admin
+
+    async def _call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        def call() -> Any:
+            return getattr(self._client(), method)(*args, **kwargs)
+
+        return await asyncio.to_thread(call)
+
+    async def observe_cluster(
+        self,
+    ) -> tuple[frozenset[int], dict[TopicPartitionKey, list[int]], frozenset[TopicPartitionKey]]:
+        """(registered broker ids, every partition's replicas, partitions being reassigned)."""
+        cluster = await self._call("describe_cluster")
+        topics = await self._call("describe_topics", None)
+        moving = await self._call("list_partition_reassignments")
+        assignment = {(t.name, p.partition): list(p.replicas) for t in topics for p in t.partitions}
+        # A running reassignment lists old + new replicas: plan from the targets.
+        for key, reassignment in moving.items():
+            assignment[key] = list(reassignment.target_replicas)
+        return frozenset(b.id for b in cluster.brokers), assignment, frozenset(moving)
+
+    async def observe_topic(self, name: str) -> TopicObservation | None:
+        try:
+            (description,) = await self._call("describe_topics", [name])
+        except UnknownTopicOrPartitionError:
+            return None
+        configs = await self._call("describe_configs", [name])
+        return TopicObservation(
+            partitions=len(description.partitions),
+            replication_factor=max((len(p.replicas) for p in description.partitions), default=0),
+            config={e.name: e.value for e in configs.get(name, ()) if e.source == "TOPIC"},
+            topic_id=description.topic_id,
+        )
+
+    async def apply_topic(self, name: str, decision: TopicDecision, replication: int) -> None:
+        from fjord.client import NewTopic
+
+        if decision.create:
+            config = {k: v for k, v in decision.config_changes.items() if v is not None}
+            await self._call(
+                "create_topics", [NewTopic(name, decision.partitions, replication, config)]
+            )
+            return
+        if decision.grow_to is not None:
+            await self._call("create_partitions", {name: decision.grow_to})
+        if decision.config_changes:
+            await self._call("alter_configs", {name: dict(decision.config_changes)})
+        if decision.replication_factor is not None:
+            await self._call("alter_replication_factor", name, decision.replication_factor)
+
+    async def delete_topic(self, name: str) -> None:
+        with contextlib.suppress(UnknownTopicOrPartitionError):
+            await self._call("delete_topics", [name])
+
+    async def grow(self, name: str, partitions: int) -> None:
+        await self._call("create_partitions", {name: partitions})
+
+    async def reassign(self, plan: Mapping[TopicPartitionKey, Sequence[int]]) -> None:
+        await self._call("alter_partition_reassignments", {k: list(v) for k, v in plan.items()})
+
+    async def broker_hosts(self) -> list[str]:
+        """The advertised host of every registered broker."""
+        cluster = await self._call("describe_cluster")
+        return [b.host for b in cluster.brokers]
+
+    async def records_appended(self, name: str, partitions: int) -> int:
+        """Sum of the topic's log-end offsets: every record it has received."""
+
+        def call() -> int:
+            if self._consumer is None:
+                from fjord.client import Consumer
+
+                self._consumer = Consumer(
+                    {"bootstrap.servers": self.bootstrap, "client.id": "fjord-operator"}
+                )
+            from fjord.client import TopicPartition
+
+            ends = self._consumer.end_offsets(
+                [TopicPartition(name, p) for p in range(partitions)], timeout=self.timeout_s
+            )
+            return int(sum(ends.values()))
+
+        return await asyncio.to_thread(call)
+
+    def close(self) -> None:
+        for client in (self._admin, self._consumer):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.close()
+        self._admin = self._consumer = None
+
+
+class KubeApi:
+    """Kubernetes reads and writes through one lightkube AsyncClient. Writes are
+    create-or-merge-patch of the full desired object (idempotent; a patch is skipped when the
+    live object already contains every desired field)."""
+
+    def __init__(self, server: str | None) -> None:
+        self._server = server
+        self._client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            from lightkube import AsyncClient, KubeConfig
+
+            config = None  # in-cluster service account, else kubeconfig (as kopf does)
+            if self._server:
+                # An explicit API URL (tests, port-forwards): no credentials of its own.
+                config = KubeConfig.from_dict(
+                    {
+                        "clusters": [{"name": "api", "cluster": {"server": self._server}}],
+                        "users": [{"name": "operator", "user": {"username": s.FIELD_MANAGER}}],
+                        "contexts": [
+                            {"name": "api", "context": {"cluster": "api", "user": "operator"}}
+                        ],
+                        "current-context": "api",
+                    }
+                )
+            self._client = AsyncClient(config=config, field_manager=s.FIELD_MANAGER)
+        return self._client
+
+    @staticmethod
+    def _resource_of(obj: Mapping[str, Any]) -> Any:
+        # The class only (no instance: a bare {apiVersion, kind, metadata} fails validation for
+        # kinds with a required spec); the CRDs get generic classes (found by the e2e tests).
+        from lightkube.core.resource_registry import resource_registry
+        from lightkube.generic_resource import create_namespaced_resource
+
+        api_version, kind = str(obj["apiVersion"]), str(obj["kind"])
+        if api_version == s.API_VERSION and resource_registry.get(api_version, kind) is None:
+            plural = s.CLUSTER_PLURAL if kind == s.CLUSTER_KIND else s.TOPIC_PLURAL
+            create_namespaced_resource(s.GROUP, s.VERSION, kind, plural)
+        return resource_registry.load(api_version, kind)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any | None:
+        """The live object as a dict, or None when it does not exist."""
+        resource = self._resource_of(
+            {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}}
+        )
+        try:
+            live = await self.client().get(resource, name, namespace=namespace)
+        except Exception as exc:
+            if http_status(exc) == 404:
+                return None
+            raise
+        return live.to_dict() if hasattr(live, "to_dict") else dict(live)
+
+    async def apply(self, obj: Mapping[str, Any]) -> str:
+        """Create ``obj`` or patch the live one towards it: "created", "patched" or
+        "unchanged"."""
+        from lightkube import codecs
+        from lightkube.types import PatchType
+
+        meta = obj["metadata"]
+        live = await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        if live is None:
+            await self.client().create(codecs.from_dict(dict(obj)), namespace=meta["namespace"])
+            return "created"
+        if contains(live, obj):
+            return "unchanged"
+        await self.client().patch(
+            self._resource_of(obj),
+            meta["name"],
+            dict(obj),
+            namespace=meta["namespace"],
+            patch_type=PatchType.MERGE,
+        )
+        return "patched"
+
+    async def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                await self._client.close()
+            self._client = None
+
+
+def http_status(exc: BaseException) -> int | None:
+    """The HTTP status of a failed Kubernetes call (lightkube's ApiError carries the API's
+    Status; an answer without one is still an HTTP error with a response), else None."""
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return code if isinstance(code, int) else None
+
+
+def contains(live: Any, desired: Any) -> bool:
+    """Whether ``live`` already has every field of ``desired`` (API-server defaults in
+    ``live`` are ignored; list items are compared pairwise)."""
+    if isinstance(desired, Mapping):
+        return isinstance(live, Mapping) and all(
+            key in live and contains(live[key], value) for key, value in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(contains(a, b) for a, b in zip(live, desired, strict=True))
+        )
+    return bool(live == desired)
+
+
+# -- the runtime -------------------------------------------------------------------------------
+
+
+@dataclass
+class Runtime:
+    """The operator's shared state: settings, clients, per-object locks and the autoscaler's
+    ingress samples (in memory: a restarted operator starts a new stabilization window)."""
+
+    settings: OperatorSettings
+    kube: KubeApi
+    admins: dict[str, FjordAdmin] = field(default_factory=dict)
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    samples: dict[str, list[IngressSample]] = field(default_factory=dict)
+
+    def admin(self, bootstrap: str) -> FjordAdmin:
+        if bootstrap not in self.admins:
+            self.admins[bootstrap] = FjordAdmin(bootstrap, self.settings.admin_timeout_s)
+        return self.admins[bootstrap]
+
+    def lock(self, uid: str) -> asyncio.Lock:
+        return self.locks.setdefault(uid, asyncio.Lock())
+
+    async def close(self) -> None:
+        for admin in self.admins.values():
+            await asyncio.to_thread(admin.close)
+        self.admins.clear()
+        await self.kube.close()
+
+
+def _unreachable(exc: BaseException) -> bool:
+    """Errors that mean "the Fjord cluster is not answering (yet)": retry later."""
+    return isinstance(exc, KafkaTimeoutError | OSError) or (
+        isinstance(exc, FjordError) and exc.retriable
+    )
+
+
+async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan:
+    """Observe, plan, apply one FjordCluster; returns the plan (its status is to be written)."""
+    meta = body["metadata"]
+    namespace, name = meta.get("namespace", "default"), meta["name"]
+    live_sts = await rt.kube.get("apps/v1", "StatefulSet", namespace, builders.broker_name(name))
+    sts_replicas = None if live_sts is None else int(live_sts["spec"].get("replicas", 0))
+    ready = (
+        None if live_sts is None else int((live_sts.get("status") or {}).get("readyReplicas") or 0)
+    )
+    registered: frozenset[int] | None = None
+    assignment: dict[TopicPartitionKey, list[int]] = {}
+    reassigning: frozenset[TopicPartitionKey] = frozenset()
+    if live_sts is not None and not builders.cluster_spec_problems(body.get("spec") or {}):
+        try:
+            registered, assignment, reassigning = await rt.admin(
+                builders.bootstrap_servers(body)
+            ).observe_cluster()
+        except Exception as exc:
+            if not _unreachable(exc):
+                raise
+            log.info("cluster %s/%s not reachable yet: %s", namespace, name, exc)
+    now = datetime.now(UTC)
+    plan = plan_cluster(body, sts_replicas, ready, registered, assignment, reassigning, now)
+    try:
+        for obj in plan.objects:
+            await rt.kube.apply(obj)
+    except Exception as exc:
+        code = http_status(exc)
+        # Conflicts, throttling and server errors are transient: kopf retries them.
+        if code is None or code in (409, 429) or code >= 500:
+            raise
+        verdict = Verdict(Outcome.ERROR, "KubernetesApiRejected", f"HTTP {code}: {exc}")
+        status = status_patch(verdict, meta.get("generation"), body.get("status"), now)
+        return ClusterPlan([], {}, status, retry=False)
+    if plan.reassign:
+        try:
+            await rt.admin(builders.bootstrap_servers(body)).reassign(plan.reassign)
+        except FjordError as exc:
+            # E.g. a broker left between observing and submitting: try again on fresh state.
+            outcome = Outcome.RECONCILING if _unreachable(exc) else Outcome.ERROR
+            verdict = Verdict(outcome, error_reason(exc), f"reassignment refused: {exc}")
+            status = {
+                **plan.status,
+                **status_patch(verdict, meta.get("generation"), body.get("status"), now),
+            }
+            return ClusterPlan(plan.objects, {}, status, retry=True)
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPlan:
+    """One FjordTopic reconciliation: the status to write and whether to retry soon."""
+
+    status: dict[str, Any]
+    retry: bool
+
+
+async def _topic_cluster(rt: Runtime, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    spec = body.get("spec") or {}
+    namespace = body["metadata"].get("namespace", "default")
+    cluster = await rt.kube.get(s.API_VERSION, s.CLUSTER_KIND, namespace, str(spec.get("cluster")))
+    return cluster
+
+
+async def reconcile_topic(
+    rt: Runtime, body: Mapping[str, Any], *, autoscale: bool = False
+) -> TopicPlan:
+    """Bring the Fjord topic to the FjordTopic's spec (and, on the timer, autoscale it)."""
+    spec = body.get("spec") or {}
+    meta = body["metadata"]
+    generation, previous = meta.get("generation"), body.get("status")
+    now = datetime.now(UTC)
+
+    def done(outcome: Outcome, reason: str, message: str, retry: bool, **fields: Any) -> TopicPlan:
+        verdict = Verdict(outcome, reason, message)
+        return TopicPlan(status_patch(verdict, generation, previous, now, **fields), retry)
+
+    problems = topic_spec_problems(spec)
+    if problems:
+        return done(Outcome.ERROR, "InvalidSpec", "; ".join(problems), False)
+    cluster = await _topic_cluster(rt, body)
+    if cluster is None:
+        return done(
+            Outcome.ERROR,
+            "ClusterNotFound",
+            f"FjordCluster {spec.get('cluster')!r} does not exist in this namespace",
+            True,
+        )
+    name = topic_name(body)
+    admin = rt.admin(builders.bootstrap_servers(cluster))
+    policy = autoscaling_policy(spec)
+    replication = int(spec["replicationFactor"])
+    config = {str(k): str(v) for k, v in (spec.get("config") or {}).items()}
+    try:
+        actual = await admin.observe_topic(name)
+        decision = decide_topic(int(spec["partitions"]), replication, config, actual, policy)
+        if decision.changes_anything:
+            try:
+                await admin.apply_topic(name, decision, replication)
+            except ReassignmentInProgressError as exc:
+                return done(Outcome.RECONCILING, "ReassignmentInProgress", str(exc), True)
+            actual = await admin.observe_topic(name)
+        if autoscale and policy is not None and actual is not None:
+            grown = await _autoscale(rt, cluster, body, admin, name, actual.partitions, policy)
+            if grown is not None:
+                actual = await admin.observe_topic(name)
+    except Exception as exc:
+        if _unreachable(exc):
+            return done(Outcome.RECONCILING, "ClusterUnreachable", str(exc), True)
+        if isinstance(exc, FjordError):
+            return done(Outcome.ERROR, error_reason(exc), str(exc), False)
+        raise
+    if actual is None:  # created, but the brokers' metadata does not show it yet
+        return done(Outcome.RECONCILING, "Creating", f"topic {name!r} is being created", True)
+    fields = {"partitions": actual.partitions, "topicId": actual.topic_id}
+    if decision.error is not None:
+        return done(Outcome.ERROR, decision.error[0], decision.error[1], False, **fields)
+    return done(
+        Outcome.READY,
+        "Ready",
+        f"topic {name!r} has {actual.partitions} partitions",
+        False,
+        **fields,
+    )
+
+
+async def measure_ingress(
+    rt: Runtime,
+    cluster: Mapping[str, Any],
+    topic: Mapping[str, Any],
+    admin: FjordAdmin,
+    name: str,
+    partitions: int,
+) -> tuple[str, float]:
+    """(source, bytes received so far): "metrics" when every broker's /metrics answered (the
+    per-topic bytes-in counters), else "records" (log-end offsets x the average record size)."""
+    hosts = await admin.broker_hosts()
+    addresses = builders.broker_metrics_addresses(cluster, hosts)
+    if addresses:
+        try:
+            pages = await scrape_metrics(addresses, rt.settings.admin_timeout_s)
+            return "metrics", topic_bytes_in(pages, name)
+        except OSError as exc:
+            log.info("broker metrics unreadable (%s); measuring %s in records", exc, name)
+    annotations = topic["metadata"].get("annotations") or {}
+    try:
+        record_bytes = int(
+            annotations.get(s.RECORD_BYTES_ANNOTATION, rt.settings.average_record_bytes)
+        )
+    except ValueError:
+        record_bytes = rt.settings.average_record_bytes
+    records = await admin.records_appended(name, partitions)
+    return "records", float(records * max(record_bytes, 1))
+
+
+async def scrape_metrics(addresses: Sequence[str], timeout_s: float) -> list[str]:
+    """The Prometheus text page of each HOST:PORT (OSError when one does not answer)."""
+    import urllib.request
+
+    def fetch(address: str) -> str:
+        url = f"http://{address}/metrics"
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return bytes(response.read()).decode("utf-8", "replace")
+
+    return list(await asyncio.gather(*(asyncio.to_thread(fetch, a) for a in addresses)))
+
+
+async def _autoscale(
+    rt: Runtime,
+    cluster: Mapping[str, Any],
+    body: Mapping[str, Any],
+    admin: FjordAdmin,
+    name: str,
+    partitions: int,
+    policy: AutoscalingPolicy,
+) -> int | None:
+    """Take one ingress sample; grow the topic when :func:`decide_autoscale` says so."""
+    source, total = await measure_ingress(rt, cluster, body, admin, name, partitions)
+    now = time.monotonic()
+    key = f"{body['metadata']['uid']}/{source}"  # a change of source starts a new window
+    samples = [*rt.samples.get(key, []), IngressSample(now, total)]
+    rt.samples = {
+        k: v for k, v in rt.samples.items() if not k.startswith(f"{body['metadata']['uid']}/")
+    }
+    rt.samples[key] = samples = prune_samples(samples, now, policy.stabilization_window_s)
+    grow_to = decide_autoscale(samples, partitions, policy, now)
+    if grow_to is None:
+        return None
+    log.info(
+        "autoscaling topic %s from %d to %d partitions (%s)", name, partitions, grow_to, source
+    )
+    await admin.grow(name, grow_to)
+    rt.samples.pop(key, None)  # a new partition count starts a new window
+    return grow_to
+
+
+async def finalize_topic(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """Delete the Fjord topic of a FjordTopic being deleted (nothing to do when its
+    FjordCluster is gone: the cluster's topics went with it)."""
+    cluster = await _topic_cluster(rt, body)
+    if cluster is None:
+        return
+    await rt.admin(builders.bootstrap_servers(cluster)).delete_topic(topic_name(body))
+    uid = body["metadata"].get("uid", "")
+    rt.samples = {k: v for k, v in rt.samples.items() if not k.startswith(f"{uid}/")}
+
+
+# -- kopf registration ---------------------------------------------------------------------------
+
+
+def register(
+    settings: OperatorSettings | None = None, registry: kopf.OperatorRegistry | None = None
+) -> kopf.OperatorRegistry:
+    """Register every handler in ``registry`` (a new one when None) and return it."""
+    settings = settings or OperatorSettings()
+    registry = registry if registry is not None else kopf.OperatorRegistry()
+    rt = Runtime(settings, KubeApi(settings.kube_server))
+    group, version = s.GROUP, s.VERSION
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.finalizer = f"{s.GROUP}/finalizer"
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=s.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=s.GROUP)
+        settings.posting.level = logging.WARNING
+
+    if settings.kube_server:
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=str(settings.kube_server), insecure=True)
+
+    @kopf.on.cleanup(registry=registry)
+    async def cleanup(**_: Any) -> None:
+        await rt.close()
+
+    async def cluster_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_cluster(rt, body)
+        patch.status.update(plan.status)
+        if plan.retry:
+            raise kopf.TemporaryError(
+                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
+            )
+
+    async def cluster_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_cluster(rt, body)
+        patch.status.update(plan.status)
+
+    for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorate(
+            group=group,
+            version=version,
+            plural=s.CLUSTER_PLURAL,
+            registry=registry,
+            retries=None,
+            id="reconcile",
+        )(cluster_change)
+    kopf.timer(
+        group=group,
+        version=version,
+        plural=s.CLUSTER_PLURAL,
+        registry=registry,
+        interval=settings.cluster_interval_s,
+        initial_delay=settings.cluster_interval_s,
+        id="cluster-timer",
+    )(cluster_timer)
+
+    async def topic_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_topic(rt, body)
+        patch.status.update(plan.status)
+        if plan.retry:
+            raise kopf.TemporaryError(
+                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
+            )
+
+    async def topic_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_topic(rt, body, autoscale=True)
+        patch.status.update(plan.status)
+
+    async def topic_delete(body: Any, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            try:
+                await finalize_topic(rt, body)
+            except Exception as exc:
+                if _unreachable(exc):
+                    raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
+                raise
+
+    for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
+        decorate(
+            group=group,
+            version=version,
+            plural=s.TOPIC_PLURAL,
+            registry=registry,
+            retries=None,
+            id="reconcile",
+        )(topic_change)
+    kopf.timer(
+        group=group,
+        version=version,
+        plural=s.TOPIC_PLURAL,
+        registry=registry,
+        interval=settings.topic_interval_s,
+        initial_delay=settings.topic_interval_s,
+        id="topic-timer",
+    )(topic_timer)
+    kopf.on.delete(
+        group=group, version=version, plural=s.TOPIC_PLURAL, registry=registry, id="delete-topic"
+    )(topic_delete)
+    return registry
+
+
+__all__ = [
+    "ClusterPlan",
+    "FjordAdmin",
+    "KubeApi",
+    "Runtime",
+    "TopicPlan",
+    "contains",
+    "error_reason",
+    "finalize_topic",
+    "plan_cluster",
+    "reconcile_cluster",
+    "reconcile_topic",
+    "register",
+    "topic_name",
+]

@@ -1,0 +1,131 @@
+"""Every default of the operator, defined once: API names, object naming, ports, images,
+timer and wait intervals. :class:`OperatorSettings` carries the ones a deployment or a test
+may change (the end-to-end tests shorten the intervals)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+
+from fjord.broker.defaults import DEFAULT_BROKER_PORT
+from fjord.errors import ConfigError
+
+# -- the custom resources ------------------------------------------------------------------------
+
+GROUP = "fjord.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CLUSTER_KIND = "FjordCluster"
+CLUSTER_PLURAL = "fjordclusters"
+TOPIC_KIND = "FjordTopic"
+TOPIC_PLURAL = "fjordtopics"
+
+#: Annotation on a FjordCluster naming the Fjord bootstrap servers the operator talks to
+#: (external clusters, tests); without it the client Service ``<name>-broker`` is used.
+BOOTSTRAP_ANNOTATION = "fjord.io/bootstrap-servers"
+#: Annotation on a FjordCluster: comma-separated HOST:PORT of its brokers' /metrics, where the
+#: autoscaler reads per-topic bytes in (external clusters, tests). Without it, and without
+#: BOOTSTRAP_ANNOTATION, each registered broker's host on METRICS_PORT is used.
+BROKER_METRICS_ANNOTATION = "fjord.io/broker-metrics"
+#: Annotation on a FjordTopic: average bytes per record for the autoscaler's records -> bytes
+#: conversion (the ingress is measured in records, from log-end offsets).
+RECORD_BYTES_ANNOTATION = "fjord.io/average-record-bytes"
+
+#: The value of app.kubernetes.io/managed-by on everything the operator creates.
+MANAGED_BY = "fjord-operator"
+#: Field manager name for Kubernetes writes.
+FIELD_MANAGER = "fjord-operator"
+
+# -- ports and paths ----------------------------------------------------------------------------
+
+#: gRPC port of brokers (Kafka's usual 9092), controllers and coordinators inside pods.
+BROKER_PORT = DEFAULT_BROKER_PORT
+CONTROLLER_PORT = 9093
+COORDINATOR_PORT = 9094
+#: Prometheus /metrics port on every pod (the ServiceMonitor selects the port named "metrics").
+METRICS_PORT = 9404
+ETCD_CLIENT_PORT = 2379
+ETCD_PEER_PORT = 2380
+#: Mount point of a broker's PersistentVolume (its data directory).
+BROKER_DATA_DIR = "/var/lib/fjord"
+ETCD_DATA_DIR = "/var/lib/etcd"
+
+# -- images and sizes ---------------------------------------------------------------------------
+
+DEFAULT_IMAGE_REPOSITORY = "fjord/fjord"
+DEFAULT_IMAGE_TAG = "0.1.0"
+DEFAULT_PULL_POLICY = "IfNotPresent"
+#: Image of a managed etcd (the etcd project's own image).
+MANAGED_ETCD_IMAGE = "gcr.io/etcd-development/etcd:v3.5.17"
+DEFAULT_BROKER_STORAGE = "10Gi"
+DEFAULT_ETCD_STORAGE = "1Gi"
+DEFAULT_CONTROLLER_REPLICAS = 2
+DEFAULT_COORDINATOR_REPLICAS = 2
+#: Replication factor of ``__consumer_offsets`` where brokers allow (DESIGN.md: 3).
+OFFSETS_TOPIC_REPLICATION_FACTOR = 3
+
+# -- autoscaling ------------------------------------------------------------------------------
+
+DEFAULT_STABILIZATION_WINDOW_S = 300
+#: Bytes per record assumed when the brokers' metrics cannot be read and ingress is measured in
+#: records (log-end offsets), unless the FjordTopic carries RECORD_BYTES_ANNOTATION.
+DEFAULT_AVERAGE_RECORD_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorSettings:
+    """What a deployment or a test tunes. Invariants: intervals > 0; ``namespaces`` empty
+    means every namespace (cluster-wide).
+
+    ``cluster_interval_s``: period of the FjordCluster timer (drives scaling waits and status).
+    ``topic_interval_s``: period of the FjordTopic timer (drift correction, autoscaling samples).
+    ``retry_delay_s``: delay of a kopf retry while a step waits for the cluster.
+    ``admin_timeout_s``: bound of each Fjord admin call.
+    ``kube_server``: Kubernetes API URL for the operator's writes (None: in-cluster config or
+    kubeconfig, as kopf does).
+    """
+
+    namespaces: tuple[str, ...] = ()
+    cluster_interval_s: float = 30.0
+    topic_interval_s: float = 60.0
+    retry_delay_s: float = 10.0
+    admin_timeout_s: float = 30.0
+    kube_server: str | None = None
+    average_record_bytes: int = DEFAULT_AVERAGE_RECORD_BYTES
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("cluster_interval_s", "topic_interval_s", "retry_delay_s", "admin_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"operator setting {name} must be > 0, got {getattr(self, name)}")
+        if self.average_record_bytes < 1:
+            raise ConfigError(
+                f"operator setting average_record_bytes must be >= 1, got "
+                f"{self.average_record_bytes}"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        """Settings from ``FJORD_OPERATOR_*`` variables (e.g. FJORD_OPERATOR_NAMESPACES=a,b,
+        FJORD_OPERATOR_CLUSTER_INTERVAL_S=10); unset ones keep their defaults."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(f"FJORD_OPERATOR_{f.name.upper()}")
+            if raw is None or f.name == "extra":
+                continue
+            try:
+                if f.name == "namespaces":
+                    values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
+                elif f.name == "kube_server":
+                    values[f.name] = raw or None
+                elif f.name == "average_record_bytes":
+                    values[f.name] = int(raw)
+                else:
+                    values[f.name] = float(raw)
+            except ValueError as exc:
+                raise ConfigError(
+                    f"FJORD_OPERATOR_{f.name.upper()}={raw!r} is not a valid value"
+                ) from exc
+        return replace(cls(), **values)  # type: ignore[arg-type]

@@ -1,0 +1,270 @@
+"""The operator's pure builders: a FjordCluster -> Kubernetes objects (names, labels, owner
+references, ids, storage, etcd), and the checks the CRD schema cannot express."""
+
+from __future__ import annotations
+
+import copy
+import shlex
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fjord_operator import builders
+from fjord_operator import settings as s
+
+
+def cluster(**spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "brokers": {"replicas": 3, "storage": {"size": "20Gi", "storageClassName": "fast"}},
+        "etcd": {"endpoints": ["http://etcd.infra.svc:2379"]},
+    }
+    base.update(spec)
+    return {
+        "apiVersion": "fjord.io/v1alpha1",
+        "kind": "FjordCluster",
+        "metadata": {"name": "fjord", "namespace": "fjord", "uid": "1234-abcd", "generation": 1},
+        "spec": base,
+    }
+
+
+def by_kind_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(o["kind"], o["metadata"]["name"]): o for o in objects}
+
+
+def test_cluster_objects_have_the_shared_names() -> None:
+    objects = by_kind_name(builders.cluster_objects(cluster(), 3))
+    assert set(objects) == {
+        ("ConfigMap", "fjord-config"),
+        ("Service", "fjord-broker-headless"),
+        ("Service", "fjord-broker"),
+        ("StatefulSet", "fjord-broker"),
+        ("Service", "fjord-controller"),
+        ("Deployment", "fjord-controller"),
+        ("Service", "fjord-coordinator-headless"),
+        ("Deployment", "fjord-coordinator"),
+        ("PodDisruptionBudget", "fjord-broker"),
+        ("PodDisruptionBudget", "fjord-controller"),
+    }
+
+
+def test_every_object_is_labelled_owned_and_namespaced() -> None:
+    for obj in builders.cluster_objects(cluster(etcd={"managed": {"replicas": 3}}), 3):
+        meta = obj["metadata"]
+        assert meta["namespace"] == "fjord"
+        assert meta["labels"]["app.kubernetes.io/name"] == "fjord"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "fjord"
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "fjord-operator"
+        (owner,) = meta["ownerReferences"]
+        assert owner == {
+            "apiVersion": "fjord.io/v1alpha1",
+            "kind": "FjordCluster",
+            "name": "fjord",
+            "uid": "1234-abcd",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def test_builders_are_deterministic_and_do_not_touch_their_input() -> None:
+    body = cluster(brokers={"replicas": 3, "config": {"retention.ms": "1000"}})
+    before = copy.deepcopy(body)
+    assert builders.cluster_objects(body, 3) == builders.cluster_objects(body, 3)
+    assert body == before
+
+
+def test_broker_statefulset_identity_storage_and_ports() -> None:
+    body = cluster(brokers={"replicas": 5, "storage": {"size": "20Gi", "storageClassName": "fast"}})
+    sts = builders.broker_statefulset(body, 4)
+    spec = sts["spec"]
+    assert spec["replicas"] == 4  # the scaling decision's count, not the spec's
+    assert spec["serviceName"] == "fjord-broker-headless"
+    assert spec["selector"]["matchLabels"]["app.kubernetes.io/component"] == "broker"
+    (claim,) = spec["volumeClaimTemplates"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi"
+    assert claim["spec"]["storageClassName"] == "fast"
+    (container,) = spec["template"]["spec"]["containers"]
+    assert container["image"] == "fjord/fjord:0.1.0"
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "grpc": 9092,
+        "metrics": 9404,
+    }
+    assert container["volumeMounts"] == [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
+    script = container["command"][2]
+    # The broker id is the pod ordinal (fjord-broker-3 -> 3), advertised by its stable DNS name.
+    assert '--id "${HOSTNAME##*-}"' in script
+    assert "$HOSTNAME.fjord-broker-headless.fjord.svc" in script
+    assert script.startswith("exec fjord broker ")
+
+
+def test_broker_config_becomes_flags_and_shell_words_stay_intact() -> None:
+    body = cluster(
+        brokers={"replicas": 3, "config": {"retention.ms": "1000", "min.insync.replicas": "2"}}
+    )
+    command = builders.broker_statefulset(body, 3)["spec"]["template"]["spec"]["containers"][0][
+        "command"
+    ]
+    assert command[:2] == ["sh", "-c"]
+    assert command[3] == "broker"  # $0 of the script
+    assert command[4:] == ["--config", "min.insync.replicas=2", "--config", "retention.ms=1000"]
+    assert shlex.split(command[2])[-1] == "$@"  # extra args reach fjord broker
+
+
+def run_container_command(command: list[str], tmp_path: Path, **env: str) -> list[str]:
+    """Run a container command in a real sh with a stand-in ``fjord`` that prints its argv."""
+    fake = tmp_path / "fjord"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "FJORD_ETCD": "http://e:2379"}
+    out = subprocess.run(
+        command,
+        env={**base, "FJORD_CLUSTER_ID": "ns.c", **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    return out.stdout.splitlines()
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_broker_command_in_a_real_shell(tmp_path: Path) -> None:
+    body = cluster(brokers={"replicas": 3, "config": {"retention.ms": "1000"}})
+    (container,) = builders.broker_statefulset(body, 3)["spec"]["template"]["spec"]["containers"]
+    argv = run_container_command(container["command"], tmp_path, HOSTNAME="fjord-broker-12")
+    assert argv[0] == "broker"
+    assert flag(argv, "--id") == "12"
+    assert flag(argv, "--advertised-host") == "fjord-broker-12.fjord-broker-headless.fjord.svc"
+    assert flag(argv, "--etcd") == "http://e:2379"
+    assert flag(argv, "--cluster-id") == "ns.c"
+    assert flag(argv, "--config") == "retention.ms=1000"
+    assert flag(argv, "--metrics-port") == "9404"
+
+
+def test_deployment_ids_come_from_the_pod_uid(tmp_path: Path) -> None:
+    objects = by_kind_name(builders.cluster_objects(cluster(), 3))
+    for name, component in (
+        ("fjord-controller", "controller"),
+        ("fjord-coordinator", "coordinator"),
+    ):
+        (container,) = objects[("Deployment", name)]["spec"]["template"]["spec"]["containers"]
+        argv = run_container_command(
+            container["command"],
+            tmp_path,
+            POD_UID="0a1b2c3d-4e5f-6789-abcd-ef0123456789",
+            POD_IP="10.0.0.7",
+        )
+        assert argv[0] == component
+        assert flag(argv, "--id") == str(0x0A1B2C3)
+        assert flag(argv, "--advertised-host") == "10.0.0.7"
+        env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+        assert env == {"POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+
+
+def test_deployments_replicas_defaults_and_resources() -> None:
+    body = cluster(
+        controllers={"replicas": 3, "resources": {"requests": {"cpu": "100m"}}},
+    )
+    objects = by_kind_name(builders.cluster_objects(body, 3))
+    controller = objects[("Deployment", "fjord-controller")]
+    coordinator = objects[("Deployment", "fjord-coordinator")]
+    assert controller["spec"]["replicas"] == 3
+    assert coordinator["spec"]["replicas"] == s.DEFAULT_COORDINATOR_REPLICAS
+    (container,) = controller["spec"]["template"]["spec"]["containers"]
+    assert container["resources"] == {"requests": {"cpu": "100m"}}
+    assert "exec fjord controller" in container["command"][2]
+    assert "--listen 0.0.0.0:9093" in container["command"][2]
+    assert (
+        "exec fjord coordinator"
+        in coordinator["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    )
+
+
+def test_services_and_pdbs() -> None:
+    objects = by_kind_name(builders.cluster_objects(cluster(), 3))
+    client = objects[("Service", "fjord-broker")]["spec"]
+    headless = objects[("Service", "fjord-broker-headless")]["spec"]
+    assert "clusterIP" not in client
+    assert headless["clusterIP"] == "None"
+    assert headless["publishNotReadyAddresses"] is True
+    assert {p["name"]: p["port"] for p in client["ports"]} == {"grpc": 9092, "metrics": 9404}
+    for name in ("fjord-broker", "fjord-controller"):
+        pdb = objects[("PodDisruptionBudget", name)]
+        assert pdb["apiVersion"] == "policy/v1"
+        assert pdb["spec"]["maxUnavailable"] == 1
+
+
+def test_config_map_and_addresses() -> None:
+    body = cluster()
+    data = builders.config_map(body)["data"]
+    assert data["FJORD_CLUSTER_ID"] == "fjord.fjord"
+    assert data["FJORD_ETCD"] == "http://etcd.infra.svc:2379"
+    assert data["FJORD_BOOTSTRAP_SERVERS"] == "fjord-broker.fjord.svc:9092"
+    assert builders.bootstrap_servers(body) == "fjord-broker.fjord.svc:9092"
+    body["metadata"]["annotations"] = {s.BOOTSTRAP_ANNOTATION: " 127.0.0.1:40001 "}
+    assert builders.bootstrap_servers(body) == "127.0.0.1:40001"
+
+
+def test_managed_etcd_three_members() -> None:
+    body = cluster(etcd={"managed": {"replicas": 3, "storage": {"size": "2Gi"}}})
+    objects = by_kind_name(builders.cluster_objects(body, 3))
+    sts = objects[("StatefulSet", "fjord-etcd")]
+    assert objects[("Service", "fjord-etcd")]["spec"]["clusterIP"] == "None"
+    assert sts["spec"]["replicas"] == 3
+    command = sts["spec"]["template"]["spec"]["containers"][0]["command"]
+    initial = next(a for a in command if a.startswith("--initial-cluster="))
+    assert initial.count("=http://") == 3
+    assert "fjord-etcd-2=http://fjord-etcd-2.fjord-etcd.fjord.svc:2380" in initial
+    assert sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"] == {
+        "storage": "2Gi"
+    }
+    assert builders.etcd_url(body) == "http://fjord-etcd.fjord.svc:2379"
+    assert builders.etcd_objects(cluster()) == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        ({"etcd": {}}, "exactly one of endpoints or managed"),
+        (
+            {"etcd": {"endpoints": ["http://a:1"], "managed": {"replicas": 1}}},
+            "exactly one of endpoints or managed",
+        ),
+        ({"etcd": {"endpoints": ["etcd:2379"]}}, "is not http(s)://HOST:PORT"),
+        ({"etcd": {"managed": {"replicas": 2}}}, "must be 1 or 3"),
+        ({"brokers": {"replicas": 0}}, "spec.brokers.replicas must be an integer >= 1"),
+        ({"brokers": {"replicas": 3, "storage": {"size": "lots"}}}, "not a Kubernetes quantity"),
+        ({"brokers": {"replicas": 3, "config": {"no.such.key": "1"}}}, "no.such.key"),
+        ({"brokers": {"replicas": 3, "config": {"retention.ms": "soon"}}}, "retention.ms"),
+        (
+            {"brokers": {"replicas": 2, "config": {"min.insync.replicas": "3"}}},
+            "min.insync.replicas=3 exceeds the 2 brokers",
+        ),
+        ({"coordinators": {"replicas": 0}}, "spec.coordinators.replicas"),
+    ],
+)
+def test_spec_problems_are_named(spec: dict[str, Any], fragment: str) -> None:
+    problems = builders.cluster_spec_problems(cluster(**spec)["spec"])
+    assert any(fragment in p for p in problems), problems
+
+
+def test_a_good_spec_has_no_problems() -> None:
+    assert builders.cluster_spec_problems(cluster()["spec"]) == []
+    assert builders.cluster_spec_problems(cluster(etcd={"managed": {"replicas": 1}})["spec"]) == []
+
+
+def test_broker_metrics_addresses() -> None:
+    body = cluster()
+    hosts = ["fjord-broker-0.fjord-broker-headless.fjord.svc", "fjord-broker-1.x"]
+    assert builders.broker_metrics_addresses(body, hosts) == [
+        "fjord-broker-0.fjord-broker-headless.fjord.svc:9404",
+        "fjord-broker-1.x:9404",
+    ]
+    body["metadata"]["annotations"] = {s.BOOTSTRAP_ANNOTATION: "127.0.0.1:1"}
+    assert builders.broker_metrics_addresses(body, hosts) == []  # external: records instead
+    body["metadata"]["annotations"][s.BROKER_METRICS_ANNOTATION] = "127.0.0.1:5, 127.0.0.1:6"
+    assert builders.broker_metrics_addresses(body, hosts) == ["127.0.0.1:5", "127.0.0.1:6"]

@@ -1,0 +1,463 @@
+"""The operator's pure decisions: broker scaling driven to completion against a simulated
+cluster (hypothesis), topic reconciliation, and autoscaling from sample sequences."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fjord_operator.decisions import (
+    AutoscalingPolicy,
+    ClusterObservation,
+    IngressSample,
+    ScalingDecision,
+    ScalingPhase,
+    TopicObservation,
+    autoscaling_policy,
+    decide_autoscale,
+    decide_scaling,
+    decide_topic,
+    prune_samples,
+    replication_factors,
+    topic_spec_problems,
+)
+
+Assignment = dict[tuple[str, int], list[int]]
+
+
+def placed(topics: Mapping[str, tuple[int, int]], brokers: int) -> Assignment:
+    """Round-robin placement of topics {name: (partitions, rf)} over brokers 0..brokers-1."""
+    out: Assignment = {}
+    for start, (name, (partitions, rf)) in enumerate(sorted(topics.items())):
+        for p in range(partitions):
+            out[(name, p)] = [(start + p + i) % brokers for i in range(rf)]
+    return out
+
+
+class SimulatedCluster:
+    """Kubernetes + Fjord as the decisions see them: brokers register once their pod exists
+    (after ``register_delay`` observations), reassignments complete one observation after
+    they were submitted. The ``phase`` is what status would record."""
+
+    def __init__(self, brokers: int, assignment: Assignment, register_delay: int = 1) -> None:
+        self.statefulset = brokers
+        self.registered = set(range(brokers))
+        self.assignment = {k: list(v) for k, v in assignment.items()}
+        self.pending: dict[tuple[str, int], list[int]] = {}
+        self.phase = ScalingPhase.STABLE
+        self.register_delay = register_delay
+        self.waited = 0
+        self.shrunk_while_holding = False
+
+    def observe(self, desired: int) -> ClusterObservation:
+        current = dict(self.assignment)
+        current.update(self.pending)
+        return ClusterObservation(
+            desired=desired,
+            statefulset_replicas=self.statefulset,
+            registered=frozenset(self.registered),
+            assignment=current,
+            reassigning=frozenset(self.pending),
+            previous_phase=self.phase,
+        )
+
+    def apply(self, decision: ScalingDecision) -> None:
+        # Reassignments submitted last time complete now (the new replicas caught up).
+        self.assignment.update(self.pending)
+        self.pending = {}
+        if decision.statefulset_replicas < self.statefulset:
+            going = set(range(decision.statefulset_replicas, self.statefulset))
+            if any(going & set(r) for r in self.assignment.values()):
+                self.shrunk_while_holding = True
+            self.registered -= going
+        self.statefulset = decision.statefulset_replicas
+        # New pods register after a delay.
+        wanted = set(range(self.statefulset))
+        if wanted - self.registered:
+            self.waited += 1
+            if self.waited >= self.register_delay:
+                self.registered |= wanted
+                self.waited = 0
+        self.pending = {k: list(v) for k, v in decision.reassign.items()}
+        self.phase = decision.phase
+
+    def drive(self, desired: int, limit: int = 50) -> list[ScalingDecision]:
+        steps = []
+        for _ in range(limit):
+            decision = decide_scaling(self.observe(desired))
+            steps.append(decision)
+            if decision.done or decision.refused:
+                return steps
+            self.apply(decision)
+        raise AssertionError(f"no convergence in {limit} steps: {[d.reason for d in steps]}")
+
+
+def loads(assignment: Assignment, brokers: Sequence[int]) -> Counter[int]:
+    counts: Counter[int] = Counter({b: 0 for b in brokers})
+    for replicas in assignment.values():
+        counts.update(replicas)
+    return counts
+
+
+topics_strategy = st.dictionaries(
+    st.sampled_from(["a", "b", "c", "__consumer_offsets"]),
+    st.tuples(st.integers(1, 8), st.integers(1, 3)),
+    max_size=4,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(topics=topics_strategy, start=st.integers(3, 5), grow=st.integers(1, 3))
+def test_scale_out_converges_balanced_and_keeps_replication(
+    topics: dict[str, tuple[int, int]], start: int, grow: int
+) -> None:
+    before = placed(topics, start)
+    sim = SimulatedCluster(start, before, register_delay=2)
+    desired = start + grow
+    steps = sim.drive(desired)
+    assert steps[0].reason == "ScalingOut" and steps[0].statefulset_replicas == desired
+    assert steps[-1].done and steps[-1].phase is ScalingPhase.STABLE
+    assert sim.statefulset == desired
+    # Reassignment was only planned once every new broker had registered.
+    for step in steps:
+        if step.reassign:
+            assert all(b in sim.registered for r in step.reassign.values() for b in r)
+    for key, replicas in sim.assignment.items():
+        assert len(replicas) == len(before[key]) == len(set(replicas))
+    if before:
+        counts = loads(sim.assignment, range(desired))
+        assert max(counts.values()) - min(counts.values()) <= 1
+
+
+@settings(max_examples=60, deadline=None)
+@given(topics=topics_strategy, start=st.integers(4, 6), shrink=st.integers(1, 3))
+def test_scale_in_drains_before_shrinking_or_refuses(
+    topics: dict[str, tuple[int, int]], start: int, shrink: int
+) -> None:
+    before = placed(topics, start)
+    sim = SimulatedCluster(start, before)
+    desired = start - shrink
+    steps = sim.drive(desired)
+    needs = max((rf for _, rf in topics.values()), default=0)
+    if needs > desired:
+        assert steps[-1].refused
+        assert steps[-1].reason == "ScaleInWouldBreakReplication"
+        assert sim.statefulset == start and sim.assignment == before  # nothing changed
+        return
+    assert steps[-1].done
+    assert sim.statefulset == desired
+    assert not sim.shrunk_while_holding
+    for key, replicas in sim.assignment.items():
+        assert len(replicas) == len(before[key])
+        assert all(b < desired for b in replicas)
+    phases = [s.phase for s in steps]
+    if any(b >= desired for r in before.values() for b in r):
+        assert ScalingPhase.DRAINING in phases
+    # Shrunk after draining; a broker left idle by the drain may then get a rebalance.
+    assert ScalingPhase.SHRINKING in phases and phases[-1] is ScalingPhase.STABLE
+    shrink_at = phases.index(ScalingPhase.SHRINKING)
+    assert set(phases[shrink_at + 1 : -1]) <= {ScalingPhase.REBALANCING}
+
+
+def test_scale_3_5_3_walks_the_documented_phases() -> None:
+    before = placed({"orders": (6, 3), "__consumer_offsets": (10, 3)}, 3)
+    sim = SimulatedCluster(3, before, register_delay=1)
+    out = sim.drive(5)
+    assert [d.phase for d in out] == [
+        ScalingPhase.WAITING_FOR_BROKERS,
+        ScalingPhase.REBALANCING,
+        ScalingPhase.REBALANCING,
+        ScalingPhase.STABLE,
+    ]
+    assert {b for r in sim.assignment.values() for b in r} == {0, 1, 2, 3, 4}
+    back = sim.drive(3)
+    assert [d.phase for d in back] == [
+        ScalingPhase.DRAINING,
+        ScalingPhase.DRAINING,
+        ScalingPhase.SHRINKING,
+        ScalingPhase.STABLE,
+    ]
+    assert {b for r in sim.assignment.values() for b in r} == {0, 1, 2}
+
+
+def test_decisions_are_idempotent_for_a_restarted_operator() -> None:
+    """The same observation gives the same decision: an operator restarted between two steps
+    (or a timer racing a change handler) never takes a different or double step."""
+    sim = SimulatedCluster(5, placed({"t": (8, 3)}, 5))
+    for _ in range(6):
+        obs = sim.observe(3)
+        first, again = decide_scaling(obs), decide_scaling(obs)
+        assert first == again
+        if first.done:
+            break
+        sim.apply(first)
+
+
+def test_unreachable_cluster_changes_nothing_but_scale_out() -> None:
+    obs = ClusterObservation(desired=3, statefulset_replicas=5, registered=None)
+    decision = decide_scaling(obs)
+    assert (decision.reason, decision.statefulset_replicas, decision.reassign) == (
+        "ClusterUnreachable",
+        5,
+        {},
+    )
+    assert not decision.done
+    new = decide_scaling(ClusterObservation(desired=3, statefulset_replicas=None, registered=None))
+    assert (new.reason, new.statefulset_replicas) == ("Creating", 3)
+
+
+def test_scale_in_waits_for_running_reassignments_and_missing_brokers() -> None:
+    assignment = placed({"t": (4, 2)}, 4)
+    moving = decide_scaling(
+        ClusterObservation(
+            desired=3,
+            statefulset_replicas=4,
+            registered=frozenset(range(4)),
+            assignment=assignment,
+            reassigning=frozenset({("t", 0)}),
+        )
+    )
+    assert (moving.phase, moving.reassign, moving.statefulset_replicas) == (
+        ScalingPhase.DRAINING,
+        {},
+        4,
+    )
+    missing = decide_scaling(
+        ClusterObservation(
+            desired=3,
+            statefulset_replicas=4,
+            registered=frozenset({0, 1, 3}),
+            assignment=assignment,
+        )
+    )
+    assert missing.reason == "WaitingForBrokers" and "[2]" in missing.message
+
+
+def test_refusal_names_the_topic() -> None:
+    decision = decide_scaling(
+        ClusterObservation(
+            desired=2,
+            statefulset_replicas=3,
+            registered=frozenset(range(3)),
+            assignment=placed({"payments": (3, 3), "logs": (2, 1)}, 3),
+        )
+    )
+    assert decision.refused and decision.statefulset_replicas == 3
+    assert "'payments'" in decision.message and "replication factor 3" in decision.message
+    assert replication_factors({("x", 0): [1], ("x", 1): [1, 2]}) == {"x": 2}
+
+
+# -- topics ---------------------------------------------------------------------------------------
+
+
+def observed(partitions: int = 3, rf: int = 1, **config: str) -> TopicObservation:
+    return TopicObservation(partitions, rf, config, "id-1")
+
+
+def test_topic_created_when_absent() -> None:
+    decision = decide_topic(3, 2, {"retention.ms": "1"}, None)
+    assert decision.create and decision.partitions == 3 and decision.changes_anything
+    assert decision.config_changes == {"retention.ms": "1"}
+
+
+def test_topic_in_sync_changes_nothing() -> None:
+    decision = decide_topic(3, 1, {"retention.ms": "1"}, observed(**{"retention.ms": "1"}))
+    assert not decision.changes_anything and decision.error is None
+
+
+def test_topic_grows_and_config_drift_is_set_back() -> None:
+    actual = observed(3, 1, **{"retention.ms": "5", "cleanup.policy": "compact"})
+    decision = decide_topic(6, 1, {"retention.ms": "1"}, actual)
+    assert decision.grow_to == 6
+    assert decision.config_changes == {"retention.ms": "1", "cleanup.policy": None}
+
+
+def test_partition_decrease_is_refused_but_other_changes_apply() -> None:
+    decision = decide_topic(2, 1, {"retention.ms": "1"}, observed(4))
+    assert decision.error is not None and decision.error[0] == "PartitionDecreaseRefused"
+    assert decision.grow_to is None
+    assert decision.config_changes == {"retention.ms": "1"}
+
+
+def test_replication_factor_change() -> None:
+    assert decide_topic(3, 3, {}, observed(3, 1)).replication_factor == 3
+    assert decide_topic(3, 1, {}, observed(3, 1)).replication_factor is None
+
+
+def test_autoscaled_partitions_are_not_a_decrease() -> None:
+    policy = AutoscalingPolicy(2, 8, 1000, 60)
+    assert decide_topic(3, 1, {}, observed(6), policy).error is None
+    # Beyond maxPartitions, the spec is below reality: refused.
+    assert decide_topic(3, 1, {}, observed(9), policy).error is not None
+    # minPartitions above spec.partitions lifts the floor.
+    assert decide_topic(3, 1, {}, observed(3), AutoscalingPolicy(5, 8, 1, 0)).grow_to == 5
+
+
+def test_topic_spec_problems_and_policy() -> None:
+    spec = {
+        "partitions": 9,
+        "autoscaling": {"enabled": True, "minPartitions": 4, "maxPartitions": 3},
+    }
+    problems = topic_spec_problems(spec)
+    assert any("minPartitions 4 exceeds maxPartitions 3" in p for p in problems)
+    assert any("spec.partitions 9 exceeds" in p for p in problems)
+    assert autoscaling_policy({"partitions": 3}) is None
+    assert autoscaling_policy({"partitions": 3, "autoscaling": {"enabled": False}}) is None
+    policy = autoscaling_policy(
+        {"partitions": 3, "autoscaling": {"enabled": True, "maxPartitions": 12}}
+    )
+    assert policy == AutoscalingPolicy(3, 12, 1, 300.0)
+
+
+# -- autoscaling ----------------------------------------------------------------------------------
+
+POLICY = AutoscalingPolicy(
+    min_partitions=1,
+    max_partitions=10,
+    target_bytes_per_second_per_partition=100,
+    stabilization_window_s=60,
+)
+
+
+def samples(rate_per_s: Sequence[float], every_s: float = 10.0) -> list[IngressSample]:
+    """Samples every ``every_s`` seconds; rate i applies between sample i and i+1."""
+    out = [IngressSample(0.0, 0.0)]
+    for rate in rate_per_s:
+        last = out[-1]
+        out.append(IngressSample(last.time_s + every_s, last.total_bytes + rate * every_s))
+    return out
+
+
+def test_sustained_ingress_over_the_window_grows() -> None:
+    seq = samples([450] * 6)  # 60 s at 450 B/s over 2 partitions = 225 B/s each
+    assert decide_autoscale(seq, 2, POLICY, now_s=60) == 5  # ceil(450 / 100)
+
+
+def test_a_spike_inside_the_window_does_not_grow() -> None:
+    seq = samples([450, 450, 50, 450, 450, 450])
+    assert decide_autoscale(seq, 2, POLICY, now_s=60) is None
+
+
+def test_a_window_not_yet_covered_does_not_grow() -> None:
+    assert decide_autoscale(samples([900] * 5), 2, POLICY, now_s=50) is None
+    assert decide_autoscale(samples([]), 2, POLICY, now_s=60) is None
+
+
+def test_growth_is_capped_and_never_shrinks() -> None:
+    assert decide_autoscale(samples([10_000] * 6), 2, POLICY, now_s=60) == 10
+    assert decide_autoscale(samples([10_000] * 6), 10, POLICY, now_s=60) is None
+    assert decide_autoscale(samples([0] * 6), 8, POLICY, now_s=60) is None
+    # Just above target: at least one more partition.
+    assert decide_autoscale(samples([201] * 6), 2, POLICY, now_s=60) == 3
+
+
+def test_zero_window_needs_two_samples() -> None:
+    policy = AutoscalingPolicy(1, 10, 100, 0)
+    assert decide_autoscale(samples([]), 1, policy, now_s=0) is None
+    assert decide_autoscale(samples([300]), 1, policy, now_s=10) == 3
+
+
+def test_prune_keeps_one_sample_before_the_window_and_drops_a_reset_counter() -> None:
+    seq = samples([100] * 10)  # t = 0..100
+    kept = prune_samples(seq, now_s=100, window_s=30)
+    assert [x.time_s for x in kept] == [70.0, 80.0, 90.0, 100.0]
+    reset = [*seq, IngressSample(110.0, 5.0), IngressSample(120.0, 10.0)]
+    assert [x.time_s for x in prune_samples(reset, now_s=120, window_s=300)] == [110.0, 120.0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rates=st.lists(st.floats(0, 5000, allow_nan=False), min_size=0, max_size=12),
+    partitions=st.integers(1, 12),
+)
+def test_autoscale_properties(rates: list[float], partitions: int) -> None:
+    seq = samples(rates)
+    now = seq[-1].time_s
+    grow = decide_autoscale(seq, partitions, POLICY, now)
+    if grow is None:
+        return
+    assert partitions < grow <= POLICY.max_partitions
+    window = prune_samples(seq, now, POLICY.stabilization_window_s)
+    assert window[0].time_s <= now - POLICY.stabilization_window_s
+    # Every rate in the window was above target per partition.
+    in_window = rates[int(window[0].time_s // 10) :]
+    assert min(in_window) / partitions > POLICY.target_bytes_per_second_per_partition
+
+
+@pytest.mark.parametrize("bad", [ScalingPhase.REFUSED, ScalingPhase.DRAINING])
+def test_a_stale_phase_after_the_spec_went_back_up_settles(bad: ScalingPhase) -> None:
+    """A scale-in interrupted by raising the spec again ends Ready, brokers untouched."""
+    assignment = placed({"t": (4, 2)}, 4)
+    decision = decide_scaling(
+        ClusterObservation(
+            desired=4,
+            statefulset_replicas=4,
+            registered=frozenset(range(4)),
+            assignment=assignment,
+            previous_phase=bad,
+        )
+    )
+    assert decision.done and decision.statefulset_replicas == 4 and not decision.reassign
+
+
+def test_topic_bytes_in_sums_the_brokers_counters() -> None:
+    from fjord_operator.decisions import topic_bytes_in
+
+    page = """# HELP fjord_broker_bytes_in Record batch bytes appended
+# TYPE fjord_broker_bytes_in counter
+fjord_broker_bytes_in_total{topic="orders"} 1500.0
+fjord_broker_bytes_in_created{topic="orders"} 1.7e9
+fjord_broker_bytes_in_total{topic="orders-2"} 99.0
+"""
+    other = 'fjord_broker_bytes_in_total{topic="orders"} 500.0\n'
+    assert topic_bytes_in([page, other], "orders") == 2000.0
+    assert topic_bytes_in([page], "absent") == 0.0
+    assert topic_bytes_in([], "orders") == 0.0
+
+
+def test_a_lost_phase_still_rebalances_onto_idle_brokers() -> None:
+    """The status patch of a step was lost (phase Stable), but brokers 3 and 4 of the spec hold
+    nothing: the state alone shows the scale-out is unfinished."""
+    assignment = placed({"t": (6, 2)}, 3)
+    obs = ClusterObservation(
+        desired=5,
+        statefulset_replicas=5,
+        registered=frozenset(range(5)),
+        assignment=assignment,
+        previous_phase=ScalingPhase.STABLE,
+    )
+    decision = decide_scaling(obs)
+    assert decision.phase is ScalingPhase.REBALANCING
+    moved_to = {b for r in decision.reassign.values() for b in r}
+    assert {3, 4} <= moved_to
+    # Few replicas (fewer than brokers): an empty broker is normal, nothing moves.
+    small = ClusterObservation(
+        desired=5,
+        statefulset_replicas=5,
+        registered=frozenset(range(5)),
+        assignment={("t", 0): [0, 1]},
+    )
+    assert decide_scaling(small).done
+
+
+@settings(max_examples=40, deadline=None)
+@given(topics=topics_strategy, brokers=st.integers(3, 6))
+def test_a_balanced_cluster_is_left_alone(topics: dict[str, tuple[int, int]], brokers: int) -> None:
+    """After any rebalance, the operator moves no data by itself (no churn)."""
+    from fjord.controller.reassignment import plan_reassignment
+
+    assignment = placed(topics, brokers)
+    assignment.update(plan_reassignment(assignment, range(brokers)) if assignment else {})
+    decision = decide_scaling(
+        ClusterObservation(
+            desired=brokers,
+            statefulset_replicas=brokers,
+            registered=frozenset(range(brokers)),
+            assignment=assignment,
+        )
+    )
+    assert decision.done and not decision.reassign
