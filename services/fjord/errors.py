@@ -488,3 +488,23 @@ class KafkaTimeoutError(RequestTimedOutError, TimeoutError):
     ``max.block.ms``, ``default.api.timeout.ms``), typically because a broker is down or
     unreachable. Also a built-in ``TimeoutError``. Not registered: the wire code
     REQUEST_TIMED_OUT still maps to :class:`RequestTimedOutError`."""
+
+
+class CommitFailedError(FjordError):
+    """An offset commit of a group member was refused because the member is no longer part of
+    the current generation (Kafka's CommitFailedException): the group rebalanced, or the
+    member was removed (e.g. after exceeding ``max.poll.interval.ms``) and its partitions may
+    belong to someone else now. ``code`` is the coordinator's answer (ILLEGAL_GENERATION,
+    UNKNOWN_MEMBER_ID, REBALANCE_IN_PROGRESS, FENCED_INSTANCE_ID). Client-side only: not
+    registered for a wire code."""
+
+    code = ErrorCode.ILLEGAL_GENERATION
+
+
+class MaxPollIntervalExceededError(FjordError):
+    """The application called ``poll()`` later than ``max.poll.interval.ms`` after the previous
+    call, so the consumer left its group and its partitions were given to other members.
+    Process records faster, lower ``max.poll.records``, or raise ``max.poll.interval.ms``; the
+    next ``poll()`` rejoins the group. Client-side only (code REBALANCE_IN_PROGRESS)."""
+
+    code = ErrorCode.REBALANCE_IN_PROGRESS

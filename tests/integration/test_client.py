@@ -18,14 +18,13 @@ from fjord.client import (
     AsyncProducer,
     Consumer,
     ConsumerRecord,
-    FeatureNotAvailableError,
     KafkaTimeoutError,
     NewTopic,
     NoOffsetForPartitionError,
     Producer,
     TopicPartition,
 )
-from fjord.errors import ErrorCode, FjordError
+from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError
 
 pytestmark = pytest.mark.integration
 
@@ -182,9 +181,9 @@ def test_consumer_typed_errors(admin: AdminClient, bootstrap: str) -> None:
             deadline = time.monotonic() + WAIT_S
             while time.monotonic() < deadline:
                 consumer.poll(0.2)
-        with pytest.raises(FeatureNotAvailableError, match="consumer groups"):
+        with pytest.raises(InvalidGroupIdError, match=r"group\.id"):
             consumer.subscribe([topic])
-        with pytest.raises(FeatureNotAvailableError):
+        with pytest.raises(InvalidGroupIdError):
             consumer.commit()
         with pytest.raises(FjordError) as unknown:
             consumer.partitions_for_topic(new_name("missing"))
@@ -285,7 +284,9 @@ def test_controller_failover_then_stopped_broker_timeout(
     the controller to its successor; a dead broker gives a timeout within the bounds."""
     from fjord.local.cluster import LocalCluster
 
-    with LocalCluster(tmp_path, brokers=1, controllers=2, unsafe_etcd_no_fsync=True) as cluster:
+    with LocalCluster(
+        tmp_path, brokers=1, controllers=2, coordinators=0, unsafe_etcd_no_fsync=True
+    ) as cluster:
         with AdminClient(
             {"bootstrap.servers": cluster.bootstrap_servers, "default.api.timeout.ms": 30000}
         ) as admin:

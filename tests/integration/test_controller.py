@@ -43,6 +43,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tmp_path_factory.mktemp("ctl"),
         brokers=0,
         controllers=2,
+        coordinators=0,
         cluster_id=CLUSTER,
         controller_lease_ttl_s=LEASE_TTL_S,
         unsafe_etcd_no_fsync=True,

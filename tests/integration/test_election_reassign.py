@@ -42,6 +42,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tmp_path_factory.mktemp("elect"),
         brokers=len(BROKERS),
         controllers=2,
+        coordinators=0,
         cluster_id="elect",
         broker_lease_ttl_s=BROKER_LEASE_TTL_S,
         unsafe_etcd_no_fsync=True,

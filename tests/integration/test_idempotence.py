@@ -32,7 +32,8 @@ WAIT_S = 30.0
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base = tmp_path_factory.mktemp("idempotence")
     with LocalCluster(
-        base, brokers=1, controllers=1, broker_lease_ttl_s=2, unsafe_etcd_no_fsync=True
+        base, brokers=1, controllers=1, broker_lease_ttl_s=2, coordinators=0,
+        unsafe_etcd_no_fsync=True,
     ) as c:
         with AdminClient({"bootstrap.servers": c.bootstrap_servers}) as admin:
             admin.create_topics([NewTopic("by-hand", 1, 1), NewTopic("stream", 1, 1)])

@@ -64,10 +64,11 @@ def test_detached_up_status_down_and_restart(tmp_path: Path) -> None:
     up = fjord("local", "up", "--data-dir", str(data), "--brokers", "1", "--detach",
                "--config", "num.partitions=2", "--config", "retention.ms=60000")
     assert "bootstrap servers: 127.0.0.1:" in up.output
+    assert "group coordinators: 1=127.0.0.1:" in up.output
     try:
         state = status(data)
         roles = sorted(p["role"] for p in state["processes"])
-        assert roles == ["broker", "controller", "controller", "etcd"]
+        assert roles == ["broker", "controller", "controller", "coordinator", "coordinator", "etcd"]
         assert all(p["alive"] for p in state["processes"])
         broker = next(p for p in state["processes"] if p["role"] == "broker")
         assert state["bootstrap_servers"] == broker["address"]
@@ -80,7 +81,7 @@ def test_detached_up_status_down_and_restart(tmp_path: Path) -> None:
         }
     finally:
         down = fjord("local", "down", "--data-dir", str(data))
-    assert "stopped 4 processes" in down.output
+    assert "stopped 6 processes" in down.output
     pids = [p["pid"] for p in state["processes"]]
     assert not any(pid_alive(pid) for pid in pids)
     assert "stopped" in fjord("local", "status", "--data-dir", str(data)).output
@@ -109,7 +110,7 @@ def test_foreground_up_stops_everything_on_down(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             assert launcher.poll() is None, launcher.stdout.read()  # type: ignore[union-attr]
             state = read_state(data, missing_ok=True)
-            if state and len(state["processes"]) == 4 and state["bootstrap_servers"]:
+            if state and len(state["processes"]) == 6 and state["bootstrap_servers"]:
                 break
             time.sleep(0.1)
         assert state is not None and state["launcher_pid"] == launcher.pid
@@ -146,7 +147,9 @@ def test_a_port_taken_after_picking_is_retried(
     real_free_port = cluster_module.free_port
     picks = iter([taken])
     monkeypatch.setattr(cluster_module, "free_port", lambda: next(picks, None) or real_free_port())
-    cluster = LocalCluster(tmp_path / "ports", brokers=0, controllers=1, unsafe_etcd_no_fsync=True)
+    cluster = LocalCluster(
+        tmp_path / "ports", brokers=0, controllers=1, coordinators=0, unsafe_etcd_no_fsync=True
+    )
     try:
         cluster.start()
         address = cluster.address("controller", 0)

@@ -118,7 +118,9 @@ def test_local_status_shows_every_metrics_address(cluster: LocalCluster) -> None
     )
     assert result.exit_code == 0, result.output
     processes = json.loads(result.output)["processes"]
-    assert sorted(p["role"] for p in processes) == ["broker", "controller", "controller", "etcd"]
+    assert sorted(p["role"] for p in processes) == [
+        "broker", "controller", "controller", "coordinator", "coordinator", "etcd"
+    ]
     for process in processes:
         assert process["metrics_address"] == cluster.metrics_address(process["role"], process["id"])
         assert process["metrics_address"] != process["address"] or process["role"] == "etcd"
@@ -340,7 +342,9 @@ def test_a_taken_metrics_port_is_replaced_at_start(
     real_free_port = cluster_module.free_port
     picks = iter([real_free_port(), taken_port])  # the first child's gRPC, then metrics port
     monkeypatch.setattr(cluster_module, "free_port", lambda: next(picks, None) or real_free_port())
-    cluster = LocalCluster(tmp_path, brokers=0, controllers=1, unsafe_etcd_no_fsync=True)
+    cluster = LocalCluster(
+        tmp_path, brokers=0, controllers=1, coordinators=0, unsafe_etcd_no_fsync=True
+    )
     try:
         cluster.start()
         address = cluster.metrics_address("controller", 0)

@@ -1,8 +1,9 @@
 """Replication end to end on a private local cluster (etcd, 2 controllers, 3 brokers; topics
 with replication factor 3 and min.insync.replicas=2): acks=all waits for the ISR, followers
 catch up after a restart, a stopped follower leaves the ISR and rejoins, NOT_ENOUGH_REPLICAS,
-leader failover without losing acknowledged records, divergent-tail truncation, and the
-high-watermark checkpoint across restarts.
+leader failover without losing acknowledged records, divergent-tail truncation, the
+high-watermark checkpoint across restarts, and a follower that comes back below the leader's
+log start (retention ran meanwhile) restarting there and rejoining the ISR.
 
 Every test kills or stops processes, so they use their own cluster (never the shared one). The
 cluster is shared by the tests of this module, which leave all brokers running when they end.
@@ -45,7 +46,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tmp_path_factory.mktemp("replication"),
         brokers=3,
         cluster_id=f"repl-{uuid.uuid4().hex[:8]}",
-        config={"replica.lag.time.max.ms": str(LAG_MS)},
+        config={"replica.lag.time.max.ms": str(LAG_MS), "log.retention.check.interval.ms": "300"},
         unsafe_etcd_no_fsync=True,
     )
     c.start()
@@ -342,3 +343,42 @@ def test_high_watermark_checkpoint_written_on_clean_shutdown(
     cluster.start_broker(leader)
     wait_isr(cluster, topic, BROKERS)
     wait_replicated(cluster, topic, list(BROKERS), 7)
+
+
+def test_follower_back_below_the_leaders_log_start_restarts_there_and_rejoins(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    # Small segments and a byte limit, so that retention on the leader deletes what the
+    # stopped follower never fetched.
+    topic = new_topic(
+        admin, **{"min.insync.replicas": "1", "segment.bytes": "4096", "retention.bytes": "8192"}
+    )
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    follower = next(b for b in BROKERS if b != leader)
+    assert produce(cluster, leader, topic, [b"before"] * 5).error.code == 0
+    wait_replicated(cluster, topic, list(BROKERS), 5)
+    cluster.kill("broker", follower)
+    wait_isr(cluster, topic, tuple(b for b in BROKERS if b != follower))
+    for _ in range(40):
+        assert produce(cluster, leader, topic, [b"x" * 500] * 4).error.code == 0
+    end = log_end_offset(cluster, leader, topic)
+
+    def leader_log_start() -> int | None:
+        request = broker_pb2.ListOffsetsRequest(replica_id=-1)
+        request.topics.add(name=topic).partitions.add(
+            partition=0, timestamp=-2, current_leader_epoch=-1
+        )
+        out = stub(cluster, leader).ListOffsets(request, timeout=5).topics[0].partitions[0]
+        return int(out.offset) if out.error.code == 0 and out.offset > 5 else None
+
+    start = wait_for("retention on the leader to pass the follower's log end", leader_log_start)
+    cluster.start_broker(follower)
+    wait_isr(cluster, topic, BROKERS)
+    wait_replicated(cluster, topic, list(BROKERS), end)
+    request = broker_pb2.ListOffsetsRequest(replica_id=DEBUGGING_REPLICA_ID)
+    request.topics.add(name=topic).partitions.add(
+        partition=0, timestamp=-2, current_leader_epoch=-1
+    )
+    out = stub(cluster, follower).ListOffsets(request, timeout=5).topics[0].partitions[0]
+    assert out.error.code == 0 and out.offset >= start

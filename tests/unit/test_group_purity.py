@@ -1,5 +1,6 @@
-"""The coordinator's cores stay pure: no module of fjord.coordinator imports anything that does
-I/O, threads or reads a clock (the shell injects time and performs the effects)."""
+"""The coordinator's cores stay pure: no core module of fjord.coordinator imports anything that
+does I/O, threads or reads a clock (the shell injects time and performs the effects). The shell
+modules of the service (``SHELL``) are the only exception."""
 
 from __future__ import annotations
 
@@ -27,9 +28,13 @@ FORBIDDEN = {
 }
 
 
+#: The coordinator service's shell (gRPC, etcd, clients, event loop): not cores.
+SHELL = {"appender", "manager", "server", "service"}
+
+
 def test_coordinator_modules_import_nothing_that_does_io():
     package = Path(fjord.coordinator.__file__).parent
-    modules = sorted(package.glob("*.py"))
+    modules = sorted(m for m in package.glob("*.py") if m.stem not in SHELL)
     assert {m.stem for m in modules} >= {"group", "assignors", "offsets_log", "lag", "protocol"}
     for module in modules:
         tree = ast.parse(module.read_text())

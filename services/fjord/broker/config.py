@@ -20,7 +20,26 @@ from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
 TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
 
 #: Broker-only keys accepted by ``fjord broker --config`` besides topic defaults.
-BROKER_ONLY_KEYS = frozenset({"auto.create.topics.enable", *REPLICATION_CONFIG_DEFAULTS})
+BROKER_ONLY_KEYS = frozenset(
+    {"auto.create.topics.enable", "log.retention.check.interval.ms", *REPLICATION_CONFIG_DEFAULTS}
+)
+
+
+def retention_check_interval_s(config: Mapping[str, str]) -> float:
+    """``log.retention.check.interval.ms`` in seconds (a positive integer; ConfigError naming
+    the key otherwise)."""
+    raw = config.get("log.retention.check.interval.ms")
+    if raw is None:
+        return defaults.RETENTION_CHECK_INTERVAL_MS / 1000
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(
+            f"log.retention.check.interval.ms: expected a positive integer, got {raw!r}"
+        )
+    return value / 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +69,7 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
         )
     topic_settings(out, {}, {})  # validates every topic default now, naming the bad key
     ReplicationSettings.from_config(out)  # replica.* settings, naming the bad key
+    retention_check_interval_s(out)
     return out
 
 

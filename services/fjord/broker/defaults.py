@@ -69,9 +69,9 @@ AUTO_CREATE_TOPICS_ENABLE = False
 #: default topic configs: this check is cheap when nothing asks for a flush).
 FLUSH_CHECK_INTERVAL_S = 1.0
 
-#: How often retention (retention.ms / retention.bytes) runs (Kafka:
-#: log.retention.check.interval.ms = 5 min; 30 s here so that short local demos see it).
-RETENTION_CHECK_INTERVAL_S = 30.0
+#: ``log.retention.check.interval.ms``: how often retention (retention.ms / retention.bytes)
+#: runs (Kafka: 5 min; 30 s here so that short local demos see it). A broker config key.
+RETENTION_CHECK_INTERVAL_MS = 30_000
 
 #: How often logs are checked for a time-based roll (segment.ms).
 ROLL_CHECK_INTERVAL_S = 10.0
@@ -99,3 +99,8 @@ PRODUCER_SNAPSHOTS_RETAINED = 2
 #: Seconds the broker waits for the controller's AllocateProducerIds before InitProducerId
 #: answers COORDINATOR_NOT_AVAILABLE (retriable).
 PRODUCER_ID_ALLOCATION_TIMEOUT_S = 10.0
+
+#: Seconds the broker waits for the controller's CreateTopics of ``__consumer_offsets`` (sent
+#: in the background on a FindCoordinator that finds no such topic; the FindCoordinator itself
+#: answers COORDINATOR_NOT_AVAILABLE at once and the client retries).
+OFFSETS_TOPIC_CREATE_TIMEOUT_S = 10.0

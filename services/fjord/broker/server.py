@@ -26,11 +26,22 @@ from grpc import aio
 
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
-from fjord.broker.config import topic_settings, validate_broker_config
+from fjord.broker.config import (
+    retention_check_interval_s,
+    topic_settings,
+    validate_broker_config,
+)
+from fjord.broker.coordinator_lookup import OffsetsTopicCreator
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
+from fjord.broker.partition import Partition
 from fjord.broker.producer_ids import ProducerIdAllocator
-from fjord.broker.producer_state import snapshot_due, write_snapshot
+from fjord.broker.producer_state import (
+    prune_snapshots,
+    publish_snapshot,
+    snapshot_due,
+    stage_snapshot,
+)
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.service import BrokerServicer
@@ -128,6 +139,31 @@ class BrokerOptions:
         validate_broker_config(self.config)
 
 
+async def snapshot_producer_state(partition: Partition, *, force: bool = False) -> bool:
+    """Write ``partition``'s producer-state snapshot if one is due (see
+    :func:`snapshot_due`); True when one was published.
+
+    The state is serialised on the event loop and the file is written and fsynced by a worker
+    thread under a temporary name; it is renamed into place back on the loop only if no
+    truncation replaced the state meanwhile (truncations also run on the loop), so a published
+    snapshot never describes batches that a truncation removed.
+    """
+    state = partition.producer_state
+    data = snapshot_due(state, partition.log, force=force)
+    if data is None:
+        return False
+    end = state.end_offset
+    directory = partition.log.directory
+    staged = await asyncio.to_thread(stage_snapshot, directory, data, end)
+    if partition.producer_state is not state:
+        staged.unlink(missing_ok=True)
+        return False
+    publish_snapshot(staged)
+    await asyncio.to_thread(prune_snapshots, directory)
+    state.last_snapshot_offset = max(state.last_snapshot_offset, end)
+    return True
+
+
 class BrokerServer:
     """One running broker.
 
@@ -145,6 +181,7 @@ class BrokerServer:
         self._logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
         self._producer_ids = ProducerIdAllocator(options.broker_id, lambda: self._image())
+        self._offsets_topic = OffsetsTopicCreator(lambda: self._image())
         self._fetchers: ReplicaFetcherManager | None = None
         self._hw_checkpoint = HighWatermarkCheckpoint(options.data_dir)
         #: The broker epoch: the etcd revision of this process's current registration.
@@ -195,7 +232,10 @@ class BrokerServer:
             ],
         )
         broker_pb2_grpc.add_BrokerServicer_to_server(
-            BrokerServicer(replicas, lambda: self._image(), self._producer_ids), self._server
+            BrokerServicer(
+                replicas, lambda: self._image(), self._producer_ids, self._offsets_topic
+            ),
+            self._server,
         )
         address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
         try:
@@ -227,7 +267,7 @@ class BrokerServer:
             self._periodic(defaults.FLUSH_CHECK_INTERVAL_S, self._flush_logs), "log flusher"
         )
         self._spawn(
-            self._periodic(defaults.RETENTION_CHECK_INTERVAL_S, self._apply_retention),
+            self._periodic(retention_check_interval_s(opts.config), self._apply_retention),
             "log retention",
         )
         self._spawn(self._periodic(defaults.ROLL_CHECK_INTERVAL_S, self._roll_logs), "log roller")
@@ -282,6 +322,7 @@ class BrokerServer:
             with contextlib.suppress(Exception):
                 await self._etcd.close()
         await self._producer_ids.close()
+        await self._offsets_topic.close()
         if self._logs is not None:
             if self.replicas is not None:
                 await self._snapshot_producers(force=True)  # restart reads no log tail
@@ -462,13 +503,8 @@ class BrokerServer:
         wherever the state moved, at shutdown). Serialised here, written by a worker thread."""
         assert self.replicas is not None
         for _key, partition in self.replicas.hosted():
-            state = partition.producer_state
             try:
-                data = snapshot_due(state, partition.log, force=force)
-                if data is not None:
-                    end = state.end_offset
-                    await asyncio.to_thread(write_snapshot, partition.log.directory, data, end)
-                    state.last_snapshot_offset = max(state.last_snapshot_offset, end)
+                await snapshot_producer_state(partition, force=force)
             except Exception:
                 log.exception("producer-state snapshot of %s failed", partition.log.directory)
 

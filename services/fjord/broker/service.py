@@ -11,16 +11,18 @@ from collections.abc import Callable
 from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.broker.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
 from fjord.broker.metadata_view import MetadataResponder
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.coordinator.defaults import OFFSETS_TOPIC
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.metadata import MetadataImage
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    """Serves Produce, Fetch, ListOffsets, Metadata and InitProducerId for one broker (gRPC's
-    method names).
+    """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId and FindCoordinator for one
+    broker (gRPC's method names).
 
     Invariant: every call answers from the ReplicaManager's state and the newest metadata image
     the broker has applied (``image()``); nothing here caches partition state.
@@ -31,10 +33,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         replicas: ReplicaManager,
         image: Callable[[], MetadataImage],
         producer_ids: ProducerIdAllocator | None = None,
+        offsets_topic: OffsetsTopicCreator | None = None,
     ) -> None:
         self._replicas = replicas
         self._image = image
         self._producer_ids = producer_ids
+        self._offsets_topic = offsets_topic
         self._metadata = MetadataResponder()
 
     async def Produce(
@@ -76,4 +80,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         except FjordError as exc:
             response.error.code = exc.code.code
             response.error.message = str(exc)
+        return response
+
+    async def FindCoordinator(
+        self, request: broker_pb2.FindCoordinatorRequest, context: aio.ServicerContext
+    ) -> broker_pb2.FindCoordinatorResponse:
+        response = broker_pb2.FindCoordinatorResponse(partition=-1)
+        image = self._image()
+        try:
+            found = locate_group_coordinator(image, request.key, request.key_type)
+        except FjordError as exc:
+            if (
+                exc.code is ErrorCode.COORDINATOR_NOT_AVAILABLE
+                and self._offsets_topic is not None
+                and image.topic(OFFSETS_TOPIC) is None
+            ):
+                self._offsets_topic.request()  # Kafka's way: created by the first valid lookup
+            response.error.code = exc.code.code
+            response.error.message = str(exc)
+            return response
+        response.partition = found.partition
+        response.coordinator.id = found.registration.id
+        response.coordinator.host = found.registration.host
+        response.coordinator.port = found.registration.port
         return response

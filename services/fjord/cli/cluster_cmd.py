@@ -1,4 +1,4 @@
-"""``fjord cluster describe``: cluster id, active controller, brokers."""
+"""``fjord cluster describe``: cluster id, active controller, brokers, coordinators."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def cluster() -> None:
 @output_option
 @friendly_errors
 def describe(bootstrap_server: str | None, output: str) -> None:
-    """Cluster id, active controller and live brokers."""
+    """Cluster id, active controller, live brokers and group coordinators."""
     with AdminClient(admin_client_config(bootstrap_server)) as admin:
         description = admin.describe_cluster()
     active = description.controller
@@ -40,6 +40,9 @@ def describe(bootstrap_server: str | None, output: str) -> None:
         "controllers": [
             {"id": c.id, "host": c.host, "port": c.port} for c in description.controllers
         ],
+        "coordinators": [
+            {"id": c.id, "host": c.host, "port": c.port} for c in description.coordinators
+        ],
     }
     if output == "json":
         emit(output, data, [], [])
@@ -51,4 +54,5 @@ def describe(bootstrap_server: str | None, output: str) -> None:
         ("controller", c.id, c.address, "active" if active and c.id == active.id else "standby")
         for c in description.controllers
     ]
+    rows += [("coordinator", c.id, c.address, "") for c in description.coordinators]
     emit(output, data, rows, ["Role", "Id", "Address", "Rack/State"])

@@ -24,6 +24,7 @@ from fjord.local import (
 from fjord.local.cluster import pid_alive
 from fjord.local.defaults import (
     DEFAULT_BROKERS,
+    DEFAULT_COORDINATORS,
     DEFAULT_DATA_DIR,
     MONITOR_INTERVAL_S,
     READY_POLL_INTERVAL_S,
@@ -51,12 +52,15 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 
 @click.group("local")
 def local() -> None:
-    """Run a whole Fjord cluster (etcd, controllers, brokers) on this machine."""
+    """Run a whole Fjord cluster (etcd, controllers, brokers, coordinators) on this machine."""
 
 
 @local.command("up")
 @_DATA_DIR
 @click.option("--brokers", type=click.IntRange(min=1), default=DEFAULT_BROKERS, show_default=True)
+@click.option(
+    "--coordinators", type=click.IntRange(min=0), default=DEFAULT_COORDINATORS, show_default=True
+)
 @click.option("--detach", is_flag=True, help="Return once healthy; stop later with `down`.")
 @click.option(
     "--config",
@@ -65,12 +69,18 @@ def local() -> None:
     metavar="KEY=VALUE",
     help="Cluster-wide broker/topic default (Kafka names), e.g. min.insync.replicas=2.",
 )
-def up(data_dir: Path, brokers: int, detach: bool, config_items: tuple[str, ...]) -> None:
+def up(
+    data_dir: Path, brokers: int, coordinators: int, detach: bool, config_items: tuple[str, ...]
+) -> None:
     """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
     foreground until Ctrl-C (or SIGTERM), then stops everything."""
     try:
         cluster = LocalCluster(
-            data_dir, brokers=brokers, config=_parse_config(config_items), detach=detach
+            data_dir,
+            brokers=brokers,
+            config=_parse_config(config_items),
+            detach=detach,
+            coordinators=coordinators,
         )
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
@@ -79,6 +89,8 @@ def up(data_dir: Path, brokers: int, detach: bool, config_items: tuple[str, ...]
     except (ClusterStateError, ProcessStartError, EtcdNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"bootstrap servers: {cluster.bootstrap_servers}")
+    coordinators_text = ", ".join(f"{i}={a}" for i, a in cluster.coordinator_addresses.items())
+    click.echo(f"group coordinators: {coordinators_text or 'none'}")
     click.echo(f"etcd: {cluster.etcd_url}  data: {cluster.data_dir}")
     if detach:
         click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
@@ -142,7 +154,8 @@ def status(data_dir: Path, output: str) -> None:
 @local.command("down")
 @_DATA_DIR
 def down(data_dir: Path) -> None:
-    """Stop the local cluster in DATA_DIR (brokers, controllers, then etcd). Data is kept."""
+    """Stop the local cluster in DATA_DIR (coordinators, brokers, controllers, then etcd).
+    Data is kept."""
     try:
         state = read_state(data_dir)
         assert state is not None

@@ -9,8 +9,11 @@ from fjord.cli.broker_cmd import broker
 from fjord.cli.cluster_cmd import cluster
 from fjord.cli.console_cmd import consume, produce
 from fjord.cli.controller_cmd import controller
+from fjord.cli.coordinator_cmd import coordinator
 from fjord.cli.demo import demo
+from fjord.cli.groups_cmd import groups
 from fjord.cli.local_cmd import local
+from fjord.cli.operator_cmd import operator
 from fjord.cli.perf_cmd import perf
 from fjord.cli.quickstart_cmd import quickstart
 from fjord.cli.topics_cmd import topics
@@ -27,8 +30,11 @@ for _command in (
     cluster,
     consume,
     controller,
+    coordinator,
     demo,
+    groups,
     local,
+    operator,
     perf,
     produce,
     quickstart,

@@ -94,11 +94,16 @@ def create(
 @topics.command("list")
 @bootstrap_option
 @output_option
+@click.option(
+    "--exclude-internal", is_flag=True, help="Leave out internal topics (__consumer_offsets)."
+)
 @friendly_errors
-def list_(bootstrap_server: str | None, output: str) -> None:
-    """List every topic."""
+def list_(bootstrap_server: str | None, output: str, exclude_internal: bool) -> None:
+    """List every topic (internal ones too, as Kafka's tool does, unless --exclude-internal)."""
     with _admin(bootstrap_server) as admin:
         described = admin.describe_topics(None)
+    if exclude_internal:
+        described = [t for t in described if not t.internal]
     emit(
         output,
         [{"name": t.name, "partitions": len(t.partitions)} for t in described],

@@ -3,7 +3,12 @@
 See docs/clients.md for the configuration table, semantics and differences from Kafka.
 """
 
-from fjord.client.admin import AdminClient
+from fjord.client.admin import (
+    AdminClient,
+    ConsumerGroupDescription,
+    ConsumerGroupListing,
+    MemberDescription,
+)
 from fjord.client.consumer import (
     Consumer,
     FeatureNotAvailableError,
@@ -19,6 +24,7 @@ from fjord.client.types import (
     ConsumerRecord,
     NewTopic,
     Node,
+    OffsetAndMetadata,
     OffsetAndTimestamp,
     PartitionInfo,
     RecordMetadata,
@@ -33,14 +39,18 @@ __all__ = [
     "ClusterDescription",
     "ConfigEntry",
     "Consumer",
+    "ConsumerGroupDescription",
+    "ConsumerGroupListing",
     "ConsumerRecord",
     "FeatureNotAvailableError",
     "IllegalStateError",
     "KafkaTimeoutError",
+    "MemberDescription",
     "NewTopic",
     "NoOffsetForPartitionError",
     "Node",
     "NotControllerError",
+    "OffsetAndMetadata",
     "OffsetAndTimestamp",
     "PartitionInfo",
     "Producer",

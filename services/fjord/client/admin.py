@@ -1,4 +1,4 @@
-"""The admin client: topics and cluster operations (Kafka's ``AdminClient``).
+"""The admin client: topics, cluster and consumer group operations (Kafka's ``AdminClient``).
 
 Admin requests go to the active controller, found in a broker's Metadata answer (its
 ``controller`` field); a NOT_CONTROLLER answer or an unreachable controller means the controller
@@ -6,16 +6,23 @@ moved: the client refreshes metadata and retries, within ``default.api.timeout.m
 Each call raises the typed error of the first failing topic (e.g. TOPIC_ALREADY_EXISTS,
 INVALID_TOPIC_EXCEPTION, UNKNOWN_TOPIC_OR_PARTITION, INVALID_PARTITIONS) after all topics of the
 request were processed; ``raise_on_error=False`` returns {topic: error or None} instead.
+
+Group requests go to the group's coordinator, looked up with FindCoordinator on every attempt:
+NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS and COORDINATOR_NOT_AVAILABLE (the group moved,
+its coordinator is replaying or gone) are retried after a new lookup, within the same timeout.
+Listing asks every live coordinator, which the controller's DescribeCluster names.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
-from fjord._proto import common_pb2, controller_pb2
+from fjord._proto import common_pb2, controller_pb2, coordinator_pb2
+from fjord.client.consumer import Consumer
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.types import (
@@ -23,13 +30,33 @@ from fjord.client.types import (
     ConfigEntry,
     NewTopic,
     Node,
+    OffsetAndMetadata,
     TopicDescription,
+    TopicPartition,
 )
 from fjord.config import admin_config
+from fjord.coordinator.defaults import CONSUMER_PROTOCOL_TYPE
+from fjord.coordinator.group import GroupState
+from fjord.coordinator.lag import (
+    LagRow,
+    MemberPartitions,
+    PartitionReset,
+    ResetSpec,
+    ToDatetime,
+    lag_rows,
+    plan_offset_reset,
+    reset_scope,
+)
+from fjord.coordinator.protocol import decode_assignment
 from fjord.errors import (
+    CoordinatorNotAvailableError,
     ErrorCode,
     FjordError,
+    GroupIdNotFoundError,
+    InvalidGroupIdError,
+    InvalidRequestError,
     KafkaTimeoutError,
+    NonEmptyGroupError,
     NotControllerError,
     ReassignmentInProgressError,
     error_code_from_number,
@@ -101,8 +128,157 @@ def _raise_first(errors: TopicErrors, raise_on_error: bool) -> TopicErrors:
     return errors
 
 
+#: Coordinator errors that mean "look the coordinator up again and retry" (Kafka's).
+COORDINATOR_RETRIABLE = frozenset(
+    {
+        ErrorCode.NOT_COORDINATOR,
+        ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+        ErrorCode.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+
+#: The state DescribeGroups reports for a group that does not exist (Kafka's).
+DEAD_STATE = GroupState.DEAD.value
+
+#: What :meth:`AdminClient.list_offsets` asks per partition: the log start offset, the log
+#: end offset (high watermark), or a timestamp in ms (the first record at or after it).
+OffsetSpec = Literal["earliest", "latest"] | int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupListing:
+    """One group as ListGroups reports it. ``protocol_type`` is "consumer" for groups of
+    subscribing consumers and "" for groups that only ever had simple (admin or ``assign()``)
+    commits."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+
+    @property
+    def is_simple_consumer_group(self) -> bool:
+        return not self.protocol_type
+
+
+@dataclass(frozen=True, slots=True)
+class MemberDescription:
+    """An active member; ``assignment`` is decoded from its ConsumerProtocol Assignment bytes
+    (empty unless the group is Stable: DescribeGroups shows assignments only then)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    host: str
+    assignment: tuple[TopicPartition, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupDescription:
+    """A group as DescribeGroups reports it. Invariants: ``state`` is one of Empty,
+    PreparingRebalance, CompletingRebalance, Stable, Dead (Dead: the group does not exist);
+    ``partition_assignor`` (the chosen protocol) is only known while Stable; ``coordinator``
+    is the ``host:port`` of the coordinator that answered."""
+
+    group_id: str
+    state: str
+    protocol_type: str
+    partition_assignor: str
+    members: tuple[MemberDescription, ...]
+    coordinator: str
+
+    @property
+    def is_simple_consumer_group(self) -> bool:
+        return not self.protocol_type
+
+
+def _coordinator_errors(response: Any) -> list[tuple[ErrorCode, str]]:
+    """Every non-NONE (code, message) of a coordinator answer: top level, per group, per
+    partition."""
+    fields = response.DESCRIPTOR.fields_by_name
+    errors = [response.error] if "error" in fields else []
+    for name in ("groups", "results"):
+        # DescribeGroups' groups and DeleteGroups' results carry errors; ListGroups' do not.
+        if name in fields and "error" in fields[name].message_type.fields_by_name:
+            errors.extend(item.error for item in getattr(response, name))
+    if "topics" in fields:
+        errors.extend(p.error for t in response.topics for p in t.partitions)
+    found = [(error_code_from_number(e.code), e.message) for e in errors]
+    return [(code, message) for code, message in found if code is not ErrorCode.NONE]
+
+
+def _decode_member(member: Any, protocol_type: str) -> MemberDescription:
+    assignment: tuple[TopicPartition, ...] = ()
+    if protocol_type == CONSUMER_PROTOCOL_TYPE and member.member_assignment:
+        assignment = tuple(
+            TopicPartition(t, p) for t, p in decode_assignment(member.member_assignment).partitions
+        )
+    return MemberDescription(
+        member.member_id,
+        member.group_instance_id or None,
+        member.client_id,
+        member.client_host,
+        assignment,
+    )
+
+
+def _offset_request_topics(
+    offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+) -> list[coordinator_pb2.OffsetCommitTopic]:
+    by_topic: dict[str, list[coordinator_pb2.OffsetCommitPartition]] = {}
+    for tp, value in sorted(offsets.items()):
+        committed = value if isinstance(value, OffsetAndMetadata) else OffsetAndMetadata(value)
+        by_topic.setdefault(tp[0], []).append(
+            coordinator_pb2.OffsetCommitPartition(
+                partition=tp[1],
+                committed_offset=committed.offset,
+                committed_leader_epoch=(
+                    -1 if committed.leader_epoch is None else committed.leader_epoch
+                ),
+                committed_metadata=committed.metadata,
+            )
+        )
+    return [
+        coordinator_pb2.OffsetCommitTopic(name=name, partitions=parts)
+        for name, parts in by_topic.items()
+    ]
+
+
+def _group_error(group_id: str, error: common_pb2.Error) -> FjordError | None:
+    code = error_code_from_number(error.code)
+    if code is ErrorCode.NONE:
+        return None
+    if code is ErrorCode.NON_EMPTY_GROUP:
+        return NonEmptyGroupError(f"group {group_id!r}: The group is not empty.")
+    if code is ErrorCode.GROUP_ID_NOT_FOUND:
+        return GroupIdNotFoundError(f"group {group_id!r} does not exist")
+    return error_for_code(code, f"group {group_id!r}: {error.message or code.name}")
+
+
+def _group_states(states: Iterable[str]) -> list[str]:
+    """State names as the coordinator spells them (``stable`` -> ``Stable``); an unknown name
+    is an INVALID_REQUEST naming the valid ones, not a silently empty listing."""
+    known = {state.value.lower(): state.value for state in GroupState}
+    out = []
+    for state in states:
+        name = known.get(state.strip().lower())
+        if name is None:
+            raise InvalidRequestError(
+                f"unknown group state {state!r}: expected one of "
+                + ", ".join(s.value for s in GroupState)
+            )
+        out.append(name)
+    return out
+
+
+def _remaining(deadline: float) -> float:
+    """Seconds left until the monotonic ``deadline`` (a sliver when none: the call then
+    times out with the usual typed error)."""
+    return max(deadline - time.monotonic(), 0.001)
+
+
 class AdminClient:
-    """Creates, deletes, grows, configures and describes topics; describes the cluster.
+    """Creates, deletes, grows, configures and describes topics; describes the cluster; lists,
+    describes and deletes consumer groups, shows their lag and resets their offsets.
 
     Invariants: every call either returns within ``default.api.timeout.ms`` or raises
     :class:`KafkaTimeoutError`; retriable errors (NOT_CONTROLLER, transport failures) are
@@ -125,6 +301,7 @@ class AdminClient:
             tracer_provider=tracer_provider,
         )
         self._closed = False
+        self._reader: Consumer | None = None
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -321,7 +498,8 @@ class AdminClient:
         return out
 
     def describe_cluster(self, *, timeout: float | None = None) -> ClusterDescription:
-        """Cluster id, active controller, live brokers and controllers (from the controller)."""
+        """Cluster id, active controller, live brokers, controllers and group coordinators
+        (from the controller)."""
 
         async def call(deadline: float) -> Any:
             return await self._controller_call(
@@ -342,6 +520,7 @@ class AdminClient:
             controller,
             tuple(sorted((node(b) for b in response.brokers), key=lambda n: n.id)),
             tuple(sorted((node(c) for c in response.controllers), key=lambda n: n.id)),
+            tuple(sorted((node(c) for c in response.coordinators), key=lambda n: n.id)),
         )
 
     # -- reassignment and elections -----------------------------------------------------------
@@ -479,6 +658,435 @@ class AdminClient:
             self.alter_partition_reassignments(dict(plan), timeout=timeout)
         return plan
 
+    # -- consumer groups ----------------------------------------------------------------------
+
+    async def _coordinator_call(
+        self, group_id: str, name: str, request: Any, deadline: float
+    ) -> tuple[str, Any]:
+        """Call RPC ``name`` for ``group_id`` on its coordinator; returns (address, answer).
+        The coordinator is looked up again (FindCoordinator) on every attempt, so
+        NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE and transport
+        failures are retried after a rediscovery until ``deadline``."""
+        if not group_id:
+            raise InvalidGroupIdError("the group id must not be empty")
+        network = self._network
+
+        async def attempt() -> tuple[str, Any]:
+            address = await network.find_coordinator(group_id)
+            try:
+                response = await getattr(network.coordinator(address), name)(
+                    request, timeout=min(self._request_timeout_s, deadline - time.monotonic())
+                )
+            except Exception as exc:
+                error = transport_error(exc, f"coordinator {address}")
+                if isinstance(error, KafkaTimeoutError):
+                    error = FjordError(str(error), code=ErrorCode.REQUEST_TIMED_OUT)
+                raise error from exc
+            for code, message in _coordinator_errors(response):
+                if code in COORDINATOR_RETRIABLE:
+                    raise error_for_code(code, f"{name}({group_id!r}) at {address}: {message}")
+            return address, response
+
+        return await network.call_with_retries(
+            attempt, deadline=deadline, backoff_s=self._backoff_s, what=f"{name}({group_id!r})"
+        )
+
+    async def _coordinators(self, deadline: float) -> list[str]:
+        """Addresses of every live group coordinator (the controller's DescribeCluster)."""
+        response = await self._controller_call(
+            "DescribeCluster", controller_pb2.DescribeClusterRequest(), deadline, True
+        )
+        error = _error_of(response.error, "(cluster)")
+        if error is not None:
+            raise error
+        return [f"{c.host}:{c.port}" for c in response.coordinators]
+
+    def list_consumer_groups(
+        self, states: Iterable[str] | None = None, *, timeout: float | None = None
+    ) -> list[ConsumerGroupListing]:
+        """Every group of every live coordinator (only those in ``states``, e.g. ``["Stable",
+        "Empty"]``, when given), sorted by id. All coordinators must answer: when one does not
+        (it just died, or is loading), the whole listing is retried until the timeout, so a
+        group is never silently left out. No live coordinator: COORDINATOR_NOT_AVAILABLE."""
+        request = coordinator_pb2.ListGroupsRequest(states_filter=_group_states(states or ()))
+        network = self._network
+
+        async def ask(address: str, deadline: float) -> Any:
+            try:
+                response = await network.coordinator(address).ListGroups(
+                    request, timeout=min(self._request_timeout_s, deadline - time.monotonic())
+                )
+            except Exception as exc:
+                raise transport_error(exc, f"coordinator {address}") from exc
+            for code, message in _coordinator_errors(response):
+                raise error_for_code(code, f"ListGroups at {address}: {message}")
+            return response
+
+        async def call(deadline: float) -> list[Any]:
+            async def attempt() -> list[Any]:
+                addresses = await self._coordinators(deadline)
+                if not addresses:
+                    raise CoordinatorNotAvailableError("no group coordinator is running")
+                return list(await asyncio.gather(*(ask(a, deadline) for a in addresses)))
+
+            return await network.call_with_retries(
+                attempt, deadline=deadline, backoff_s=self._backoff_s, what="ListGroups"
+            )
+
+        listings: dict[str, ConsumerGroupListing] = {}
+        for response in self._run(call, timeout):
+            for group in response.groups:
+                listings.setdefault(
+                    group.group_id,
+                    ConsumerGroupListing(group.group_id, group.group_state, group.protocol_type),
+                )
+        return sorted(listings.values(), key=lambda g: g.group_id)
+
+    def describe_consumer_groups(
+        self, group_ids: Iterable[str], *, timeout: float | None = None
+    ) -> dict[str, ConsumerGroupDescription]:
+        """State, protocol and members (with their decoded assignments) of each group. A
+        group that does not exist is described as Dead with no members (Kafka's answer);
+        other errors (e.g. INVALID_GROUP_ID) are raised, typed."""
+        ids = list(dict.fromkeys(group_ids))
+
+        async def one(group_id: str, deadline: float) -> ConsumerGroupDescription:
+            request = coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id])
+            address, response = await self._coordinator_call(
+                group_id, "DescribeGroups", request, deadline
+            )
+            for group in response.groups:
+                if group.group_id != group_id:
+                    continue
+                code = error_code_from_number(group.error.code)
+                if code is ErrorCode.GROUP_ID_NOT_FOUND:
+                    return ConsumerGroupDescription(group_id, DEAD_STATE, "", "", (), address)
+                if code is not ErrorCode.NONE:
+                    raise error_for_code(code, f"group {group_id!r}: {group.error.message}")
+                return ConsumerGroupDescription(
+                    group_id,
+                    group.group_state,
+                    group.protocol_type,
+                    group.protocol_data,
+                    tuple(_decode_member(m, group.protocol_type) for m in group.members),
+                    address,
+                )
+            raise FjordError(
+                f"the coordinator at {address} did not describe group {group_id!r}",
+                code=ErrorCode.UNKNOWN_SERVER_ERROR,
+            )
+
+        async def call(deadline: float) -> list[ConsumerGroupDescription]:
+            return list(await asyncio.gather(*(one(g, deadline) for g in ids)))
+
+        return {d.group_id: d for d in self._run(call, timeout)}
+
+    def delete_consumer_groups(
+        self,
+        group_ids: Iterable[str],
+        *,
+        timeout: float | None = None,
+        raise_on_error: bool = True,
+    ) -> dict[str, FjordError | None]:
+        """Delete groups with their committed offsets: {group: None or error}. Only groups
+        without active members can go (NON_EMPTY_GROUP, "The group is not empty."); an unknown
+        group is GROUP_ID_NOT_FOUND. With ``raise_on_error`` the first error is raised after
+        every group was tried."""
+        ids = list(dict.fromkeys(group_ids))
+
+        async def one(group_id: str, deadline: float) -> FjordError | None:
+            request = coordinator_pb2.DeleteGroupsRequest(group_ids=[group_id])
+            _, response = await self._coordinator_call(group_id, "DeleteGroups", request, deadline)
+            for result in response.results:
+                if result.group_id == group_id:
+                    return _group_error(group_id, result.error)
+            return FjordError(
+                f"the coordinator did not answer for group {group_id!r}",
+                code=ErrorCode.UNKNOWN_SERVER_ERROR,
+            )
+
+        async def call(deadline: float) -> list[FjordError | None]:
+            return list(await asyncio.gather(*(one(g, deadline) for g in ids)))
+
+        errors = dict(zip(ids, self._run(call, timeout), strict=True))
+        if raise_on_error:
+            for error in errors.values():
+                if error is not None:
+                    raise error
+        return errors
+
+    def list_consumer_group_offsets(
+        self,
+        group_id: str,
+        partitions: Iterable[TopicPartition] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> dict[TopicPartition, OffsetAndMetadata | None]:
+        """The group's committed offsets: every committed partition when ``partitions`` is
+        None; otherwise exactly the partitions asked, None for those without a commit."""
+        asked = None if partitions is None else sorted({TopicPartition(*tp) for tp in partitions})
+        by_topic: dict[str, list[int]] = {}
+        for tp in asked or ():
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        request = coordinator_pb2.OffsetFetchRequest(
+            group_id=group_id,
+            topics=[
+                coordinator_pb2.OffsetFetchTopic(name=t, partitions=ps)
+                for t, ps in by_topic.items()
+            ],
+        )
+
+        async def call(deadline: float) -> Any:
+            return (await self._coordinator_call(group_id, "OffsetFetch", request, deadline))[1]
+
+        response = self._run(call, timeout)
+        found: dict[TopicPartition, OffsetAndMetadata | None] = dict.fromkeys(asked or ())
+        if response.error.code == ErrorCode.GROUP_ID_NOT_FOUND.code:
+            return found  # Kafka's answer for a group that does not exist: nothing committed
+        error = _group_error(group_id, response.error)
+        if error is not None:
+            raise error
+        for topic in response.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, p.partition)
+                code = error_code_from_number(p.error.code)
+                if code is not ErrorCode.NONE:
+                    raise error_for_code(
+                        code, f"group {group_id!r}, {tp.topic}-{tp.partition}: {p.error.message}"
+                    )
+                if p.committed_offset >= 0:
+                    found[tp] = OffsetAndMetadata(
+                        p.committed_offset,
+                        p.metadata,
+                        None if p.committed_leader_epoch < 0 else p.committed_leader_epoch,
+                    )
+        return dict(sorted(found.items()))
+
+    def alter_consumer_group_offsets(
+        self,
+        group_id: str,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+        *,
+        timeout: float | None = None,
+        raise_on_error: bool = True,
+    ) -> dict[TopicPartition, FjordError | None]:
+        """Set committed offsets (a simple commit: generation -1, no member id), e.g. to
+        rewind a stopped application. The coordinator accepts it only while the group has no
+        active members: otherwise every partition gets NonEmptyGroupError (the wire's
+        UNKNOWN_MEMBER_ID, as Kafka answers a simple commit to an active group). Negative
+        offsets are refused before anything is sent (INVALID_COMMIT_OFFSET_SIZE)."""
+        for tp, value in offsets.items():
+            offset = value.offset if isinstance(value, OffsetAndMetadata) else value
+            if offset < 0:
+                raise FjordError(
+                    f"offset for {tp[0]}-{tp[1]} must be >= 0, got {offset}",
+                    code=ErrorCode.INVALID_COMMIT_OFFSET_SIZE,
+                )
+        request = coordinator_pb2.OffsetCommitRequest(
+            group_id=group_id,
+            generation_id=-1,
+            member_id="",
+            topics=_offset_request_topics(offsets),
+        )
+
+        async def call(deadline: float) -> Any:
+            return (await self._coordinator_call(group_id, "OffsetCommit", request, deadline))[1]
+
+        response = self._run(call, timeout)
+        error = _group_error(group_id, response.error)
+        if error is not None:
+            raise error
+        results: dict[TopicPartition, FjordError | None] = {}
+        for topic in response.topics:
+            for p in topic.partitions:
+                tp = TopicPartition(topic.name, p.partition)
+                code = error_code_from_number(p.error.code)
+                if code is ErrorCode.UNKNOWN_MEMBER_ID:
+                    results[tp] = NonEmptyGroupError(
+                        f"cannot set the offsets of group {group_id!r}: it has active members "
+                        "(stop its consumers first)"
+                    )
+                elif code is not ErrorCode.NONE:
+                    results[tp] = error_for_code(
+                        code, f"{tp.topic}-{tp.partition}: {p.error.message or code.name}"
+                    )
+                else:
+                    results[tp] = None
+        if raise_on_error:
+            for failure in results.values():
+                if failure is not None:
+                    raise failure
+        return results
+
+    def list_offsets(
+        self, specs: Mapping[TopicPartition, OffsetSpec], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Kafka's ``listOffsets``: per partition the log start offset (``"earliest"``), the
+        log end offset (``"latest"``: the high watermark) or, for a timestamp in ms, the first
+        offset whose record timestamp is >= it (None when no record is that late)."""
+        if not specs:
+            return {}
+        out: dict[TopicPartition, int | None] = {}
+        earliest = [TopicPartition(*tp) for tp, s in specs.items() if s == "earliest"]
+        latest = [TopicPartition(*tp) for tp, s in specs.items() if s == "latest"]
+        times: dict[TopicPartition, int] = {}
+        for tp, spec in specs.items():
+            if spec in ("earliest", "latest"):
+                continue
+            if not isinstance(spec, int) or isinstance(spec, bool):
+                raise FjordError(
+                    f"offset spec for {tp[0]}-{tp[1]} must be 'earliest', 'latest' or a "
+                    f"timestamp in ms, got {spec!r}",
+                    code=ErrorCode.INVALID_REQUEST,
+                )
+            if spec < 0:
+                raise FjordError(
+                    f"timestamp for {tp[0]}-{tp[1]} must be >= 0, got {spec}",
+                    code=ErrorCode.INVALID_REQUEST,
+                )
+            times[TopicPartition(*tp)] = spec
+        reader = self._offsets_reader()
+        deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
+        if earliest:
+            out.update(reader.beginning_offsets(earliest, _remaining(deadline)))
+        if latest:
+            out.update(reader.end_offsets(latest, _remaining(deadline)))
+        if times:
+            found = reader.offsets_for_times(times, _remaining(deadline))
+            out.update({tp: None if o is None else o.offset for tp, o in found.items()})
+        return out
+
+    def _offsets_reader(self) -> Consumer:
+        """A group-less consumer used only for ListOffsets (log start/end offsets and
+        ``offsets_for_times``), created on first use and closed with this client."""
+        if self._closed:
+            raise FjordError("the admin client is closed", code=ErrorCode.INVALID_REQUEST)
+        if self._reader is None:
+            cfg = self.config
+            self._reader = Consumer(
+                {
+                    "bootstrap.servers": ",".join(f"{h}:{p}" for h, p in cfg["bootstrap.servers"]),
+                    "client.id": f"{cfg['client.id']}-offsets",
+                    "request.timeout.ms": cfg["request.timeout.ms"],
+                    "retry.backoff.ms": cfg["retry.backoff.ms"],
+                    "fetch.max.wait.ms": 0,
+                    "enable.auto.commit": False,
+                }
+            )
+        return self._reader
+
+    def describe_consumer_group_lag(
+        self,
+        group_id: str,
+        *,
+        description: ConsumerGroupDescription | None = None,
+        timeout: float | None = None,
+    ) -> list[LagRow]:
+        """The rows of ``kafka-consumer-groups --describe``: every partition with a committed
+        offset or an owner, its log end offset (None for a partition that no longer exists),
+        lag, and the member holding it (:func:`fjord.coordinator.lag.lag_rows`). Pass the
+        ``description`` just fetched to save a DescribeGroups call."""
+        deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
+        if description is None:
+            description = self.describe_consumer_groups([group_id], timeout=_remaining(deadline))[
+                group_id
+            ]
+        committed = self.list_consumer_group_offsets(group_id, timeout=_remaining(deadline))
+        members = [
+            MemberPartitions(m.member_id, m.host, m.client_id, m.assignment)
+            for m in description.members
+        ]
+        wanted = set(committed) | {tp for m in description.members for tp in m.assignment}
+        existing = self._partition_counts(_remaining(deadline))
+        ends = self.list_offsets(
+            {tp: "latest" for tp in wanted if tp.partition < existing.get(tp.topic, 0)},
+            timeout=_remaining(deadline),
+        )
+        return lag_rows(
+            {tp: o.offset for tp, o in committed.items() if o is not None},
+            {tp: o for tp, o in ends.items() if o is not None},
+            members,
+        )
+
+    def _partition_counts(self, timeout: float) -> dict[str, int]:
+        return {t.name: len(t.partitions) for t in self.describe_topics(None, timeout=timeout)}
+
+    def plan_consumer_group_offsets_reset(
+        self,
+        group_id: str,
+        spec: ResetSpec,
+        *,
+        topics: Sequence[str] | None = None,
+        all_topics: bool = False,
+        timeout: float | None = None,
+    ) -> list[PartitionReset]:
+        """Kafka's ``--reset-offsets`` plan, computed by
+        :func:`fjord.coordinator.lag.plan_offset_reset` from the group's state, its committed
+        offsets and the partitions' earliest/latest offsets (and ``offsets_for_times`` for
+        :class:`ToDatetime`). ``topics`` takes ``orders`` or ``orders:0,2`` selectors;
+        ``all_topics`` means every topic the group has committed offsets for. Changes nothing:
+        commit the plan with :meth:`reset_consumer_group_offsets`. Refused with
+        NonEmptyGroupError while the group has active members."""
+        deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
+        description = self.describe_consumer_groups([group_id], timeout=_remaining(deadline))[
+            group_id
+        ]
+        committed_meta = self.list_consumer_group_offsets(group_id, timeout=_remaining(deadline))
+        committed: dict[tuple[str, int], int] = {
+            tp: o.offset for tp, o in committed_meta.items() if o is not None
+        }
+        scope = reset_scope(
+            topics=topics,
+            all_topics=all_topics,
+            partitions_per_topic=self._partition_counts(_remaining(deadline)),
+            committed=committed,
+        )
+
+        def plan(
+            partitions: list[tuple[str, int]],
+            earliest: Mapping[tuple[str, int], int],
+            latest: Mapping[tuple[str, int], int],
+            for_times: Mapping[tuple[str, int], int | None] | None = None,
+        ) -> list[PartitionReset]:
+            return plan_offset_reset(
+                group_id,
+                spec,
+                partitions,
+                group_state=description.state,
+                active_members=len(description.members),
+                committed=committed,
+                earliest=earliest,
+                latest=latest,
+                offsets_for_times=for_times,
+            )
+
+        plan([], {}, {})  # refuses an active group before any ListOffsets is sent
+        tps = [TopicPartition(*tp) for tp in scope]
+        earliest = self._known_offsets(dict.fromkeys(tps, "earliest"), deadline)
+        latest = self._known_offsets(dict.fromkeys(tps, "latest"), deadline)
+        for_times: dict[tuple[str, int], int | None] | None = None
+        if isinstance(spec, ToDatetime):
+            found = self.list_offsets(
+                dict.fromkeys(tps, spec.timestamp_ms), timeout=_remaining(deadline)
+            )
+            for_times = {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+        return plan(scope, earliest, latest, for_times)
+
+    def _known_offsets(
+        self, specs: Mapping[TopicPartition, OffsetSpec], deadline: float
+    ) -> dict[tuple[str, int], int]:
+        found = self.list_offsets(specs, timeout=_remaining(deadline))
+        return {tp: offset for tp, offset in found.items() if offset is not None}
+
+    def reset_consumer_group_offsets(
+        self, group_id: str, plan: Iterable[PartitionReset], *, timeout: float | None = None
+    ) -> None:
+        """Commit a plan of :meth:`plan_consumer_group_offsets_reset` (``--execute``): one
+        simple OffsetCommit, refused (NonEmptyGroupError) if members joined meanwhile."""
+        offsets = {TopicPartition(r.topic, r.partition): r.new_offset for r in plan}
+        if offsets:
+            self.alter_consumer_group_offsets(group_id, offsets, timeout=timeout)
+
     # -- lifecycle ----------------------------------------------------------------------------
 
     def close(self) -> None:
@@ -486,6 +1094,8 @@ class AdminClient:
             return
         self._closed = True
         try:
+            if self._reader is not None:
+                self._reader.close()
             self._io.run(self._network.close(), 5.0)
         finally:
             self._io.stop()

@@ -45,6 +45,15 @@ class ConsumerRecord(NamedTuple):
         return extract_from_record_headers(self.headers)
 
 
+class OffsetAndMetadata(NamedTuple):
+    """A committed offset (Kafka's name): the next offset to consume, the committer's metadata
+    string, and the leader epoch of the record before it (None when unknown)."""
+
+    offset: int
+    metadata: str = ""
+    leader_epoch: int | None = None
+
+
 class OffsetAndTimestamp(NamedTuple):
     """Answer of ``offsets_for_times``: the first offset whose timestamp is >= the one asked."""
 
@@ -111,9 +120,11 @@ class ConfigEntry:
 
 @dataclass(frozen=True, slots=True)
 class ClusterDescription:
-    """The cluster as the active controller describes it."""
+    """The cluster as the active controller describes it (``coordinators``: the live group
+    coordinators)."""
 
     cluster_id: str
     controller: Node | None
     brokers: tuple[Node, ...]
     controllers: tuple[Node, ...] = ()
+    coordinators: tuple[Node, ...] = ()

@@ -4,7 +4,8 @@ Pure cores: :mod:`~fjord.controller.topics` (name rules), :mod:`~fjord.controlle
 :mod:`~fjord.controller.placement` (replica placement), :mod:`~fjord.controller.election`
 (leader/ISR rules, preferred and unclean elections), :mod:`~fjord.controller.reassignment`
 (the reassignment state machine and the cluster-wide reassignment planner),
-:mod:`~fjord.controller.planner` (what each request writes). Shells:
+:mod:`~fjord.controller.planner` (what each request writes),
+:mod:`~fjord.controller.offsets_owners` (``__consumer_offsets`` settings and owners). Shells:
 :mod:`~fjord.controller.service` (election, lease, fenced etcd writes) and
 :mod:`~fjord.controller.server` (the gRPC servicer and process entry).
 """

@@ -53,6 +53,23 @@ OTHER_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
     "delete.retention.ms": str(24 * 3600 * 1000),
 }
 
+# The internal topic ``__consumer_offsets`` (its name and partition count,
+# ``offsets.topic.num.partitions`` = 50, live in fjord.coordinator.defaults, next to
+# group_partition's users). Kafka's broker settings, created on the first FindCoordinator:
+# - ``offsets.topic.replication.factor`` (3): capped at the number of live brokers when the
+#   topic is created (Kafka refuses instead; a one-broker ``fjord local`` must still work).
+# - ``offsets.topic.segment.bytes`` (100 MiB).
+# Kafka compacts the topic (cleanup.policy=compact); Fjord has no log cleaner, so it keeps the
+# whole log instead (retention.ms = retention.bytes = -1): nothing a group committed is ever
+# deleted by retention, and a coordinator replays the whole partition on takeover.
+OFFSETS_TOPIC_REPLICATION_FACTOR = 3
+OFFSETS_TOPIC_SEGMENT_BYTES = 100 * 1024 * 1024
+OFFSETS_TOPIC_CONFIG: dict[str, str] = {
+    "segment.bytes": str(OFFSETS_TOPIC_SEGMENT_BYTES),
+    "retention.ms": "-1",
+    "retention.bytes": "-1",
+}
+
 # A standby re-checks the ``controller`` key at least this often even without a watch event,
 # and an election attempt that failed (etcd unreachable) is retried after ELECTION_RETRY_S.
 ELECTION_POLL_S = 1.0

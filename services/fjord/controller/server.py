@@ -12,7 +12,7 @@ from typing import Any
 
 import grpc
 
-from fjord._proto import common_pb2, controller_pb2, controller_pb2_grpc
+from fjord._proto import broker_pb2, common_pb2, controller_pb2, controller_pb2_grpc
 from fjord.controller.configs import describe_topic_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
@@ -183,6 +183,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             epoch = active.epoch if active is not None and active.registration.id == cid else 0
             response.controllers.append(
                 common_pb2.ControllerInfo(id=cid, host=reg.host, port=reg.port, epoch=epoch)
+            )
+        for coordinator_id, coordinator in sorted(image.coordinators.items()):
+            response.coordinators.append(
+                broker_pb2.CoordinatorInfo(
+                    id=coordinator_id, host=coordinator.host, port=coordinator.port
+                )
             )
         if not self.service.is_active():
             # The rest of the answer is still useful: it tells the caller who is active.

@@ -28,6 +28,11 @@ from fjord.controller.defaults import (
     WRITE_SETTLE_TIMEOUT_S,
 )
 from fjord.controller.election import alter_isr
+from fjord.controller.offsets_owners import (
+    check_user_topic,
+    offsets_topic_spec,
+    plan_offsets_owners,
+)
 from fjord.controller.planner import (
     OngoingReassignment,
     PartitionOutcome,
@@ -43,6 +48,7 @@ from fjord.controller.planner import (
     plan_preferred_rebalance,
     plan_reconcile,
 )
+from fjord.coordinator.defaults import OFFSETS_TOPIC
 from fjord.errors import (
     NotControllerError,
     StaleBrokerEpochError,
@@ -53,6 +59,7 @@ from fjord.metadata import (
     Keys,
     MetadataImage,
     MetadataWatcher,
+    OffsetsOwner,
     PartitionState,
     ProducerIdBlock,
     TopicRecord,
@@ -135,7 +142,11 @@ class ControllerService:
     margin); every metadata write is one etcd txn that compares the ``controller`` key's create
     revision with this controller's epoch, so a deposed controller's writes fail; writes are
     serialised by one lock and each waits until the watcher has applied it, so every decision
-    is taken on an image that includes all earlier writes of this controller.
+    is taken on an image that includes all earlier writes of this controller. While any
+    coordinator is registered, the active controller keeps every ``__consumer_offsets``
+    partition owned by a live one (``offsets-owners/<p>``, see
+    :func:`~fjord.controller.offsets_owners.plan_offsets_owners`), re-planned on every change of
+    coordinators, owners or the topic.
     """
 
     def __init__(
@@ -164,6 +175,7 @@ class ControllerService:
         self._epoch: int | None = None
         self._state_changed = asyncio.Event()
         self._reconcile_needed = asyncio.Event()
+        self._owners_needed = asyncio.Event()
         self._write_lock = asyncio.Lock()
         self._lease_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -216,6 +228,7 @@ class ControllerService:
             asyncio.create_task(self._keepalive_loop(), name="controller-keepalive"),
             asyncio.create_task(self._election_loop(), name="controller-election"),
             asyncio.create_task(self._reconcile_loop(), name="controller-reconcile"),
+            asyncio.create_task(self._offsets_owners_loop(), name="controller-offsets-owners"),
         ]
         if self.auto_leader_rebalance:
             self._tasks.append(
@@ -305,6 +318,7 @@ class ControllerService:
         await self.watcher.wait_for_revision(self._epoch, WRITE_SETTLE_TIMEOUT_S)
         self._state_changed.set()
         self._reconcile_needed.set()
+        self._owners_needed.set()
         return True
 
     async def _election_loop(self) -> None:
@@ -348,6 +362,12 @@ class ControllerService:
             or _reassignment_moved(old, new)
         ):
             self._reconcile_needed.set()
+        if (
+            old.coordinators != new.coordinators
+            or old.offsets_owners != new.offsets_owners
+            or old.topic(OFFSETS_TOPIC) != new.topic(OFFSETS_TOPIC)
+        ):
+            self._owners_needed.set()
         if self._epoch is not None:
             set_offline_partitions(sum(1 for r in new.all_partitions() if not r.state.online))
 
@@ -390,6 +410,9 @@ class ControllerService:
     async def create_topic(self, spec: TopicSpec, validate_only: bool = False) -> TopicRecord:
         async with self._write_lock:
             self.require_active()
+            check_user_topic(spec.name, "create")
+            if spec.name == OFFSETS_TOPIC:
+                spec = offsets_topic_spec(spec, len(self.image.brokers))
             plan = plan_create_topic(self.image, spec, uuid.uuid4().hex, self._rng)
             if not validate_only:
                 await self._write(self._topic_ops(plan))
@@ -398,6 +421,7 @@ class ControllerService:
     async def delete_topic(self, name: str) -> None:
         async with self._write_lock:
             self.require_active()
+            check_user_topic(name, "delete")
             if self.image.topic(name) is None:
                 raise UnknownTopicOrPartitionError(f"topic {name!r} does not exist")
             await self._write(
@@ -414,6 +438,7 @@ class ControllerService:
     ) -> TopicRecord:
         async with self._write_lock:
             self.require_active()
+            check_user_topic(name, "add partitions to")
             plan = plan_create_partitions(self.image, name, count, assignments, self._rng)
             if not validate_only:
                 await self._write(self._topic_ops(plan))
@@ -581,6 +606,40 @@ class ControllerService:
                 log.warning("liveness reconcile failed: %r; retrying", exc)
                 await asyncio.sleep(ELECTION_RETRY_S)
                 self._reconcile_needed.set()
+
+    async def _offsets_owners_loop(self) -> None:
+        """Keep every ``__consumer_offsets`` partition owned by a live coordinator: runs when
+        coordinator registrations, the owners or the topic change (and on taking office)."""
+        while True:
+            await self._owners_needed.wait()
+            self._owners_needed.clear()
+            if not self.is_active():
+                continue
+            try:
+                async with self._write_lock:
+                    changes = _offsets_owner_changes(self.image)
+                    if changes:
+                        log.info("__consumer_offsets owners: %s", ", ".join(
+                            f"{p}->{o.coordinator_id}@{o.coordinator_epoch}"
+                            for p, o in sorted(changes.items())))
+                        await self._write(
+                            [put_op(self.keys.offsets_owner(p), owner.to_json())
+                             for p, owner in sorted(changes.items())]
+                        )
+            except (asyncio.CancelledError, Exception) as exc:
+                if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
+                    raise
+                log.warning("offsets owners update failed: %r; retrying", exc)
+                await asyncio.sleep(ELECTION_RETRY_S)
+                self._owners_needed.set()
+
+
+def _offsets_owner_changes(image: MetadataImage) -> dict[int, OffsetsOwner]:
+    """The ``offsets-owners/`` entries to write for ``image`` (none while the topic is absent)."""
+    record = image.topic(OFFSETS_TOPIC)
+    if record is None:
+        return {}
+    return plan_offsets_owners(record.partitions, image.coordinators, image.offsets_owners)
 
 
 def _reassignment_moved(old: MetadataImage, new: MetadataImage) -> bool:

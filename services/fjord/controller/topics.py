@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
+from fjord.broker.metadata_view import INTERNAL_TOPIC_PREFIX
 from fjord.controller.defaults import MAX_TOPIC_NAME_LENGTH
 from fjord.errors import InvalidTopicError
 
@@ -29,6 +30,12 @@ def validate_topic_name(name: str) -> None:
             f"topic name {name!r} is illegal: only ASCII letters, digits, '.', '_' and '-' "
             "are allowed"
         )
+
+
+def is_internal_topic(name: str) -> bool:
+    """Whether ``name`` is reserved for Fjord's own topics (``__consumer_offsets``): Kafka's
+    ``__`` prefix, the same rule that marks topics ``internal`` in Metadata responses."""
+    return name.startswith(INTERNAL_TOPIC_PREFIX)
 
 
 def collision_key(name: str) -> str:

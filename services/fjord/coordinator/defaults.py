@@ -54,3 +54,44 @@ CONSUMER_MAX_POLL_INTERVAL_MS = 300_000
 
 #: The protocol type consumers use (``ConsumerProtocol.PROTOCOL_TYPE``).
 CONSUMER_PROTOCOL_TYPE = "consumer"
+
+# --- the coordinator service (``fjord coordinator``; the shell around the cores) ------------
+
+#: Port used when ``--listen`` gives none (Fjord's own choice: next to the broker's 9092).
+DEFAULT_COORDINATOR_PORT = 9094
+
+#: TTL of the coordinator's etcd lease (its liveness): the controller hands the
+#: ``__consumer_offsets`` partitions of a coordinator that died without revoking its lease to
+#: another one this many seconds later (the brokers' default, Kafka's broker.session.timeout.ms).
+COORDINATOR_LEASE_TTL_S = 9
+
+#: Pause before retrying registration after etcd failed, doubling up to the ceiling.
+REGISTRATION_RETRY_BACKOFF_S = 0.5
+REGISTRATION_RETRY_BACKOFF_MAX_S = 5.0
+
+#: Seconds to wait at start-up for the first metadata snapshot (and for the registration to
+#: show up in it) before giving up.
+METADATA_STARTUP_TIMEOUT_S = 30.0
+
+#: Seconds the server lets in-flight calls finish on SIGTERM/SIGINT before cancelling them.
+SHUTDOWN_GRACE_S = 5.0
+
+#: ``offsets.commit.timeout.ms``: bound on one ``__consumer_offsets`` append (acks=all); the
+#: members' requests fail with COORDINATOR_NOT_AVAILABLE (retriable) when it passes.
+OFFSETS_COMMIT_TIMEOUT_MS = 5_000
+
+#: Bound on one replay of ``__consumer_offsets`` partitions (``offsets.load`` in Kafka has
+#: none); a replay that times out is retried after ``LOAD_RETRY_BACKOFF_S``, and the groups
+#: of those partitions answer COORDINATOR_LOAD_IN_PROGRESS meanwhile.
+OFFSETS_LOAD_TIMEOUT_S = 60.0
+LOAD_RETRY_BACKOFF_S = 1.0
+
+#: How long one poll of the replaying consumer waits for records.
+OFFSETS_LOAD_POLL_S = 0.5
+
+#: How often the ``fjord_group_lag`` gauges (log end offset via ListOffsets minus committed
+#: offset) and the per-state group counts are refreshed for the groups this coordinator serves.
+LAG_REFRESH_INTERVAL_S = 5.0
+
+#: Deadline of one ListOffsets call made for the lag gauges.
+LAG_LIST_OFFSETS_TIMEOUT_S = 5.0

@@ -1,4 +1,5 @@
-"""A whole Fjord cluster on one machine: etcd, controllers and brokers as child processes.
+"""A whole Fjord cluster on one machine: etcd, controllers, brokers and group coordinators as
+child processes.
 
 Used by ``fjord local up|status|down`` and by the integration tests' shared fixture.
 """
@@ -21,14 +22,24 @@ from typing import Any
 
 import grpc
 
-from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from fjord._proto import (
+    broker_pb2,
+    broker_pb2_grpc,
+    controller_pb2,
+    controller_pb2_grpc,
+    coordinator_pb2,
+    coordinator_pb2_grpc,
+)
+from fjord.errors import ErrorCode
 from fjord.local.defaults import (
     DEFAULT_BROKERS,
     DEFAULT_CLUSTER_ID,
     DEFAULT_CONTROLLERS,
+    DEFAULT_COORDINATORS,
     ETCD_START_TIMEOUT_S,
     LOCAL_BROKER_LEASE_TTL_S,
     LOCAL_CONTROLLER_LEASE_TTL_S,
+    LOCAL_COORDINATOR_LEASE_TTL_S,
     LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S,
     LOCAL_REPLICA_LAG_TIME_MAX_MS,
     LOOPBACK_HOST,
@@ -54,7 +65,7 @@ class ClusterStateError(RuntimeError):
 class ProcessInfo:
     """One process of a local cluster as written to the state file."""
 
-    role: str  # "etcd", "controller" or "broker"
+    role: str  # "etcd", "controller", "broker" or "coordinator"
     id: int
     pid: int
     address: str  # host:port of its gRPC (or etcd client) endpoint
@@ -96,20 +107,24 @@ def pid_alive(pid: int) -> bool:
 
 
 class LocalCluster:
-    """etcd + controllers + brokers under one data directory.
+    """etcd + controllers + brokers + group coordinators under one data directory.
 
     Layout of ``data_dir``: ``etcd/`` (etcd's data), ``brokers/<id>/`` (each broker's partition
     logs), ``logs/<role>-<id>.log`` (each process's output), and ``cluster.json``, the state
     file: ``{"cluster_id", "etcd_url", "bootstrap_servers", "launcher_pid", "processes": [{"role",
     "id", "pid", "address", "log", "metrics_address"}]}``.
 
-    Invariants: every process listens on loopback; every controller and broker also serves
+    Coordinators have ids 1..N and no data directory (their state is ``__consumer_offsets``).
+
+    Invariants: every process listens on loopback; every controller, broker and coordinator
+    also serves
     Prometheus ``/metrics`` on a port of its own (picked free by the launcher, kept across
     restarts of that process like its gRPC port; etcd serves its own metrics on its client
     port); :meth:`start` returns only when etcd is healthy, a controller is active and every
-    broker is registered and answers Metadata (each wait bounded), otherwise it stops what it
-    started and raises ProcessStartError with the failing process's log tail; :meth:`stop`
-    stops brokers, then controllers, then etcd.
+    broker is registered and answers Metadata and every coordinator is registered (each wait
+    bounded), otherwise it stops what it started and raises ProcessStartError with the failing
+    process's log tail; :meth:`stop` stops coordinators, then brokers, then controllers, then
+    etcd.
     """
 
     def __init__(
@@ -123,12 +138,24 @@ class LocalCluster:
         broker_lease_ttl_s: int = LOCAL_BROKER_LEASE_TTL_S,
         unsafe_etcd_no_fsync: bool = False,
         detach: bool = False,
+        coordinators: int = DEFAULT_COORDINATORS,
+        coordinator_lease_ttl_s: int = LOCAL_COORDINATOR_LEASE_TTL_S,
+        coordinator_config: Mapping[str, str] | None = None,
     ) -> None:
-        if brokers < 0 or controllers < 1:
-            raise ValueError("need at least one controller and zero or more brokers")
+        if brokers < 0 or controllers < 1 or coordinators < 0:
+            raise ValueError(
+                "need at least one controller and zero or more brokers and coordinators"
+            )
         self.data_dir = Path(data_dir).absolute()
         self.num_brokers = brokers
         self.num_controllers = controllers
+        self.num_coordinators = coordinators
+        self.coordinator_lease_ttl_s = coordinator_lease_ttl_s
+        self.coordinator_config = dict(coordinator_config or {})
+        if self.coordinator_config:
+            from fjord.coordinator.server import parse_coordinator_config
+
+            parse_coordinator_config(self.coordinator_config)  # ConfigError names a bad key
         self.cluster_id = cluster_id
         self.cluster_config, self.broker_config = split_config(dict(config or {}))
         self.broker_config.setdefault("replica.lag.time.max.ms", str(LOCAL_REPLICA_LAG_TIME_MAX_MS))
@@ -173,6 +200,10 @@ class LocalCluster:
         return {i: a for (r, i), (_, a) in sorted(self._children.items()) if r == "controller"}
 
     @property
+    def coordinator_addresses(self) -> dict[int, str]:
+        return {i: a for (r, i), (_, a) in sorted(self._children.items()) if r == "coordinator"}
+
+    @property
     def bootstrap_servers(self) -> str:
         return ",".join(self.broker_addresses.values())
 
@@ -210,19 +241,24 @@ class LocalCluster:
                 self.start_controller(controller_id, wait=False)
             for broker_id in range(self.num_brokers):
                 self.start_broker(broker_id, wait=False)
+            for coordinator_id in range(1, self.num_coordinators + 1):
+                self.start_coordinator(coordinator_id, wait=False)
             for controller_id in range(self.num_controllers):
                 self._wait_ready("controller", controller_id)
             self.wait_active_controller(PROCESS_START_TIMEOUT_S)
             for broker_id in range(self.num_brokers):
                 self._wait_ready("broker", broker_id)
+            for coordinator_id in range(1, self.num_coordinators + 1):
+                self._wait_ready("coordinator", coordinator_id)
         except BaseException:
             self.stop()
             raise
         self._write_state()
 
     def stop(self) -> None:
-        """Stop brokers, then controllers, then etcd (SIGTERM, then SIGKILL after a grace)."""
-        for role in ("broker", "controller"):
+        """Stop coordinators, brokers, then controllers, then etcd (SIGTERM, then SIGKILL after
+        a grace)."""
+        for role in ("coordinator", "broker", "controller"):
             procs = [p for (r, _), (p, _) in self._children.items() if r == role]
             for proc in procs:
                 if proc.poll() is None:
@@ -304,6 +340,22 @@ class LocalCluster:
         if wait:
             self._wait_broker_ready(broker_id)
 
+    def start_coordinator(self, coordinator_id: int, wait: bool = True) -> None:
+        """Start (or restart, on the same port) group coordinator ``coordinator_id``."""
+        config_args = [a for k, v in sorted(self.coordinator_config.items())
+                       for a in ("--config", f"{k}={v}")]
+        self._start_child(
+            "coordinator",
+            coordinator_id,
+            lambda address: [
+                "coordinator", "--id", str(coordinator_id), "--listen", address,
+                "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
+                "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
+            ],
+        )
+        if wait:
+            self._wait_coordinator_registered(coordinator_id)
+
     def kill(self, role: str, node_id: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (default SIGKILL) to a process and reap it."""
         proc = self._children[(role, node_id)][0]
@@ -321,8 +373,17 @@ class LocalCluster:
         """Wait until a freshly started process is ready; if it died because its port was
         taken between picking and binding (other test runs share the machine), start it again
         on a new port, at most PORT_RETRIES times."""
-        wait = self._wait_controller_serving if role == "controller" else self._wait_broker_ready
-        restart = self.start_controller if role == "controller" else self.start_broker
+        waits: dict[str, Callable[[int], None]] = {
+            "controller": self._wait_controller_serving,
+            "broker": self._wait_broker_ready,
+            "coordinator": self._wait_coordinator_registered,
+        }
+        restarts: dict[str, Callable[..., None]] = {
+            "controller": self.start_controller,
+            "broker": self.start_broker,
+            "coordinator": self.start_coordinator,
+        }
+        wait, restart = waits[role], restarts[role]
         for attempt in range(PORT_RETRIES):
             try:
                 wait(node_id)
@@ -418,6 +479,27 @@ class LocalCluster:
         self._wait_until("broker", broker_id, registered, "registered and answering Metadata",
                          PROCESS_START_TIMEOUT_S)
 
+    def list_groups(self, coordinator_id: int) -> coordinator_pb2.ListGroupsResponse | None:
+        """The coordinator's ListGroups answer (None when it does not answer)."""
+        try:
+            with grpc.insecure_channel(self.address("coordinator", coordinator_id)) as channel:
+                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+                request = coordinator_pb2.ListGroupsRequest()
+                return stub.ListGroups(request, timeout=PROBE_TIMEOUT_S)
+        except grpc.RpcError:
+            return None
+
+    def _wait_coordinator_registered(self, coordinator_id: int) -> None:
+        # A coordinator answers COORDINATOR_NOT_AVAILABLE until it is registered in etcd.
+        not_registered = ErrorCode.COORDINATOR_NOT_AVAILABLE.code
+
+        def registered() -> bool:
+            response = self.list_groups(coordinator_id)
+            return response is not None and response.error.code != not_registered
+
+        self._wait_until("coordinator", coordinator_id, registered, "registered",
+                         PROCESS_START_TIMEOUT_S)
+
     # -- etcd and state ----------------------------------------------------------------------
 
     def _write_cluster_config(self) -> None:
@@ -478,13 +560,14 @@ def read_state(data_dir: Path | str, missing_ok: bool = False) -> dict[str, Any]
 
 
 def stop_from_state(data_dir: Path | str, timeout: float = STOP_TIMEOUT_S) -> list[dict[str, Any]]:
-    """Stop a (detached) cluster from its state file: brokers, controllers, then etcd.
+    """Stop a (detached) cluster from its state file: coordinators, brokers, controllers, then
+    etcd.
 
     Only pids recorded in the state file are signalled. Returns the processes it stopped.
     """
     state = read_state(data_dir)
     assert state is not None
-    order = {"broker": 0, "controller": 1, "etcd": 2}
+    order = {"coordinator": 0, "broker": 1, "controller": 2, "etcd": 3}
     stopped = []
     for role in sorted(order, key=order.__getitem__):
         group = [p for p in state["processes"] if p["role"] == role and pid_alive(p["pid"])]

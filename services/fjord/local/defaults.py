@@ -2,7 +2,8 @@
 
 - ``DEFAULT_DATA_DIR`` (``.fjord``): where ``fjord local up`` keeps etcd data, broker logs,
   process logs and the state file, relative to the current directory (gitignored).
-- ``DEFAULT_BROKERS`` (3) and ``DEFAULT_CONTROLLERS`` (2): processes ``fjord local up`` starts.
+- ``DEFAULT_BROKERS`` (3), ``DEFAULT_CONTROLLERS`` (2) and ``DEFAULT_COORDINATORS`` (2):
+  processes ``fjord local up`` starts (coordinator ids start at 1).
 - ``DEFAULT_CLUSTER_ID`` (``local``): the cluster id, i.e. the etcd prefix ``/fjord/local/``.
 - ``LOOPBACK_HOST`` (127.0.0.1): every local process listens on loopback only.
 - ``ETCD_START_TIMEOUT_S`` (20 s): bound on etcd becoming healthy.
@@ -10,6 +11,8 @@
 - ``STOP_TIMEOUT_S`` (10 s): grace period after SIGTERM before SIGKILL on ``down``.
 - ``PORT_RETRIES`` (3): attempts with fresh ports when a picked free port was taken meanwhile.
 - ``LOCAL_BROKER_LEASE_TTL_S`` (6 s): the brokers' lease TTL in a local cluster.
+- ``LOCAL_COORDINATOR_LEASE_TTL_S`` (6 s): the group coordinators' lease TTL in a local
+  cluster (production default: 9 s), so that a killed coordinator's groups move within seconds.
 - ``LOCAL_CONTROLLER_LEASE_TTL_S`` (3 s): the controllers' leader lease TTL in a local
   cluster, short so that fail-over is quick on one machine.
 - ``LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S`` (5 s): how often the local controllers move
@@ -24,6 +27,8 @@
 DEFAULT_DATA_DIR = ".fjord"
 DEFAULT_BROKERS = 3
 DEFAULT_CONTROLLERS = 2
+DEFAULT_COORDINATORS = 2
+LOCAL_COORDINATOR_LEASE_TTL_S = 6
 DEFAULT_CLUSTER_ID = "local"
 LOOPBACK_HOST = "127.0.0.1"
 ETCD_START_TIMEOUT_S = 20.0

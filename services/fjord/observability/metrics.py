@@ -22,6 +22,7 @@ are safe on the event loop; the HTTP server runs in its own daemon thread.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Any
 from wsgiref.simple_server import WSGIServer
@@ -38,7 +39,7 @@ from prometheus_client import (
 
 from fjord import __version__
 from fjord.errors import ConfigError
-from fjord.observability.defaults import METRICS_HOST, RPC_LATENCY_BUCKETS_S
+from fjord.observability.defaults import METRICS_HOST, METRICS_HOST_ENV, RPC_LATENCY_BUCKETS_S
 
 # The ``*_created`` timestamp series double the size of a scrape and no dashboard uses them.
 disable_created_metrics()
@@ -134,6 +135,11 @@ GROUP_LAG = Gauge(
     "Log end offset minus committed offset, per group, topic and partition.",
     ["group", "topic", "partition"],
 )
+GROUP_COUNT = Gauge(
+    "fjord_group_count",
+    "Consumer groups served by this coordinator, per state (Empty, Stable, ...).",
+    ["state"],
+)
 
 
 # --- Helpers --------------------------------------------------------------------------------
@@ -190,6 +196,11 @@ def set_group_lag(group: str, topic: str, partition: int, lag: int) -> None:
     GROUP_LAG.labels(group, topic, str(partition)).set(lag)
 
 
+def set_group_count(state: str, count: int) -> None:
+    """How many groups this coordinator serves in ``state`` (Kafka's state names)."""
+    GROUP_COUNT.labels(state).set(count)
+
+
 def remove_group_lag(group: str, topic: str, partition: int) -> None:
     """Forget a lag series (the group was deleted or no longer owns the partition)."""
     with contextlib.suppress(KeyError):
@@ -228,12 +239,16 @@ _servers: dict[int, WSGIServer] = {}
 _servers_lock = threading.Lock()
 
 
-def start_metrics_server(port: int, host: str = METRICS_HOST) -> int:
+def start_metrics_server(port: int, host: str | None = None) -> int:
     """Serve ``/metrics`` on ``host:port`` from a daemon thread; returns the bound port.
 
+    ``host`` None: the ``FJORD_METRICS_HOST`` variable, else loopback (``METRICS_HOST``); the
+    container image sets the variable to ``0.0.0.0`` so probes and Prometheus reach the pod.
     ``port=0`` picks a free port (tests, and several processes on one machine). Raises
     :class:`~fjord.errors.ConfigError` when the port is out of range or cannot be bound.
     """
+    if host is None:
+        host = os.environ.get(METRICS_HOST_ENV) or METRICS_HOST
     if not 0 <= port <= 65535:
         raise ConfigError(f"metrics port must be in 0..65535, got {port}")
     try:

@@ -1,0 +1,101 @@
+"""``fjord coordinator``: run one group coordinator process (prints nothing on stdout but logs)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import click
+
+from fjord.broker.server import parse_listen
+from fjord.coordinator import defaults
+from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
+from fjord.errors import ConfigError
+from fjord.observability import setup_tracing, shutdown_tracing
+from fjord.runtime import freeze_startup_objects
+
+
+def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"expected k=v, got {item!r}", param_hint="--config")
+        out[key.strip()] = value.strip()
+    return out
+
+
+@click.command("coordinator")
+@click.option("--id", "coordinator_id", type=int, required=True, help="Coordinator id, unique.")
+@click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
+@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
+@click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
+@click.option(
+    "--advertised-host",
+    default=None,
+    help="Host clients should connect to (default: the listen host).",
+)
+@click.option(
+    "--lease-ttl",
+    type=int,
+    default=defaults.COORDINATOR_LEASE_TTL_S,
+    show_default=True,
+    help="Seconds of the etcd lease that keeps this coordinator registered.",
+)
+@click.option(
+    "--lag-refresh-interval",
+    type=float,
+    default=defaults.LAG_REFRESH_INTERVAL_S,
+    show_default=True,
+    help="Seconds between refreshes of the fjord_group_lag gauges.",
+)
+@click.option(
+    "--config",
+    "config_items",
+    multiple=True,
+    metavar="K=V",
+    help="Coordinator setting (Kafka names): " + ", ".join(CONFIG_KEYS) + ".",
+)
+@click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
+def coordinator(
+    coordinator_id: int,
+    listen: str,
+    etcd_url: str,
+    cluster_id: str,
+    metrics_port: int | None,
+    advertised_host: str | None,
+    lease_ttl: int,
+    lag_refresh_interval: float,
+    config_items: tuple[str, ...],
+    log_level: str,
+) -> None:
+    """Run a group coordinator: consumer groups and committed offsets of the
+    __consumer_offsets partitions the controller assigns to it (no data directory: its state
+    lives in that replicated topic)."""
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        host, port = parse_listen(listen, defaults.DEFAULT_COORDINATOR_PORT)
+        options = CoordinatorOptions(
+            coordinator_id=coordinator_id,
+            listen_host=host,
+            listen_port=port,
+            etcd_url=etcd_url,
+            cluster_id=cluster_id,
+            metrics_port=metrics_port,
+            advertised_host=advertised_host,
+            lease_ttl_s=lease_ttl,
+            lag_refresh_interval_s=lag_refresh_interval,
+            config=_parse_config(config_items),
+        )
+        setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from exc
+    freeze_startup_objects()
+    try:
+        asyncio.run(CoordinatorServer(options).run_until_signalled())
+    finally:
+        shutdown_tracing()

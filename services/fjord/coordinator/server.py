@@ -1,0 +1,540 @@
+"""The group coordinator process (``fjord coordinator``): etcd registration, metadata following,
+``__consumer_offsets`` ownership and replay, gRPC serving, lag metrics.
+
+Lifecycle (:class:`CoordinatorServer`): follow the cluster metadata (MetadataWatcher) -> serve
+gRPC (answering COORDINATOR_NOT_AVAILABLE until registered) -> register ``coordinators/<id>``
+under its own lease -> own the ``__consumer_offsets`` partitions whose ``offsets-owners/<p>``
+names this coordinator, replay each (answering COORDINATOR_LOAD_IN_PROGRESS meanwhile), serve
+their groups -> run until SIGTERM/SIGINT -> stop serving, revoke the lease (the controller moves
+the partitions at once instead of after the TTL), stop the watcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+
+import aetcd
+import grpc
+from grpc import aio
+
+from fjord._proto import broker_pb2, coordinator_pb2_grpc
+from fjord.broker.server import parse_listen
+from fjord.client.network import Network
+from fjord.coordinator import defaults
+from fjord.coordinator.appender import OffsetsAppender, replay_partitions
+from fjord.coordinator.group import GroupConfig
+from fjord.coordinator.manager import GroupManager
+from fjord.coordinator.protocol import TopicPartition
+from fjord.coordinator.service import CoordinatorServicer
+from fjord.errors import ConfigError, ErrorCode, error_code_from_number
+from fjord.metadata import (
+    CoordinatorRegistration,
+    Keys,
+    MetadataImage,
+    MetadataWatcher,
+    etcd_client,
+    parse_etcd_endpoint,
+)
+from fjord.metadata.registration import register_under_lease
+from fjord.observability.interceptors import server_interceptors
+from fjord.observability.metrics import (
+    remove_group_lag,
+    set_group_count,
+    set_group_lag,
+    start_metrics_server,
+    stop_metrics_server,
+)
+
+log = logging.getLogger(__name__)
+
+#: ``--config`` keys of ``fjord coordinator`` (Kafka's broker settings) -> GroupConfig fields.
+_GROUP_CONFIG_KEYS = {
+    "group.min.session.timeout.ms": "min_session_timeout_ms",
+    "group.max.session.timeout.ms": "max_session_timeout_ms",
+    "group.initial.rebalance.delay.ms": "initial_rebalance_delay_ms",
+    "group.max.size": "max_size",
+    "offset.metadata.max.bytes": "offset_metadata_max_bytes",
+}
+_SERVICE_CONFIG_KEYS = (
+    "offsets.retention.minutes",
+    "offsets.retention.check.interval.ms",
+    "offsets.commit.timeout.ms",
+)
+CONFIG_KEYS = tuple(sorted([*_GROUP_CONFIG_KEYS, *_SERVICE_CONFIG_KEYS]))
+
+
+def parse_coordinator_config(config: Mapping[str, str]) -> tuple[GroupConfig, dict[str, int]]:
+    """``--config`` entries to (GroupConfig, service settings in ms). ConfigError names the key
+    for an unknown key or a value that is not a non-negative integer."""
+    group_fields: dict[str, int] = {}
+    service: dict[str, int] = {
+        "offsets.retention.check.interval.ms": defaults.OFFSETS_RETENTION_CHECK_INTERVAL_MS,
+        "offsets.commit.timeout.ms": defaults.OFFSETS_COMMIT_TIMEOUT_MS,
+    }
+    for key, text in config.items():
+        if key not in CONFIG_KEYS:
+            raise ConfigError(
+                f"{key}: unknown coordinator setting (known: {', '.join(CONFIG_KEYS)})"
+            )
+        try:
+            value = int(text)
+        except ValueError:
+            raise ConfigError(f"{key}: expected an integer, got {text!r}") from None
+        if value < 0 or (value == 0 and key not in ("group.initial.rebalance.delay.ms",)):
+            raise ConfigError(f"{key}: must be positive, got {value}")
+        if key in _GROUP_CONFIG_KEYS:
+            group_fields[_GROUP_CONFIG_KEYS[key]] = value
+        elif key == "offsets.retention.minutes":
+            group_fields["offsets_retention_ms"] = value * 60_000
+        else:
+            service[key] = value
+    group = GroupConfig(**group_fields)
+    if group.min_session_timeout_ms > group.max_session_timeout_ms:
+        raise ConfigError(
+            "group.min.session.timeout.ms: larger than group.max.session.timeout.ms "
+            f"({group.min_session_timeout_ms} > {group.max_session_timeout_ms})"
+        )
+    return group, service
+
+
+@dataclass(frozen=True)
+class CoordinatorOptions:
+    """Everything ``fjord coordinator`` is started with.
+
+    ``advertised_host`` is what clients are told to connect to (default: the listen host, or
+    this machine's host name on a wildcard address); ``listen_port`` 0 binds a free port and
+    registers the bound one. ``config`` holds Kafka's coordinator settings (``CONFIG_KEYS``).
+    """
+
+    coordinator_id: int
+    listen_host: str
+    listen_port: int
+    etcd_url: str
+    cluster_id: str
+    metrics_port: int | None = None
+    advertised_host: str | None = None
+    lease_ttl_s: int = defaults.COORDINATOR_LEASE_TTL_S
+    lag_refresh_interval_s: float = defaults.LAG_REFRESH_INTERVAL_S
+    config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.coordinator_id < 0:
+            raise ConfigError(f"id: coordinator id must be >= 0, got {self.coordinator_id}")
+        if self.lease_ttl_s < 1:
+            raise ConfigError(f"lease-ttl: must be >= 1 s, got {self.lease_ttl_s}")
+        if self.lag_refresh_interval_s <= 0:
+            raise ConfigError(
+                f"lag-refresh-interval: must be positive, got {self.lag_refresh_interval_s}"
+            )
+        try:
+            Keys(self.cluster_id)
+        except ValueError as exc:
+            raise ConfigError(f"cluster-id: {exc}") from exc
+        parse_etcd_endpoint(self.etcd_url)
+        parse_coordinator_config(self.config)
+
+
+class CoordinatorServer:
+    """One running group coordinator.
+
+    Invariants: ``coordinators/<id>`` exists only while this process holds its lease; groups
+    are served only while registered and only for partitions whose ``offsets-owners/<p>``
+    names this coordinator (at the epoch they were replayed for); losing the lease (refresh
+    refused, or the registration gone from the metadata) drops every partition at once, and
+    they are replayed again after re-registering; every background task is cancelled and
+    awaited by :meth:`stop`.
+    """
+
+    def __init__(self, options: CoordinatorOptions) -> None:
+        self.options = options
+        self._keys = Keys(options.cluster_id)
+        self.group_config, service = parse_coordinator_config(options.config)
+        self._retention_check_s = service["offsets.retention.check.interval.ms"] / 1000
+        self._commit_timeout_ms = service["offsets.commit.timeout.ms"]
+        self._client_id = f"coordinator-{options.coordinator_id}"
+        self._etcd: aetcd.Client | None = None
+        self._watcher: MetadataWatcher | None = None
+        self._appender = OffsetsAppender(
+            self._bootstrap, self._client_id, timeout_ms=self._commit_timeout_ms
+        )
+        self.manager = GroupManager(
+            self._appender, self.group_config, partition_exists=self._partition_exists
+        )
+        self._network = Network(
+            [],
+            client_id=self._client_id,
+            request_timeout_ms=int(defaults.LAG_LIST_OFFSETS_TIMEOUT_S * 1000),
+            service="coordinator",
+        )
+        #: The etcd revision of the current registration (-1 while not registered).
+        self.registration_revision = -1
+        self._lease_id: int | None = None
+        self._server: aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._load_wakeup = asyncio.Event()
+        self._replay_cancelled = threading.Event()
+        self._lag_series: set[tuple[str, str, int]] = set()
+        self._metrics_port: int | None = None
+        self.port = options.listen_port
+        self._stopped = False
+
+    # --- start/stop -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        opts = self.options
+        self._etcd = etcd_client(opts.etcd_url)
+        await self._etcd.connect()
+        self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
+        self._watcher.add_listener(lambda _old, new: self._reconcile(new))
+        await self._watcher.start(defaults.METADATA_STARTUP_TIMEOUT_S)
+
+        self._server = aio.server(
+            interceptors=server_interceptors("coordinator"), options=[("grpc.so_reuseport", 0)]
+        )
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
+            CoordinatorServicer(self.manager), self._server
+        )
+        address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
+        try:
+            self.port = self._server.add_insecure_port(address)
+        except RuntimeError as exc:  # newer grpc raises instead of returning 0
+            raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
+        if self.port == 0:
+            raise ConfigError(f"listen: cannot bind {opts.listen_host}:{opts.listen_port}")
+        await self._server.start()
+        if opts.metrics_port is not None:
+            self._metrics_port = start_metrics_server(opts.metrics_port)
+
+        revision = await self._register()
+        await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+        self._activate()
+        self._spawn(self._keep_lease_alive(), "lease keep-alive")
+        self._spawn(self._load_partitions(), "__consumer_offsets loader")
+        self._spawn(self._periodic(self._retention_check_s, self._expire_offsets), "offset expiry")
+        self._spawn(self._periodic(opts.lag_refresh_interval_s, self._refresh_lag), "lag metrics")
+        log.info(
+            "coordinator %d serving on %s:%d (cluster %s)",
+            opts.coordinator_id,
+            self.advertised_host,
+            self.port,
+            opts.cluster_id,
+        )
+
+    async def stop(self) -> None:
+        """Stop serving, deregister, stop following metadata (idempotent)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._replay_cancelled.set()
+        # Parked requests are answered NOT_COORDINATOR first, so their clients move on to the
+        # next owner instead of waiting out the grace period.
+        self.manager.active = False
+        self.manager.drop_all()
+        if self._server is not None:
+            await self._server.stop(defaults.SHUTDOWN_GRACE_S)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        await self._appender.close()
+        await self._network.close()
+        if self._etcd is not None and self._lease_id is not None:
+            try:
+                await self._etcd.revoke_lease(self._lease_id)
+            except Exception as exc:  # etcd gone: the lease expires by itself after its TTL
+                log.warning("could not revoke the coordinator lease: %s", exc)
+            self._lease_id = None
+        if self._watcher is not None:
+            await self._watcher.stop()
+        if self._etcd is not None:
+            with contextlib.suppress(Exception):
+                await self._etcd.close()
+        for group, topic, partition in self._lag_series:
+            remove_group_lag(group, topic, partition)
+        self._lag_series.clear()
+        if self._metrics_port is not None:
+            stop_metrics_server(self._metrics_port)
+            self._metrics_port = None
+        log.info("coordinator %d stopped", self.options.coordinator_id)
+
+    async def run_until_signalled(self) -> None:
+        """Start, serve until SIGTERM or SIGINT, then stop cleanly."""
+        loop = asyncio.get_running_loop()
+        stop_requested = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop_requested.set)
+        starting = asyncio.ensure_future(self.start())
+        stopping = asyncio.ensure_future(stop_requested.wait())
+        try:
+            # A signal during start-up (e.g. while a stale registration of the same id has
+            # not expired yet) must stop the coordinator too.
+            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if starting.done():
+                starting.result()  # start-up failed: raise its error
+                await stopping
+            log.info("coordinator %d: shutdown requested", self.options.coordinator_id)
+        finally:
+            for task in (starting, stopping):
+                task.cancel()
+            await asyncio.gather(starting, stopping, return_exceptions=True)
+            await self.stop()
+
+    # --- registration -----------------------------------------------------------------------
+
+    @property
+    def advertised_host(self) -> str:
+        host = self.options.advertised_host or self.options.listen_host
+        if host in ("0.0.0.0", "::", ""):
+            return socket.getfqdn()
+        return host
+
+    async def _register(self) -> int:
+        """Create ``coordinators/<id>`` bound to a new lease; retry until the key is free.
+        Returns the etcd revision of the registration (the coordinator epoch)."""
+        assert self._etcd is not None
+        coordinator_id = self.options.coordinator_id
+        self._lease_id, revision = await register_under_lease(
+            self._etcd,
+            self._keys.coordinator(coordinator_id).encode(),
+            CoordinatorRegistration(coordinator_id, self.advertised_host, self.port).to_json(),
+            self.options.lease_ttl_s,
+            what=f"coordinator {coordinator_id}",
+            backoff_s=defaults.REGISTRATION_RETRY_BACKOFF_S,
+            backoff_max_s=defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
+        )
+        self.registration_revision = revision
+        log.info(
+            "coordinator %d registered at %s:%d (epoch %d)",
+            coordinator_id,
+            self.advertised_host,
+            self.port,
+            revision,
+        )
+        return revision
+
+    async def _keep_lease_alive(self) -> None:
+        assert self._etcd is not None and self._watcher is not None
+        interval = self.options.lease_ttl_s / 3
+        last_ok = time.monotonic()
+        while True:
+            await asyncio.sleep(interval)
+            lost = not self.manager.active  # the watcher saw the registration disappear
+            if not lost:
+                try:
+                    reply = await self._etcd.refresh_lease(self._lease_id)
+                    lost = reply is None or reply.TTL <= 0
+                    if not lost:
+                        last_ok = time.monotonic()
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    log.warning("coordinator lease refresh failed: %s", exc)
+                    lost = time.monotonic() - last_ok >= self.options.lease_ttl_s
+            if not lost:
+                continue
+            log.error(
+                "coordinator %d lost its etcd lease: dropping every group and re-registering",
+                self.options.coordinator_id,
+            )
+            self._deactivate()
+            self._lease_id = None
+            revision = await self._register()
+            while True:
+                try:
+                    await self._watcher.wait_for_revision(
+                        revision, defaults.METADATA_STARTUP_TIMEOUT_S
+                    )
+                    break
+                except TimeoutError:  # the watch is reconnecting: keep waiting, keep the lease
+                    log.warning("metadata has not caught up with registration %d yet", revision)
+                    with contextlib.suppress(Exception):
+                        await self._etcd.refresh_lease(self._lease_id)
+            self._activate()
+            last_ok = time.monotonic()
+
+    def _activate(self) -> None:
+        self.manager.active = True
+        self._reconcile(self._image())
+
+    def _deactivate(self) -> None:
+        self.manager.active = False
+        self.registration_revision = -1
+        self.manager.drop_all()
+
+    # --- ownership and replay ---------------------------------------------------------------
+
+    def _image(self) -> MetadataImage:
+        assert self._watcher is not None
+        return self._watcher.image
+
+    def _reconcile(self, image: MetadataImage) -> None:
+        """Own exactly the partitions ``offsets-owners/`` gives this coordinator."""
+        if not self.manager.active:
+            return
+        my_id = self.options.coordinator_id
+        if image.coordinator_epoch(my_id) != self.registration_revision:
+            # Our registration is gone (lease expired) or replaced: stop serving at once; the
+            # keep-alive task re-registers.
+            log.error("coordinator %d: registration gone from the metadata", my_id)
+            self._deactivate()
+            return
+        owned = {
+            p: owner.coordinator_epoch
+            for p, owner in image.offsets_owners.items()
+            if owner.coordinator_id == my_id
+        }
+        if self.manager.assign(owned):
+            self._load_wakeup.set()
+
+    def _bootstrap(self) -> str:
+        return ",".join(b.address for _, b in sorted(self._image().brokers.items()))
+
+    def _partition_exists(self, topic: str, partition: int) -> bool:
+        record = self._image().topic(topic)
+        return record is not None and 0 <= partition < record.partitions
+
+    async def _load_partitions(self) -> None:
+        """Replay owned partitions that are not loaded yet, a batch at a time (one consumer
+        for all of them), and install each unless ownership changed meanwhile."""
+        while True:
+            await self._load_wakeup.wait()
+            self._load_wakeup.clear()
+            pending = self.manager.unloaded()
+            if not pending:
+                continue
+            started = time.monotonic()
+            try:
+                replayed = await asyncio.to_thread(
+                    replay_partitions,
+                    self._bootstrap(),
+                    sorted(pending),
+                    f"{self._client_id}-loader",
+                    defaults.OFFSETS_LOAD_TIMEOUT_S,
+                    cancelled=self._replay_cancelled,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "replaying __consumer_offsets partitions %s failed: %s; retrying",
+                    sorted(pending),
+                    exc,
+                )
+                await asyncio.sleep(defaults.LOAD_RETRY_BACKOFF_S)
+                self._load_wakeup.set()
+                continue
+            installed = [
+                p for p, groups in replayed.items() if self.manager.install(p, pending[p], groups)
+            ]
+            log.info(
+                "loaded __consumer_offsets partitions %s in %.2f s",
+                installed,
+                time.monotonic() - started,
+            )
+            if self.manager.unloaded():
+                self._load_wakeup.set()
+
+    # --- periodic duties --------------------------------------------------------------------
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(f"coordinator {self.options.coordinator_id}: {name}")
+        self._tasks.append(task)
+
+    async def _periodic(self, interval_s: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await action()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("coordinator maintenance failed")
+
+    async def _expire_offsets(self) -> None:
+        self.manager.expire_offsets()
+
+    async def _refresh_lag(self) -> None:
+        """Set ``fjord_group_lag`` for every committed offset of the served groups (log end
+        offset = high watermark from the partition leader's ListOffsets) and the per-state
+        group counts; series of groups/partitions no longer served are removed."""
+        for state, count in self.manager.state_counts().items():
+            set_group_count(state, count)
+        committed = self.manager.committed_offsets()
+        wanted = {tp for offsets in committed.values() for tp in offsets}
+        ends = await self._log_end_offsets(wanted)
+        current: set[tuple[str, str, int]] = set()
+        for group, offsets in committed.items():
+            for (topic, partition), offset in offsets.items():
+                end = ends.get((topic, partition))
+                if end is None:
+                    continue
+                set_group_lag(group, topic, partition, max(end - offset, 0))
+                current.add((group, topic, partition))
+        for group, topic, partition in self._lag_series - current:
+            remove_group_lag(group, topic, partition)
+        self._lag_series = current
+
+    async def _log_end_offsets(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
+        """High watermarks by ListOffsets(latest) to each partition's leader (from the
+        metadata image); partitions whose leader is unknown or fails are left out."""
+        image = self._image()
+        by_leader: dict[str, dict[str, list[int]]] = {}
+        for topic, partition in tps:
+            state = image.partition(topic, partition)
+            leader = None if state is None else image.broker(state.leader)
+            if leader is not None:
+                by_leader.setdefault(leader.address, {}).setdefault(topic, []).append(partition)
+        out: dict[TopicPartition, int] = {}
+
+        async def ask(address: str, topics: dict[str, list[int]]) -> None:
+            request = broker_pb2.ListOffsetsRequest(
+                replica_id=-1,
+                topics=[
+                    broker_pb2.ListOffsetsTopic(
+                        name=topic,
+                        partitions=[
+                            broker_pb2.ListOffsetsPartition(
+                                partition=p, timestamp=-1, current_leader_epoch=-1
+                            )
+                            for p in sorted(partitions)
+                        ],
+                    )
+                    for topic, partitions in topics.items()
+                ],
+            )
+            try:
+                response = await self._network.broker(address).ListOffsets(
+                    request, timeout=defaults.LAG_LIST_OFFSETS_TIMEOUT_S
+                )
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                log.debug("ListOffsets to %s for lag failed: %s", address, exc)
+                return
+            for topic in response.topics:
+                for p in topic.partitions:
+                    if error_code_from_number(p.error.code) is ErrorCode.NONE and p.offset >= 0:
+                        out[(topic.name, p.partition)] = p.offset
+
+        await asyncio.gather(*(ask(a, t) for a, t in by_leader.items()))
+        return out
+
+
+def _grpc_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+__all__ = [
+    "CONFIG_KEYS",
+    "CoordinatorOptions",
+    "CoordinatorServer",
+    "parse_coordinator_config",
+    "parse_listen",
+]

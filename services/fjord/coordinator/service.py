@@ -1,0 +1,321 @@
+"""The gRPC face of the group coordinator (proto/fjord/v1/coordinator.proto): translates
+``fjord.v1.Coordinator`` calls to :class:`~fjord.coordinator.manager.GroupManager` and back.
+
+Thin by design: no protocol logic here. Kafka errors travel inside the responses (a FjordError
+raised by the manager becomes the response's ``error``); a gRPC status other than OK only means
+a transport failure or a bug.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from grpc import aio
+
+from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fjord.coordinator.group import OffsetCommitRequestPartition
+from fjord.coordinator.manager import GroupManager
+from fjord.coordinator.protocol import TopicPartition
+from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def error_pb(code: ErrorCode, message: str = "") -> common_pb2.Error:
+    return common_pb2.Error(code=code.code, message=message)
+
+
+def exception_pb(exc: BaseException) -> common_pb2.Error:
+    """A FjordError as its code; anything else is a bug: logged, UNKNOWN_SERVER_ERROR."""
+    if isinstance(exc, FjordError):
+        return error_pb(exc.code, str(exc))
+    log.error("unexpected coordinator error", exc_info=exc)
+    return error_pb(ErrorCode.UNKNOWN_SERVER_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+def client_host(context: aio.ServicerContext) -> str:
+    """Kafka's ``clientHost`` (``/127.0.0.1``) from gRPC's peer string (``ipv4:127.0.0.1:5``)."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind == "ipv4":
+        return "/" + rest.rpartition(":")[0]
+    if kind == "ipv6":
+        host = rest.rpartition(":")[0].replace("%5B", "[").replace("%5D", "]")
+        return "/" + host.strip("[]")
+    return "/" + peer if peer else ""
+
+
+def _optional(text: str) -> str | None:
+    """proto3 strings have no null: "" means absent (group.instance.id, protocol names)."""
+    return text or None
+
+
+def _check_timeouts(session_timeout_ms: int, rebalance_timeout_ms: int) -> None:
+    if session_timeout_ms <= 0:
+        raise InvalidRequestError(f"session_timeout_ms must be positive, got {session_timeout_ms}")
+    if rebalance_timeout_ms < 0:
+        raise InvalidRequestError(
+            f"rebalance_timeout_ms must be >= 0 (0: the session timeout), got "
+            f"{rebalance_timeout_ms}"
+        )
+
+
+async def _guard(build_error: Callable[[common_pb2.Error], T], body: Awaitable[T]) -> T:
+    try:
+        return await body
+    except FjordError as exc:
+        return build_error(exception_pb(exc))
+    except Exception as exc:  # a bug: the client gets a typed error, the log gets the trace
+        return build_error(exception_pb(exc))
+
+
+class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
+    """Serves ``fjord.v1.Coordinator`` from one :class:`GroupManager`.
+
+    Invariant: every call is answered with a response message (never a gRPC error status for a
+    Kafka error): group-level errors in ``error``, per-partition / per-member / per-group ones
+    in their entries.
+    """
+
+    def __init__(self, manager: GroupManager) -> None:
+        self._manager = manager
+
+    async def JoinGroup(
+        self, request: coordinator_pb2.JoinGroupRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.JoinGroupResponse:
+        async def body() -> coordinator_pb2.JoinGroupResponse:
+            if not request.group_id:
+                raise InvalidGroupIdError("group id must be a non-empty string")
+            _check_timeouts(request.session_timeout_ms, request.rebalance_timeout_ms)
+            if not request.protocol_type or not request.protocols:
+                return coordinator_pb2.JoinGroupResponse(
+                    error=error_pb(
+                        ErrorCode.INCONSISTENT_GROUP_PROTOCOL,
+                        "a JoinGroup needs a protocol type and at least one protocol",
+                    ),
+                    member_id=request.member_id,
+                    generation_id=-1,
+                )
+            response = await self._manager.join_group(
+                request.group_id,
+                member_id=request.member_id,
+                group_instance_id=_optional(request.group_instance_id),
+                client_id=request.client_id,
+                client_host=client_host(context),
+                session_timeout_ms=request.session_timeout_ms,
+                rebalance_timeout_ms=request.rebalance_timeout_ms,
+                protocol_type=request.protocol_type,
+                protocols=[(p.name, p.metadata) for p in request.protocols],
+            )
+            return coordinator_pb2.JoinGroupResponse(
+                error=error_pb(response.error),
+                generation_id=response.generation_id,
+                protocol_type=response.protocol_type or "",
+                protocol_name=response.protocol_name or "",
+                leader=response.leader_id,
+                member_id=response.member_id,
+                members=[
+                    coordinator_pb2.JoinGroupMember(
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id or "",
+                        metadata=m.metadata,
+                    )
+                    for m in response.members
+                ],
+            )
+
+        return await _guard(
+            lambda e: coordinator_pb2.JoinGroupResponse(
+                error=e, member_id=request.member_id, generation_id=-1
+            ),
+            body(),
+        )
+
+    async def SyncGroup(
+        self, request: coordinator_pb2.SyncGroupRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.SyncGroupResponse:
+        async def body() -> coordinator_pb2.SyncGroupResponse:
+            assignments: dict[str, bytes] = {}
+            for item in request.assignments:
+                if item.member_id in assignments:
+                    raise InvalidRequestError(f"member {item.member_id!r} assigned twice")
+                assignments[item.member_id] = item.assignment
+            response = await self._manager.sync_group(
+                request.group_id,
+                member_id=request.member_id,
+                generation_id=request.generation_id,
+                group_instance_id=_optional(request.group_instance_id),
+                protocol_type=_optional(request.protocol_type),
+                protocol_name=_optional(request.protocol_name),
+                assignments=assignments,
+            )
+            return coordinator_pb2.SyncGroupResponse(
+                error=error_pb(response.error),
+                protocol_type=response.protocol_type or "",
+                protocol_name=response.protocol_name or "",
+                assignment=response.assignment,
+            )
+
+        return await _guard(lambda e: coordinator_pb2.SyncGroupResponse(error=e), body())
+
+    async def Heartbeat(
+        self, request: coordinator_pb2.HeartbeatRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.HeartbeatResponse:
+        async def body() -> coordinator_pb2.HeartbeatResponse:
+            error = self._manager.heartbeat(
+                request.group_id,
+                member_id=request.member_id,
+                generation_id=request.generation_id,
+                group_instance_id=_optional(request.group_instance_id),
+            )
+            return coordinator_pb2.HeartbeatResponse(error=error_pb(error))
+
+        return await _guard(lambda e: coordinator_pb2.HeartbeatResponse(error=e), body())
+
+    async def LeaveGroup(
+        self, request: coordinator_pb2.LeaveGroupRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.LeaveGroupResponse:
+        async def body() -> coordinator_pb2.LeaveGroupResponse:
+            if not request.members:
+                raise InvalidRequestError("LeaveGroup names no member")
+            members = [(m.member_id, _optional(m.group_instance_id)) for m in request.members]
+            errors = self._manager.leave_group(request.group_id, members)
+            return coordinator_pb2.LeaveGroupResponse(
+                error=error_pb(ErrorCode.NONE),
+                members=[
+                    coordinator_pb2.MemberResponse(
+                        member_id=m.member_id,
+                        group_instance_id=m.group_instance_id,
+                        error=error_pb(error),
+                    )
+                    for m, error in zip(request.members, errors, strict=True)
+                ],
+            )
+
+        return await _guard(lambda e: coordinator_pb2.LeaveGroupResponse(error=e), body())
+
+    async def OffsetCommit(
+        self, request: coordinator_pb2.OffsetCommitRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.OffsetCommitResponse:
+        async def body() -> coordinator_pb2.OffsetCommitResponse:
+            offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
+            for topic in request.topics:
+                for p in topic.partitions:
+                    tp = (topic.name, p.partition)
+                    if tp in offsets:
+                        raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
+                    offsets[tp] = OffsetCommitRequestPartition(
+                        p.committed_offset, p.committed_leader_epoch, p.committed_metadata
+                    )
+            errors = await self._manager.commit_offsets(
+                request.group_id,
+                member_id=request.member_id,
+                generation_id=request.generation_id,
+                group_instance_id=_optional(request.group_instance_id),
+                offsets=offsets,
+            )
+            by_topic: dict[str, list[coordinator_pb2.OffsetCommitPartitionResponse]] = {}
+            for (topic_name, partition), error in sorted(errors.items()):
+                by_topic.setdefault(topic_name, []).append(
+                    coordinator_pb2.OffsetCommitPartitionResponse(
+                        partition=partition, error=error_pb(error)
+                    )
+                )
+            return coordinator_pb2.OffsetCommitResponse(
+                error=error_pb(ErrorCode.NONE),
+                topics=[
+                    coordinator_pb2.OffsetCommitTopicResponse(name=name, partitions=parts)
+                    for name, parts in by_topic.items()
+                ],
+            )
+
+        return await _guard(lambda e: coordinator_pb2.OffsetCommitResponse(error=e), body())
+
+    async def OffsetFetch(
+        self, request: coordinator_pb2.OffsetFetchRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.OffsetFetchResponse:
+        async def body() -> coordinator_pb2.OffsetFetchResponse:
+            wanted = [(t.name, p) for t in request.topics for p in t.partitions] or None
+            found = self._manager.fetch_offsets(request.group_id, wanted)
+            by_topic: dict[str, list[coordinator_pb2.OffsetFetchPartitionResponse]] = {}
+            for (topic_name, partition), committed in found.items():
+                by_topic.setdefault(topic_name, []).append(
+                    coordinator_pb2.OffsetFetchPartitionResponse(
+                        partition=partition,
+                        committed_offset=committed.offset,
+                        committed_leader_epoch=committed.leader_epoch,
+                        metadata=committed.metadata,
+                        error=error_pb(ErrorCode.NONE),
+                    )
+                )
+            return coordinator_pb2.OffsetFetchResponse(
+                error=error_pb(ErrorCode.NONE),
+                topics=[
+                    coordinator_pb2.OffsetFetchTopicResponse(name=name, partitions=parts)
+                    for name, parts in by_topic.items()
+                ],
+            )
+
+        return await _guard(lambda e: coordinator_pb2.OffsetFetchResponse(error=e), body())
+
+    async def ListGroups(
+        self, request: coordinator_pb2.ListGroupsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.ListGroupsResponse:
+        error, groups = self._manager.list_groups(list(request.states_filter))
+        return coordinator_pb2.ListGroupsResponse(
+            error=error_pb(error),
+            groups=[
+                coordinator_pb2.ListedGroup(group_id=g, protocol_type=t, group_state=s)
+                for g, t, s in groups
+            ],
+        )
+
+    async def DescribeGroups(
+        self, request: coordinator_pb2.DescribeGroupsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.DescribeGroupsResponse:
+        out = []
+        for group_id in request.group_ids:
+            try:
+                description = self._manager.describe_group(group_id)
+            except Exception as exc:
+                out.append(
+                    coordinator_pb2.DescribedGroup(error=exception_pb(exc), group_id=group_id)
+                )
+                continue
+            out.append(
+                coordinator_pb2.DescribedGroup(
+                    error=error_pb(ErrorCode.NONE),
+                    group_id=group_id,
+                    group_state=description.state.value,
+                    protocol_type=description.protocol_type,
+                    protocol_data=description.protocol,
+                    members=[
+                        coordinator_pb2.DescribedGroupMember(
+                            member_id=m.member_id,
+                            group_instance_id=m.group_instance_id or "",
+                            client_id=m.client_id,
+                            client_host=m.client_host,
+                            member_metadata=m.metadata,
+                            member_assignment=m.assignment,
+                        )
+                        for m in description.members
+                    ],
+                )
+            )
+        return coordinator_pb2.DescribeGroupsResponse(groups=out)
+
+    async def DeleteGroups(
+        self, request: coordinator_pb2.DeleteGroupsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.DeleteGroupsResponse:
+        results = []
+        for group_id in request.group_ids:
+            try:
+                error = error_pb(await self._manager.delete_group(group_id))
+            except Exception as exc:
+                error = exception_pb(exc)
+            results.append(coordinator_pb2.DeletableGroupResult(group_id=group_id, error=error))
+        return coordinator_pb2.DeleteGroupsResponse(results=results)

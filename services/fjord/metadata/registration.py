@@ -1,0 +1,56 @@
+"""Registering a live process under its own etcd lease (``brokers/<id>``, ``coordinators/<id>``):
+the key exists only while the process keeps the lease alive, and its create revision is the
+process's epoch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import aetcd
+
+log = logging.getLogger(__name__)
+
+
+async def register_under_lease(
+    etcd: aetcd.Client,
+    key: bytes,
+    value: bytes,
+    ttl_s: int,
+    *,
+    what: str,
+    backoff_s: float,
+    backoff_max_s: float,
+) -> tuple[int, int]:
+    """Create ``key`` = ``value`` bound to a new lease of ``ttl_s`` seconds, only if the key is
+    absent; retry (backoff doubling from ``backoff_s`` to ``backoff_max_s``) while it exists
+    (another process, or a previous run whose lease has not expired) or etcd fails. Returns
+    (lease id, etcd revision of the registration). ``what`` names the process in logs."""
+    backoff = backoff_s
+    while True:
+        lease = None
+        try:
+            lease = await etcd.lease(ttl_s)
+            ok, responses = await etcd.transaction(
+                compare=[etcd.transactions.create(key) == 0],
+                success=[etcd.transactions.put(key, value, lease=lease.id)],
+                failure=[],
+            )
+            if ok:
+                return lease.id, int(responses[0].response_put.header.revision)
+            log.warning(
+                "%s is already registered (another process, or a previous run whose lease has "
+                "not expired yet); retrying",
+                what,
+            )
+            await etcd.revoke_lease(lease.id)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning("registering %s failed: %s; retrying in %.1f s", what, exc, backoff)
+            if lease is not None:
+                with contextlib.suppress(Exception):
+                    await etcd.revoke_lease(lease.id)
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, backoff_max_s)
