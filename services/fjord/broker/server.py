@@ -14,8 +14,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,8 +52,10 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
+from fjord.metadata.registration import register_under_lease
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
+from fjord.serving import advertised_host, run_until_signalled
 from fjord.storage import LogManager
 
 log = logging.getLogger(__name__)
@@ -335,34 +335,13 @@ class BrokerServer:
 
     async def run_until_signalled(self) -> None:
         """Start, serve until SIGTERM or SIGINT, then stop cleanly."""
-        loop = asyncio.get_running_loop()
-        stop_requested = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_requested.set)
-        starting = asyncio.ensure_future(self.start())
-        stopping = asyncio.ensure_future(stop_requested.wait())
-        try:
-            # A signal during start-up (e.g. while waiting for a stale registration of the
-            # same id to expire) must stop the broker too, not wait for start to finish.
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if starting.done():
-                starting.result()  # start-up failed: raise its error
-                await stopping
-            log.info("broker %d: shutdown requested", self.options.broker_id)
-        finally:
-            for task in (starting, stopping):
-                task.cancel()
-            await asyncio.gather(starting, stopping, return_exceptions=True)
-            await self.stop()
+        await run_until_signalled(self.start, self.stop, f"broker {self.options.broker_id}")
 
     # --- registration ---------------------------------------------------------------------------
 
     @property
     def advertised_host(self) -> str:
-        host = self.options.advertised_host or self.options.listen_host
-        if host in ("0.0.0.0", "::", ""):
-            return socket.getfqdn()
-        return host
+        return advertised_host(self.options.advertised_host, self.options.listen_host)
 
     def _registration(self) -> BrokerRegistration:
         return BrokerRegistration(
@@ -373,46 +352,25 @@ class BrokerServer:
         """Create ``brokers/<id>`` bound to a new lease; retry until it is free. Returns the
         etcd revision of the registration (the broker epoch)."""
         assert self._etcd is not None
-        etcd = self._etcd
-        key = self._keys.broker(self.options.broker_id).encode()
-        value = self._registration().to_json()
-        backoff = defaults.REGISTRATION_RETRY_BACKOFF_S
-        while True:
-            lease = None
-            try:
-                lease = await etcd.lease(self.options.lease_ttl_s)
-                ok, responses = await etcd.transaction(
-                    compare=[etcd.transactions.create(key) == 0],
-                    success=[etcd.transactions.put(key, value, lease=lease.id)],
-                    failure=[],
-                )
-                if ok:
-                    self._lease_id = lease.id
-                    revision = int(responses[0].response_put.header.revision)
-                    self.broker_epoch = revision
-                    log.info(
-                        "broker %d registered at %s:%d (epoch %d)",
-                        self.options.broker_id,
-                        self.advertised_host,
-                        self.port,
-                        revision,
-                    )
-                    return revision
-                log.warning(
-                    "broker id %d is already registered (another process, or a previous run "
-                    "whose lease has not expired yet); retrying",
-                    self.options.broker_id,
-                )
-                await etcd.revoke_lease(lease.id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("broker registration failed: %s; retrying in %.1f s", exc, backoff)
-                if lease is not None:
-                    with contextlib.suppress(Exception):
-                        await etcd.revoke_lease(lease.id)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, defaults.REGISTRATION_RETRY_BACKOFF_MAX_S)
+        broker_id = self.options.broker_id
+        self._lease_id, revision = await register_under_lease(
+            self._etcd,
+            self._keys.broker(broker_id).encode(),
+            self._registration().to_json(),
+            self.options.lease_ttl_s,
+            what=f"broker {broker_id}",
+            backoff_s=defaults.REGISTRATION_RETRY_BACKOFF_S,
+            backoff_max_s=defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
+        )
+        self.broker_epoch = revision
+        log.info(
+            "broker %d registered at %s:%d (epoch %d)",
+            broker_id,
+            self.advertised_host,
+            self.port,
+            revision,
+        )
+        return revision
 
     async def _keep_lease_alive(self) -> None:
         assert self._etcd is not None and self.replicas is not None and self._watcher is not None

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -52,6 +50,7 @@ from fjord.observability.metrics import (
     start_metrics_server,
     stop_metrics_server,
 )
+from fjord.serving import advertised_host, run_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -267,34 +266,14 @@ class CoordinatorServer:
 
     async def run_until_signalled(self) -> None:
         """Start, serve until SIGTERM or SIGINT, then stop cleanly."""
-        loop = asyncio.get_running_loop()
-        stop_requested = asyncio.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stop_requested.set)
-        starting = asyncio.ensure_future(self.start())
-        stopping = asyncio.ensure_future(stop_requested.wait())
-        try:
-            # A signal during start-up (e.g. while a stale registration of the same id has
-            # not expired yet) must stop the coordinator too.
-            await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-            if starting.done():
-                starting.result()  # start-up failed: raise its error
-                await stopping
-            log.info("coordinator %d: shutdown requested", self.options.coordinator_id)
-        finally:
-            for task in (starting, stopping):
-                task.cancel()
-            await asyncio.gather(starting, stopping, return_exceptions=True)
-            await self.stop()
+        what = f"coordinator {self.options.coordinator_id}"
+        await run_until_signalled(self.start, self.stop, what)
 
     # --- registration -----------------------------------------------------------------------
 
     @property
     def advertised_host(self) -> str:
-        host = self.options.advertised_host or self.options.listen_host
-        if host in ("0.0.0.0", "::", ""):
-            return socket.getfqdn()
-        return host
+        return advertised_host(self.options.advertised_host, self.options.listen_host)
 
     async def _register(self) -> int:
         """Create ``coordinators/<id>`` bound to a new lease; retry until the key is free.

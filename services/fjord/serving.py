@@ -1,0 +1,46 @@
+"""What every long-running Fjord service process (broker, coordinator) does the same way:
+the host it advertises, and serving until SIGTERM/SIGINT with a clean stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger(__name__)
+
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def advertised_host(advertised: str | None, listen_host: str) -> str:
+    """The host others reach the process at: ``advertised`` if set, else the listen host, and
+    for a wildcard listen address (all interfaces) the machine's fully qualified name."""
+    host = advertised or listen_host
+    return socket.getfqdn() if host in _WILDCARD_HOSTS else host
+
+
+async def run_until_signalled(
+    start: Callable[[], Awaitable[None]], stop: Callable[[], Awaitable[None]], what: str
+) -> None:
+    """``start()``, serve until SIGTERM or SIGINT, then ``stop()`` (always, also when start-up
+    fails or is interrupted). A signal during start-up (e.g. while a stale registration of the
+    same id has not expired yet) interrupts the start instead of waiting for it."""
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop_requested.set)
+    starting = asyncio.ensure_future(start())
+    stopping = asyncio.ensure_future(stop_requested.wait())
+    try:
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()  # start-up failed: raise its error
+            await stopping
+        log.info("%s: shutdown requested", what)
+    finally:
+        for task in (starting, stopping):
+            task.cancel()
+        await asyncio.gather(starting, stopping, return_exceptions=True)
+        await stop()
