@@ -1,5 +1,6 @@
 """What every long-running Fjord service process (broker, coordinator) does the same way:
-the host it advertises, and serving until SIGTERM/SIGINT with a clean stop."""
+binding its gRPC port, the host it advertises, and serving until SIGTERM/SIGINT with a clean
+stop."""
 
 from __future__ import annotations
 
@@ -9,9 +10,26 @@ import signal
 import socket
 from collections.abc import Awaitable, Callable
 
+from grpc import aio
+
+from fjord.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def bind_insecure_port(server: aio.Server, host: str, port: int) -> int:
+    """Bind ``server`` to ``host:port`` (port 0: a free one); returns the bound port. Raises
+    ConfigError naming the address when it cannot be bound."""
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as exc:  # newer grpc raises instead of returning 0
+        raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
+    if bound == 0:
+        raise ConfigError(f"listen: cannot bind {address}")
+    return int(bound)
 
 
 def advertised_host(advertised: str | None, listen_host: str) -> str:

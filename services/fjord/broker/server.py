@@ -55,7 +55,7 @@ from fjord.metadata import (
 from fjord.metadata.registration import register_under_lease
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
-from fjord.serving import advertised_host, run_until_signalled
+from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
 from fjord.storage import LogManager
 
 log = logging.getLogger(__name__)
@@ -237,13 +237,7 @@ class BrokerServer:
             ),
             self._server,
         )
-        address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
-        try:
-            self.port = self._server.add_insecure_port(address)
-        except RuntimeError as exc:  # newer grpc raises instead of returning 0
-            raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
-        if self.port == 0:
-            raise ConfigError(f"listen: cannot bind {opts.listen_host}:{opts.listen_port}")
+        self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
         await self._server.start()
 
         if opts.metrics_port is not None:
@@ -478,6 +472,3 @@ class BrokerServer:
         for _key, partition in self.replicas.hosted():
             await asyncio.to_thread(partition.log.maybe_roll, now_ms)
 
-
-def _grpc_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

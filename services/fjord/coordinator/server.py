@@ -50,7 +50,7 @@ from fjord.observability.metrics import (
     start_metrics_server,
     stop_metrics_server,
 )
-from fjord.serving import advertised_host, run_until_signalled
+from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
 
 log = logging.getLogger(__name__)
 
@@ -201,13 +201,7 @@ class CoordinatorServer:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(self.manager), self._server
         )
-        address = f"{_grpc_host(opts.listen_host)}:{opts.listen_port}"
-        try:
-            self.port = self._server.add_insecure_port(address)
-        except RuntimeError as exc:  # newer grpc raises instead of returning 0
-            raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
-        if self.port == 0:
-            raise ConfigError(f"listen: cannot bind {opts.listen_host}:{opts.listen_port}")
+        self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
         await self._server.start()
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
@@ -504,10 +498,6 @@ class CoordinatorServer:
 
         await asyncio.gather(*(ask(a, t) for a, t in by_leader.items()))
         return out
-
-
-def _grpc_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host
 
 
 __all__ = [
