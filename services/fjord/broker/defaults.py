@@ -28,9 +28,6 @@ BROKER_LEASE_TTL_S = 9
 #: How often the lease is refreshed: three refreshes per TTL, so one lost refresh is harmless.
 LEASE_KEEPALIVE_INTERVAL_S = BROKER_LEASE_TTL_S / 3
 
-#: Pause before retrying registration after etcd failed (bounded backoff ceiling below).
-REGISTRATION_RETRY_BACKOFF_S = 0.5
-REGISTRATION_RETRY_BACKOFF_MAX_S = 5.0
 
 #: Seconds to wait at start-up for the first metadata snapshot before serving anyway.
 METADATA_STARTUP_TIMEOUT_S = 30.0

@@ -52,7 +52,7 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
-from fjord.metadata.registration import register_under_lease
+from fjord.metadata.registration import lease_still_held, register_under_lease
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
@@ -352,44 +352,25 @@ class BrokerServer:
             self._keys.broker(broker_id).encode(),
             self._registration().to_json(),
             self.options.lease_ttl_s,
-            what=f"broker {broker_id}",
-            backoff_s=defaults.REGISTRATION_RETRY_BACKOFF_S,
-            backoff_max_s=defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
+            what=f"broker {broker_id} at {self.advertised_host}:{self.port}",
         )
         self.broker_epoch = revision
-        log.info(
-            "broker %d registered at %s:%d (epoch %d)",
-            broker_id,
-            self.advertised_host,
-            self.port,
-            revision,
-        )
         return revision
 
     async def _keep_lease_alive(self) -> None:
         assert self._etcd is not None and self.replicas is not None and self._watcher is not None
         interval = self.options.lease_ttl_s / 3
-        last_ok = time.monotonic()
+        what = f"broker {self.options.broker_id}"
+        last_ok: float | None = time.monotonic()
         while True:
             await asyncio.sleep(interval)
-            lost = False
-            try:
-                reply = await self._etcd.refresh_lease(self._lease_id)
-                if reply is None or reply.TTL <= 0:
-                    lost = True
-                else:
-                    last_ok = time.monotonic()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("broker lease refresh failed: %s", exc)
-                lost = time.monotonic() - last_ok >= self.options.lease_ttl_s
-            if not lost:
-                continue
-            log.error(
-                "broker %d lost its etcd lease: fencing and re-registering",
-                self.options.broker_id,
+            assert last_ok is not None
+            last_ok = await lease_still_held(
+                self._etcd, self._lease_id, last_ok, self.options.lease_ttl_s, what=what
             )
+            if last_ok is not None:
+                continue
+            log.error("%s lost its etcd lease: fencing and re-registering", what)
             self.replicas.fenced = True
             self._lease_id = None
             revision = await self._register()

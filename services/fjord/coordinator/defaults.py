@@ -65,9 +65,6 @@ DEFAULT_COORDINATOR_PORT = 9094
 #: another one this many seconds later (the brokers' default, Kafka's broker.session.timeout.ms).
 COORDINATOR_LEASE_TTL_S = 9
 
-#: Pause before retrying registration after etcd failed, doubling up to the ceiling.
-REGISTRATION_RETRY_BACKOFF_S = 0.5
-REGISTRATION_RETRY_BACKOFF_MAX_S = 5.0
 
 #: Seconds to wait at start-up for the first metadata snapshot (and for the registration to
 #: show up in it) before giving up.

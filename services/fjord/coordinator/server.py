@@ -41,7 +41,7 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
-from fjord.metadata.registration import register_under_lease
+from fjord.metadata.registration import lease_still_held, register_under_lease
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import (
     remove_group_lag,
@@ -279,39 +279,26 @@ class CoordinatorServer:
             self._keys.coordinator(coordinator_id).encode(),
             CoordinatorRegistration(coordinator_id, self.advertised_host, self.port).to_json(),
             self.options.lease_ttl_s,
-            what=f"coordinator {coordinator_id}",
-            backoff_s=defaults.REGISTRATION_RETRY_BACKOFF_S,
-            backoff_max_s=defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
+            what=f"coordinator {coordinator_id} at {self.advertised_host}:{self.port}",
         )
         self.registration_revision = revision
-        log.info(
-            "coordinator %d registered at %s:%d (epoch %d)",
-            coordinator_id,
-            self.advertised_host,
-            self.port,
-            revision,
-        )
         return revision
 
     async def _keep_lease_alive(self) -> None:
         assert self._etcd is not None and self._watcher is not None
         interval = self.options.lease_ttl_s / 3
-        last_ok = time.monotonic()
+        what = f"coordinator {self.options.coordinator_id}"
+        last_ok: float | None = time.monotonic()
         while True:
             await asyncio.sleep(interval)
-            lost = not self.manager.active  # the watcher saw the registration disappear
-            if not lost:
-                try:
-                    reply = await self._etcd.refresh_lease(self._lease_id)
-                    lost = reply is None or reply.TTL <= 0
-                    if not lost:
-                        last_ok = time.monotonic()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as exc:
-                    log.warning("coordinator lease refresh failed: %s", exc)
-                    lost = time.monotonic() - last_ok >= self.options.lease_ttl_s
-            if not lost:
+            assert last_ok is not None
+            if not self.manager.active:  # the watcher saw the registration disappear
+                last_ok = None
+            else:
+                last_ok = await lease_still_held(
+                    self._etcd, self._lease_id, last_ok, self.options.lease_ttl_s, what=what
+                )
+            if last_ok is not None:
                 continue
             log.error(
                 "coordinator %d lost its etcd lease: dropping every group and re-registering",

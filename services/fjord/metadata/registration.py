@@ -7,8 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 import aetcd
+
+from fjord.metadata import defaults
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +23,8 @@ async def register_under_lease(
     ttl_s: int,
     *,
     what: str,
-    backoff_s: float,
-    backoff_max_s: float,
+    backoff_s: float = defaults.REGISTRATION_RETRY_BACKOFF_S,
+    backoff_max_s: float = defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
 ) -> tuple[int, int]:
     """Create ``key`` = ``value`` bound to a new lease of ``ttl_s`` seconds, only if the key is
     absent; retry (backoff doubling from ``backoff_s`` to ``backoff_max_s``) while it exists
@@ -38,7 +41,9 @@ async def register_under_lease(
                 failure=[],
             )
             if ok:
-                return lease.id, int(responses[0].response_put.header.revision)
+                revision = int(responses[0].response_put.header.revision)
+                log.info("%s registered (epoch %d)", what, revision)
+                return lease.id, revision
             log.warning(
                 "%s is already registered (another process, or a previous run whose lease has "
                 "not expired yet); retrying",
@@ -54,3 +59,23 @@ async def register_under_lease(
                     await etcd.revoke_lease(lease.id)
         await asyncio.sleep(backoff)
         backoff = min(backoff * 2, backoff_max_s)
+
+
+async def lease_still_held(
+    etcd: aetcd.Client, lease_id: int | None, last_ok: float, ttl_s: int, *, what: str
+) -> float | None:
+    """Refresh the lease once. Returns the monotonic time of the last successful refresh (now,
+    or ``last_ok`` when etcd could not be reached but the lease cannot have expired yet), or
+    None when the lease is gone: etcd says so, or no refresh succeeded for ``ttl_s``."""
+    if lease_id is None:
+        return None
+    try:
+        reply = await etcd.refresh_lease(lease_id)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("%s: lease refresh failed: %s", what, exc)
+        return last_ok if time.monotonic() - last_ok < ttl_s else None
+    if reply is None or reply.TTL <= 0:
+        return None
+    return time.monotonic()
