@@ -653,24 +653,35 @@ def register(
             plan = await reconcile_cluster(rt, body)
         patch.status.update(plan.status)
 
-    for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        decorate(
+    def reconcile_on_change_and_timer(
+        plural: str, on_change: Any, on_timer: Any, interval_s: float, timer_id: str
+    ) -> None:
+        for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
+            decorate(
+                group=group,
+                version=version,
+                plural=plural,
+                registry=registry,
+                retries=None,
+                id="reconcile",
+            )(on_change)
+        kopf.timer(
             group=group,
             version=version,
-            plural=s.CLUSTER_PLURAL,
+            plural=plural,
             registry=registry,
-            retries=None,
-            id="reconcile",
-        )(cluster_change)
-    kopf.timer(
-        group=group,
-        version=version,
-        plural=s.CLUSTER_PLURAL,
-        registry=registry,
-        interval=settings.cluster_interval_s,
-        initial_delay=settings.cluster_interval_s,
-        id="cluster-timer",
-    )(cluster_timer)
+            interval=interval_s,
+            initial_delay=interval_s,
+            id=timer_id,
+        )(on_timer)
+
+    reconcile_on_change_and_timer(
+        s.CLUSTER_PLURAL,
+        cluster_change,
+        cluster_timer,
+        settings.cluster_interval_s,
+        "cluster-timer",
+    )
 
     async def topic_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
         async with rt.lock(body["metadata"]["uid"]):
@@ -695,24 +706,9 @@ def register(
                     raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
                 raise
 
-    for decorate in (kopf.on.create, kopf.on.update, kopf.on.resume):
-        decorate(
-            group=group,
-            version=version,
-            plural=s.TOPIC_PLURAL,
-            registry=registry,
-            retries=None,
-            id="reconcile",
-        )(topic_change)
-    kopf.timer(
-        group=group,
-        version=version,
-        plural=s.TOPIC_PLURAL,
-        registry=registry,
-        interval=settings.topic_interval_s,
-        initial_delay=settings.topic_interval_s,
-        id="topic-timer",
-    )(topic_timer)
+    reconcile_on_change_and_timer(
+        s.TOPIC_PLURAL, topic_change, topic_timer, settings.topic_interval_s, "topic-timer"
+    )
     kopf.on.delete(
         group=group, version=version, plural=s.TOPIC_PLURAL, registry=registry, id="delete-topic"
     )(topic_delete)
