@@ -10,9 +10,11 @@ import time
 import uuid
 from collections.abc import Iterator
 
+import grpc
 import pytest
 from kafka.partitioner.default import murmur2 as kafka_murmur2
 
+from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.client import (
     AdminClient,
     AsyncProducer,
@@ -188,6 +190,45 @@ def test_consumer_typed_errors(admin: AdminClient, bootstrap: str) -> None:
         with pytest.raises(FjordError) as unknown:
             consumer.partitions_for_topic(new_name("missing"))
         assert unknown.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+
+
+@pytest.mark.parametrize("name", [".", "..", "x" * 250, "bad/name"])
+def test_illegal_topic_names_are_refused_at_once_everywhere(
+    admin: AdminClient, bootstrap: str, name: str
+) -> None:
+    """Producer (client-side rule), broker (Metadata and Produce) and controller all answer
+    INVALID_TOPIC_EXCEPTION; nothing waits for max.block.ms (60 s here)."""
+    started = time.monotonic()
+    with Producer({"bootstrap.servers": bootstrap, "max.block.ms": 60000}) as producer:
+        with pytest.raises(FjordError) as refused:
+            producer.send(name, b"x")
+        assert refused.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
+    assert time.monotonic() - started < 10
+    with pytest.raises(FjordError) as created:
+        admin.create_topics([NewTopic(name, 1, 1)])
+    assert created.value.code is ErrorCode.INVALID_TOPIC_EXCEPTION
+    # The broker refuses the name itself too (clients that skip the check, e.g. other
+    # languages' clients, get the same answer).
+    with grpc.insecure_channel(bootstrap.split(",")[0]) as channel:
+        stub = broker_pb2_grpc.BrokerStub(channel)
+        metadata = stub.Metadata(broker_pb2.MetadataRequest(topics=[name]), timeout=WAIT_S)
+        assert metadata.topics[0].error.code == ErrorCode.INVALID_TOPIC_EXCEPTION.code
+        produced = stub.Produce(
+            broker_pb2.ProduceRequest(
+                acks=1,
+                timeout_ms=5000,
+                topics=[
+                    broker_pb2.ProduceTopic(
+                        name=name, partitions=[broker_pb2.ProducePartition(partition=0)]
+                    )
+                ],
+            ),
+            timeout=WAIT_S,
+        )
+        assert (
+            produced.topics[0].partitions[0].error.code
+            == ErrorCode.INVALID_TOPIC_EXCEPTION.code
+        )
 
 
 def test_admin_operations_and_their_errors(admin: AdminClient) -> None:

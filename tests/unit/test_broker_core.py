@@ -401,7 +401,7 @@ def image_with_topic() -> MetadataImage:
 def test_metadata_response_lists_topic_state() -> None:
     image = image_with_topic()
     response = build_metadata_response(
-        image, broker_pb2.MetadataRequest(topics=["orders", "missing", ""])
+        image, broker_pb2.MetadataRequest(topics=["orders", "missing", "", "..", "a b", "x" * 250])
     )
     assert response.cluster_id == "c1"
     assert response.metadata_version == image.revision
@@ -410,7 +410,7 @@ def test_metadata_response_lists_topic_state() -> None:
         (2, "b2", 9002, ""),
     ]
     assert (response.controller.id, response.controller.epoch) == (7, 1)
-    orders, missing, empty = response.topics
+    orders, missing, *illegal = response.topics
     assert orders.error.code == 0 and orders.topic_id == "a" * 32
     p0, p1 = orders.partitions
     assert (p0.leader, p0.leader_epoch, list(p0.replicas), list(p0.isr)) == (1, 3, [1, 2], [1, 2])
@@ -418,7 +418,8 @@ def test_metadata_response_lists_topic_state() -> None:
     assert p1.leader == -1 and p1.error.code == ErrorCode.LEADER_NOT_AVAILABLE.code
     assert list(p1.offline_replicas) == [3]
     assert missing.error.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code
-    assert empty.error.code == ErrorCode.INVALID_TOPIC_EXCEPTION.code
+    assert [t.error.code for t in illegal] == [ErrorCode.INVALID_TOPIC_EXCEPTION.code] * 4
+    assert "249" in illegal[-1].error.message
 
 
 def test_metadata_all_topics_cached_per_revision() -> None:

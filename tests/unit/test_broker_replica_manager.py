@@ -189,6 +189,8 @@ def test_produce_errors(env: Env) -> None:
             "follower": produce_request("t", 0, batch()),
             "not a replica": produce_request("other", 0, batch()),
             "acks": produce_request("t", 0, batch(), acks=2),
+            "illegal name": produce_request("..", 0, batch()),
+            "too long": produce_request("x" * 250, 0, batch()),
         }.items():
             result = one_produce(await manager.produce(request))
             codes[name] = result.error.code
@@ -198,6 +200,8 @@ def test_produce_errors(env: Env) -> None:
             "follower": ErrorCode.NOT_LEADER_OR_FOLLOWER.code,
             "not a replica": ErrorCode.NOT_LEADER_OR_FOLLOWER.code,
             "acks": ErrorCode.INVALID_REQUIRED_ACKS.code,
+            "illegal name": ErrorCode.INVALID_TOPIC_EXCEPTION.code,
+            "too long": ErrorCode.INVALID_TOPIC_EXCEPTION.code,
         }
 
     run(scenario())

@@ -9,6 +9,7 @@ from __future__ import annotations
 from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage, PartitionState
+from fjord.topic_names import topic_name_problem
 
 #: Topics whose name starts with this are Fjord's own (``__consumer_offsets``), as in Kafka.
 INTERNAL_TOPIC_PREFIX = "__"
@@ -42,11 +43,13 @@ def partition_metadata(
 def topic_metadata(
     image: MetadataImage, name: str, live_brokers: frozenset[int] | set[int]
 ) -> common_pb2.TopicMetadata:
-    """A topic with its partitions, or an error: INVALID_TOPIC_EXCEPTION for an empty name,
-    UNKNOWN_TOPIC_OR_PARTITION for a topic that does not exist."""
+    """A topic with its partitions, or an error: INVALID_TOPIC_EXCEPTION for a name that
+    breaks Kafka's rules (:mod:`fjord.topic_names`), UNKNOWN_TOPIC_OR_PARTITION for a legal name
+    of a topic that does not exist."""
     out = common_pb2.TopicMetadata(name=name, internal=name.startswith(INTERNAL_TOPIC_PREFIX))
-    if not name:
-        out.error.CopyFrom(_error(ErrorCode.INVALID_TOPIC_EXCEPTION, "empty topic name"))
+    problem = topic_name_problem(name)
+    if problem is not None:
+        out.error.CopyFrom(_error(ErrorCode.INVALID_TOPIC_EXCEPTION, problem))
         return out
     record = image.topic(name)
     if record is None:

@@ -33,6 +33,7 @@ from fjord.errors import (
     FjordError,
     InvalidRequestError,
     InvalidRequiredAcksError,
+    InvalidTopicError,
     NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
     RequestTimedOutError,
@@ -43,6 +44,7 @@ from fjord.errors import (
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
 from fjord.storage import PartitionLog
+from fjord.topic_names import topic_name_problem
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +271,11 @@ class ReplicaManager:
 
     def _missing_partition_error(self, topic: str, partition: int) -> FjordError:
         """Kafka's choice: NOT_LEADER_OR_FOLLOWER when the partition exists elsewhere,
-        UNKNOWN_TOPIC_OR_PARTITION when this broker's metadata does not know it."""
+        UNKNOWN_TOPIC_OR_PARTITION when this broker's metadata does not know it,
+        INVALID_TOPIC_EXCEPTION (not retriable) when no topic can have that name."""
+        problem = topic_name_problem(topic)
+        if problem is not None:
+            return InvalidTopicError(problem)
         image = self.image
         if image is not None and image.partition(topic, partition) is not None:
             return NotLeaderOrFollowerError(

@@ -51,6 +51,7 @@ from fjord.errors import (
 )
 from fjord.records import Compression
 from fjord.records.builder import BatchBuilder
+from fjord.topic_names import validate_topic_name
 
 log = logging.getLogger(__name__)
 
@@ -375,7 +376,9 @@ class _ProducerBase:
         self._closed = False
 
     async def _await_topic(self, topic: str) -> int:
-        """The partition count of ``topic``, refreshing metadata until ``max.block.ms``."""
+        """The partition count of ``topic``, refreshing metadata until ``max.block.ms``. An
+        illegal name raises :class:`InvalidTopicError` at once (no topic can have it)."""
+        validate_topic_name(topic)
         deadline = time.monotonic() + self._max_block_s
         last = ""
         while True:

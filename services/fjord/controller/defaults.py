@@ -10,7 +10,6 @@
   a successor may already be elected.
 - ``WRITE_SETTLE_TIMEOUT_S`` (5 s): how long a request waits for its own metadata write to
   reach the controller's watcher (so the next request sees it).
-- ``MAX_TOPIC_NAME_LENGTH`` (249): Kafka's limit.
 - ``NUM_PARTITIONS`` (1) and ``DEFAULT_REPLICATION_FACTOR`` (1): used when CreateTopics asks
   for -1; overridable by ``num.partitions`` / ``default.replication.factor`` in
   ``cluster-config``.
@@ -24,7 +23,6 @@ LEASE_TTL_S = 10
 KEEPALIVE_FRACTION = 1 / 3
 STEP_DOWN_MARGIN_S = 0.5
 WRITE_SETTLE_TIMEOUT_S = 5.0
-MAX_TOPIC_NAME_LENGTH = 249
 NUM_PARTITIONS = 1
 DEFAULT_REPLICATION_FACTOR = 1
 PRODUCER_ID_BLOCK_SIZE = 1000

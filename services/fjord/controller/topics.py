@@ -1,35 +1,14 @@
-"""Topic name rules (Kafka's), pure."""
+"""Topic name rules (Kafka's), pure. The legality rule itself is shared with clients and
+brokers: :mod:`fjord.topic_names`."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 
 from fjord.broker.metadata_view import INTERNAL_TOPIC_PREFIX
-from fjord.controller.defaults import MAX_TOPIC_NAME_LENGTH
-from fjord.errors import InvalidTopicError
+from fjord.topic_names import validate_topic_name
 
-_LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
-
-
-def validate_topic_name(name: str) -> None:
-    """Raise :class:`InvalidTopicError` unless ``name`` is a legal topic name.
-
-    Kafka's rules: non-empty, at most 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or ``..``.
-    """
-    if not name:
-        raise InvalidTopicError("topic name is empty")
-    if name in (".", ".."):
-        raise InvalidTopicError(f"topic name cannot be {name!r}")
-    if len(name) > MAX_TOPIC_NAME_LENGTH:
-        raise InvalidTopicError(
-            f"topic name is {len(name)} characters long; the limit is {MAX_TOPIC_NAME_LENGTH}"
-        )
-    if not _LEGAL.fullmatch(name):
-        raise InvalidTopicError(
-            f"topic name {name!r} is illegal: only ASCII letters, digits, '.', '_' and '-' "
-            "are allowed"
-        )
+__all__ = ["collision_key", "find_collision", "is_internal_topic", "validate_topic_name"]
 
 
 def is_internal_topic(name: str) -> bool:
