@@ -39,6 +39,8 @@ MAGIC_V2 = 2
 CRC_START = 21  # the CRC covers attributes .. end of batch
 BASE_OFFSET_AND_LENGTH = struct.Struct(">qi")
 LEADER_EPOCH_STRUCT = struct.Struct(">i")
+_LAST_OFFSET_DELTA = struct.Struct(">i")
+_LAST_OFFSET_DELTA_AT = 23
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
@@ -211,3 +213,21 @@ def stamp_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_
     """
     struct.pack_into(">q", buf, pos, base_offset)
     LEADER_EPOCH_STRUCT.pack_into(buf, pos + 12, leader_epoch)
+
+
+def end_of_whole_batches(buf: Buffer) -> int:
+    """The offset after the last complete batch in ``buf`` (concatenated batches, the last one
+    possibly cut), or -1 when no batch is complete. Reads base offset, length and last offset
+    delta of each header only: no CRC check, no decoding (a consumer's prefetch continues
+    there)."""
+    end = -1
+    pos = 0
+    size = len(buf)
+    while pos + _LAST_OFFSET_DELTA_AT + _LAST_OFFSET_DELTA.size <= size:
+        base, length = BASE_OFFSET_AND_LENGTH.unpack_from(buf, pos)
+        if length <= 0 or pos + LOG_OVERHEAD + length > size:
+            break
+        (delta,) = _LAST_OFFSET_DELTA.unpack_from(buf, pos + _LAST_OFFSET_DELTA_AT)
+        end = base + delta + 1
+        pos += LOG_OVERHEAD + length
+    return end
