@@ -366,7 +366,8 @@ def _stamped_batches(*counts: int) -> bytes:
 
 
 def test_completed_fetch_takes_from_the_position_in_chunks() -> None:
-    from fjord.client.consumer import CompletedFetch, end_of_whole_batches
+    from fjord.client.fetcher import CompletedFetch
+    from fjord.records.header import end_of_whole_batches
 
     data = _stamped_batches(3, 4, 2)
     assert end_of_whole_batches(data) == 9

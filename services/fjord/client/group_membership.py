@@ -1,8 +1,9 @@
 """A consumer's side of the classic group protocol, as a pure state machine (no I/O, no clock).
 
-:class:`GroupMembership` decides; the consumer's shell (``fjord.client.consumer``) does the
-JoinGroup/SyncGroup/Heartbeat/LeaveGroup/OffsetCommit calls it asks for and reports their
-answers back, with the time as ``now_ms`` (a monotonic millisecond clock the shell injects).
+:class:`GroupMembership` decides; the consumer's shell
+(``fjord.client.consumer_coordinator``) does the JoinGroup/SyncGroup/Heartbeat/LeaveGroup/
+OffsetCommit calls it asks for and reports their answers back, with the time as ``now_ms``
+(a monotonic millisecond clock the shell injects).
 
 What it decides (Kafka's ``ConsumerCoordinator`` / ``AbstractCoordinator`` rules):
 

@@ -1,0 +1,348 @@
+"""The consumer's fetcher (Kafka's ``Fetcher`` and ``FetchBuffer``): Fetch requests on the
+client's loop thread, the fetched data buffered per partition, and the records ``poll()`` takes
+from it.
+
+The loop keeps one Fetch in flight per broker, for the assigned, unpaused partitions that have
+a known position and fewer than two buffered fetches (a prefetch continues where the buffered
+data ends), so the next records are usually already here when ``poll()`` is called.
+Positions live in the shared :class:`~fjord.client.subscription_state.SubscriptionState`; the
+buffer here is changed only under its lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from fjord._proto import broker_pb2
+from fjord.client.network import EventLoopThread, Network, transport_error
+from fjord.client.offset_fetcher import OffsetFetcher
+from fjord.client.subscription_state import SubscriptionState
+from fjord.client.types import ConsumerRecord, TopicPartition
+from fjord.config import ClientConfig
+from fjord.errors import ErrorCode, FjordError, error_code_from_number, error_for_code
+from fjord.records.header import end_of_whole_batches
+from fjord.records.reader import RecordBatch, read_batches
+
+log = logging.getLogger(__name__)
+
+_MAX_QUEUED_FETCHES = 2  # per partition: the one being consumed and one prefetched after it
+
+_new_tuple = tuple.__new__  # builds a ConsumerRecord without NamedTuple's Python-level __new__
+
+
+class CompletedFetch:
+    """Records fetched for one partition, consumed a few at a time by ``poll()``.
+
+    Invariants: ``fetch_offset`` is the position the fetch was made for; the data is used only
+    while the partition's position is still that value (else a seek happened and it is
+    dropped); ``next_offset`` is the position after everything taken so far. Batches are
+    decoded one at a time, when reached, into ``_pending`` (records not yet returned start at
+    ``_index``).
+    """
+
+    __slots__ = (
+        "_batch_end",
+        "_batches",
+        "_index",
+        "_pending",
+        "end_offset",
+        "fetch_offset",
+        "high_watermark",
+        "next_offset",
+        "tp",
+    )
+
+    def __init__(self, tp: TopicPartition, fetch_offset: int, data: bytes, high_watermark: int):
+        self.tp = tp
+        self.fetch_offset = fetch_offset
+        self.next_offset = fetch_offset
+        self.high_watermark = high_watermark
+        self._batches: Iterator[RecordBatch] = read_batches(data, allow_partial_tail=True)
+        self._pending: list[ConsumerRecord] = []
+        self._index = 0
+        self._batch_end = fetch_offset
+        self.end_offset = max(fetch_offset, end_of_whole_batches(data))
+
+    def _decode_next_batch(self) -> bool:
+        """Decode the next batch holding records at or after ``next_offset``; False at the end."""
+        topic, partition = self.tp
+        for batch in self._batches:
+            header = batch.header
+            position = self.next_offset
+            if header.next_offset <= position:
+                continue
+            if not header.is_control:
+                records = [
+                    _new_tuple(ConsumerRecord, (topic, partition, o, k, v, hs, ts))
+                    for o, ts, k, v, hs in batch.record_tuples()
+                    if o >= position
+                ]
+                if records:
+                    self._pending = records
+                    self._index = 0
+                    self._batch_end = header.next_offset
+                    return True
+            # Nothing to return in this batch (control batch, or compacted away): skip it.
+            self.next_offset = header.next_offset
+        return False
+
+    def take(self, limit: int) -> list[ConsumerRecord]:
+        """Up to ``limit`` records at or after ``next_offset``, advancing it."""
+        out: list[ConsumerRecord] = []
+        while len(out) < limit:
+            index = self._index
+            pending = self._pending
+            if index >= len(pending) and not self._decode_next_batch():
+                break
+            index, pending = self._index, self._pending
+            chunk = pending[index : index + limit - len(out)]
+            out.extend(chunk)
+            self._index = index + len(chunk)
+            self.next_offset = chunk[-1].offset + 1
+            if self._index >= len(pending):
+                # The batch is done: continue after it even if its last offsets were compacted.
+                self.next_offset = max(self.next_offset, self._batch_end)
+        return out
+
+    @property
+    def exhausted(self) -> bool:
+        return self._index >= len(self._pending) and not self._decode_next_batch()
+
+
+class Fetcher:
+    """Fetches for one consumer and buffers the answers until ``poll()`` takes them.
+
+    Invariants (under the state's lock): ``_completed`` holds the buffered fetches in arrival
+    order; ``_queued[tp]`` counts those of ``tp`` and ``_tail[tp]`` is the last one (a prefetch
+    asks from its ``end_offset``); a fetch whose ``fetch_offset`` no longer matches where the
+    partition's data must continue (a seek, pause or reassignment happened) is dropped.
+    """
+
+    def __init__(
+        self,
+        state: SubscriptionState,
+        network: Network,
+        io: EventLoopThread,
+        config: ClientConfig,
+        offsets: OffsetFetcher,
+    ) -> None:
+        self._state = state
+        self._network = network
+        self._io = io
+        self._config = config
+        self._offsets = offsets
+        self._reset_policy: str = config["auto.offset.reset"]
+        self._request_timeout_s = config["request.timeout.ms"] / 1000
+        self._backoff_s = config["retry.backoff.ms"] / 1000
+        self._completed: deque[CompletedFetch] = deque()
+        self._queued: dict[TopicPartition, int] = {}
+        self._tail: dict[TopicPartition, CompletedFetch] = {}
+        self._fetching: dict[int, set[TopicPartition]] = {}
+        self._wakeup: asyncio.Event | None = None
+        self._wake_pending = False
+
+    # -- the buffer (application thread, with the lock held) ---------------------------------
+
+    def drop_buffered(self, predicate: Callable[[TopicPartition], bool]) -> None:
+        """Forget the buffered data of the partitions ``predicate`` selects (with the lock)."""
+        self._completed = deque(cf for cf in self._completed if not predicate(cf.tp))
+        for tp in [tp for tp in self._queued if predicate(tp)]:
+            del self._queued[tp]
+            del self._tail[tp]
+
+    def _dequeue(self, cf: CompletedFetch) -> None:
+        # Called with the lock held, for the head of ``_completed``.
+        self._completed.popleft()
+        tp = cf.tp
+        left = self._queued.get(tp, 0) - 1
+        if left > 0:
+            self._queued[tp] = left
+        else:
+            self._queued.pop(tp, None)
+            self._tail.pop(tp, None)
+
+    def collect(self, limit: int) -> tuple[list[ConsumerRecord], bool]:
+        """Up to ``limit`` buffered records at the partitions' positions, advancing them
+        (called with the lock held). Returns the records and whether a buffered fetch was used
+        up (the loop should then be woken to fetch more)."""
+        state = self._state
+        positions = state.positions
+        out: list[ConsumerRecord] = []
+        used_up = False
+        while self._completed and len(out) < limit:
+            cf = self._completed[0]
+            tp = cf.tp
+            if positions.get(tp) != cf.next_offset or tp in state.paused:
+                self._dequeue(cf)
+                continue
+            out.extend(cf.take(limit - len(out)))
+            positions[tp] = cf.next_offset
+            if cf.exhausted:
+                self._dequeue(cf)
+                used_up = True
+        return out, used_up
+
+    # -- the loop thread ----------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Make the fetch loop look at the state again (from any thread)."""
+        if not self._wake_pending and self._wakeup is not None:
+            self._wake_pending = True
+            self._io.call_soon(self._on_wake)
+
+    def _on_wake(self) -> None:
+        self._wake_pending = False
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def run(self) -> None:
+        """The fetch loop: start Fetches, position resets and metadata refreshes as needed;
+        sleeps until woken (or 1 s)."""
+        self._wakeup = wakeup = asyncio.Event()
+        tasks: set[asyncio.Task[Any]] = set()
+        resetting: asyncio.Task[Any] | None = None
+        refreshing: asyncio.Task[Any] | None = None
+        while not self._state.closed:
+            wakeup.clear()
+            snapshot = self._network.snapshot
+            need_metadata = False
+            by_node: dict[int, dict[TopicPartition, int]] = {}
+            with self._state.lock:
+                resets = [tp for tp in self._state.assignment if tp in self._state.resets]
+                for tp in self._state.assignment:
+                    position = self._state.positions.get(tp)
+                    if position is None or tp in self._state.paused:
+                        continue
+                    queued = self._queued.get(tp, 0)
+                    if queued >= _MAX_QUEUED_FETCHES:
+                        continue
+                    if queued:
+                        position = self._tail[tp].end_offset  # prefetch what comes next
+                    leader = snapshot.leaders.get(tp)
+                    if leader is None:
+                        need_metadata = True
+                        continue
+                    if leader in self._fetching:
+                        continue
+                    by_node.setdefault(leader, {})[tp] = position
+                for node_id, partitions in by_node.items():
+                    self._fetching[node_id] = set(partitions)
+            for node_id, partitions in by_node.items():
+                task = asyncio.ensure_future(self._fetch(node_id, partitions))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            if resets and (resetting is None or resetting.done()):
+                resetting = asyncio.ensure_future(
+                    self._offsets.reset_positions(resets, self._request_timeout_s)
+                )
+                resetting.add_done_callback(lambda _: wakeup.set())
+            if need_metadata and (refreshing is None or refreshing.done()):
+                refreshing = asyncio.ensure_future(self._refresh_quietly())
+                refreshing.add_done_callback(lambda _: wakeup.set())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), 1.0)
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self._network.refresh_metadata()
+        except FjordError as exc:
+            log.debug("metadata refresh failed: %s", exc)
+            await asyncio.sleep(self._backoff_s)
+
+    async def _fetch(self, node_id: int, partitions: dict[TopicPartition, int]) -> None:
+        cfg = self._config
+        snapshot = self._network.snapshot
+        node = snapshot.brokers.get(node_id)
+        by_topic: dict[str, list[broker_pb2.FetchPartition]] = {}
+        for tp, offset in partitions.items():
+            by_topic.setdefault(tp.topic, []).append(
+                broker_pb2.FetchPartition(
+                    partition=tp.partition,
+                    fetch_offset=offset,
+                    partition_max_bytes=cfg["max.partition.fetch.bytes"],
+                    current_leader_epoch=snapshot.leader_epoch_of(tp),
+                    last_fetched_epoch=-1,
+                )
+            )
+        request = broker_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=cfg["fetch.max.wait.ms"],
+            min_bytes=cfg["fetch.min.bytes"],
+            max_bytes=cfg["fetch.max.bytes"],
+            topics=[broker_pb2.FetchTopic(name=n, partitions=ps) for n, ps in by_topic.items()],
+            isolation_level=1 if cfg["isolation.level"] == "read_committed" else 0,
+        )
+        failed = False
+        try:
+            if node is None:
+                raise FjordError(f"broker {node_id} left", code=ErrorCode.BROKER_NOT_AVAILABLE)
+            try:
+                response = await self._network.broker(node.address).Fetch(
+                    request, timeout=self._request_timeout_s
+                )
+            except Exception as exc:
+                raise transport_error(exc, node.address) from exc
+            failed = self._store_fetch(partitions, response)
+        except FjordError as exc:
+            log.debug("fetch from broker %s failed: %s", node_id, exc)
+            failed = True
+        finally:
+            with self._state.lock:
+                self._fetching.pop(node_id, None)
+        if failed:
+            await self._refresh_quietly()
+            await asyncio.sleep(self._backoff_s)
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    def _store_fetch(
+        self, partitions: dict[TopicPartition, int], response: broker_pb2.FetchResponse
+    ) -> bool:
+        """Queue the fetched data and handle per-partition errors; True when metadata should
+        be refreshed."""
+        refresh = False
+        top = error_code_from_number(response.error.code)
+        if top is not ErrorCode.NONE:
+            if top.retriable:
+                return True
+            with self._state.lock:
+                self._state.errors.append(error_for_code(top, response.error.message))
+                self._state.notify()
+            return False
+        with self._state.lock:
+            for topic in response.topics:
+                for p in topic.partitions:
+                    tp = TopicPartition(topic.name, p.partition)
+                    offset = partitions.get(tp)
+                    tail = self._tail.get(tp)
+                    expected = (
+                        tail.end_offset if tail is not None else self._state.positions.get(tp)
+                    )
+                    if offset is None or expected != offset:
+                        continue  # a seek moved the position while the fetch was in flight
+                    code = error_code_from_number(p.error.code)
+                    if code is ErrorCode.NONE:
+                        if p.records:
+                            cf = CompletedFetch(tp, offset, p.records, p.high_watermark)
+                            self._completed.append(cf)
+                            self._queued[tp] = self._queued.get(tp, 0) + 1
+                            self._tail[tp] = cf
+                    elif code is ErrorCode.OFFSET_OUT_OF_RANGE:
+                        if tail is None:  # (a prefetch past the end: the next fetch retries)
+                            del self._state.positions[tp]
+                            self._state.resets[tp] = self._reset_policy
+                    elif code.retriable:
+                        refresh = True
+                    else:
+                        self._state.errors.append(
+                            error_for_code(
+                                code, f"{tp.topic}-{tp.partition}: {p.error.message or code.name}"
+                            )
+                        )
+            self._state.notify()
+        return refresh

@@ -1,0 +1,52 @@
+"""What the consumer's parts share (Kafka's ``SubscriptionState``): the assignment, each
+partition's position or pending reset, the paused set, and the errors waiting for ``poll()``.
+
+The :class:`~fjord.client.consumer.Consumer` (application thread), the
+:class:`~fjord.client.fetcher.Fetcher` and :class:`~fjord.client.offset_fetcher.OffsetFetcher`
+(loop thread) and the :class:`~fjord.client.consumer_coordinator.ConsumerCoordinator` (both)
+read and change it only while holding ``lock``; ``arrived`` (a condition on that lock) wakes a
+``poll()`` that waits for records, group events or errors.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Literal
+
+from fjord.client.types import TopicPartition
+from fjord.errors import FjordError
+
+SubscriptionMode = Literal["assign", "subscribe"] | None
+"""None (nothing to consume), "assign" (``assign()``) or "subscribe" (group membership)."""
+
+
+class SubscriptionState:
+    """Invariants (under ``lock``): every key of ``positions`` and ``resets`` is in
+    ``assignment``, and an assigned partition has a position or a reset strategy ("earliest",
+    "latest", "none" or "committed"), never both once a reset has completed; ``paused`` is a
+    subset of ``assignment``."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.arrived = threading.Condition(self.lock)
+        self.mode: SubscriptionMode = None
+        self.assignment: list[TopicPartition] = []
+        self.positions: dict[TopicPartition, int] = {}
+        self.resets: dict[TopicPartition, str] = {}
+        self.paused: set[TopicPartition] = set()
+        self.errors: list[FjordError] = []
+        self.closed = False
+
+    def raise_pending_error(self) -> None:
+        """Raise the oldest error posted for ``poll()`` (called with the lock held)."""
+        if self.errors:
+            raise self.errors.pop(0)
+
+    def post_error(self, error: FjordError) -> None:
+        """Queue ``error`` for the next ``poll()`` and wake it (called with the lock held)."""
+        self.errors.append(error)
+        self.arrived.notify_all()
+
+    def notify(self) -> None:
+        """Wake a ``poll()`` waiting on ``arrived`` (called with the lock held)."""
+        self.arrived.notify_all()
