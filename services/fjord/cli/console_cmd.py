@@ -16,10 +16,10 @@ from typing import Any
 import click
 
 from fjord.cli.client_common import (
+    bootstrap_for_command,
     bootstrap_option,
     friendly_errors,
     parse_pairs,
-    resolve_bootstrap,
 )
 from fjord.client import Consumer, ConsumerRecord, Producer, TopicPartition
 from fjord.config import COMPRESSION_TYPES
@@ -78,7 +78,7 @@ def produce(
     parse_key = _true(props, "parse.key")
     separator = props.get("key.separator", "\t")
     config: dict[str, Any] = {
-        "bootstrap.servers": resolve_bootstrap(bootstrap_server),
+        "bootstrap.servers": bootstrap_for_command(bootstrap_server),
         "max.block.ms": _CONSOLE_MAX_BLOCK_MS,
         "linger.ms": 5,
     }
@@ -211,7 +211,7 @@ def consume(
         elif offset == "earliest":
             from_beginning = True
     config: dict[str, Any] = {
-        "bootstrap.servers": resolve_bootstrap(bootstrap_server),
+        "bootstrap.servers": bootstrap_for_command(bootstrap_server),
         "auto.offset.reset": "earliest" if from_beginning else "latest",
     }
     config.update(parse_pairs(consumer_properties, "--consumer-property"))

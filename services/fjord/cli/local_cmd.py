@@ -18,11 +18,16 @@ from fjord.local import (
     EtcdNotFoundError,
     LocalCluster,
     ProcessStartError,
+    choose_broker_port,
     read_state,
+    resolve_data_dir,
+    restart_dead_processes,
     stop_from_state,
 )
 from fjord.local.cluster import pid_alive
 from fjord.local.defaults import (
+    DATA_DIR_ENV_VAR,
+    DEFAULT_BROKER_PORT,
     DEFAULT_BROKERS,
     DEFAULT_COORDINATORS,
     DEFAULT_DATA_DIR,
@@ -34,9 +39,10 @@ from fjord.local.defaults import (
 _DATA_DIR = click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATA_DIR,
-    show_default=True,
-    help="Directory holding etcd data, broker logs, process logs and the state file.",
+    default=None,
+    help="Directory holding etcd data, broker logs, process logs and the state file "
+    f"(default: ${DATA_DIR_ENV_VAR}, else the nearest {DEFAULT_DATA_DIR} with a state file in "
+    f"this directory or a parent, else ./{DEFAULT_DATA_DIR}).",
 )
 
 
@@ -61,6 +67,13 @@ def local() -> None:
 @click.option(
     "--coordinators", type=click.IntRange(min=0), default=DEFAULT_COORDINATORS, show_default=True
 )
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help=f"First broker port; brokers take consecutive ports (default: {DEFAULT_BROKER_PORT} "
+    "when it and the next ones are free, else free ports; 0: free ports).",
+)
 @click.option("--detach", is_flag=True, help="Return once healthy; stop later with `down`.")
 @click.option(
     "--config",
@@ -70,10 +83,22 @@ def local() -> None:
     help="Cluster-wide broker/topic default (Kafka names), e.g. min.insync.replicas=2.",
 )
 def up(
-    data_dir: Path, brokers: int, coordinators: int, detach: bool, config_items: tuple[str, ...]
+    data_dir: Path | None,
+    brokers: int,
+    coordinators: int,
+    port: int | None,
+    detach: bool,
+    config_items: tuple[str, ...],
 ) -> None:
     """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
-    foreground until Ctrl-C (or SIGTERM), then stops everything."""
+    foreground until Ctrl-C (or SIGTERM), then stops everything.
+
+    When the cluster is already running but some of its processes died (a broker killed or
+    crashed), start those again with their ports, data and settings, and return."""
+    data_dir = resolve_data_dir(data_dir)
+    if _fill_gaps(data_dir):
+        return
+    first_port, note = choose_broker_port(port, brokers)
     try:
         cluster = LocalCluster(
             data_dir,
@@ -81,6 +106,8 @@ def up(
             config=_parse_config(config_items),
             detach=detach,
             coordinators=coordinators,
+            broker_port=first_port,
+            broker_port_fallback=port is None,
         )
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
@@ -88,6 +115,8 @@ def up(
         cluster.start()
     except (ClusterStateError, ProcessStartError, EtcdNotFoundError) as exc:
         raise click.ClickException(str(exc)) from exc
+    if note:
+        click.echo(note)
     click.echo(f"bootstrap servers: {cluster.bootstrap_servers}")
     coordinators_text = ", ".join(f"{i}={a}" for i, a in cluster.coordinator_addresses.items())
     click.echo(f"group coordinators: {coordinators_text or 'none'}")
@@ -95,6 +124,33 @@ def up(
     if detach:
         click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
         return
+    _run_in_foreground(cluster)
+
+
+def _fill_gaps(data_dir: Path) -> bool:
+    """If the cluster in ``data_dir`` runs with some processes dead, restart those and say so;
+    True when the cluster is (now) whole and running, False when nothing of it runs."""
+    try:
+        state = read_state(data_dir, missing_ok=True)
+    except ClusterStateError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not state or not any(pid_alive(p["pid"]) for p in state["processes"]):
+        return False
+    try:
+        restarted = restart_dead_processes(data_dir)
+    except (ClusterStateError, ProcessStartError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    for p in restarted:
+        click.echo(f"restarted {p['role']} {p['id']} (pid {p['pid']}) on {p['address']}")
+    if not restarted:
+        raise click.ClickException(
+            f"a local cluster is already running in {data_dir} (stop it with `fjord local down`)"
+        )
+    click.echo(f"bootstrap servers: {state.get('bootstrap_servers', '')}")
+    return True
+
+
+def _run_in_foreground(cluster: LocalCluster) -> None:
     stopping = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
@@ -107,7 +163,11 @@ def up(
             for p in cluster.processes():
                 if p.pid not in reported and not pid_alive(p.pid):
                     reported.add(p.pid)
-                    click.echo(f"warning: {p.role} {p.id} exited; see {p.log}", err=True)
+                    click.echo(
+                        f"warning: {p.role} {p.id} exited; see {p.log} "
+                        "(`fjord local up` in another terminal starts it again)",
+                        err=True,
+                    )
     finally:
         click.echo("stopping...")
         cluster.stop()
@@ -119,6 +179,7 @@ def up(
 def status(data_dir: Path, output: str) -> None:
     """Show the processes of the local cluster in DATA_DIR (gRPC and /metrics addresses) and
     whether they are alive."""
+    data_dir = resolve_data_dir(data_dir)
     try:
         state = read_state(data_dir)
     except ClusterStateError as exc:
@@ -126,7 +187,7 @@ def status(data_dir: Path, output: str) -> None:
     assert state is not None
     # A state file written before metrics ports existed has no "metrics_address": null.
     processes = [
-        {k: p[k] for k in ("role", "id", "pid", "address")}
+        {k: p[k] for k in ("role", "id", "pid", "address", "log")}
         | {"metrics_address": p.get("metrics_address"), "alive": pid_alive(p["pid"])}
         for p in state["processes"]
     ]
@@ -147,8 +208,12 @@ def status(data_dir: Path, output: str) -> None:
     if not processes:
         click.echo(f"the local cluster in {data_dir} is stopped")
         return
-    click.echo(f"bootstrap servers: {bootstrap}")
+    click.echo(f"bootstrap servers: {bootstrap}  data: {Path(data_dir).absolute()}")
     click.echo(tabulate(processes, headers="keys"))
+    dead = [p for p in processes if not p["alive"]]
+    if dead:
+        names = ", ".join(f"{p['role']} {p['id']}" for p in dead)
+        click.echo(f"not running: {names} (logs above); `fjord local up` starts them again")
 
 
 @local.command("down")
@@ -156,6 +221,7 @@ def status(data_dir: Path, output: str) -> None:
 def down(data_dir: Path) -> None:
     """Stop the local cluster in DATA_DIR (coordinators, brokers, controllers, then etcd).
     Data is kept."""
+    data_dir = resolve_data_dir(data_dir)
     try:
         state = read_state(data_dir)
         assert state is not None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from fjord import __version__
 from fjord.cli.broker_cmd import broker
+from fjord.cli.client_common import exit_quietly_on_broken_pipe
 from fjord.cli.cluster_cmd import cluster
 from fjord.cli.console_cmd import consume, produce
 from fjord.cli.controller_cmd import controller
@@ -19,7 +22,17 @@ from fjord.cli.quickstart_cmd import quickstart
 from fjord.cli.topics_cmd import topics
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _FjordGroup(click.Group):
+    """The top-level group: a closed stdout pipe ends any command quietly (status 141)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            exit_quietly_on_broken_pipe()
+
+
+@click.group(cls=_FjordGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fjord")
 def cli() -> None:
     """Fjord: a distributed, replicated commit log with Kafka's model."""

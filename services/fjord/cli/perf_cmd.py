@@ -18,10 +18,10 @@ from typing import Any
 import click
 
 from fjord.cli.client_common import (
+    bootstrap_for_command,
     bootstrap_option,
     friendly_errors,
     parse_pairs,
-    resolve_bootstrap,
 )
 from fjord.client import Consumer, Producer, TopicPartition
 from fjord.errors import FjordError
@@ -153,7 +153,7 @@ def perf_produce(
     """Measure producer throughput and latency."""
     if num_records <= 0 or record_size < 0:
         raise click.UsageError("--num-records must be > 0 and --record-size >= 0")
-    config: dict[str, Any] = {"bootstrap.servers": resolve_bootstrap(bootstrap_server)}
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_for_command(bootstrap_server)}
     config.update(parse_pairs(props, "--producer-props"))
     producer = Producer(config)
     try:
@@ -191,7 +191,7 @@ def perf_consume(
     output: str,
 ) -> None:
     """Measure consumer throughput."""
-    config: dict[str, Any] = {"bootstrap.servers": resolve_bootstrap(bootstrap_server)}
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap_for_command(bootstrap_server)}
     config.update(parse_pairs(props, "--consumer-props"))
     consumer = Consumer(config)
     try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -27,7 +28,7 @@ from fjord.demo.defaults import (
     SHIPMENTS_TOPIC,
 )
 from fjord.errors import ConfigError, FjordError, InvalidReplicationFactorError
-from fjord.local.defaults import DEFAULT_DATA_DIR
+from fjord.local.defaults import DEFAULT_BROKER_PORT, DEFAULT_DATA_DIR
 from fjord.observability import setup_tracing, shutdown_tracing
 
 
@@ -35,9 +36,15 @@ from fjord.observability import setup_tracing, shutdown_tracing
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_DATA_DIR,
-    show_default=True,
-    help="Directory of the local cluster (etcd data, broker logs, process logs, state file).",
+    default=None,
+    help="Directory of the local cluster (etcd data, broker logs, process logs, state file); "
+    f"found as `fjord local` finds it (default: ./{DEFAULT_DATA_DIR}).",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(min=0, max=65535),
+    default=None,
+    help=f"First broker port, as for `fjord local up` (default: {DEFAULT_BROKER_PORT} when free).",
 )
 @click.option(
     "--records",
@@ -54,11 +61,14 @@ from fjord.observability import setup_tracing, shutdown_tracing
     help="Replicas of each partition of both topics.",
 )
 @click.option("--no-wait", is_flag=True, help="Stop the cluster right after the summary.")
-def quickstart(data_dir: Path, records: int, replication_factor: int, no_wait: bool) -> None:
+def quickstart(
+    data_dir: Path | None, port: int | None, records: int, replication_factor: int, no_wait: bool
+) -> None:
     """Start a local cluster and run the orders -> shipments demonstration on it."""
     from fjord.client import KafkaTimeoutError
     from fjord.demo import render_summary, run_scenario
     from fjord.demo.orders import next_steps
+    from fjord.local import choose_broker_port, resolve_data_dir
     from fjord.local.cluster import ClusterStateError, LocalCluster, pid_alive
     from fjord.local.etcd import EtcdNotFoundError, ProcessStartError
 
@@ -66,10 +76,20 @@ def quickstart(data_dir: Path, records: int, replication_factor: int, no_wait: b
         setup_tracing("fjord-quickstart")  # OTEL_TRACES_EXPORTER=console shows the demo's spans
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from exc
-    cluster = LocalCluster(data_dir, brokers=DEMO_BROKERS, controllers=DEMO_CONTROLLERS)
+    explicit_dir = data_dir is not None
+    data_dir = resolve_data_dir(data_dir)
+    first_port, note = choose_broker_port(port, DEMO_BROKERS)
+    cluster = LocalCluster(
+        data_dir,
+        brokers=DEMO_BROKERS,
+        controllers=DEMO_CONTROLLERS,
+        broker_port=first_port,
+        broker_port_fallback=port is None,
+    )
     click.echo(
-        f"starting a local cluster in {cluster.data_dir} "
-        f"({DEMO_BROKERS} brokers, {DEMO_CONTROLLERS} controllers, etcd) ..."
+        f"starting a local cluster in {cluster.data_dir} ({DEMO_BROKERS} brokers, "
+        f"{DEMO_CONTROLLERS} controllers, {cluster.num_coordinators} group coordinators, "
+        "etcd) ..."
     )
     # Until the summary is out, Ctrl-C or SIGTERM (`fjord local down`) interrupts whatever runs;
     # afterwards they just end the wait. Either way the finally below stops the cluster.
@@ -78,12 +98,22 @@ def quickstart(data_dir: Path, records: int, replication_factor: int, no_wait: b
     previous = {
         sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGINT, signal.SIGTERM)
     }
+    # A start that is refused (a cluster already runs there, a port is taken) or fails has
+    # stopped whatever it started itself: the clean-up below is only for a started cluster,
+    # and must never touch another cluster's processes or state file.
     try:
-        try:
-            cluster.start()
-        except (ClusterStateError, ProcessStartError, EtcdNotFoundError) as exc:
-            raise click.ClickException(str(exc)) from exc
+        cluster.start()
+    except (ClusterStateError, ProcessStartError, EtcdNotFoundError) as exc:
+        _restore(previous)
+        raise click.ClickException(str(exc)) from exc
+    except KeyboardInterrupt:
+        _restore(previous)
+        click.echo("interrupted while starting", err=True)
+        raise SystemExit(130) from None
+    try:
         bootstrap = cluster.bootstrap_servers
+        if note:
+            click.echo(note)
         click.echo(f"bootstrap servers: {bootstrap}")
         click.echo(
             f"order service -> {ORDERS_TOPIC} -> shipping service -> {SHIPMENTS_TOPIC}: "
@@ -111,8 +141,7 @@ def quickstart(data_dir: Path, records: int, replication_factor: int, no_wait: b
             return
         for sig in previous:
             signal.signal(sig, lambda *_: stopping.set())
-        default_dir = Path(data_dir) == Path(DEFAULT_DATA_DIR)
-        click.echo(next_steps(bootstrap, None if default_dir else str(data_dir)))
+        click.echo(next_steps(bootstrap, str(data_dir) if explicit_dir else None))
         click.echo("Press Ctrl-C to stop the cluster.")
         while not stopping.wait(CLUSTER_WATCH_INTERVAL_S):
             dead = [p for p in cluster.processes() if not pid_alive(p.pid)]
@@ -130,11 +159,15 @@ def quickstart(data_dir: Path, records: int, replication_factor: int, no_wait: b
         shutdown_tracing()
         click.echo("stopping the local cluster ...")
         cluster.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+        _restore(previous)
         click.echo("stopped.")
     if interrupted:
         raise SystemExit(130)  # the shell's status for "ended by Ctrl-C"
+
+
+def _restore(previous: dict[signal.Signals, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 def _raise_interrupt(signum: int, _frame: object) -> None:

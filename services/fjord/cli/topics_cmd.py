@@ -88,6 +88,9 @@ def create(
         except FjordError as exc:
             if not (if_not_exists and exc.code is ErrorCode.TOPIC_ALREADY_EXISTS):
                 raise
+            # Kafka's tool says nothing here; saying "Created" would be false.
+            click.echo(f"Topic {topic} already exists; nothing changed.")
+            return
     click.echo(f"Created topic {topic}.")
 
 

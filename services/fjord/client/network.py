@@ -311,7 +311,10 @@ class Network:
                     raise
                 last = exc
             except (TimeoutError, grpc.aio.AioRpcError) as exc:
-                last = transport_error(exc, what)
+                # An attempt cut short by the deadline says less than the error before it
+                # (e.g. "connection refused" from every broker): keep that one.
+                if not (isinstance(exc, TimeoutError) and last is not None):
+                    last = transport_error(exc, what)
             await asyncio.sleep(min(backoff_s, max(deadline - time.monotonic(), 0)))
             try:
                 await asyncio.wait_for(

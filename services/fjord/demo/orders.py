@@ -245,7 +245,7 @@ def next_steps(
     return "\n".join(
         [
             f"The cluster keeps running; bootstrap servers: {bootstrap}",
-            "From another terminal, in this directory:",
+            "From another terminal, in this directory or one below it:",
             f"  fjord topics list{server}",
             f"  fjord consume{server} --topic {shipments_topic} --from-beginning --max-messages 5",
             f"  fjord local status{where}",

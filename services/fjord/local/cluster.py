@@ -50,7 +50,15 @@ from fjord.local.defaults import (
     STATE_FILE,
     STOP_TIMEOUT_S,
 )
-from fjord.local.etcd import EtcdProcess, ProcessStartError, free_port, log_tail, stop_process
+from fjord.local.etcd import (
+    EtcdProcess,
+    ProcessStartError,
+    free_port,
+    log_size,
+    log_tail,
+    stop_process,
+)
+from fjord.local.ports import PortInUseError, check_ports_free, port_clash_message
 from fjord.metadata import ClusterConfig, Keys
 
 # The child command: the installed package's CLI, independent of PATH.
@@ -72,6 +80,8 @@ class ProcessInfo:
     log: str
     # host:port serving Prometheus /metrics (etcd serves its own on its client port).
     metrics_address: str | None = None
+    # The command that started it: ``fjord local up`` restarts a process that died with it.
+    argv: tuple[str, ...] = ()
 
 
 def split_config(config: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
@@ -112,7 +122,11 @@ class LocalCluster:
     Layout of ``data_dir``: ``etcd/`` (etcd's data), ``brokers/<id>/`` (each broker's partition
     logs), ``logs/<role>-<id>.log`` (each process's output), and ``cluster.json``, the state
     file: ``{"cluster_id", "etcd_url", "bootstrap_servers", "launcher_pid", "processes": [{"role",
-    "id", "pid", "address", "log", "metrics_address"}]}``.
+    "id", "pid", "address", "log", "metrics_address", "argv"}]}``.
+
+    Brokers listen on ``broker_port``, ``broker_port + 1``, ... when it is not 0 (``fjord local
+    up --port``), else on free ports. With ``broker_port_fallback`` that port is only a wish:
+    when it is taken (say, by a cluster started a moment earlier) the brokers take free ports.
 
     Coordinators have ids 1..N and no data directory (their state is ``__consumer_offsets``).
 
@@ -125,6 +139,11 @@ class LocalCluster:
     bounded), otherwise it stops what it started and raises ProcessStartError with the failing
     process's log tail; :meth:`stop` stops coordinators, then brokers, then controllers, then
     etcd.
+
+    Never losing track of a process: only an instance whose :meth:`start` got past the
+    "already running" check owns the state file; :meth:`stop` of any other instance leaves it
+    alone, and the owner's :meth:`stop` also stops every process the state file records
+    (``fjord local up`` may have restarted some), then records only processes still alive.
     """
 
     def __init__(
@@ -141,6 +160,8 @@ class LocalCluster:
         coordinators: int = DEFAULT_COORDINATORS,
         coordinator_lease_ttl_s: int = LOCAL_COORDINATOR_LEASE_TTL_S,
         coordinator_config: Mapping[str, str] | None = None,
+        broker_port: int = 0,
+        broker_port_fallback: bool = False,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -162,6 +183,10 @@ class LocalCluster:
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s
         self.detach = detach
+        self.broker_port = broker_port
+        # True: broker_port is only preferred (the default 9092); a clash means free ports.
+        self.broker_port_fallback = broker_port_fallback
+        self._owner = False  # True once start() may write the state file
         self.logs_dir = self.data_dir / "logs"
         self.state_path = self.data_dir / STATE_FILE
         previous = self._previous_etcd_ports()
@@ -173,6 +198,8 @@ class LocalCluster:
             unsafe_no_fsync=unsafe_etcd_no_fsync,
         )
         self._children: dict[tuple[str, int], tuple[subprocess.Popen[bytes], str]] = {}
+        self._argv: dict[tuple[str, int], tuple[str, ...]] = {}
+        self._log_start: dict[tuple[str, int], int] = {}  # where each run's output begins
         # (role, id) -> the port its /metrics is served on; kept when the process restarts.
         self._metrics_ports: dict[tuple[str, int], int] = {}
 
@@ -213,11 +240,12 @@ class LocalCluster:
             out.append(
                 ProcessInfo("etcd", 0, self.etcd.process.pid,
                             self.etcd.url.removeprefix("http://"), str(self.etcd.log_path),
-                            self.metrics_address("etcd", 0))
+                            self.metrics_address("etcd", 0), tuple(self.etcd.command))
             )
         for (role, node_id), (proc, address) in sorted(self._children.items()):
             out.append(ProcessInfo(role, node_id, proc.pid, address, str(self._log(role, node_id)),
-                                   self.metrics_address(role, node_id)))
+                                   self.metrics_address(role, node_id),
+                                   self._argv[(role, node_id)]))
         return out
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -229,6 +257,23 @@ class LocalCluster:
                 f"a local cluster is already running in {self.data_dir} "
                 "(stop it with `fjord local down`)"
             )
+        # Fixed ports are checked before anything starts: a clash is reported at once, naming
+        # the port and its holder, instead of a process dying (or, for etcd, an old etcd on
+        # the same port answering health checks) and a timeout later.
+        check_ports_free(
+            {"etcd (client port)": self.etcd.client_port, "etcd (peer port)": self.etcd.peer_port}
+        )
+        broker_ports = {
+            f"broker {i}": self.broker_port + i if self.broker_port else 0
+            for i in range(self.num_brokers)
+        }
+        try:
+            check_ports_free(broker_ports)
+        except PortInUseError:
+            if not self.broker_port_fallback:
+                raise
+            self.broker_port = 0
+        self._owner = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
         try:
@@ -257,7 +302,11 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Stop coordinators, brokers, then controllers, then etcd (SIGTERM, then SIGKILL after
-        a grace)."""
+        a grace). A no-op for the state file unless this instance started the cluster."""
+        if self._owner:
+            # Processes someone restarted (``fjord local up`` filling a gap) are ours to stop.
+            with contextlib.suppress(ClusterStateError, OSError):
+                stop_from_state(self.data_dir)
         for role in ("coordinator", "broker", "controller"):
             procs = [p for (r, _), (p, _) in self._children.items() if r == role]
             for proc in procs:
@@ -266,7 +315,7 @@ class LocalCluster:
             for proc in procs:
                 stop_process(proc, STOP_TIMEOUT_S)
         self.etcd.stop()
-        if self.state_path.exists():
+        if self._owner:
             self._write_state(stopped=True)
 
     def __enter__(self) -> LocalCluster:
@@ -282,9 +331,12 @@ class LocalCluster:
         return self.logs_dir / f"{role}-{node_id}.log"
 
     def _spawn(self, role: str, node_id: int, args: list[str]) -> subprocess.Popen[bytes]:
+        argv = (*_FJORD, *args)
+        self._argv[(role, node_id)] = argv
+        self._log_start[(role, node_id)] = log_size(self._log(role, node_id))
         with open(self._log(role, node_id), "ab") as log:
             return subprocess.Popen(
-                [*_FJORD, *args],
+                argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -294,12 +346,16 @@ class LocalCluster:
             )
 
     def _start_child(
-        self, role: str, node_id: int, args_for_port: Callable[[str], list[str]]
+        self,
+        role: str,
+        node_id: int,
+        args_for_port: Callable[[str], list[str]],
+        fixed_port: int = 0,
     ) -> None:
         old = self._children.get((role, node_id))
         if old is not None and old[0].poll() is None:
             raise ClusterStateError(f"{role} {node_id} is already running")
-        port = int(old[1].rpartition(":")[2]) if old else free_port()
+        port = int(old[1].rpartition(":")[2]) if old else fixed_port or free_port()
         address = f"{LOOPBACK_HOST}:{port}"
         metrics_port = self._metrics_ports.get((role, node_id)) or free_port()
         self._metrics_ports[(role, node_id)] = metrics_port
@@ -336,6 +392,7 @@ class LocalCluster:
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
             ],
+            self.broker_port + broker_id if self.broker_port else 0,
         )
         if wait:
             self._wait_broker_ready(broker_id)
@@ -390,8 +447,17 @@ class LocalCluster:
                 return
             except ProcessStartError:
                 proc = self.process(role, node_id)
-                log = log_tail(self._log(role, node_id)).lower()
+                log = self._run_log(role, node_id).lower()
                 bind_failed = "bind" in log or "address already in use" in log
+                fixed = role == "broker" and self.broker_port
+                if bind_failed and proc.poll() is not None and fixed:
+                    if not self.broker_port_fallback:
+                        # A port that was asked for is never swapped for another.
+                        port = int(self.address(role, node_id).rpartition(":")[2])
+                        raise PortInUseError(
+                            port_clash_message(f"broker {node_id}", port)
+                        ) from None
+                    self.broker_port = 0  # taken meanwhile: free ports from here on
                 if proc.poll() is None or not bind_failed or attempt == PORT_RETRIES - 1:
                     raise
                 # Both ports are picked afresh: either may be the one that was taken.
@@ -399,12 +465,16 @@ class LocalCluster:
                 del self._metrics_ports[(role, node_id)]
                 restart(node_id, wait=False)
 
+    def _run_log(self, role: str, node_id: int) -> str:
+        """The tail of what the current run of ``role`` ``node_id`` wrote to its log."""
+        return log_tail(self._log(role, node_id), since=self._log_start.get((role, node_id), 0))
+
     def _check_alive(self, role: str, node_id: int) -> None:
         proc = self.process(role, node_id)
         if proc.poll() is not None:
             raise ProcessStartError(
                 f"{role} {node_id} exited with {proc.returncode}:\n"
-                f"{log_tail(self._log(role, node_id))}"
+                f"{self._run_log(role, node_id)}"
             )
 
     def _wait_until(
@@ -419,23 +489,17 @@ class LocalCluster:
             if time.monotonic() > deadline:
                 raise ProcessStartError(
                     f"{role} {node_id} not {what} after {timeout} s:\n"
-                    f"{log_tail(self._log(role, node_id))}"
+                    f"{self._run_log(role, node_id)}"
                 )
             time.sleep(READY_POLL_INTERVAL_S)
 
     def describe_cluster(self, controller_id: int) -> controller_pb2.DescribeClusterResponse | None:
-        try:
-            with grpc.insecure_channel(self.address("controller", controller_id)) as channel:
-                stub = controller_pb2_grpc.ControllerStub(channel)
-                request = controller_pb2.DescribeClusterRequest()
-                return stub.DescribeCluster(request, timeout=PROBE_TIMEOUT_S)
-        except grpc.RpcError:
-            return None
+        return probe_controller(self.address("controller", controller_id))
 
     def _wait_controller_serving(self, controller_id: int) -> None:
+        address = self.address("controller", controller_id)
         self._wait_until(
-            "controller", controller_id,
-            lambda: self.describe_cluster(controller_id) is not None,
+            "controller", controller_id, lambda: READY["controller"](address, controller_id),
             "serving", PROCESS_START_TIMEOUT_S,
         )
 
@@ -463,41 +527,21 @@ class LocalCluster:
             time.sleep(READY_POLL_INTERVAL_S)
 
     def broker_metadata(self, broker_id: int) -> broker_pb2.MetadataResponse | None:
-        try:
-            with grpc.insecure_channel(self.address("broker", broker_id)) as channel:
-                stub = broker_pb2_grpc.BrokerStub(channel)
-                request = broker_pb2.MetadataRequest(all_topics=True)
-                return stub.Metadata(request, timeout=PROBE_TIMEOUT_S)
-        except grpc.RpcError:
-            return None
+        return probe_broker(self.address("broker", broker_id))
 
     def _wait_broker_ready(self, broker_id: int) -> None:
-        def registered() -> bool:
-            response = self.broker_metadata(broker_id)
-            return response is not None and any(b.id == broker_id for b in response.brokers)
-
-        self._wait_until("broker", broker_id, registered, "registered and answering Metadata",
-                         PROCESS_START_TIMEOUT_S)
+        address = self.address("broker", broker_id)
+        self._wait_until("broker", broker_id, lambda: READY["broker"](address, broker_id),
+                         "registered and answering Metadata", PROCESS_START_TIMEOUT_S)
 
     def list_groups(self, coordinator_id: int) -> coordinator_pb2.ListGroupsResponse | None:
         """The coordinator's ListGroups answer (None when it does not answer)."""
-        try:
-            with grpc.insecure_channel(self.address("coordinator", coordinator_id)) as channel:
-                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-                request = coordinator_pb2.ListGroupsRequest()
-                return stub.ListGroups(request, timeout=PROBE_TIMEOUT_S)
-        except grpc.RpcError:
-            return None
+        return probe_coordinator(self.address("coordinator", coordinator_id))
 
     def _wait_coordinator_registered(self, coordinator_id: int) -> None:
-        # A coordinator answers COORDINATOR_NOT_AVAILABLE until it is registered in etcd.
-        not_registered = ErrorCode.COORDINATOR_NOT_AVAILABLE.code
-
-        def registered() -> bool:
-            response = self.list_groups(coordinator_id)
-            return response is not None and response.error.code != not_registered
-
-        self._wait_until("coordinator", coordinator_id, registered, "registered",
+        address = self.address("coordinator", coordinator_id)
+        self._wait_until("coordinator", coordinator_id,
+                         lambda: READY["coordinator"](address, coordinator_id), "registered",
                          PROCESS_START_TIMEOUT_S)
 
     # -- etcd and state ----------------------------------------------------------------------
@@ -535,12 +579,134 @@ class LocalCluster:
             "etcd_url": self.etcd_url,
             "etcd_ports": [self.etcd.client_port, self.etcd.peer_port],
             "bootstrap_servers": self.bootstrap_servers,
-            "launcher_pid": None if self.detach else os.getpid(),
-            "processes": [] if stopped else [asdict(p) for p in self.processes()],
+            "launcher_pid": None if self.detach or stopped else os.getpid(),
+            # Once stopped, only a process that survived SIGKILL is still listed.
+            "processes": [
+                asdict(p) for p in self.processes() if not stopped or pid_alive(p.pid)
+            ],
         }
-        tmp = self.state_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(state, indent=2) + "\n")
-        os.replace(tmp, self.state_path)
+        _write_state_file(self.data_dir, state)
+
+
+def probe_controller(address: str) -> controller_pb2.DescribeClusterResponse | None:
+    """The DescribeCluster answer of the controller at ``address`` (None when it does not
+    answer within PROBE_TIMEOUT_S)."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = controller_pb2_grpc.ControllerStub(channel)
+            request = controller_pb2.DescribeClusterRequest()
+            return stub.DescribeCluster(request, timeout=PROBE_TIMEOUT_S)
+    except grpc.RpcError:
+        return None
+
+
+def probe_broker(address: str) -> broker_pb2.MetadataResponse | None:
+    """The all-topics Metadata answer of the broker at ``address`` (None when none)."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)
+            request = broker_pb2.MetadataRequest(all_topics=True)
+            return stub.Metadata(request, timeout=PROBE_TIMEOUT_S)
+    except grpc.RpcError:
+        return None
+
+
+def probe_coordinator(address: str) -> coordinator_pb2.ListGroupsResponse | None:
+    """The ListGroups answer of the group coordinator at ``address`` (None when none)."""
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            return stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=PROBE_TIMEOUT_S)
+    except grpc.RpcError:
+        return None
+
+
+def _etcd_healthy(address: str, _id: int) -> bool:
+    return EtcdProcess.health_at(f"http://{address}")
+
+
+def _controller_serving(address: str, _id: int) -> bool:
+    return probe_controller(address) is not None
+
+
+def _broker_registered(address: str, broker_id: int) -> bool:
+    response = probe_broker(address)
+    return response is not None and any(b.id == broker_id for b in response.brokers)
+
+
+def _coordinator_registered(address: str, _id: int) -> bool:
+    # A coordinator answers COORDINATOR_NOT_AVAILABLE until it is registered in etcd.
+    response = probe_coordinator(address)
+    return response is not None and response.error.code != ErrorCode.COORDINATOR_NOT_AVAILABLE.code
+
+
+#: Per role: is the process at (address, id) ready (the check :meth:`LocalCluster.start` and
+#: :func:`restart_dead_processes` wait for)?
+READY: dict[str, Callable[[str, int], bool]] = {
+    "etcd": _etcd_healthy,
+    "controller": _controller_serving,
+    "broker": _broker_registered,
+    "coordinator": _coordinator_registered,
+}
+
+_ROLE_ORDER = {"etcd": 0, "controller": 1, "broker": 2, "coordinator": 3}
+
+
+def restart_dead_processes(
+    data_dir: Path | str, timeout: float = PROCESS_START_TIMEOUT_S
+) -> list[dict[str, Any]]:
+    """Start again every process of the cluster in ``data_dir`` that its state file records
+    but that is no longer alive (a broker that crashed or was killed), with the command, port
+    and log it had; etcd first, then controllers, brokers, coordinators. Waits (bounded) until
+    each is ready and records the new pids. Returns the restarted entries.
+
+    Raises ClusterStateError when nothing in the state file is alive (start the cluster
+    instead) or the state file predates recorded commands, PortInUseError when a process's
+    port is taken, ProcessStartError when one exits or is not ready in ``timeout``."""
+    state = read_state(data_dir)
+    assert state is not None
+    processes = state["processes"]
+    dead = [p for p in processes if not pid_alive(p["pid"])]
+    if not dead:
+        return []
+    if len(dead) == len(processes):
+        raise ClusterStateError(f"no process of the local cluster in {data_dir} is running")
+    if any(not p.get("argv") for p in dead):
+        raise ClusterStateError(
+            f"the state file in {data_dir} does not record how its processes were started "
+            "(written by an older fjord): run `fjord local down`, then `fjord local up`"
+        )
+    for p in sorted(dead, key=lambda p: (_ROLE_ORDER[p["role"]], p["id"])):
+        port = int(p["address"].rpartition(":")[2])
+        check_ports_free({f"{p['role']} {p['id']}": port})
+        log_path = Path(p["log"])
+        start = log_size(log_path)
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(
+                list(p["argv"]), stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while not READY[p["role"]](p["address"], p["id"]):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                what = f"exited with {proc.returncode}" if proc.poll() is not None else (
+                    f"not ready after {timeout} s")
+                if proc.poll() is None:
+                    stop_process(proc)
+                raise ProcessStartError(
+                    f"{p['role']} {p['id']} {what}:\n{log_tail(log_path, since=start)}"
+                )
+            time.sleep(READY_POLL_INTERVAL_S)
+        p["pid"] = proc.pid
+        _write_state_file(Path(data_dir), state)  # each restart recorded at once
+    return dead
+
+
+def _write_state_file(data_dir: Path, state: Mapping[str, Any]) -> None:
+    path = data_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def read_state(data_dir: Path | str, missing_ok: bool = False) -> dict[str, Any] | None:
@@ -582,7 +748,7 @@ def stop_from_state(data_dir: Path | str, timeout: float = STOP_TIMEOUT_S) -> li
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p["pid"], signal.SIGKILL)
             stopped.append(p)
-    state["processes"] = []
+    state["processes"] = [p for p in state["processes"] if pid_alive(p["pid"])]
     state["launcher_pid"] = None
-    (Path(data_dir) / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+    _write_state_file(Path(data_dir), state)
     return stopped

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -61,11 +62,33 @@ def free_port(host: str = LOOPBACK_HOST) -> int:
         return int(sock.getsockname()[1])
 
 
-def log_tail(path: Path, lines: int = 20) -> str:
+def log_tail(path: Path, lines: int = 20, since: int = 0) -> str:
+    """The last ``lines`` lines of ``path`` from byte ``since`` on (what one run appended)."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        with open(path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def log_size(path: Path) -> int:
+    """Bytes in ``path`` now (0 when absent): where the next run's output will start."""
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+_ADDRESS_IN_USE = re.compile(r"listen tcp ([0-9.]+):(\d+): bind: address already in use")
+
+
+def address_in_use_port(log: str) -> int | None:
+    """The port of etcd's (Go's) "listen tcp HOST:PORT: bind: address already in use", if
+    ``log`` has one."""
+    match = _ADDRESS_IN_USE.search(log)
+    return int(match.group(2)) if match else None
 
 
 def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> None:
@@ -103,6 +126,8 @@ class EtcdProcess:
         self.peer_port = peer_port
         self.unsafe_no_fsync = unsafe_no_fsync
         self.process: subprocess.Popen[bytes] | None = None
+        self.command: list[str] = []  # the argv of the running etcd, once started
+        self._log_start = 0  # where this run's output begins in log_path
 
     @property
     def url(self) -> str:
@@ -138,9 +163,11 @@ class EtcdProcess:
         for attempt in range(attempts):
             if not fixed:
                 self.client_port, self.peer_port = free_port(), free_port()
+            self.command = self._command()
+            self._log_start = log_size(self.log_path)
             with open(self.log_path, "ab") as log:
                 self.process = subprocess.Popen(
-                    self._command(),
+                    self.command,
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
@@ -149,18 +176,22 @@ class EtcdProcess:
             try:
                 self.wait_healthy(timeout)
                 return
-            except ProcessStartError:
+            except ProcessStartError as exc:
                 self.stop()
-                if attempt == attempts - 1:
+                if attempt == attempts - 1 or getattr(exc, "port_in_use", False):
                     raise
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             if self.process is not None and self.process.poll() is not None:
-                raise ProcessStartError(
-                    f"etcd exited with {self.process.returncode}:\n{log_tail(self.log_path)}"
-                )
+                tail = log_tail(self.log_path, since=self._log_start)
+                port = address_in_use_port(tail)
+                if port is not None:
+                    from fjord.local.ports import PortInUseError, port_clash_message
+
+                    raise PortInUseError(port_clash_message("etcd", port))
+                raise ProcessStartError(f"etcd exited with {self.process.returncode}:\n{tail}")
             if self.healthy():
                 return
             if time.monotonic() > deadline:
@@ -170,8 +201,13 @@ class EtcdProcess:
             time.sleep(READY_POLL_INTERVAL_S)
 
     def healthy(self) -> bool:
+        return self.health_at(self.url)
+
+    @staticmethod
+    def health_at(url: str) -> bool:
+        """Whether the etcd at ``url`` (``http://host:port``) reports itself healthy."""
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=PROBE_TIMEOUT_S) as resp:
+            with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_S) as resp:
                 return bool(json.load(resp).get("health") == "true")
         except (OSError, urllib.error.URLError, ValueError):
             return False
