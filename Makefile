@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat
 
 all: test
 
@@ -29,7 +29,7 @@ demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
 ## test: lint, type checks and the whole test suite
-test: $(STAMP) java-check helm lint typecheck
+test: $(STAMP) java-check helm kcat lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -80,6 +80,13 @@ bench-deps:
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update && $$SUDO apt-get install -y redis-server nats-server; \
 	fi
+
+## kcat: Debian's kcat, one of the real Kafka clients the Kafka-listener tests run
+## (tests/integration/test_kafka_protocol.py skips its kcat test, saying so, when it is missing)
+kcat:
+	@command -v kcat >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; } \
+	|| echo "make kcat: could not install Debian's kcat (apt-get install -y kcat); its test will be skipped"
 
 ## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
 proto: $(STAMP)

@@ -44,6 +44,8 @@ from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.service import BrokerServicer
 from fjord.errors import ConfigError
+from fjord.kafka.broker import BrokerKafkaHandlers
+from fjord.kafka.server import KafkaListener
 from fjord.metadata import (
     BrokerRegistration,
     Keys,
@@ -125,6 +127,10 @@ class BrokerOptions:
     config: dict[str, str] = field(default_factory=dict)
     advertised_host: str | None = None
     lease_ttl_s: int = defaults.BROKER_LEASE_TTL_S
+    #: ``KAFKA`` listener (host, port; port 0: any free) or None for no Kafka-protocol door;
+    #: ``kafka_advertised``: the (host, port) Kafka clients are told (port 0: the bound one).
+    kafka_listener: tuple[str, int] | None = None
+    kafka_advertised: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.broker_id < 0:
@@ -191,6 +197,7 @@ class BrokerServer:
         self._lease_id: int | None = None
         self._metrics_port: int | None = None
         self.port: int = options.listen_port
+        self._kafka: KafkaListener | None = None
         self._stopped = asyncio.Event()
 
     # --- start/stop -----------------------------------------------------------------------------
@@ -231,14 +238,22 @@ class BrokerServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
-        broker_pb2_grpc.add_BrokerServicer_to_server(
-            BrokerServicer(
-                replicas, lambda: self._image(), self._producer_ids, self._offsets_topic
-            ),
-            self._server,
+        servicer = BrokerServicer(
+            replicas, lambda: self._image(), self._producer_ids, self._offsets_topic
         )
+        broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._server)
         self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
         await self._server.start()
+        if opts.kafka_listener is not None:
+            handlers = BrokerKafkaHandlers(opts.broker_id, replicas, servicer, self._image)
+            host, port = opts.kafka_listener
+            self._kafka = KafkaListener(
+                handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka"
+            )
+            try:
+                await self._kafka.start()
+            except OSError as exc:
+                raise ConfigError(f"listeners: cannot bind KAFKA://{host}:{port}: {exc}") from exc
 
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
@@ -275,11 +290,13 @@ class BrokerServer:
             ),
             "producer-id expiration",
         )
+        kafka = self.kafka_address
         log.info(
-            "broker %d serving on %s:%d (cluster %s, %d partitions)",
+            "broker %d serving gRPC on %s:%d%s (cluster %s, %d partitions)",
             opts.broker_id,
             self.advertised_host,
             self.port,
+            "" if kafka is None else f", Kafka on {kafka[0]}:{kafka[1]}",
             opts.cluster_id,
             len(replicas.partitions),
         )
@@ -293,6 +310,8 @@ class BrokerServer:
             self.replicas.close()
         if self._fetchers is not None:
             await self._fetchers.close()
+        if self._kafka is not None:
+            await self._kafka.stop()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         for task in self._tasks:
@@ -337,9 +356,23 @@ class BrokerServer:
     def advertised_host(self) -> str:
         return advertised_host(self.options.advertised_host, self.options.listen_host)
 
+    @property
+    def kafka_address(self) -> tuple[str, int] | None:
+        """The (host, port) Kafka clients are told, None without a Kafka listener."""
+        if self._kafka is None or self.options.kafka_listener is None:
+            return None
+        host, port = self.options.kafka_advertised or (None, 0)
+        listen_host = self.options.kafka_listener[0]
+        return (
+            advertised_host(host or self.options.advertised_host, listen_host),
+            port or self._kafka.port,
+        )
+
     def _registration(self) -> BrokerRegistration:
+        kafka_host, kafka_port = self.kafka_address or (None, None)
         return BrokerRegistration(
-            self.options.broker_id, self.advertised_host, self.port, self.options.rack
+            self.options.broker_id, self.advertised_host, self.port, self.options.rack,
+            kafka_host, kafka_port,
         )
 
     async def _register(self) -> int:

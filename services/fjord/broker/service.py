@@ -59,11 +59,28 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Metadata(
         self, request: broker_pb2.MetadataRequest, context: aio.ServicerContext
     ) -> broker_pb2.MetadataResponse:
-        return self._metadata.respond(self._image(), request)
+        return self.metadata(request)
 
     async def InitProducerId(
         self, request: broker_pb2.InitProducerIdRequest, context: aio.ServicerContext
     ) -> broker_pb2.InitProducerIdResponse:
+        return await self.init_producer_id(request)
+
+    async def FindCoordinator(
+        self, request: broker_pb2.FindCoordinatorRequest, context: aio.ServicerContext
+    ) -> broker_pb2.FindCoordinatorResponse:
+        return self.find_coordinator(request)
+
+    # --- shared with the Kafka listener (fjord.kafka.broker) ------------------------------------
+
+    def metadata(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
+        """The Metadata answer from the newest applied image (all-topics answers cached)."""
+        return self._metadata.respond(self._image(), request)
+
+    async def init_producer_id(
+        self, request: broker_pb2.InitProducerIdRequest
+    ) -> broker_pb2.InitProducerIdResponse:
+        """A new producer id and epoch 0; transactional ids are refused."""
         response = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
         try:
             if request.transactional_id:
@@ -82,9 +99,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             response.error.message = str(exc)
         return response
 
-    async def FindCoordinator(
-        self, request: broker_pb2.FindCoordinatorRequest, context: aio.ServicerContext
+    def find_coordinator(
+        self, request: broker_pb2.FindCoordinatorRequest
     ) -> broker_pb2.FindCoordinatorResponse:
+        """The coordinator of a group (id and gRPC address); the first lookup while
+        ``__consumer_offsets`` does not exist asks the controller to create it."""
         response = broker_pb2.FindCoordinatorResponse(partition=-1)
         image = self._image()
         try:

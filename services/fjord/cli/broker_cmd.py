@@ -11,6 +11,8 @@ import click
 from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer, parse_listen
 from fjord.errors import ConfigError
+from fjord.kafka.defaults import GRPC_LISTENER, KAFKA_LISTENER
+from fjord.kafka.listeners import parse_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
 
@@ -27,7 +29,23 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("broker")
 @click.option("--id", "broker_id", type=int, required=True, help="Broker id (>= 0), unique.")
-@click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
+@click.option(
+    "--listen",
+    default=None,
+    help="HOST:PORT to serve gRPC on (port 0: any free); same as GRPC://HOST:PORT in --listeners.",
+)
+@click.option(
+    "--listeners",
+    default="",
+    help="Kafka-style NAME://HOST:PORT list: GRPC (native) and KAFKA (Kafka protocol, "
+    "e.g. KAFKA://0.0.0.0:9092). No KAFKA entry: no Kafka listener.",
+)
+@click.option(
+    "--advertised-listeners",
+    default="",
+    help="NAME://HOST:PORT clients are told per listener (default: the listen address; "
+    "port 0: the bound port). Only KAFKA is used; GRPC's host is --advertised-host.",
+)
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),
@@ -60,7 +78,9 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def broker(
     broker_id: int,
-    listen: str,
+    listen: str | None,
+    listeners: str,
+    advertised_listeners: str,
     data_dir: Path,
     etcd_url: str,
     cluster_id: str,
@@ -77,7 +97,17 @@ def broker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        host, port = parse_listen(listen)
+        parsed = parse_listeners(listeners)
+        advertised = parse_listeners(advertised_listeners, "advertised-listeners")
+        if listen is not None and GRPC_LISTENER in parsed:
+            raise ConfigError(
+                "listen: give the gRPC address once (--listen or GRPC:// in --listeners)"
+            )
+        if listen is None and GRPC_LISTENER not in parsed:
+            raise ConfigError(
+                "listen: --listen HOST:PORT or GRPC://HOST:PORT in --listeners is required"
+            )
+        host, port = parse_listen(listen) if listen is not None else parsed[GRPC_LISTENER]
         options = BrokerOptions(
             broker_id=broker_id,
             listen_host=host,
@@ -90,6 +120,8 @@ def broker(
             config=_parse_config(config_items),
             advertised_host=advertised_host,
             lease_ttl_s=lease_ttl,
+            kafka_listener=parsed.get(KAFKA_LISTENER),
+            kafka_advertised=advertised.get(KAFKA_LISTENER),
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

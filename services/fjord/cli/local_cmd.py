@@ -118,6 +118,7 @@ def up(
     if note:
         click.echo(note)
     click.echo(f"bootstrap servers: {cluster.bootstrap_servers}")
+    click.echo(f"kafka bootstrap servers: {cluster.kafka_bootstrap_servers}")
     coordinators_text = ", ".join(f"{i}={a}" for i, a in cluster.coordinator_addresses.items())
     click.echo(f"group coordinators: {coordinators_text or 'none'}")
     click.echo(f"etcd: {cluster.etcd_url}  data: {cluster.data_dir}")
@@ -192,11 +193,13 @@ def status(data_dir: Path, output: str) -> None:
         for p in state["processes"]
     ]
     bootstrap = state.get("bootstrap_servers", "") if processes else ""
+    kafka_bootstrap = state.get("kafka_bootstrap_servers", "") if processes else ""
     if output == "json":
         click.echo(
             json.dumps(
                 {
                     "bootstrap_servers": bootstrap,
+                    "kafka_bootstrap_servers": kafka_bootstrap,
                     "cluster_id": state["cluster_id"],
                     "etcd_url": state["etcd_url"],
                     "processes": processes,
@@ -209,6 +212,7 @@ def status(data_dir: Path, output: str) -> None:
         click.echo(f"the local cluster in {data_dir} is stopped")
         return
     click.echo(f"bootstrap servers: {bootstrap}  data: {Path(data_dir).absolute()}")
+    click.echo(f"kafka bootstrap servers: {kafka_bootstrap}")
     click.echo(tabulate(processes, headers="keys"))
     dead = [p for p in processes if not p["alive"]]
     if dead:

@@ -121,8 +121,12 @@ class LocalCluster:
 
     Layout of ``data_dir``: ``etcd/`` (etcd's data), ``brokers/<id>/`` (each broker's partition
     logs), ``logs/<role>-<id>.log`` (each process's output), and ``cluster.json``, the state
-    file: ``{"cluster_id", "etcd_url", "bootstrap_servers", "launcher_pid", "processes": [{"role",
-    "id", "pid", "address", "log", "metrics_address", "argv"}]}``.
+    file: ``{"cluster_id", "etcd_url", "bootstrap_servers", "kafka_bootstrap_servers",
+    "launcher_pid", "processes": [{"role", "id", "pid", "address", "log", "metrics_address",
+    "argv"}]}``.
+
+    Every broker also opens a Kafka-protocol listener (``KAFKA://127.0.0.1:<free port>``, kept
+    across restarts of that broker like its gRPC port): ``kafka_bootstrap_servers``.
 
     Brokers listen on ``broker_port``, ``broker_port + 1``, ... when it is not 0 (``fjord local
     up --port``), else on free ports. With ``broker_port_fallback`` that port is only a wish:
@@ -202,6 +206,8 @@ class LocalCluster:
         self._log_start: dict[tuple[str, int], int] = {}  # where each run's output begins
         # (role, id) -> the port its /metrics is served on; kept when the process restarts.
         self._metrics_ports: dict[tuple[str, int], int] = {}
+        # broker id -> the port of its Kafka listener; kept when the broker restarts.
+        self._kafka_ports: dict[int, int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -233,6 +239,17 @@ class LocalCluster:
     @property
     def bootstrap_servers(self) -> str:
         return ",".join(self.broker_addresses.values())
+
+    @property
+    def kafka_broker_addresses(self) -> dict[int, str]:
+        """broker id -> ``host:port`` of its Kafka-protocol listener."""
+        return {i: f"{LOOPBACK_HOST}:{p}" for i, p in sorted(self._kafka_ports.items())
+                if ("broker", i) in self._children}
+
+    @property
+    def kafka_bootstrap_servers(self) -> str:
+        """What a Kafka client's ``bootstrap.servers`` should be."""
+        return ",".join(self.kafka_broker_addresses.values())
 
     def processes(self) -> list[ProcessInfo]:
         out = []
@@ -383,11 +400,14 @@ class LocalCluster:
         data.mkdir(parents=True, exist_ok=True)
         config_args = [a for k, v in sorted(self.broker_config.items())
                        for a in ("--config", f"{k}={v}")]
+        kafka_port = self._kafka_ports.get(broker_id) or free_port()
+        self._kafka_ports[broker_id] = kafka_port
         self._start_child(
             "broker",
             broker_id,
             lambda address: [
                 "broker", "--id", str(broker_id), "--listen", address,
+                "--listeners", f"KAFKA://{LOOPBACK_HOST}:{kafka_port}",
                 "--data-dir", str(data), "--etcd", self.etcd_url,
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
@@ -460,9 +480,11 @@ class LocalCluster:
                     self.broker_port = 0  # taken meanwhile: free ports from here on
                 if proc.poll() is None or not bind_failed or attempt == PORT_RETRIES - 1:
                     raise
-                # Both ports are picked afresh: either may be the one that was taken.
+                # Every port is picked afresh: any may be the one that was taken.
                 del self._children[(role, node_id)]
                 del self._metrics_ports[(role, node_id)]
+                if role == "broker":
+                    del self._kafka_ports[node_id]
                 restart(node_id, wait=False)
 
     def _run_log(self, role: str, node_id: int) -> str:
@@ -579,6 +601,7 @@ class LocalCluster:
             "etcd_url": self.etcd_url,
             "etcd_ports": [self.etcd.client_port, self.etcd.peer_port],
             "bootstrap_servers": self.bootstrap_servers,
+            "kafka_bootstrap_servers": self.kafka_bootstrap_servers,
             "launcher_pid": None if self.detach or stopped else os.getpid(),
             # Once stopped, only a process that survived SIGKILL is still listed.
             "processes": [

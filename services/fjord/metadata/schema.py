@@ -115,19 +115,26 @@ class ControllerRegistration:
 
 @dataclass(frozen=True)
 class BrokerRegistration:
-    """A live broker: id, gRPC address and optional rack (``None`` when not set)."""
+    """A live broker: id, gRPC address, optional rack (``None`` when not set) and the advertised
+    address of its Kafka-protocol listener (``kafka_host``/``kafka_port``, ``None`` when it
+    opens none). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host", "port"}]}``."""
 
     id: int
     host: str
     port: int
     rack: str | None = None
+    kafka_host: str | None = None
+    kafka_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        return _dump({"id": self.id, "host": self.host, "port": self.port, "rack": self.rack})
+        obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port,
+                               "rack": self.rack}
+        obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        return _dump(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> BrokerRegistration:
@@ -136,31 +143,57 @@ class BrokerRegistration:
         rack = obj.get("rack")
         if rack is not None and not isinstance(rack, str):
             raise InvalidMetadataError(f"{what}: field 'rack' must be a string or null")
+        kafka_host, kafka_port = _kafka_endpoint(obj, what)
         return cls(
-            _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None
+            _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None,
+            kafka_host, kafka_port,
         )
+
+
+def _kafka_json(host: str | None, port: int | None) -> dict[str, Any]:
+    return {} if host is None or port is None else {"kafka": {"host": host, "port": port}}
+
+
+def _kafka_endpoint(obj: dict[str, Any], what: str) -> tuple[str | None, int | None]:
+    """The optional ``"kafka": {"host", "port"}`` endpoint of a registration."""
+    kafka = obj.get("kafka")
+    if kafka is None:
+        return None, None
+    if not isinstance(kafka, dict):
+        raise InvalidMetadataError(f"{what}: field 'kafka' must be an object")
+    return _str(kafka, "host", what), _int(kafka, "port", what)
 
 
 @dataclass(frozen=True)
 class CoordinatorRegistration:
-    """A live group coordinator process: its id and the gRPC address it serves on."""
+    """A live group coordinator process: its id, the gRPC address it serves on and the
+    advertised address of its Kafka-protocol listener (``None`` when it opens none). JSON:
+    ``{"id", "host", "port"[, "kafka": {"host", "port"}]}``."""
 
     id: int
     host: str
     port: int
+    kafka_host: str | None = None
+    kafka_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        return _dump({"id": self.id, "host": self.host, "port": self.port})
+        obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port}
+        obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        return _dump(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> CoordinatorRegistration:
         what = "coordinator registration"
         obj = _load_object(raw, what)
-        return cls(_int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what))
+        kafka_host, kafka_port = _kafka_endpoint(obj, what)
+        return cls(
+            _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what),
+            kafka_host, kafka_port,
+        )
 
 
 @dataclass(frozen=True)

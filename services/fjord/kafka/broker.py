@@ -1,0 +1,294 @@
+"""The broker's Kafka-protocol handlers: each translates one Kafka request to the same cores the
+gRPC servicer calls (ReplicaManager for Produce/Fetch/ListOffsets, the servicer's shared methods
+for Metadata and InitProducerId) and translates the answer back. No protocol logic here.
+
+RecordBatch bytes pass through untouched both ways: Produce hands the request's ``records`` to
+the append path as they arrived, Fetch returns the log's bytes as read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+from fjord._proto import broker_pb2
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.service import BrokerServicer
+from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+from fjord.metadata import MetadataImage
+
+#: Kafka's "no session" fetch session id, and the error for an incremental fetch naming a
+#: session this broker never created (Fjord creates none: every fetch is a full fetch).
+NO_FETCH_SESSION = 0
+FETCH_SESSION_ID_NOT_FOUND = 70
+#: Kafka's LISTENER_NOT_FOUND: the partition's leader opens no Kafka listener.
+LISTENER_NOT_FOUND = 72
+
+
+def _topic_uuid(topic_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(hex=topic_id)
+    except ValueError:
+        return uuid.UUID(int=0)
+
+
+class BrokerKafkaHandlers:
+    """Kafka API handlers of one broker.
+
+    Invariant: answers come from the ReplicaManager's state and the newest applied metadata
+    image, exactly as the gRPC servicer's; brokers are named by their Kafka listener address
+    (a broker without one is left out of Metadata, and partitions it leads carry
+    LISTENER_NOT_FOUND, as in Kafka).
+    """
+
+    def __init__(
+        self,
+        broker_id: int,
+        replicas: ReplicaManager,
+        servicer: BrokerServicer,
+        image: Callable[[], MetadataImage],
+    ) -> None:
+        self._broker_id = broker_id
+        self._replicas = replicas
+        self._servicer = servicer
+        self._image = image
+
+    def apis(self) -> list[Api]:
+        """Every API this broker serves over Kafka's protocol, with its tested versions."""
+        return [
+            Api(0, 3, 12, ProduceRequest, self.produce),
+            Api(1, 4, 12, FetchRequest, self.fetch),
+            Api(2, 1, 8, ListOffsetsRequest, self.list_offsets),
+            Api(3, 0, 12, MetadataRequest, self.metadata),
+            Api(22, 0, 5, InitProducerIdRequest, self.init_producer_id),
+        ]
+
+    def dispatcher(self) -> KafkaDispatcher:
+        return KafkaDispatcher(self.apis())
+
+    # --- Metadata -------------------------------------------------------------------------------
+
+    async def metadata(self, request: Any, ctx: RequestContext) -> Any:
+        version = ctx.api_version
+        names = request.topics
+        if names is None or (version == 0 and not names):  # v0: empty list means all
+            pb = self._servicer.metadata(broker_pb2.MetadataRequest(all_topics=True))
+        else:
+            pb = self._servicer.metadata(
+                broker_pb2.MetadataRequest(topics=[t.name for t in names if t.name is not None])
+            )
+        image = self._image()
+        kafka_brokers = {
+            b.id: b for b in image.brokers.values() if b.kafka_host is not None
+        }
+        cls = MetadataResponse[version]
+        brokers = [
+            cls.MetadataResponseBroker(
+                node_id=b.id, host=b.kafka_host, port=b.kafka_port, rack=b.rack
+            )
+            for b in sorted(kafka_brokers.values(), key=lambda b: b.id)
+        ]
+        topics = []
+        for t in pb.topics:
+            partitions = []
+            for p in t.partitions:
+                error = p.error.code
+                leader = p.leader
+                if error == 0 and leader >= 0 and leader not in kafka_brokers:
+                    error = LISTENER_NOT_FOUND
+                partitions.append(
+                    cls.MetadataResponseTopic.MetadataResponsePartition(
+                        error_code=error,
+                        partition_index=p.partition,
+                        leader_id=leader,
+                        leader_epoch=p.leader_epoch,
+                        replica_nodes=list(p.replicas),
+                        isr_nodes=list(p.isr),
+                        offline_replicas=list(p.offline_replicas),
+                    )
+                )
+            topics.append(
+                cls.MetadataResponseTopic(
+                    error_code=t.error.code,
+                    name=t.name,
+                    topic_id=_topic_uuid(t.topic_id),
+                    is_internal=t.internal,
+                    partitions=partitions,
+                )
+            )
+        # A Fjord controller speaks only gRPC: this broker is the Kafka clients' "controller"
+        # and forwards admin requests to the active controller (as KRaft brokers do).
+        return cls(
+            throttle_time_ms=0,
+            brokers=brokers,
+            cluster_id=pb.cluster_id,
+            controller_id=self._broker_id if self._broker_id in kafka_brokers else -1,
+            topics=topics,
+        )
+
+    # --- Produce --------------------------------------------------------------------------------
+
+    async def produce(self, request: Any, ctx: RequestContext) -> Any:
+        pb = broker_pb2.ProduceRequest(
+            acks=request.acks,
+            timeout_ms=request.timeout_ms,
+            transactional_id=request.transactional_id or "",
+        )
+        for topic in request.topic_data:
+            pb_topic = pb.topics.add(name=topic.name)
+            for p in topic.partition_data:
+                pb_topic.partitions.add(partition=p.index, records=p.records or b"")
+        answer = await self._replicas.produce(pb)
+        if request.acks == 0:
+            return None
+        cls = ProduceResponse[ctx.api_version]
+        topic_cls = cls.TopicProduceResponse
+        part_cls = topic_cls.PartitionProduceResponse
+        return cls(
+            throttle_time_ms=0,
+            responses=[
+                topic_cls(
+                    name=t.name,
+                    partition_responses=[
+                        part_cls(
+                            index=p.partition,
+                            error_code=p.error.code,
+                            base_offset=p.base_offset,
+                            log_append_time_ms=p.log_append_time_ms,
+                            log_start_offset=p.log_start_offset if p.error.code == 0 else -1,
+                            record_errors=[],
+                            error_message=p.error.message or None,
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in answer.topics
+            ],
+        )
+
+    # --- Fetch ----------------------------------------------------------------------------------
+
+    async def fetch(self, request: Any, ctx: RequestContext) -> Any:
+        version = ctx.api_version
+        cls = FetchResponse[version]
+        topic_cls = cls.FetchableTopicResponse
+        part_cls = topic_cls.PartitionData
+        if version >= 7 and request.session_id != NO_FETCH_SESSION:
+            # An incremental fetch in a session Fjord never created: the client starts over
+            # with a full fetch (Kafka's answer for an unknown session).
+            return cls(
+                throttle_time_ms=0,
+                error_code=FETCH_SESSION_ID_NOT_FOUND,
+                session_id=NO_FETCH_SESSION,
+                responses=[],
+            )
+        # Kafka clients fetch as consumers: replication between Fjord brokers is gRPC only.
+        pb = broker_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=request.max_wait_ms,
+            min_bytes=request.min_bytes,
+            max_bytes=request.max_bytes,
+            isolation_level=request.isolation_level,
+        )
+        for topic in request.topics:
+            pb_topic = pb.topics.add(name=topic.topic)
+            for p in topic.partitions:
+                pb_topic.partitions.add(
+                    partition=p.partition,
+                    fetch_offset=p.fetch_offset,
+                    partition_max_bytes=p.partition_max_bytes,
+                    current_leader_epoch=p.current_leader_epoch if version >= 9 else -1,
+                    last_fetched_epoch=-1,
+                )
+        answer = await self._replicas.fetch(pb)
+        top_error = answer.error.code
+        responses = []
+        for t in answer.topics:
+            partitions = []
+            for p in t.partitions:
+                partitions.append(
+                    part_cls(
+                        partition_index=p.partition,
+                        error_code=p.error.code or top_error,
+                        high_watermark=p.high_watermark,
+                        last_stable_offset=p.last_stable_offset,
+                        log_start_offset=p.log_start_offset,
+                        current_leader=part_cls.LeaderIdAndEpoch(
+                            leader_id=p.leader_id, leader_epoch=p.leader_epoch
+                        ),
+                        aborted_transactions=None,
+                        preferred_read_replica=-1,
+                        records=p.records,
+                    )
+                )
+            responses.append(topic_cls(topic=t.name, partitions=partitions))
+        return cls(
+            throttle_time_ms=0,
+            error_code=top_error if version >= 7 else 0,
+            session_id=NO_FETCH_SESSION,
+            responses=responses,
+        )
+
+    # --- ListOffsets ----------------------------------------------------------------------------
+
+    async def list_offsets(self, request: Any, ctx: RequestContext) -> Any:
+        version = ctx.api_version
+        pb = broker_pb2.ListOffsetsRequest(
+            replica_id=request.replica_id,
+            isolation_level=request.isolation_level if version >= 2 else 0,
+        )
+        for topic in request.topics:
+            pb_topic = pb.topics.add(name=topic.name)
+            for p in topic.partitions:
+                pb_topic.partitions.add(
+                    partition=p.partition_index,
+                    timestamp=p.timestamp,
+                    current_leader_epoch=p.current_leader_epoch if version >= 4 else -1,
+                )
+        answer = self._replicas.list_offsets(pb)
+        cls = ListOffsetsResponse[version]
+        topic_cls = cls.ListOffsetsTopicResponse
+        part_cls = topic_cls.ListOffsetsPartitionResponse
+        return cls(
+            throttle_time_ms=0,
+            topics=[
+                topic_cls(
+                    name=t.name,
+                    partitions=[
+                        part_cls(
+                            partition_index=p.partition,
+                            error_code=p.error.code,
+                            timestamp=p.timestamp,
+                            offset=p.offset,
+                            leader_epoch=p.leader_epoch,
+                        )
+                        for p in t.partitions
+                    ],
+                )
+                for t in answer.topics
+            ],
+        )
+
+    # --- InitProducerId -------------------------------------------------------------------------
+
+    async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
+        answer = await self._servicer.init_producer_id(
+            broker_pb2.InitProducerIdRequest(
+                transactional_id=request.transactional_id or "",
+                transaction_timeout_ms=request.transaction_timeout_ms,
+            )
+        )
+        cls = InitProducerIdResponse[ctx.api_version]
+        return cls(
+            throttle_time_ms=0,
+            error_code=answer.error.code,
+            producer_id=answer.producer_id,
+            producer_epoch=answer.producer_epoch,
+        )

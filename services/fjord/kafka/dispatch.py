@@ -1,0 +1,159 @@
+"""The Kafka listener's request dispatch and version negotiation: pure (no sockets, no clock).
+
+A :class:`KafkaDispatcher` is built from the APIs one door serves (:class:`Api`: key, the
+versions implemented, the kafka-python request/response classes and the handler). For each
+request frame it decides, Kafka's way:
+
+- ApiVersions is answered by the dispatcher itself from that table (so it advertises exactly
+  what is implemented). An ApiVersions version it does not know gets a v0 response with
+  UNSUPPORTED_VERSION and the table (KIP-511), so the client retries with a version it has.
+- Any other unknown API key or unsupported version, and any frame that does not parse, closes
+  the connection (:class:`Close`, with the reason for the log line): Kafka has no error
+  response for a request it cannot read.
+- Otherwise the decoded request goes to its handler; the handler returns the response message
+  (``None``: no response, e.g. Produce with acks=0), encoded here with the request's
+  correlation id at the request's version.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest, ApiVersionsResponse
+
+from fjord.errors import ErrorCode
+from fjord.kafka.codec import (
+    MalformedFrameError,
+    decode_request,
+    encode_response,
+    peek_prefix,
+)
+
+API_VERSIONS_KEY = 18
+#: ApiVersions versions this dispatcher answers.
+API_VERSIONS_VERSIONS = (0, 4)
+#: Kafka's UNSUPPORTED_VERSION error code (only ApiVersions ever carries it).
+UNSUPPORTED_VERSION = 35
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a handler knows about the request besides its body."""
+
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+
+
+#: ``handler(request, context) -> response`` (a message of the response class at
+#: ``context.api_version``), or None for no response.
+Handler = Callable[[Any, RequestContext], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    """One API a door serves: versions ``min_version..max_version`` (inclusive) are
+    implemented, tested and advertised."""
+
+    key: int
+    min_version: int
+    max_version: int
+    request_class: Any
+    handler: Handler
+
+    def __post_init__(self) -> None:
+        low, high = self.request_class.valid_versions
+        if not low <= self.min_version <= self.max_version <= high:
+            raise ValueError(
+                f"API {self.key}: versions {self.min_version}..{self.max_version} outside "
+                f"the message spec's {low}..{high}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """Send ``frame`` (None: nothing to send) and keep reading."""
+
+    frame: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close the connection; ``reason`` is logged."""
+
+    reason: str
+
+
+class KafkaDispatcher:
+    """Routes request frames to handlers. Invariant: every advertised (key, version) has a
+    handler, and nothing else is advertised."""
+
+    def __init__(self, apis: Iterable[Api]) -> None:
+        self._apis: dict[int, Api] = {}
+        for api in apis:
+            if api.key in self._apis or api.key == API_VERSIONS_KEY:
+                raise ValueError(f"API {api.key} registered twice")
+            self._apis[api.key] = api
+
+    def supported(self) -> dict[int, tuple[int, int]]:
+        """api_key -> (min, max) of every advertised API, ApiVersions included."""
+        out = {API_VERSIONS_KEY: API_VERSIONS_VERSIONS}
+        out.update({k: (a.min_version, a.max_version) for k, a in self._apis.items()})
+        return dict(sorted(out.items()))
+
+    def api_versions_response(self, version: int, error_code: int = 0) -> Any:
+        cls = ApiVersionsResponse[version]
+        return cls(
+            error_code=error_code,
+            api_keys=[
+                cls.ApiVersion(api_key=key, min_version=low, max_version=high)
+                for key, (low, high) in self.supported().items()
+            ],
+            throttle_time_ms=0,
+        )
+
+    async def dispatch(self, frame: bytes | memoryview) -> Reply | Close:
+        """Handle one request frame (size prefix excluded)."""
+        try:
+            prefix = peek_prefix(frame)
+        except MalformedFrameError as exc:
+            return Close(str(exc))
+        key, version = prefix.api_key, prefix.api_version
+        if key == API_VERSIONS_KEY:
+            low, high = API_VERSIONS_VERSIONS
+            if not low <= version <= high:
+                # KIP-511: answer in v0 (which every client reads) with the table.
+                response = self.api_versions_response(0, UNSUPPORTED_VERSION)
+                return Reply(encode_response(response, prefix.correlation_id, 0))
+            try:
+                decode_request(frame, ApiVersionsRequest, version)
+            except MalformedFrameError as exc:
+                return Close(str(exc))
+            response = self.api_versions_response(version)
+            return Reply(encode_response(response, prefix.correlation_id, version))
+        api = self._apis.get(key)
+        if api is None:
+            return Close(f"unsupported API key {key} (version {version})")
+        if not api.min_version <= version <= api.max_version:
+            return Close(
+                f"unsupported version {version} of API key {key} "
+                f"(supported {api.min_version}..{api.max_version})"
+            )
+        try:
+            request = decode_request(frame, api.request_class, version)
+        except MalformedFrameError as exc:
+            return Close(str(exc))
+        header = request.header
+        context = RequestContext(key, version, prefix.correlation_id, header.client_id)
+        response = await api.handler(request, context)
+        if response is None:
+            return Reply(None)
+        return Reply(encode_response(response, prefix.correlation_id, version))
+
+
+def error_code(code: ErrorCode | int) -> int:
+    """Kafka's numeric error code."""
+    return code if isinstance(code, int) else code.code
