@@ -115,6 +115,35 @@ class CorruptRecordError(FjordError):
     code = ErrorCode.CORRUPT_MESSAGE
 
 
+class RecordDeserializationError(CorruptRecordError):
+    """``poll()`` reached fetched records it cannot return (Kafka's
+    RecordDeserializationException): a batch with a bad CRC, one that does not decompress or
+    decode, or any other failure while records were being collected. The cause is
+    ``__cause__``.
+
+    Everything of ``topic``-``partition`` before ``offset`` has been returned, and the position
+    stays at ``offset``: every ``poll()`` that has nothing else to return raises this again
+    until the application seeks past it. ``resume_offset`` is the base offset of the next
+    intact batch in the fetched data when there is one (``None`` otherwise): seeking there
+    skips exactly the damaged batch.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        resume_offset: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.resume_offset = resume_offset
+
+
 class InvalidRecordError(FjordError):
     """A well-formed batch that breaks a rule (e.g. offsets or timestamps out of order)."""
 

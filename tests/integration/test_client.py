@@ -26,7 +26,13 @@ from fjord.client import (
     Producer,
     TopicPartition,
 )
-from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError
+from fjord.errors import (
+    CorruptRecordError,
+    ErrorCode,
+    FjordError,
+    InvalidGroupIdError,
+    RecordDeserializationError,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -378,3 +384,84 @@ def test_callbacks_run_and_may_send_but_not_wait(admin: AdminClient, bootstrap: 
         assert len(seen) == 2
         assert seen[0].result(WAIT_S).offset == 1  # type: ignore[attr-defined]
     assert isinstance(seen[1], FjordError) and "callback" in str(seen[1])
+
+
+def _damage_batch_on_disk(local_cluster, topic: str, partition: int, near: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Flip one byte under the CRC of the batch holding offset ``near`` in the partition's
+    segment file (RF 1: the only copy); returns that batch's (base offset, next offset)."""
+    from fjord.records.header import parse_header
+
+    (segment,) = sorted(local_cluster.data_dir.glob(f"brokers/*/{topic}-{partition}/*.log"))
+    raw = segment.read_bytes()
+    pos = 0
+    while pos < len(raw):
+        header = parse_header(raw, pos)
+        if header.base_offset <= near < header.next_offset:
+            with open(segment, "r+b") as f:
+                f.seek(pos + header.size - 5)  # inside the last record: covered by the CRC
+                f.write(bytes([raw[pos + header.size - 5] ^ 0x5A]))
+            return header.base_offset, header.next_offset
+        pos += header.size
+    raise AssertionError(f"no batch holds offset {near} in {segment}")
+
+
+def test_a_damaged_batch_costs_no_record_of_its_own_or_another_partition(
+    admin: AdminClient,
+    bootstrap: str,
+    local_cluster,  # type: ignore[no-untyped-def]
+) -> None:
+    """Issue 12: a partition with a batch whose CRC no longer matches, beside a healthy
+    partition of 20,000 records. Polling on after each error (as a normal loop does) returns
+    every healthy record and every record before the damaged batch, and the error names the
+    partition and the offset; after seeking to the offset it names, the rest."""
+    topic = make_topic(admin, 2)
+    healthy, damaged = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 20}) as producer:
+        for i in range(20_000):
+            producer.send(topic, value=f"h{i}".encode(), partition=0)
+            if i < 3_000:
+                producer.send(topic, value=f"d{i}".encode(), partition=1)
+        producer.flush(WAIT_S)
+    bad_base, bad_next = _damage_batch_on_disk(local_cluster, topic, 1, near=1_500)
+    assert 0 < bad_base < bad_next < 3_000
+
+    try:
+        errors = _poll_around_the_damage(bootstrap, healthy, damaged, bad_base, bad_next)
+    finally:
+        admin.delete_topics([topic])  # no damaged log left on the shared cluster
+    print(f"\ndamaged batch {bad_base}..{bad_next - 1}: {errors} errors while polling on")
+
+
+def _poll_around_the_damage(
+    bootstrap: str, healthy: TopicPartition, damaged: TopicPartition, bad_base: int, bad_next: int
+) -> int:
+    got: dict[TopicPartition, list[int]] = {healthy: [], damaged: []}
+    errors: list[RecordDeserializationError] = []
+    with consumer_for(bootstrap) as consumer:
+        consumer.assign([healthy, damaged])
+        deadline = time.monotonic() + 60
+        while len(got[healthy]) < 20_000 or len(got[damaged]) < bad_base or not errors:
+            assert time.monotonic() < deadline, (len(got[healthy]), len(got[damaged]), errors)
+            try:
+                records = consumer.poll(0.5)
+            except RecordDeserializationError as exc:
+                errors.append(exc)
+                continue
+            for r in records:
+                got[TopicPartition(r.topic, r.partition)].append(r.offset)
+        assert got[healthy] == list(range(20_000))
+        assert got[damaged] == list(range(bad_base))
+        assert consumer.position(healthy) == 20_000 and consumer.position(damaged) == bad_base
+        error = errors[-1]
+        assert (error.topic, error.partition, error.offset) == (damaged.topic, 1, bad_base)
+        assert isinstance(error, CorruptRecordError) and "CRC mismatch" in str(error)
+        assert error.resume_offset == bad_next
+        # Polling on without seeking raises again and skips nothing.
+        with pytest.raises(RecordDeserializationError):
+            consumer.poll(0.5)
+        assert consumer.position(damaged) == bad_base
+        consumer.seek(damaged, error.resume_offset)
+        rest = consume_n(consumer, 3_000 - bad_next)
+        assert [r.offset for r in rest] == list(range(bad_next, 3_000))
+        assert {r.partition for r in rest} == {1}
+    return len(errors)

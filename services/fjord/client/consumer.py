@@ -291,7 +291,13 @@ class Consumer:
 
     def poll(self, timeout: float = 0.0) -> list[ConsumerRecord]:
         """Records fetched since the last call (at most ``max.poll.records``), waiting up to
-        ``timeout`` seconds for some; raises the typed error of a failed partition."""
+        ``timeout`` seconds for some; raises the typed error of a failed partition.
+
+        A partition whose position reaches a batch that cannot be read (bad CRC, does not
+        decode) stops there: the records before it are returned, the other partitions go on,
+        and :class:`~fjord.errors.RecordDeserializationError` (naming the partition, the
+        offset and where the next intact batch starts) is raised by a ``poll()`` that has
+        nothing else to return, again each time, until the application seeks past it."""
         self._check_open()
         deadline = time.monotonic() + max(timeout, 0.0)
         limit = self._max_poll_records

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Set
 from typing import Any
 
 from fjord._proto import broker_pb2
@@ -24,8 +24,14 @@ from fjord.client.offset_fetcher import OffsetFetcher
 from fjord.client.subscription_state import SubscriptionState
 from fjord.client.types import ConsumerRecord, TopicPartition
 from fjord.config import ClientConfig
-from fjord.errors import ErrorCode, FjordError, error_code_from_number, error_for_code
-from fjord.records.header import end_of_whole_batches
+from fjord.errors import (
+    ErrorCode,
+    FjordError,
+    RecordDeserializationError,
+    error_code_from_number,
+    error_for_code,
+)
+from fjord.records.header import end_of_whole_batches, next_intact_batch_offset
 from fjord.records.reader import RecordBatch, read_batches
 
 log = logging.getLogger(__name__)
@@ -42,15 +48,19 @@ class CompletedFetch:
     while the partition's position is still that value (else a seek happened and it is
     dropped); ``next_offset`` is the position after everything taken so far. Batches are
     decoded one at a time, when reached, into ``_pending`` (records not yet returned start at
-    ``_index``).
+    ``_index``). A batch that cannot be read (bad CRC, does not decode, anything raised while
+    reading it) sets ``error``, a :class:`RecordDeserializationError` at ``next_offset``: the
+    records before it are still taken, none after it.
     """
 
     __slots__ = (
         "_batch_end",
         "_batches",
+        "_data",
         "_index",
         "_pending",
         "end_offset",
+        "error",
         "fetch_offset",
         "high_watermark",
         "next_offset",
@@ -62,37 +72,66 @@ class CompletedFetch:
         self.fetch_offset = fetch_offset
         self.next_offset = fetch_offset
         self.high_watermark = high_watermark
+        self._data = data
         self._batches: Iterator[RecordBatch] = read_batches(data, allow_partial_tail=True)
         self._pending: list[ConsumerRecord] = []
         self._index = 0
         self._batch_end = fetch_offset
         self.end_offset = max(fetch_offset, end_of_whole_batches(data))
+        self.error: RecordDeserializationError | None = None
 
     def _decode_next_batch(self) -> bool:
-        """Decode the next batch holding records at or after ``next_offset``; False at the end."""
+        """Decode the next batch holding records at or after ``next_offset``; False at the end
+        or at a batch that cannot be read (then ``error`` is set)."""
+        if self.error is not None:
+            return False
         topic, partition = self.tp
-        for batch in self._batches:
-            header = batch.header
-            position = self.next_offset
-            if header.next_offset <= position:
-                continue
-            if not header.is_control:
-                records = [
-                    _new_tuple(ConsumerRecord, (topic, partition, o, k, v, hs, ts))
-                    for o, ts, k, v, hs in batch.record_tuples()
-                    if o >= position
-                ]
-                if records:
-                    self._pending = records
-                    self._index = 0
-                    self._batch_end = header.next_offset
-                    return True
-            # Nothing to return in this batch (control batch, or compacted away): skip it.
-            self.next_offset = header.next_offset
+        try:
+            for batch in self._batches:
+                header = batch.header
+                position = self.next_offset
+                if header.next_offset <= position:
+                    continue
+                if not header.is_control:
+                    records = [
+                        _new_tuple(ConsumerRecord, (topic, partition, o, k, v, hs, ts))
+                        for o, ts, k, v, hs in batch.record_tuples()
+                        if o >= position
+                    ]
+                    if records:
+                        self._pending = records
+                        self._index = 0
+                        self._batch_end = header.next_offset
+                        return True
+                # Nothing to return in this batch (control batch, or compacted away): skip it.
+                self.next_offset = header.next_offset
+        except Exception as exc:  # every failure to read: the position stops here (Kafka's rule)
+            self.error = self._unreadable(exc)
         return False
 
+    def _unreadable(self, cause: Exception) -> RecordDeserializationError:
+        topic, partition = self.tp
+        offset = self.next_offset
+        resume = next_intact_batch_offset(self._data, offset)
+        way_on = (
+            f"seek to {resume} (the next intact batch) to skip it"
+            if resume is not None
+            else "seek past it to continue"
+        )
+        error = RecordDeserializationError(
+            f"{topic}-{partition}: the records at offset {offset} cannot be read "
+            f"({type(cause).__name__}: {cause}); every record before it was returned; {way_on}",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            resume_offset=resume,
+        )
+        error.__cause__ = cause
+        return error
+
     def take(self, limit: int) -> list[ConsumerRecord]:
-        """Up to ``limit`` records at or after ``next_offset``, advancing it."""
+        """Up to ``limit`` records at or after ``next_offset``, advancing it (stops before a
+        batch that cannot be read)."""
         out: list[ConsumerRecord] = []
         while len(out) < limit:
             index = self._index
@@ -111,7 +150,96 @@ class CompletedFetch:
 
     @property
     def exhausted(self) -> bool:
-        return self._index >= len(self._pending) and not self._decode_next_batch()
+        """Every record was taken (False while records remain or when ``error`` is set)."""
+        return (
+            self._index >= len(self._pending)
+            and not self._decode_next_batch()
+            and self.error is None
+        )
+
+
+class FetchBuffer:
+    """The fetched data waiting for ``poll()``, and the collection of records from it (Kafka's
+    ``FetchBuffer`` and ``FetchCollector``). Pure: no I/O, no lock of its own (the consumer
+    calls it with the subscription state's lock held).
+
+    Invariants: fetches are kept in arrival order; ``queued(tp)`` counts those of ``tp`` and
+    ``tail(tp)`` is the last one. :meth:`collect` never moves a position past a record it did
+    not return: a partition whose next batch cannot be read keeps its position there, its
+    fetch stays buffered, and the other partitions are collected around it; its error is
+    raised only by a collection that has nothing else to return.
+    """
+
+    def __init__(self) -> None:
+        self._completed: deque[CompletedFetch] = deque()
+        self._queued: dict[TopicPartition, int] = {}
+        self._tail: dict[TopicPartition, CompletedFetch] = {}
+
+    def add(self, cf: CompletedFetch) -> None:
+        self._completed.append(cf)
+        self._queued[cf.tp] = self._queued.get(cf.tp, 0) + 1
+        self._tail[cf.tp] = cf
+
+    def queued(self, tp: TopicPartition) -> int:
+        return self._queued.get(tp, 0)
+
+    def tail(self, tp: TopicPartition) -> CompletedFetch | None:
+        return self._tail.get(tp)
+
+    def drop(self, predicate: Callable[[TopicPartition], bool]) -> None:
+        """Forget the buffered data of the partitions ``predicate`` selects."""
+        self._completed = deque(cf for cf in self._completed if not predicate(cf.tp))
+        for tp in [tp for tp in self._queued if predicate(tp)]:
+            del self._queued[tp]
+            del self._tail[tp]
+
+    def _remove(self, index: int) -> None:
+        cf = self._completed[index]
+        del self._completed[index]
+        tp = cf.tp
+        left = self._queued.get(tp, 0) - 1
+        if left > 0:
+            self._queued[tp] = left
+        else:
+            self._queued.pop(tp, None)
+            self._tail.pop(tp, None)
+
+    def collect(
+        self, positions: dict[TopicPartition, int], paused: Set[TopicPartition], limit: int
+    ) -> tuple[list[ConsumerRecord], bool]:
+        """Up to ``limit`` buffered records at the partitions' ``positions``, advancing them
+        past exactly the records returned. Returns the records and whether a buffered fetch
+        was used up (then more should be fetched). Data for another position (a seek) or a
+        paused partition is dropped. Raises the :class:`RecordDeserializationError` of a
+        partition whose position reached a batch that cannot be read, but only when no other
+        partition has a record to return (so polling on returns everything else first)."""
+        out: list[ConsumerRecord] = []
+        used_up = False
+        blocked: dict[TopicPartition, RecordDeserializationError] = {}
+        completed = self._completed
+        index = 0
+        while index < len(completed) and len(out) < limit:
+            cf = completed[index]
+            tp = cf.tp
+            if tp in blocked:
+                index += 1  # (a prefetch behind the unreadable batch waits with it)
+                continue
+            if positions.get(tp) != cf.next_offset or tp in paused:
+                self._remove(index)
+                continue
+            out.extend(cf.take(limit - len(out)))
+            # Past the records returned and skipped control batches, never an unread batch.
+            positions[tp] = cf.next_offset
+            if cf.exhausted:
+                self._remove(index)
+                used_up = True
+            elif cf.error is not None:
+                blocked[tp] = cf.error
+                index += 1
+        if not out and blocked:
+            error = next(iter(blocked.values()))
+            raise error.with_traceback(None)
+        return out, used_up
 
 
 class Fetcher:
@@ -139,9 +267,7 @@ class Fetcher:
         self._reset_policy: str = config["auto.offset.reset"]
         self._request_timeout_s = config["request.timeout.ms"] / 1000
         self._backoff_s = config["retry.backoff.ms"] / 1000
-        self._completed: deque[CompletedFetch] = deque()
-        self._queued: dict[TopicPartition, int] = {}
-        self._tail: dict[TopicPartition, CompletedFetch] = {}
+        self._buffer = FetchBuffer()
         self._fetching: dict[int, set[TopicPartition]] = {}
         self._wakeup: asyncio.Event | None = None
         self._wake_pending = False
@@ -150,42 +276,12 @@ class Fetcher:
 
     def drop_buffered(self, predicate: Callable[[TopicPartition], bool]) -> None:
         """Forget the buffered data of the partitions ``predicate`` selects (with the lock)."""
-        self._completed = deque(cf for cf in self._completed if not predicate(cf.tp))
-        for tp in [tp for tp in self._queued if predicate(tp)]:
-            del self._queued[tp]
-            del self._tail[tp]
-
-    def _dequeue(self, cf: CompletedFetch) -> None:
-        # Called with the lock held, for the head of ``_completed``.
-        self._completed.popleft()
-        tp = cf.tp
-        left = self._queued.get(tp, 0) - 1
-        if left > 0:
-            self._queued[tp] = left
-        else:
-            self._queued.pop(tp, None)
-            self._tail.pop(tp, None)
+        self._buffer.drop(predicate)
 
     def collect(self, limit: int) -> tuple[list[ConsumerRecord], bool]:
-        """Up to ``limit`` buffered records at the partitions' positions, advancing them
-        (called with the lock held). Returns the records and whether a buffered fetch was used
-        up (the loop should then be woken to fetch more)."""
+        """:meth:`FetchBuffer.collect` at the state's positions (called with the lock held)."""
         state = self._state
-        positions = state.positions
-        out: list[ConsumerRecord] = []
-        used_up = False
-        while self._completed and len(out) < limit:
-            cf = self._completed[0]
-            tp = cf.tp
-            if positions.get(tp) != cf.next_offset or tp in state.paused:
-                self._dequeue(cf)
-                continue
-            out.extend(cf.take(limit - len(out)))
-            positions[tp] = cf.next_offset
-            if cf.exhausted:
-                self._dequeue(cf)
-                used_up = True
-        return out, used_up
+        return self._buffer.collect(state.positions, state.paused, limit)
 
     # -- the loop thread ----------------------------------------------------------------------
 
@@ -218,11 +314,12 @@ class Fetcher:
                     position = self._state.positions.get(tp)
                     if position is None or tp in self._state.paused:
                         continue
-                    queued = self._queued.get(tp, 0)
+                    queued = self._buffer.queued(tp)
                     if queued >= _MAX_QUEUED_FETCHES:
                         continue
-                    if queued:
-                        position = self._tail[tp].end_offset  # prefetch what comes next
+                    tail = self._buffer.tail(tp)
+                    if tail is not None:
+                        position = tail.end_offset  # prefetch what comes next
                     leader = snapshot.leaders.get(tp)
                     if leader is None:
                         need_metadata = True
@@ -319,7 +416,7 @@ class Fetcher:
                 for p in topic.partitions:
                     tp = TopicPartition(topic.name, p.partition)
                     offset = partitions.get(tp)
-                    tail = self._tail.get(tp)
+                    tail = self._buffer.tail(tp)
                     expected = (
                         tail.end_offset if tail is not None else self._state.positions.get(tp)
                     )
@@ -328,10 +425,9 @@ class Fetcher:
                     code = error_code_from_number(p.error.code)
                     if code is ErrorCode.NONE:
                         if p.records:
-                            cf = CompletedFetch(tp, offset, p.records, p.high_watermark)
-                            self._completed.append(cf)
-                            self._queued[tp] = self._queued.get(tp, 0) + 1
-                            self._tail[tp] = cf
+                            self._buffer.add(
+                                CompletedFetch(tp, offset, p.records, p.high_watermark)
+                            )
                     elif code is ErrorCode.OFFSET_OUT_OF_RANGE:
                         if tail is None:  # (a prefetch past the end: the next fetch retries)
                             del self._state.positions[tp]

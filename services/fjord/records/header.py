@@ -231,3 +231,24 @@ def end_of_whole_batches(buf: Buffer) -> int:
         end = base + delta + 1
         pos += LOG_OVERHEAD + length
     return end
+
+
+def next_intact_batch_offset(buf: Buffer, after: int) -> int | None:
+    """The base offset of the first batch in ``buf`` (concatenated batches) that starts after
+    offset ``after`` and passes :func:`validate_batch`, walking the length fields from the
+    start; None when the walk meets a length that does not fit, or that batch is damaged too.
+    Where a reader can continue after a damaged batch that holds ``after``."""
+    pos = 0
+    size = len(buf)
+    while pos + LOG_OVERHEAD <= size:
+        base, length = BASE_OFFSET_AND_LENGTH.unpack_from(buf, pos)
+        if length <= 0 or pos + LOG_OVERHEAD + length > size:
+            return None
+        if base > after:
+            try:
+                validate_batch(buf, pos)
+            except (CorruptRecordError, RecordTooLargeError):
+                return None
+            return int(base)
+        pos += LOG_OVERHEAD + length
+    return None
