@@ -4,8 +4,11 @@ elsewhere): quiet broken pipes, truthful messages."""
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -70,3 +73,78 @@ def test_create_if_not_exists_says_what_happened(bootstrap: str) -> None:
     again = ok(run("topics", "create", "--bootstrap-server", bootstrap, "--topic", topic,
                    "--if-not-exists"))
     assert again.strip() == f"Topic {topic} already exists; nothing changed."
+
+
+def group_view(bootstrap: str, group: str) -> dict:  # type: ignore[type-arg]
+    return json.loads(ok(run("groups", "describe", "--bootstrap-server", bootstrap,
+                             "--group", group, "-o", "json")))
+
+
+def consumed_values(result: Result) -> list[str]:
+    return ok(result).splitlines()
+
+
+def test_consume_as_a_group_member(bootstrap: str) -> None:
+    """``fjord consume --group``: starts from the group's committed offsets, commits only what
+    it printed, honours reset-offsets (also given as --consumer-property group.id) and shows
+    as a member while it runs."""
+    topic = new_topic(bootstrap)
+    group = f"fh-group-{uuid.uuid4().hex[:8]}"
+    ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic,
+           input="".join(f"v{i}\n" for i in range(10))))
+
+    def consume(*extra: str) -> list[str]:
+        return consumed_values(run("consume", "--bootstrap-server", bootstrap, "--topic", topic,
+                                   "--max-messages", "3", "--timeout-ms", "20000", *extra))
+
+    assert consume("--group", group, "--from-beginning") == ["v0", "v1", "v2"]
+    rows = group_view(bootstrap, group)["rows"]
+    assert [(r["current_offset"], r["log_end_offset"]) for r in rows] == [(3, 10)]
+    # Without --from-beginning: from the committed offset, not from the end.
+    assert consume("--group", group) == ["v3", "v4", "v5"]
+    ok(run("groups", "reset-offsets", "--bootstrap-server", bootstrap, "--group", group,
+           "--topic", topic, "--to-earliest", "--execute"))
+    # group.id as a consumer property is the same as --group: the reset is not undone.
+    assert consume("--consumer-property", f"group.id={group}") == ["v0", "v1", "v2"]
+    assert group_view(bootstrap, group)["rows"][0]["current_offset"] == 3
+
+    usage = run("consume", "--bootstrap-server", bootstrap, "--topic", topic, "--group", group,
+                "--partition", "0")
+    assert usage.exit_code == 2 and "cannot be used with --group" in usage.output
+
+    member = subprocess.Popen(
+        [*FJORD, "consume", "--bootstrap-server", bootstrap, "--topic", topic, "--group", group,
+         "--timeout-ms", "60000"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            view = group_view(bootstrap, group)
+            if view["members"] and view["state"] == "Stable":
+                break
+            assert member.poll() is None, member.communicate()
+            assert time.monotonic() < deadline, view
+            time.sleep(0.2)
+        (joined,) = view["members"]
+        assert joined["assignment"] == [{"topic": topic, "partition": 0}]
+        member.send_signal(signal.SIGINT)  # Ctrl-C: commit, leave the group
+        out, err = member.communicate(timeout=WAIT_S)
+        assert member.returncode == 0, err
+        assert out.splitlines() == [f"v{i}" for i in range(3, 10)]
+        assert "Processed a total of 7 messages" in err
+    finally:
+        if member.poll() is None:
+            member.kill()
+            member.wait()
+    view = group_view(bootstrap, group)
+    assert view["members"] == [] and view["rows"][0]["current_offset"] == 10
+
+
+def test_produce_confirms_partition_and_offset(bootstrap: str) -> None:
+    topic = new_topic(bootstrap, partitions=2)
+    out = ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, "--partition",
+                 "1", "--print-offsets", input="a\nb\nc\n"))
+    assert out.splitlines() == [f"Produced to partition 1 at offset {i}." for i in range(3)]
+    quiet = ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, input="d\n"))
+    assert quiet == ""

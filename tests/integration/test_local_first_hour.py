@@ -106,7 +106,31 @@ def test_refused_start_orphans_nothing_and_up_restarts_a_dead_broker(project: Pa
         k: v for k, v in before.items() if k != ("broker", 1)
     }
 
-    # `down` stops every process, the restarted one included.
+    # Consuming a partition whose only replica is down says so and fails, instead of
+    # "Processed a total of 0 messages" and status 0.
+    fjord("topics", "create", "--topic", "lonely", "--partitions", "2",
+          "--replication-factor", "1")
+    (described,) = json.loads(fjord("topics", "describe", "--topic", "lonely", "-o",
+                                    "json").output)
+    leader = described["partitions"][0]["leader"]
+    os.kill(after[("broker", leader)], signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:
+        (described,) = json.loads(fjord("topics", "describe", "--topic", "lonely", "-o",
+                                        "json").output)
+        if described["partitions"][0]["leader"] < 0:
+            break
+        assert time.monotonic() < deadline, described
+        time.sleep(0.2)
+    stuck = fjord("consume", "--topic", "lonely", "--partition", "0", "--timeout-ms", "500",
+                  check=False)
+    assert stuck.exit_code == 1
+    assert "warning: lonely-0 has no leader" in stuck.stderr
+    assert "LEADER_NOT_AVAILABLE: lonely-0 had no leader" in stuck.stderr
+    assert f"restarted broker {leader}" in fjord("local", "up").output
+    after = alive_pids(data)
+
+    # `down` stops every process, the restarted ones included.
     assert "stopped 6 processes" in fjord("local", "down").output
     assert not any(pid_alive(pid) for pid in after.values())
 

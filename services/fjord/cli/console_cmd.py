@@ -21,7 +21,14 @@ from fjord.cli.client_common import (
     friendly_errors,
     parse_pairs,
 )
-from fjord.client import Consumer, ConsumerRecord, Producer, TopicPartition
+from fjord.client import (
+    AdminClient,
+    Consumer,
+    ConsumerRecord,
+    Producer,
+    RecordFuture,
+    TopicPartition,
+)
 from fjord.config import COMPRESSION_TYPES
 from fjord.errors import ConfigError
 
@@ -62,6 +69,13 @@ def _check_properties(props: dict[str, str], allowed: set[str]) -> None:
 @click.option(
     "--producer-property", "producer_properties", multiple=True, metavar="K=V", help="Any config."
 )
+@click.option(
+    "--print-offsets",
+    "-v",
+    "print_offsets",
+    is_flag=True,
+    help="Print where each record landed: 'Produced to partition P at offset O.' (rpk's -v).",
+)
 @friendly_errors
 def produce(
     bootstrap_server: str | None,
@@ -71,8 +85,10 @@ def produce(
     compression_type: str | None,
     partition: int | None,
     producer_properties: tuple[str, ...],
+    print_offsets: bool,
 ) -> None:
-    """Send each line of stdin as one record."""
+    """Send each line of stdin as one record. On a terminal each line is sent as you type it
+    (Ctrl-D ends); --print-offsets confirms every record with its partition and offset."""
     props = parse_pairs(properties, "--property")
     _check_properties(props, _PRODUCER_PROPERTIES)
     parse_key = _true(props, "parse.key")
@@ -88,7 +104,20 @@ def produce(
         config["compression.type"] = compression_type
     config.update(parse_pairs(producer_properties, "--producer-property"))
     producer = Producer(config)
-    futures = []
+    futures: list[RecordFuture] = []
+    interactive = sys.stdin.isatty()
+    if interactive:
+        click.echo(f"Type records for {topic!r}, one per line; Ctrl-D to finish.", err=True)
+
+    def settle() -> None:
+        for future in futures:
+            metadata = future.result()
+            if print_offsets:
+                click.echo(
+                    f"Produced to partition {metadata.partition} at offset {metadata.offset}."
+                )
+        futures.clear()
+
     try:
         for number, line in enumerate(sys.stdin, start=1):
             line = line.rstrip("\n").rstrip("\r")
@@ -101,13 +130,13 @@ def produce(
                         f"line {number}: no key separator {separator!r} (parse.key=true)"
                     )
             futures.append(producer.send(topic, value=value, key=key, partition=partition))
-            if len(futures) >= 10000:
-                for future in futures:
-                    future.result()
-                futures.clear()
+            if interactive:  # a person waits for each line: send it now
+                producer.flush()
+                settle()
+            elif len(futures) >= 10000:
+                settle()
         producer.flush()
-        for future in futures:
-            future.result()
+        settle()
     finally:
         producer.close()
 
@@ -164,6 +193,13 @@ def record_json(record: ConsumerRecord) -> dict[str, Any]:
 @click.command("consume")
 @bootstrap_option
 @click.option("--topic", required=True, help="Topic to read.")
+@click.option(
+    "--group",
+    default=None,
+    help="Consume as a member of this consumer group: start from its committed offsets (else "
+    "--from-beginning's earliest or latest), commit what was printed, share partitions with "
+    "other members.",
+)
 @click.option("--partition", type=int, default=None, help="Only this partition.")
 @click.option("--from-beginning", is_flag=True, help="Start at the earliest offset.")
 @click.option("--offset", default=None, help="earliest, latest or an offset (needs --partition).")
@@ -185,6 +221,7 @@ def record_json(record: ConsumerRecord) -> dict[str, Any]:
 def consume(
     bootstrap_server: str | None,
     topic: str,
+    group: str | None,
     partition: int | None,
     from_beginning: bool,
     offset: str | None,
@@ -194,9 +231,17 @@ def consume(
     consumer_properties: tuple[str, ...],
     output: str,
 ) -> None:
-    """Print records of a topic."""
+    """Print records of a topic: of every partition (or --partition) from the end (or
+    --from-beginning, --offset), or, with --group, of the partitions the group assigns."""
     props = parse_pairs(properties, "--property")
     _check_properties(props, _CONSUMER_PROPERTIES)
+    extra = parse_pairs(consumer_properties, "--consumer-property")
+    group = _group_id(group, extra.pop("group.id", None))
+    if group is not None and (partition is not None or offset is not None):
+        raise click.UsageError(
+            "--partition and --offset cannot be used with --group: a group member reads the "
+            "partitions the group assigns it, from the group's committed offsets"
+        )
     start_offset: int | None = None
     if offset is not None:
         if offset not in ("earliest", "latest"):
@@ -210,14 +255,20 @@ def consume(
                 ) from None
         elif offset == "earliest":
             from_beginning = True
+    bootstrap = bootstrap_for_command(bootstrap_server)
     config: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_for_command(bootstrap_server),
+        "bootstrap.servers": bootstrap,
         "auto.offset.reset": "earliest" if from_beginning else "latest",
     }
-    config.update(parse_pairs(consumer_properties, "--consumer-property"))
+    if group is not None:
+        # Only what was printed is committed (auto commit, and on close), so --max-messages
+        # never skips records the next run of the group should see.
+        config |= {"group.id": group, "enable.auto.offset.store": "false"}
+    config.update(extra)
     line_separator = props.get("line.separator", "\n")
     consumer = Consumer(config)
     count = 0
+    leaderless: list[int] = []
     try:
         numbers = consumer.partitions_for_topic(topic)
         if partition is not None:
@@ -226,16 +277,31 @@ def consume(
                     f"UNKNOWN_TOPIC_OR_PARTITION: topic {topic!r} has no partition {partition}"
                 )
             numbers = [partition]
+        leaderless = _without_leader(bootstrap, topic, numbers)
+        for number in leaderless:
+            click.echo(
+                f"warning: {topic}-{number} has no leader (its replicas are offline); its "
+                "records cannot be read until one comes back",
+                err=True,
+            )
         tps = [TopicPartition(topic, p) for p in numbers]
-        consumer.assign(tps)
-        if start_offset is not None:
-            consumer.seek(tps[0], start_offset)
-        elif from_beginning:
-            consumer.seek_to_beginning(*tps)
+        if group is not None:
+            # Each assigned partition starts at the group's committed offset, else at
+            # auto.offset.reset (--from-beginning: earliest), as in Kafka.
+            consumer.subscribe([topic])
         else:
-            consumer.seek_to_end(*tps)
-            for tp in tps:  # pin "latest" now, so records produced from here on are seen
-                consumer.position(tp)
+            consumer.assign(tps)
+            if start_offset is not None:
+                consumer.seek(tps[0], start_offset)
+            elif from_beginning:
+                consumer.seek_to_beginning(*tps)
+            else:
+                consumer.seek_to_end(*tps)
+                # Pin "latest" now, so records produced from here on are seen (a partition
+                # without a leader has no end to ask for: it resolves once a leader is back).
+                for tp in tps:
+                    if tp.partition not in leaderless:
+                        consumer.position(tp)
         idle_deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
         while max_messages is None or count < max_messages:
             wait = 1.0
@@ -259,8 +325,37 @@ def consume(
             sys.stdout.write("".join(out))
             sys.stdout.flush()
             count += len(records)
+            if group is not None:
+                consumer.store_offsets(records=records)
     except KeyboardInterrupt:
         pass
     finally:
         consumer.close()
     click.echo(f"Processed a total of {count} messages", err=True)
+    if leaderless and count == 0:
+        still = _without_leader(bootstrap, topic, leaderless)
+        if still:
+            names = ", ".join(f"{topic}-{n}" for n in still)
+            raise click.ClickException(
+                f"LEADER_NOT_AVAILABLE: {names} had no leader the whole time; nothing was read "
+                "from it (see `fjord topics describe`)"
+            )
+
+
+def _group_id(option: str | None, from_property: str | None) -> str | None:
+    """``--group``, or ``--consumer-property group.id=...`` (the same thing, as in Kafka's
+    console consumer); both must agree."""
+    if option and from_property and option != from_property:
+        raise click.UsageError(
+            f"--group {option!r} and --consumer-property group.id={from_property!r} disagree"
+        )
+    return option or from_property or None
+
+
+def _without_leader(bootstrap: str, topic: str, partitions: list[int]) -> list[int]:
+    """Which of ``partitions`` of ``topic`` have no leader now, as the metadata says."""
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        (described,) = admin.describe_topics([topic])
+    wanted = set(partitions)
+    return sorted(p.partition for p in described.partitions
+                  if p.partition in wanted and p.leader < 0)
