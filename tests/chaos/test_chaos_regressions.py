@@ -16,7 +16,7 @@ import pytest
 
 from fjord.client import AdminClient, NewTopic, Producer
 from fjord.errors import RecordTooLargeError
-from tests.unit.test_broker_replica_manager import (
+from tests.helpers.replica_manager import (
     BROKER,
     Env,
     batch,

@@ -11,10 +11,9 @@ import asyncio
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -24,27 +23,13 @@ from fjord.errors import ErrorCode
 from fjord.local.etcd import EtcdProcess, free_port, log_tail, stop_process
 from fjord.metadata import etcd_client
 from fjord.records import BatchBuilder, decode_records
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
+
 HOST = "127.0.0.1"
 WAIT_S = 30.0
-
-
-def wait_until(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    """Poll ``probe`` (each call bounded by its own RPC deadline) until it returns a value."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-            if value is not None and value is not False:
-                return value
-        except grpc.RpcError as exc:
-            last_error = exc
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what} (last error: {last_error})")
 
 
 def batch(n: int = 1, value: bytes = b"value", ts: int | None = None) -> bytes:
@@ -164,12 +149,11 @@ class Cluster:
             result = stub.CreateTopics(request, timeout=5).results[0]
             return result if result.error.code != ErrorCode.NOT_CONTROLLER.code else None
 
-        result = wait_until(f"topic {name} created", create)
+        result = wait_for(create, f"topic {name} created", retry_on=(grpc.RpcError,))
         assert result.error.code == 0, result.error.message
         # Every broker hosts its partitions once its metadata shows them with a leader.
         for broker_id in self.brokers:
-            wait_until(
-                f"broker {broker_id} sees {name}",
+            wait_for(
                 lambda b=broker_id: (
                     all(  # type: ignore[misc]
                         p.leader >= 0 and p.error.code == 0
@@ -177,6 +161,8 @@ class Cluster:
                     )
                     and len(self.metadata(b, name).topics[0].partitions) == len(placement)
                 ),
+                f"broker {broker_id} sees {name}",
+                retry_on=(grpc.RpcError,),
             )
 
     def logs(self) -> str:
@@ -202,9 +188,10 @@ def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
     c.start_broker(1)
     c.start_broker(2)
     try:
-        wait_until(
-            "two brokers and a controller in metadata",
+        wait_for(
             lambda: (lambda m: len(m.brokers) == 2 and m.HasField("controller"))(c.metadata(1)),
+            "two brokers and a controller in metadata",
+            retry_on=(grpc.RpcError,),
         )
         # "t": partition 0 on broker 1, partition 1 on broker 2.
         c.create_topic("t", [[1], [2]])
@@ -403,14 +390,15 @@ def test_lost_lease_re_registers(cluster: Cluster) -> None:
             return None
         return new_epoch if new_epoch > epoch else None
 
-    wait_until("broker 2 re-registered", re_registered)
+    wait_for(re_registered, "broker 2 re-registered", retry_on=(grpc.RpcError,))
     stub = cluster.stub(2)
 
     def accepted() -> broker_pb2.ProducePartitionResponse | None:
         result = produce(stub, "t", 1, batch(1))
         return result if result.error.code == 0 else None
 
-    assert wait_until("broker 2 accepting produce again", accepted).base_offset >= 0
+    out = wait_for(accepted, "broker 2 accepting produce again", retry_on=(grpc.RpcError,))
+    assert out.base_offset >= 0
 
 
 def test_killed_broker_recovers_and_re_registers(cluster: Cluster) -> None:
@@ -430,7 +418,7 @@ def test_killed_broker_recovers_and_re_registers(cluster: Cluster) -> None:
         out = fetch(stub, "t", 1, produced.base_offset)
         return out if out.error.code == 0 and out.records else None
 
-    out = wait_until("broker 2 serving t-1 again", served)
+    out = wait_for(served, "broker 2 serving t-1 again", retry_on=(grpc.RpcError,))
     assert [r.value for r in decode_records(out.records)] == [b"acked"] * 3
     # Storage re-validated the log after the unclean stop. (Whether the restart also had to
     # wait for the stale registration depends on how fast it started: not asserted.)
@@ -454,7 +442,7 @@ def test_restart_keeps_data(cluster: Cluster) -> None:
         out = fetch(stub, "t", 0, produced.base_offset)
         return out if out.error.code == 0 and out.records else None
 
-    out = wait_until("broker 1 serving t-0 again", served)
+    out = wait_for(served, "broker 1 serving t-0 again", retry_on=(grpc.RpcError,))
     assert out.high_watermark == end
     values = [r.value for r in decode_records(out.records)]
     assert values == [b"durable"] * 4

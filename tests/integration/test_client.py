@@ -33,6 +33,7 @@ from fjord.errors import (
     InvalidGroupIdError,
     RecordDeserializationError,
 )
+from fjord.testing.waiting import seconds_until
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +59,8 @@ def make_topic(admin: AdminClient, partitions: int, **config: str) -> str:
 
 def consume_n(consumer: Consumer, n: int, timeout: float = WAIT_S) -> list[ConsumerRecord]:
     out: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < n and time.monotonic() < deadline:
-        out.extend(consumer.poll(0.5))
-    return out
+    seconds_until(lambda: out.extend(consumer.poll(0.5)) or len(out) >= n, timeout)
+    return out  # the caller's assertion names what is missing
 
 
 def consumer_for(bootstrap: str, **config: object) -> Consumer:
@@ -270,9 +269,7 @@ def test_admin_operations_and_their_errors(admin: AdminClient) -> None:
     assert bad_config.value.code is ErrorCode.INVALID_CONFIG
 
     admin.delete_topics([topic])
-    deadline = time.monotonic() + WAIT_S
-    while topic in admin.list_topics() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    seconds_until(lambda: topic not in admin.list_topics(), WAIT_S, interval=0.1)
     assert topic not in admin.list_topics()
     for call in (
         lambda: admin.delete_topics([topic]),
@@ -378,9 +375,7 @@ def test_callbacks_run_and_may_send_but_not_wait(admin: AdminClient, bootstrap: 
                 seen.append(exc)
 
         producer.send(topic, b"first").add_done_callback(callback)
-        deadline = time.monotonic() + WAIT_S
-        while len(seen) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)  # the callback runs on the I/O thread
+        seconds_until(lambda: len(seen) >= 2, WAIT_S, interval=0.01)  # on the I/O thread
         assert len(seen) == 2
         assert seen[0].result(WAIT_S).offset == 1  # type: ignore[attr-defined]
     assert isinstance(seen[1], FjordError) and "callback" in str(seen[1])

@@ -34,6 +34,7 @@ from fjord.errors import (
     InvalidGroupIdError,
     MaxPollIntervalExceededError,
 )
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,14 +81,17 @@ def poll_until(
     consumers: list[Consumer], done: Callable[[], bool], what: str, into: list[Any] | None = None
 ) -> None:
     """Poll every consumer in turn until ``done()``; records go to ``into``."""
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S} s waiting until {what}")
+
+    def polled_until_done() -> bool:
+        if done():
+            return True
         for consumer in consumers:
             records = consumer.poll(0.05)
             if into is not None:
                 into.extend(records)
+        return False
+
+    wait_for(polled_until_done, what, WAIT_S, interval=0)
 
 
 def test_subscribe_poll_commit_and_resume_from_committed(
@@ -245,10 +249,11 @@ def test_max_poll_interval_exceeded_raises_then_rejoins(admin: AdminClient, boot
         poll_until([consumer], lambda: len(consumer.assignment()) == 2, "assigned")
         # The application is "stuck" (no poll()) longer than max.poll.interval.ms: the
         # background task leaves the group, which the coordinator then shows as Empty.
-        deadline = time.monotonic() + WAIT_S
-        while admin.describe_consumer_groups([group])[group].state != "Empty":
-            assert time.monotonic() < deadline, "the member did not leave the group"
-            time.sleep(0.05)
+        wait_for(
+            lambda: admin.describe_consumer_groups([group])[group].state == "Empty",
+            "the member to leave the group",
+            WAIT_S,
+        )
         with pytest.raises(MaxPollIntervalExceededError, match=r"max\.poll\.interval\.ms"):
             consumer.poll(0)
         assert lost == [{TopicPartition(topic, 0), TopicPartition(topic, 1)}]

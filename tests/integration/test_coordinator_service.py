@@ -7,6 +7,7 @@ SIGKILL (another coordinator takes the partition over, replays it and serves the
 from __future__ import annotations
 
 import asyncio
+import functools
 import signal
 import time
 import urllib.request
@@ -28,34 +29,21 @@ from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import EtcdProcess
 from fjord.metadata import Keys, etcd_client
 from fjord.metadata.registration import register_under_lease
+from fjord.testing.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 
 WAIT_S = 60.0  # generous bound of every wait on this loaded 2-core machine
+ask_until = functools.partial(
+    wait_for_async, timeout=WAIT_S, interval=0.1, retry_on=(grpc.aio.AioRpcError,)
+)
+"""Poll another process's view until it answers as wanted: there is no way to be told when a
+coordinator has loaded a partition except asking it (an RPC error counts as "not yet")."""
 RPC_TIMEOUT_S = 30.0  # parked JoinGroups wait for the initial rebalance delay (3 s) and more
 SESSION_MS = 10_000
 NONE = ErrorCode.NONE.code
-
-
-async def eventually(
-    attempt: Callable[[], Awaitable[T]], done: Callable[[T], bool], what: str
-) -> T:
-    """Poll another process's view until ``done`` (bounded by WAIT_S): there is no way to be
-    told when a coordinator has loaded a partition except asking it."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        try:
-            result = await attempt()
-            if done(result):
-                return result
-            last: object = result
-        except grpc.aio.AioRpcError as exc:
-            last = exc
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last answer: {last}")
-        await asyncio.sleep(0.1)
 
 
 async def find_coordinator(broker_address: str, group_id: str) -> str:
@@ -69,7 +57,7 @@ async def find_coordinator(broker_address: str, group_id: str) -> str:
                 broker_pb2.FindCoordinatorRequest(key=group_id), timeout=RPC_TIMEOUT_S
             )
 
-        found = await eventually(ask, lambda r: r.error.code == NONE, "FindCoordinator")
+        found = await ask_until(ask, "FindCoordinator", accept=lambda r: r.error.code == NONE)
     address = f"{found.coordinator.host}:{found.coordinator.port}"
     await wait_serving(address, group_id)
     return address
@@ -85,7 +73,9 @@ async def wait_serving(address: str, group_id: str) -> None:
                 coordinator_pb2.OffsetFetchRequest(group_id=group_id), timeout=RPC_TIMEOUT_S
             )
 
-        await eventually(fetch, lambda r: r.error.code == NONE, f"{address} serving {group_id}")
+        await ask_until(
+            fetch, f"{address} serving {group_id}", accept=lambda r: r.error.code == NONE
+        )
 
 
 #: What a client retries after finding the coordinator again.
@@ -123,7 +113,7 @@ async def on_owner(
             codes |= set(commit_errors(answer).values())
         return not codes & MOVED
 
-    return await eventually(attempt, settled, f"an answer from the owner of {group_id}")
+    return await ask_until(attempt, f"an answer from the owner of {group_id}", accept=settled)
 
 
 def fetch_request(
@@ -344,7 +334,7 @@ def test_two_member_group_assigns_commits_and_fetches(local_cluster: LocalCluste
             async def metrics_text() -> str:
                 return await asyncio.to_thread(scrape, metrics)
 
-            await eventually(metrics_text, lambda text: sample in text, "the lag gauge")
+            await ask_until(metrics_text, "the lag gauge", accept=lambda text: sample in text)
 
             # Both leave: Empty; delete: tombstones written, the group is gone.
             left = await stub.LeaveGroup(
@@ -376,7 +366,9 @@ def test_two_member_group_assigns_commits_and_fetches(local_cluster: LocalCluste
             assert again.results[0].error.code == ErrorCode.GROUP_ID_NOT_FOUND.code
 
             # The deleted group's lag series goes away with it.
-            await eventually(metrics_text, lambda text: sample not in text, "lag series removed")
+            await ask_until(
+                metrics_text, "lag series removed", accept=lambda text: sample not in text
+            )
 
     asyncio.run(scenario())
 
@@ -596,10 +588,10 @@ def test_killed_coordinator_partition_is_replayed_by_the_other(tmp_path: Path) -
                         timeout=RPC_TIMEOUT_S,
                     )
 
-                await eventually(
+                await ask_until(
                     fetch_from_thawed,
-                    lambda r: r.error.code in MOVED,
                     "the thawed coordinator to give the group up",
+                    accept=lambda r: r.error.code in MOVED,
                 )
 
                 async def list_thawed() -> coordinator_pb2.ListGroupsResponse:
@@ -607,8 +599,10 @@ def test_killed_coordinator_partition_is_replayed_by_the_other(tmp_path: Path) -
                         coordinator_pb2.ListGroupsRequest(), timeout=RPC_TIMEOUT_S
                     )
 
-                await eventually(
-                    list_thawed, lambda r: r.error.code == NONE, "the thawed one to re-register"
+                await ask_until(
+                    list_thawed,
+                    "the thawed one to re-register",
+                    accept=lambda r: r.error.code == NONE,
                 )
             answer = await on_owner(bootstrap, group_id, fetch_request(group_id))
             assert fetched(answer) == offsets

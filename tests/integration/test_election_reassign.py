@@ -11,8 +11,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TypeVar
+from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner
@@ -27,13 +26,13 @@ from fjord.errors import (
     NoReassignmentInProgressError,
 )
 from fjord.local import LocalCluster
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
 BROKERS = [0, 1, 2, 3]
 BROKER_LEASE_TTL_S = 6
 WAIT_S = 45.0
-T = TypeVar("T")
 
 
 @pytest.fixture(scope="module")
@@ -58,17 +57,6 @@ def admin_for(cluster: LocalCluster, broker_id: int | None = None) -> AdminClien
         cluster.bootstrap_servers if broker_id is None else cluster.address("broker", broker_id)
     )
     return AdminClient({"bootstrap.servers": servers, "default.api.timeout.ms": 30000})
-
-
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def partition(admin: AdminClient, topic: str, p: int = 0) -> PartitionInfo:
@@ -106,12 +94,14 @@ def new_topic(admin: AdminClient, replicas: list[int]) -> str:
     admin.create_topics([NewTopic(name, 1, len(replicas))])
     # Place it exactly where the test wants it (a reassignment that only completes).
     admin.alter_partition_reassignments({(name, 0): replicas})
-    wait_for(f"{name} on {replicas}", lambda: (
+    wait_for(lambda: (
         (info := full_isr(admin, name)) is not None and list(info.replicas) == replicas
         and not admin.list_partition_reassignments([(name, 0)])
-    ))
+    ), f"{name} on {replicas}", WAIT_S)
     admin.elect_leaders("preferred", [(name, 0)], raise_on_error=False)
-    wait_for(f"{name} led by {replicas[0]}", lambda: partition(admin, name).leader == replicas[0])
+    wait_for(
+        lambda: partition(admin, name).leader == replicas[0], f"{name} led by {replicas[0]}", WAIT_S
+    )
     return name
 
 
@@ -127,8 +117,8 @@ def test_leader_killed_moves_to_isr_member_and_preferred_leader_returns(
         cluster.kill("broker", 1, signal.SIGKILL)
         killed = time.monotonic()
         after = wait_for(
-            "a new leader",
             lambda: (info := partition(admin, topic)).leader not in (1, -1) and info,
+            "a new leader",
             timeout=BROKER_LEASE_TTL_S + 10,
         )
         elapsed = time.monotonic() - killed
@@ -142,9 +132,9 @@ def test_leader_killed_moves_to_isr_member_and_preferred_leader_returns(
         cluster.start_broker(1)
         # Broker 1 comes back as a follower, rejoins the ISR through the leader's
         # AlterPartition, then auto leader rebalancing hands leadership back to it.
-        back = wait_for("preferred leader 1 again", lambda: (
+        back = wait_for(lambda: (
             (info := partition(admin, topic)).leader == 1 and info
-        ))
+        ), "preferred leader 1 again", WAIT_S)
         assert sorted(back.isr) == [1, 2, 3]
         assert read_all(cluster.bootstrap_servers, topic, 50) == values
 
@@ -155,8 +145,8 @@ def test_reassign_onto_other_brokers_keeps_data(cluster: LocalCluster) -> None:
         values = [f"r{i}".encode() * 20 for i in range(200)]
         produce(cluster, topic, values)
         admin.alter_partition_reassignments({(topic, 0): [2, 3]})
-        wait_for("reassignment done", lambda: not admin.list_partition_reassignments())
-        info = wait_for("the new replicas in the ISR", lambda: full_isr(admin, topic))
+        wait_for(lambda: not admin.list_partition_reassignments(), "reassignment done", WAIT_S)
+        info = wait_for(lambda: full_isr(admin, topic), "the new replicas in the ISR", WAIT_S)
         assert list(info.replicas) == [2, 3] and info.leader == 2
         assert read_all(cluster.bootstrap_servers, topic, len(values)) == values
         produce(cluster, topic, [b"after"])
@@ -185,7 +175,7 @@ def test_replication_factor_1_to_3_and_back_via_cli(cluster: LocalCluster) -> No
         (description,) = admin.describe_topics([topic])
         for info in description.partitions:
             assert len(set(info.replicas)) == 3
-            wait_for("full ISR", lambda p=info.partition: full_isr(admin, topic, p))
+            wait_for(lambda p=info.partition: full_isr(admin, topic, p), "full ISR", WAIT_S)
         leaders = [info.replicas[0] for info in description.partitions]
         assert len(set(leaders)) == 3  # preferred leaders spread over brokers
         result = runner.invoke(
@@ -222,7 +212,7 @@ def test_reassign_cli_file_verify_and_errors(cluster: LocalCluster, tmp_path) ->
         outcome = admin.elect_leaders("preferred", [(topic, 0)], raise_on_error=False)
         assert outcome[(topic, 0)] is None or isinstance(
             outcome[(topic, 0)], ElectionNotNeededError)
-        assert wait_for("leader 3", lambda: partition(admin, topic).leader == 3)
+        assert wait_for(lambda: partition(admin, topic).leader == 3, "leader 3", WAIT_S)
         with pytest.raises(ElectionNotNeededError):
             admin.elect_leaders("preferred", [(topic, 0)])
         with pytest.raises(InvalidReplicaAssignmentError):
@@ -255,17 +245,17 @@ def test_reassignment_survives_controller_failover(cluster: LocalCluster) -> Non
             assert active is not None
             cluster.kill("controller", active.id, signal.SIGKILL)
             # The standby takes over and still knows the reassignment (it lives in etcd).
-            resumed = wait_for("the standby to list the reassignment", lambda: (
+            resumed = wait_for(lambda: (
                 admin.describe_cluster().controller.id != active.id  # type: ignore[union-attr]
                 and admin.list_partition_reassignments()
-            ))
+            ), "the standby to list the reassignment", WAIT_S)
             assert resumed[(topic, 0)].target_replicas == (0, 3)
         finally:
             frozen.send_signal(signal.SIGCONT)
-        info = wait_for("reassignment completed by the new controller", lambda: (
+        info = wait_for(lambda: (
             not admin.list_partition_reassignments()
             and (i := full_isr(admin, topic)) is not None and list(i.replicas) == [0, 3] and i
-        ))
+        ), "reassignment completed by the new controller", WAIT_S)
         assert info.leader == 0
         cluster.start_controller(active.id)
         assert read_all(cluster.address("broker", 0), topic, 20) == values

@@ -36,6 +36,7 @@ from fjord.metadata import (
     OffsetsOwner,
     etcd_client,
 )
+from fjord.testing.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
@@ -51,24 +52,6 @@ async def find(
     return await stub.FindCoordinator(
         broker_pb2.FindCoordinatorRequest(key=key, key_type=key_type), timeout=10
     )
-
-
-async def find_answer(
-    stub: broker_pb2_grpc.BrokerStub,
-    key: str,
-    done: Callable[[broker_pb2.FindCoordinatorResponse], bool],
-) -> broker_pb2.FindCoordinatorResponse:
-    """Ask until the answer satisfies ``done`` (the broker's metadata may trail the test's
-    watcher by a moment), bounded by WAIT_S; polling is the only way to wait on another
-    process's view."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        answer = await find(stub, key)
-        if done(answer):
-            return answer
-        if time.monotonic() > deadline:
-            raise AssertionError(f"FindCoordinator({key!r}) still answers {answer}")
-        await asyncio.sleep(0.05)
 
 
 async def wait_image(
@@ -194,7 +177,12 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
 
             # FindCoordinator answers the owner of the group's partition.
             group = group_owned_by(image, 900)
-            found = await find_answer(stub, group, lambda r: r.coordinator.id == 900)
+            found = await wait_for_async(
+                lambda: find(stub, group),
+                f"FindCoordinator({group!r})",
+                WAIT_S,
+                accept=lambda r: r.coordinator.id == 900,
+            )
             assert found.error.code == 0
             assert (found.coordinator.id, found.coordinator.port) == (900, 40_900)
             assert found.partition == group_partition(group)
@@ -217,7 +205,12 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
                 assert new.coordinator_id != 900
                 assert new.coordinator_epoch == old.coordinator_epoch + 1
             owner = image.offsets_owners[group_partition(group)].coordinator_id
-            moved = await find_answer(stub, group, lambda r: r.coordinator.id != 900)
+            moved = await wait_for_async(
+                lambda: find(stub, group),
+                f"FindCoordinator({group!r})",
+                WAIT_S,
+                accept=lambda r: r.coordinator.id != 900,
+            )
             assert (moved.error.code, moved.coordinator.id) == (0, owner)
 
             # Crash of 901 (its lease is no longer refreshed): replaced within TTL + 1 s.
@@ -239,7 +232,12 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
         await client.revoke_lease(leases[2].id)
         image = await wait_image(watcher, lambda i: 902 not in i.coordinators, "902 to go")
         if not image.coordinators:  # no real coordinator runs in this cluster
-            gone = await find_answer(stub, group, lambda r: r.error.code != 0)
+            gone = await wait_for_async(
+                lambda: find(stub, group),
+                f"FindCoordinator({group!r})",
+                WAIT_S,
+                accept=lambda r: r.error.code != 0,
+            )
             assert gone.error.code == ErrorCode.COORDINATOR_NOT_AVAILABLE.code
             assert "not live" in gone.error.message
 

@@ -45,6 +45,7 @@ from fjord.client import (
 )
 from fjord.errors import CommitFailedError, FjordError
 from fjord.local.cluster import LocalCluster
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -71,16 +72,6 @@ GROUP_CONFIG: dict[str, Any] = {
 
 def new_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def wait_until(condition: Callable[[], object], what: str, timeout: float = WAIT_S) -> float:
-    """Poll ``condition`` until it is true; returns the seconds it took, fails naming ``what``."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout:
-            raise AssertionError(f"timed out after {timeout} s waiting until {what}")
-        time.sleep(0.02)
-    return time.monotonic() - start
 
 
 # -- group inspection through the AdminClient -------------------------------------------------
@@ -386,7 +377,7 @@ def wait_stable(probe: GroupProbe, group: str, member_count: int, timeout: float
             and len(described.members) == member_count
         )
 
-    wait_until(stable, f"group {group} is Stable with {member_count} members", timeout)
+    wait_for(stable, f"group {group} is Stable with {member_count} members", timeout)
 
 
 def wait_assigned(
@@ -406,7 +397,7 @@ def wait_assigned(
             and min(map(len, sets)) >= min_each
         )
 
-    wait_until(covered, f"{[m.name for m in live]} split {partitions} partitions", timeout)
+    wait_for(covered, f"{[m.name for m in live]} split {partitions} partitions", timeout)
 
 
 def read_count(live: list[Member]) -> int:
@@ -433,7 +424,7 @@ def test_unicast_one_group_splits_partitions_and_reads_each_record_once(
     wait_assigned(live, 6)
     assert sorted(len(m.assignment()) for m in live) == [2, 2, 2]
     total = produce(bootstrap, topic, per_partition=20, partitions=6)
-    wait_until(lambda: sum(len(m.seen()) for m in live) >= total, "the group read everything")
+    wait_for(lambda: sum(len(m.seen()) for m in live) >= total, "the group read everything", WAIT_S)
     # Each member read exactly its own partitions; together, every record exactly once.
     for member in live:
         assert {s.partition for s in member.seen()} == member.assignment()
@@ -459,7 +450,7 @@ def test_broadcast_every_group_reads_every_record(
         def read_all(live: list[Member] = live) -> bool:
             return read_count(live) >= total
 
-        wait_until(read_all, f"group {group} read everything")
+        wait_for(read_all, f"group {group} read everything", WAIT_S)
     # Each group read the whole topic exactly once, independently of the other group.
     for live in by_group.values():
         assert_each_once([s for m in live for s in m.seen()], 4, 15)
@@ -477,7 +468,7 @@ def test_more_consumers_than_partitions_leaves_the_extra_idle(
     assert sizes == [0, 1, 1]
     idle = next(m for m in live if not m.assignment())
     total = produce(bootstrap, topic, per_partition=25, partitions=2)
-    wait_until(lambda: sum(len(m.seen()) for m in live) >= total, "the group read everything")
+    wait_for(lambda: sum(len(m.seen()) for m in live) >= total, "the group read everything", WAIT_S)
     assert idle.seen() == []
     assert_each_once([s for m in live for s in m.seen()], 2, 25)
     # The idle member is in the group and was told it has nothing (an empty assignment).
@@ -508,7 +499,7 @@ def test_join_leave_and_crash_move_partitions(
     # session timeout could have noticed.
     left_at = time.monotonic()
     second.stop()
-    wait_until(lambda: first.assignment() == frozenset(range(4)), "first owns all again")
+    wait_for(lambda: first.assignment() == frozenset(range(4)), "first owns all again", WAIT_S)
     took = time.monotonic() - left_at
     assert took < SESSION_TIMEOUT_MS / 1000, f"a leave took {took:.1f} s to rebalance"
 
@@ -516,13 +507,15 @@ def test_join_leave_and_crash_move_partitions(
     # partitions come back to the survivor after the session timeout.
     child = ChildMember({"bootstrap.servers": bootstrap, "group.id": group}, topic)
     children.append(child)
-    wait_until(lambda: len(child.assignment()) == 2 and len(first.assignment()) == 2,
-               "the child member took two partitions")
+    wait_for(lambda: len(child.assignment()) == 2 and len(first.assignment()) == 2,
+             "the child member took two partitions", WAIT_S)
     moved = child.assignment()
     child.kill()
-    took = wait_until(lambda: first.assignment() == frozenset(range(4)),
-                      "the survivor owns the crashed member's partitions",
-                      SESSION_TIMEOUT_MS / 1000 + CRASH_SLACK_S)
+    killed_at = time.monotonic()
+    wait_for(lambda: first.assignment() == frozenset(range(4)),
+             "the survivor owns the crashed member's partitions",
+             SESSION_TIMEOUT_MS / 1000 + CRASH_SLACK_S)
+    took = time.monotonic() - killed_at
     assert moved <= first.assignment()
     # Only the session timeout tells the coordinator (the child's last heartbeat was at most
     # a heartbeat interval, or a loaded machine's delay, before the kill).
@@ -547,8 +540,8 @@ def test_at_least_once_with_manual_commit_across_a_crash(
     }
     crashed = ChildMember(config, topic, "commit-then-hold", commit_until=50, hold_after=80)
     children.append(crashed)
-    wait_until(lambda: crashed.of("hold") or not crashed.alive(),
-               "the first member processed 80 records")
+    wait_for(lambda: crashed.of("hold") or not crashed.alive(),
+             "the first member processed 80 records", WAIT_S)
     assert crashed.of("hold"), crashed.stderr_tail()
     crashed.kill()
 
@@ -566,9 +559,9 @@ def test_at_least_once_with_manual_commit_across_a_crash(
     successor = Member(bootstrap, group, topic, "successor", {"enable.auto.commit": False})
     members.append(successor.start())
     expected_rest = total - sum(last_commit.get(p, 0) for p in range(partitions))
-    wait_until(lambda: len(successor.seen()) >= expected_rest,
-               "the successor read everything after the last commit",
-               SESSION_TIMEOUT_MS / 1000 + WAIT_S)
+    wait_for(lambda: len(successor.seen()) >= expected_rest,
+             "the successor read everything after the last commit",
+             SESSION_TIMEOUT_MS / 1000 + WAIT_S)
     again = offsets_by_partition(successor.seen())
     before = defaultdict(list)
     for p, o in processed:
@@ -606,8 +599,8 @@ def test_auto_commit_of_stored_offsets_never_commits_unprocessed_records(
     }
     crashed = ChildMember(config, topic, "store-then-hold", commit_until=50, hold_after=80)
     children.append(crashed)
-    wait_until(lambda: crashed.of("hold") or not crashed.alive(),
-               "the first member received 80 records")
+    wait_for(lambda: crashed.of("hold") or not crashed.alive(),
+             "the first member received 80 records", WAIT_S)
     assert crashed.of("hold"), crashed.stderr_tail()
     stored: dict[int, int] = {}
     for entry in crashed.of("stored"):
@@ -619,7 +612,7 @@ def test_auto_commit_of_stored_offsets_never_commits_unprocessed_records(
         return {tp.partition: c.offset for tp, c in offsets.items() if c is not None}
 
     # Auto commit sends exactly the stored offsets, never the positions poll() reached.
-    wait_until(lambda: committed() == stored, "auto commit sent the stored offsets")
+    wait_for(lambda: committed() == stored, "auto commit sent the stored offsets", WAIT_S)
     received = [tuple(r) for r in crashed.of("record")]
     assert len(received) >= 80 > sum(stored.values())
     crashed.kill()
@@ -628,8 +621,8 @@ def test_auto_commit_of_stored_offsets_never_commits_unprocessed_records(
     successor = Member(bootstrap, group, topic, "store-successor", {"enable.auto.commit": False})
     members.append(successor.start())
     expected_rest = total - sum(stored.values())
-    wait_until(lambda: len(successor.seen()) >= expected_rest,
-               "the successor read everything not stored", SESSION_TIMEOUT_MS / 1000 + WAIT_S)
+    wait_for(lambda: len(successor.seen()) >= expected_rest,
+             "the successor read everything not stored", SESSION_TIMEOUT_MS / 1000 + WAIT_S)
     again = offsets_by_partition(successor.seen())
     for p in range(partitions):
         assert again.get(p, []) == list(range(stored.get(p, 0), per_partition)), f"partition {p}"
@@ -678,8 +671,8 @@ def second_member_joins_under_load(
     wait_assigned([first], partitions)
     ticker = PacedProducer(bootstrap, topic, partitions, interval_s=0.02)
     try:
-        wait_until(lambda: {s.partition for s in first.seen()} == set(range(partitions)),
-                   "the first member receives from every partition")
+        wait_for(lambda: {s.partition for s in first.seen()} == set(range(partitions)),
+                 "the first member receives from every partition", WAIT_S)
         second = Member(bootstrap, group, topic, f"{strategy}-second", config).start()
         members.append(second)
         wait_assigned([first, second], partitions)
@@ -690,7 +683,7 @@ def second_member_joins_under_load(
             def fetching(m: Member = member, since: float = since) -> bool:
                 return {s.partition for s in m.seen() if s.at > since} == m.assignment()
 
-            wait_until(fetching, f"{member.name} receives from each partition it owns")
+            wait_for(fetching, f"{member.name} receives from each partition it owns", WAIT_S)
     finally:
         ticker.stop()
     return first, second
@@ -802,8 +795,8 @@ def test_static_member_restart_gets_its_partitions_back_without_rebalance(
               **static}
     before = ChildMember(config, topic)
     children.append(before)
-    wait_until(lambda: len(before.assignment()) == 2 and len(other.assignment()) == 2,
-               "the static members split the partitions")
+    wait_for(lambda: len(before.assignment()) == 2 and len(other.assignment()) == 2,
+             "the static members split the partitions", WAIT_S)
     wait_stable(probe, group, 2)
     described = probe.describe(group)
     assert described is not None
@@ -816,8 +809,8 @@ def test_static_member_restart_gets_its_partitions_back_without_rebalance(
     before.kill()
     after = ChildMember(config, topic)
     children.append(after)
-    wait_until(lambda: after.assignment() or not after.alive(),
-               "the restarted static member has an assignment")
+    wait_for(lambda: after.assignment() or not after.alive(),
+             "the restarted static member has an assignment", WAIT_S)
     assert after.assignment() == owned, after.stderr_tail()
     described = probe.describe(group)
     assert described is not None and described.state == "Stable"
@@ -878,7 +871,7 @@ def test_coordinator_failover_keeps_the_group_and_its_offsets(
             return {tp.partition: c.offset for tp, c in offsets.items() if c is not None}
 
         everything_before = dict.fromkeys(range(partitions), per_phase)
-        wait_until(lambda: committed() == everything_before, "the first phase is committed")
+        wait_for(lambda: committed() == everything_before, "the first phase is committed", WAIT_S)
         before = probe.describe(group)
         assert before is not None
         owner = next(i for i, address in cluster.coordinator_addresses.items()
@@ -891,7 +884,9 @@ def test_coordinator_failover_keeps_the_group_and_its_offsets(
             described = probe.describe(group)
             return described is not None and described.coordinator != before.coordinator
 
-        took = wait_until(served_elsewhere, "another coordinator serves the group", 60)
+        killed_at = time.monotonic()
+        wait_for(served_elsewhere, "another coordinator serves the group", 60)
+        took = time.monotonic() - killed_at
         assert committed() == everything_before
         # The controller moves the partition when the dead coordinator's lease expires.
         print(f"\ncoordinator fail-over: served by another coordinator after {took:.1f} s "
@@ -901,7 +896,7 @@ def test_coordinator_failover_keeps_the_group_and_its_offsets(
         # The group carries on: the same members read and commit the next phase.
         produce(bootstrap, topic, per_phase, partitions, tag="after-")
         everything = dict.fromkeys(range(partitions), 2 * per_phase)
-        wait_until(lambda: committed() == everything, "the second phase is committed", 60)
+        wait_for(lambda: committed() == everything, "the second phase is committed", 60)
         wait_stable(probe, group, 2)
         for member in live:
             member.check()

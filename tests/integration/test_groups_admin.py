@@ -32,6 +32,7 @@ from fjord.coordinator.protocol import (
 )
 from fjord.errors import ErrorCode, GroupIdNotFoundError, KafkaTimeoutError, NonEmptyGroupError
 from fjord.local.cluster import LocalCluster
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -236,14 +237,11 @@ def test_reset_offsets_dry_run_then_execute(admin: AdminClient, topic: str, boot
 
 def _until_ok(call: Callable[[], Any], error_of: Callable[[Any], int], what: str) -> Any:
     """Retry ``call`` while it answers a retriable coordinator error (bounded)."""
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        response = call()
-        code = error_of(response)
-        if code not in RETRIABLE:
-            return response
-        assert time.monotonic() < deadline, f"{what}: still error {code} after {WAIT_S} s"
-        time.sleep(0.2)  # the coordinator is loading or moving; bounded by the deadline
+    # The coordinator is loading or moving: asking again is the only way to know when it is done.
+    return wait_for(
+        call, f"{what} without a retriable error", WAIT_S, interval=0.2,
+        accept=lambda response: error_of(response) not in RETRIABLE,
+    )
 
 
 class RawMember:

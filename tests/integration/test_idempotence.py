@@ -22,6 +22,7 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.errors import ErrorCode
 from fjord.local.cluster import LocalCluster
 from fjord.records.builder import BatchBuilder
+from fjord.testing.waiting import seconds_until
 
 pytestmark = pytest.mark.integration
 
@@ -195,8 +196,9 @@ def test_producer_retries_across_a_broker_kill_without_duplicates(cluster: Local
         {"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest"}
     ) as consumer:
         consumer.assign([TopicPartition("stream", 0)])
-        deadline = time.monotonic() + WAIT_S
-        while len(values) < total and time.monotonic() < deadline:
-            values.extend(r.value for r in consumer.poll(0.5))
+        seconds_until(  # the assertions below name what is missing
+            lambda: values.extend(r.value for r in consumer.poll(0.5)) or len(values) >= total,
+            WAIT_S,
+        )
     assert log_end(cluster, "stream") == total  # not one duplicate in the log
     assert values == [f"{i:06d}".encode() * 8 for i in range(total)]  # every record, in order

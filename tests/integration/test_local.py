@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.cli.main import cli
 from fjord.local import LocalCluster, read_state
 from fjord.local.cluster import pid_alive
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -105,14 +105,13 @@ def test_foreground_up_stops_everything_on_down(tmp_path: Path) -> None:
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        deadline = time.monotonic() + WAIT_S
-        state = None
-        while time.monotonic() < deadline:
+        def up() -> dict[str, object] | None:
             assert launcher.poll() is None, launcher.stdout.read()  # type: ignore[union-attr]
             state = read_state(data, missing_ok=True)
-            if state and len(state["processes"]) == 6 and state["bootstrap_servers"]:
-                break
-            time.sleep(0.1)
+            ready = state and len(state["processes"]) == 6 and state["bootstrap_servers"]
+            return state if ready else None
+
+        state = wait_for(up, "the foreground cluster to be up", WAIT_S, interval=0.1)
         assert state is not None and state["launcher_pid"] == launcher.pid
         down = fjord("local", "down", "--data-dir", str(data))
         assert "foreground launcher" in down.output

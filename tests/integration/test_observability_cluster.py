@@ -14,7 +14,6 @@ import json
 import os
 import re
 import socket
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.local.cluster import LocalCluster
 from fjord.observability import client_interceptors
 from fjord.observability.defaults import TRACEPARENT_HEADER
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -86,16 +86,6 @@ def _rpc_sum(samples: dict[str, float], metric: str, method: str) -> float:
         v for k, v in samples.items()
         if k.startswith(metric + "{") and f'method="{method}"' in k and 'code="OK"' in k
     )  # fmt: skip
-
-
-def _wait_for(check: Any, what: str) -> Any:
-    deadline = time.monotonic() + TIMEOUT_S
-    while True:
-        result = check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def _in_memory_provider() -> tuple[TracerProvider, InMemorySpanExporter]:
@@ -153,7 +143,9 @@ def test_broker_and_controller_metrics_move(cluster: LocalCluster) -> None:
     try:
         consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
         got: list[Any] = []
-        _wait_for(lambda: got.extend(consumer.poll(0.2)) or len(got) >= RECORDS, "records")
+        wait_for(
+            lambda: got.extend(consumer.poll(0.2)) or len(got) >= RECORDS, "records", TIMEOUT_S
+        )
     finally:
         consumer.close()
 
@@ -200,7 +192,7 @@ def _broker_child_of(cluster: LocalCluster, client: ReadableSpan) -> dict[str, A
                 return document
         return None
 
-    span: dict[str, Any] = _wait_for(find, f"the broker's child span of {client.name}")
+    span: dict[str, Any] = wait_for(find, f"the broker's child span of {client.name}", TIMEOUT_S)
     assert span["kind"] == "SpanKind.SERVER"
     assert span["resource"]["attributes"]["service.name"] == "broker"
     return span
@@ -254,7 +246,7 @@ def test_producer_and_consumer_spans_reach_the_broker_and_the_record(
     try:
         consumer.assign([TopicPartition(topic, 0)])
         got: list[Any] = []
-        _wait_for(lambda: got.extend(consumer.poll(0.2)) or len(got) >= 3, "the records")
+        wait_for(lambda: got.extend(consumer.poll(0.2)) or len(got) >= 3, "the records", TIMEOUT_S)
     finally:
         consumer.close()
 
@@ -310,7 +302,7 @@ def test_clients_without_a_tracer_provider_use_bare_channels(cluster: LocalClust
         assert consumer._network.interceptors is None
         consumer.assign([TopicPartition(topic, 0)])
         got: list[Any] = []
-        _wait_for(lambda: got.extend(consumer.poll(0.2)) or got, "the record")
+        wait_for(lambda: got.extend(consumer.poll(0.2)) or got, "the record", TIMEOUT_S)
     finally:
         consumer.close()
     assert got[0].headers == ()

@@ -5,9 +5,8 @@ reassignment, measure ingress, delete. Each test uses its own topic names."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 
 from fjord.client import Producer
 from fjord.controller.reassignment import plan_reassignment
+from fjord.testing.waiting import wait_for_async
 from fjord_operator.decisions import TopicObservation, decide_topic
 from fjord_operator.handlers import FjordAdmin
 
@@ -25,14 +25,6 @@ WAIT_S = 60.0
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + WAIT_S
-    while not await condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {WAIT_S}s waiting for {what}")
-        await asyncio.sleep(0.2)
 
 
 def test_topic_lifecycle_through_the_operator_shell(bootstrap: str) -> None:
@@ -75,7 +67,9 @@ def test_topic_lifecycle_through_the_operator_shell(bootstrap: str) -> None:
             assert await admin.records_appended(name, 4) == 25
 
             await admin.delete_topic(name)
-            await wait_for(lambda: _absent(admin, name), f"{name} deleted")
+            await wait_for_async(
+                lambda: _absent(admin, name), f"{name} deleted", WAIT_S, interval=0.2
+            )
             await admin.delete_topic(name)  # idempotent: the finalizer may run twice
         finally:
             await asyncio.to_thread(admin.close)
@@ -96,7 +90,7 @@ async def observed(
             return True
         return False
 
-    await wait_for(check, f"{name} to match")
+    await wait_for_async(check, f"{name} to match", WAIT_S, interval=0.2)
     return seen[-1]
 
 
@@ -105,14 +99,13 @@ async def reconcile_until_settled(rt: Any, topic: dict[str, Any], *, autoscale: 
     the brokers' metadata yet: Reconciling/Creating)."""
     from fjord_operator.handlers import reconcile_topic
 
-    deadline = time.monotonic() + WAIT_S
-    while True:
-        plan = await reconcile_topic(rt, topic, autoscale=autoscale)
-        if not plan.retry:
-            return plan
-        if time.monotonic() > deadline:
-            raise AssertionError(f"still reconciling after {WAIT_S}s: {plan.status}")
-        await asyncio.sleep(0.2)
+    return await wait_for_async(
+        lambda: reconcile_topic(rt, topic, autoscale=autoscale),
+        "the reconcile to settle",
+        WAIT_S,
+        interval=0.2,
+        accept=lambda plan: not plan.retry,
+    )
 
 
 async def _absent(admin: FjordAdmin, name: str) -> bool:
@@ -144,7 +137,7 @@ def test_drain_a_broker_by_reassignment(bootstrap: str) -> None:
                     2 not in r for r in ours.values()
                 )
 
-            await wait_for(drained, f"broker 2 drained of {name}")
+            await wait_for_async(drained, f"broker 2 drained of {name}", WAIT_S, interval=0.2)
             _, after, _ = await admin.observe_cluster()
             assert all(len(after[(name, p)]) == 2 for p in range(3))
             await admin.delete_topic(name)
@@ -238,7 +231,9 @@ def test_reconcile_through_kmock_and_the_real_cluster(bootstrap: str) -> None:
                 topic["spec"]["cluster"] = "c"
                 await finalize_topic(rt, topic)
                 admin = rt.admin(bootstrap)
-                await wait_for(lambda: _absent(admin, name), f"{name} deleted")
+                await wait_for_async(
+                    lambda: _absent(admin, name), f"{name} deleted", WAIT_S, interval=0.2
+                )
             finally:
                 await rt.close()
 
@@ -312,7 +307,7 @@ def test_autoscaling_grows_a_topic_from_real_ingress(local_cluster, bootstrap: s
                 async def more_than_two() -> bool:  # the brokers' metadata follows the grow
                     return await partitions_now() > 2
 
-                await wait_for(more_than_two, f"{name} grown")
+                await wait_for_async(more_than_two, f"{name} grown", WAIT_S, interval=0.2)
                 partitions = await partitions_now()
                 assert partitions <= 5
 

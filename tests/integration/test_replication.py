@@ -15,9 +15,8 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import pytest
@@ -28,10 +27,10 @@ from fjord.client import AdminClient, NewTopic
 from fjord.errors import ErrorCode
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder, read_batches
+from fjord.testing.waiting import is_value, wait_for
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 
 #: Short lag limit so that ISR shrink is observable within seconds, long enough that a leader
 #: does not drop followers stopped for the moment a test needs (on a loaded 2-core machine).
@@ -78,17 +77,6 @@ def all_brokers_running(cluster: LocalCluster) -> Iterator[None]:
 
 
 # --- helpers ------------------------------------------------------------------------------
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result is not None and result is not False:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 def stub(cluster: LocalCluster, broker: int) -> broker_pb2_grpc.BrokerStub:
@@ -179,23 +167,23 @@ def leader_of(cluster: LocalCluster, topic: str) -> int:
         state = partition_state(cluster, topic)
         return state[0] if state is not None and state[0] >= 0 else None
 
-    return wait_for(f"a leader of {topic}", known)
+    return wait_for(known, f"a leader of {topic}", accept=is_value)
 
 
 def wait_isr(
     cluster: LocalCluster, topic: str, isr: tuple[int, ...], timeout: float = WAIT_S
 ) -> None:
     wait_for(
-        f"ISR {isr} of {topic}",
         lambda: (s := partition_state(cluster, topic)) is not None and s[2] == tuple(sorted(isr)),
+        f"ISR {isr} of {topic}",
         timeout,
     )
 
 
 def wait_replicated(cluster: LocalCluster, topic: str, brokers: list[int], end: int) -> None:
     wait_for(
-        f"{topic} replicated to {end} on {brokers}",
         lambda: all(log_end_offset(cluster, b, topic) == end for b in brokers),
+        f"{topic} replicated to {end} on {brokers}",
     )
 
 
@@ -312,7 +300,7 @@ def test_leader_failover_keeps_acknowledged_records_and_truncates_the_old_leader
         state = partition_state(cluster, topic)
         return state[0] if state is not None and state[0] in followers else None
 
-    elected = wait_for("a new leader", new_leader)
+    elected = wait_for(new_leader, "a new leader", accept=is_value)
     more = [f"more-{i}".encode() for i in range(5)]
     out = produce(cluster, elected, topic, more)
     assert out.error.code == 0, out.error.message
@@ -372,7 +360,7 @@ def test_follower_back_below_the_leaders_log_start_restarts_there_and_rejoins(
         out = stub(cluster, leader).ListOffsets(request, timeout=5).topics[0].partitions[0]
         return int(out.offset) if out.error.code == 0 and out.offset > 5 else None
 
-    start = wait_for("retention on the leader to pass the follower's log end", leader_log_start)
+    start = wait_for(leader_log_start, "retention on the leader to pass the follower's log end")
     cluster.start_broker(follower)
     wait_isr(cluster, topic, BROKERS)
     wait_replicated(cluster, topic, list(BROKERS), end)

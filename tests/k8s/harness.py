@@ -16,6 +16,7 @@ import concurrent.futures
 import contextlib
 import copy
 import datetime
+import functools
 import json
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import yaml
 from kmock._internal import enums, k8s, rendering
 
 from fjord.local.cluster import LocalCluster
+from fjord.testing import waiting
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO_ROOT / "charts" / "fjord" / "crds"
@@ -363,28 +365,11 @@ async def serve(crd_dir: Path) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
 
-def wait_for(
-    condition: Callable[[], Any],
-    timeout: float,
-    what: str,
-    interval: float = POLL_INTERVAL_S,
-) -> Any:
-    """Poll ``condition`` until it returns a truthy value (returned) or ``timeout`` passes."""
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while True:
-        try:
-            result = condition()
-            if result:
-                return result
-        except (ApiError, OSError) as exc:
-            last_error = exc
-        if time.monotonic() > deadline:
-            raise TimeoutError(
-                f"timed out after {timeout} s waiting for {what}"
-                + (f" (last error: {last_error})" if last_error else "")
-            )
-        time.sleep(interval)
+wait_for = functools.partial(
+    waiting.wait_for, interval=POLL_INTERVAL_S, retry_on=(ApiError, OSError)
+)
+"""fjord.testing.waiting.wait_for polling at this harness's pace; an API or connection error
+counts as "not yet"."""
 
 
 def condition_of(obj: Mapping[str, Any] | None, kind: str) -> JSON | None:
@@ -594,8 +579,8 @@ class OperatorRunner:
         self._thread.start()
         wait_for(
             lambda: self._ready.is_set() or not self._thread.is_alive(),
-            OPERATOR_START_TIMEOUT_S,
             "kopf to be ready",
+            OPERATOR_START_TIMEOUT_S,
         )
         if self.error is not None:
             raise RuntimeError("kopf failed to start") from self.error

@@ -11,7 +11,6 @@ See docs/kubernetes.md, "How the operator is tested".
 
 from __future__ import annotations
 
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ import pytest
 
 from fjord.client import AdminClient, Consumer, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
+from fjord.testing.waiting import WaitTimeout, seconds_until
 from fjord_operator.handlers import register
 from fjord_operator.settings import (
     API_VERSION,
@@ -199,10 +199,10 @@ def _ready(api: ApiServer, plural: str, name: str) -> dict[str, Any] | None:
 def _wait_ready(api: ApiServer, plural: str, name: str, timeout: float) -> dict[str, Any]:
     """Wait until ``_ready``; on a timeout the error shows the object's last status."""
     try:
-        return dict(wait_for(lambda: _ready(api, plural, name), timeout, f"{plural}/{name} Ready"))
-    except TimeoutError as exc:
+        return dict(wait_for(lambda: _ready(api, plural, name), f"{plural}/{name} Ready", timeout))
+    except WaitTimeout as exc:
         obj = _get(api, plural, name) or {}
-        raise TimeoutError(
+        raise WaitTimeout(
             f"{exc}; generation {obj.get('metadata', {}).get('generation')}, "
             f"status {obj.get('status')}"
         ) from None
@@ -393,13 +393,13 @@ def test_topic_is_created_grown_refused_and_deleted(
     )
     wait_for(
         lambda: (t := _fjord_topic(admin, "orders")) is not None and len(t.partitions) == 5,
-        RECONCILE_TIMEOUT_S,
         "orders to grow to 5 partitions",
+        RECONCILE_TIMEOUT_S,
     )
     wait_for(
         lambda: _topic_config(admin, "orders", "retention.ms") == "7200000",
-        RECONCILE_TIMEOUT_S,
         "orders' retention.ms to change",
+        RECONCILE_TIMEOUT_S,
     )
     _wait_ready(api, "fjordtopics", "orders-crd", RECONCILE_TIMEOUT_S)
 
@@ -410,8 +410,8 @@ def test_topic_is_created_grown_refused_and_deleted(
             _condition_reason(api, "fjordtopics", "orders-crd", "Error")
             == "PartitionDecreaseRefused"
         ),
-        RECONCILE_TIMEOUT_S,
         "the decrease to be refused",
+        RECONCILE_TIMEOUT_S,
     )
     refused = _get(api, "fjordtopics", "orders-crd")
     assert refused is not None
@@ -424,13 +424,13 @@ def test_topic_is_created_grown_refused_and_deleted(
     api.delete("fjordtopics", NAMESPACE, "orders-crd")
     wait_for(
         lambda: _get(api, "fjordtopics", "orders-crd") is None,
-        RECONCILE_TIMEOUT_S,
         "FjordTopic orders-crd to be released",
+        RECONCILE_TIMEOUT_S,
     )
     wait_for(
         lambda: "orders" not in admin.list_topics(),
-        RECONCILE_TIMEOUT_S,
         "Fjord topic orders to be deleted",
+        RECONCILE_TIMEOUT_S,
     )
 
 
@@ -441,8 +441,8 @@ def test_invalid_topic_config_is_refused_in_status(
     api.create("fjordtopics", NAMESPACE, _topic("compacted", 1, 1, {"cleanup.policy": "compact"}))
     wait_for(
         lambda: _condition_reason(api, "fjordtopics", "compacted", "Error") == "InvalidConfig",
-        RECONCILE_TIMEOUT_S,
         "the invalid config to be refused",
+        RECONCILE_TIMEOUT_S,
     )
     refused = _get(api, "fjordtopics", "compacted")
     assert refused is not None
@@ -451,8 +451,8 @@ def test_invalid_topic_config_is_refused_in_status(
     api.delete("fjordtopics", NAMESPACE, "compacted")
     wait_for(
         lambda: _get(api, "fjordtopics", "compacted") is None,
-        RECONCILE_TIMEOUT_S,
         "FjordTopic compacted to be released",
+        RECONCILE_TIMEOUT_S,
     )
 
 
@@ -465,20 +465,20 @@ def test_topic_drift_is_corrected_on_the_timer(
     admin.alter_configs({"drift": {"retention.ms": "60000"}})
     wait_for(
         lambda: _topic_config(admin, "drift", "retention.ms") == "3600000",
-        RECONCILE_TIMEOUT_S,
         "the operator to restore retention.ms",
+        RECONCILE_TIMEOUT_S,
     )
     old_id = _fjord_topic(admin, "drift").topic_id
     admin.delete_topics(["drift"])
     recreated = wait_for(
         lambda: (t := _fjord_topic(admin, "drift")) is not None and t.topic_id != old_id and t,
-        RECONCILE_TIMEOUT_S,
         "the operator to re-create topic drift",
+        RECONCILE_TIMEOUT_S,
     )
     assert len(recreated.partitions) == 2
     assert all(len(p.replicas) == 2 for p in recreated.partitions)
     api.delete("fjordtopics", NAMESPACE, "drift")
-    wait_for(lambda: "drift" not in admin.list_topics(), RECONCILE_TIMEOUT_S, "topic drift deleted")
+    wait_for(lambda: "drift" not in admin.list_topics(), "topic drift deleted", RECONCILE_TIMEOUT_S)
 
 
 def test_autoscaling_grows_partitions_under_ingress_up_to_the_maximum(
@@ -503,11 +503,11 @@ def test_autoscaling_grows_partitions_under_ingress_up_to_the_maximum(
             producer.send("busy", value=b"x" * 1000).result(timeout=30)
             return len(_fjord_topic(admin, "busy").partitions) == 3
 
-        wait_for(produce_and_check, RECONCILE_TIMEOUT_S, "busy to grow to 3 partitions")
+        wait_for(produce_and_check, "busy to grow to 3 partitions", RECONCILE_TIMEOUT_S)
     ready = wait_for(
         lambda: (o := _ready(api, "fjordtopics", "busy")) and o["status"]["partitions"] == 3 and o,
-        RECONCILE_TIMEOUT_S,
         "FjordTopic busy Ready with 3 partitions",
+        RECONCILE_TIMEOUT_S,
     )
     assert ready["spec"]["partitions"] == 1  # the autoscaler's growth is not a decrease
 
@@ -528,9 +528,10 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> 
     out: list[bytes] = []
     with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
-        deadline = time.monotonic() + RECONCILE_TIMEOUT_S
-        while len(out) < expected and time.monotonic() < deadline:
-            out.extend(r.value or b"" for r in consumer.poll(0.5))
+        seconds_until(  # the caller's assertion names what is missing
+            lambda: out.extend(r.value or b"" for r in consumer.poll(0.5)) or len(out) >= expected,
+            RECONCILE_TIMEOUT_S,
+        )
     return out
 
 
@@ -552,11 +553,11 @@ def test_scale_out_moves_partitions_and_scale_in_drains_first(
 
     # 3 -> 5: the StatefulSet grows, brokers 3 and 4 register, partitions move onto them.
     api.patch("fjordclusters", NAMESPACE, CLUSTER, {"spec": {"brokers": {"replicas": 5}}})
-    wait_for(lambda: kubelet.running() >= {3, 4}, SCALE_TIMEOUT_S, "brokers 3 and 4 to start")
+    wait_for(lambda: kubelet.running() >= {3, 4}, "brokers 3 and 4 to start", SCALE_TIMEOUT_S)
     wait_for(
         lambda: {3, 4} <= _brokers_hosting(admin, "events"),
-        SCALE_TIMEOUT_S,
         "partitions of events to move onto brokers 3 and 4",
+        SCALE_TIMEOUT_S,
     )
     _wait_ready(api, "fjordclusters", CLUSTER, SCALE_TIMEOUT_S)
     assert not admin.list_partition_reassignments()
@@ -567,7 +568,7 @@ def test_scale_out_moves_partitions_and_scale_in_drains_first(
     stops_before = len([e for e in kubelet.events if e.action == "stop"])
     api.patch("fjordclusters", NAMESPACE, CLUSTER, {"spec": {"brokers": {"replicas": 3}}})
     wait_for(
-        lambda: not (kubelet.running() & {3, 4}), SCALE_TIMEOUT_S, "brokers 3 and 4 to be stopped"
+        lambda: not (kubelet.running() & {3, 4}), "brokers 3 and 4 to be stopped", SCALE_TIMEOUT_S
     )
     stops = [e for e in kubelet.events if e.action == "stop"][stops_before:]
     assert sorted(e.ordinal for e in stops) == [3, 4]
@@ -594,8 +595,8 @@ def test_scale_in_below_replication_factor_is_refused(
             _condition_reason(api, "fjordclusters", CLUSTER, "Error")
             == "ScaleInWouldBreakReplication"
         ),
-        RECONCILE_TIMEOUT_S,
         "the scale-in refused",
+        RECONCILE_TIMEOUT_S,
     )
     sts = _get(api, "statefulsets", f"{CLUSTER}-broker")
     assert sts is not None and sts["spec"]["replicas"] == 3
@@ -620,8 +621,8 @@ def test_operator_restarted_mid_scale_out_resumes_from_the_cluster_state(
         api.patch("fjordclusters", NAMESPACE, CLUSTER, {"spec": {"brokers": {"replicas": 4}}})
         wait_for(
             lambda: (_get(api, "statefulsets", f"{CLUSTER}-broker") or {})["spec"]["replicas"] == 4,
-            RECONCILE_TIMEOUT_S,
             "the StatefulSet raised to 4",
+            RECONCILE_TIMEOUT_S,
         )
         operator.stop()
     finally:
@@ -631,15 +632,15 @@ def test_operator_restarted_mid_scale_out_resumes_from_the_cluster_state(
     operator.start()
     wait_for(
         lambda: 3 in _brokers_hosting(admin, "events"),
-        SCALE_TIMEOUT_S,
         "partitions moved onto broker 3",
+        SCALE_TIMEOUT_S,
     )
     scaled = _wait_ready(api, "fjordclusters", CLUSTER, SCALE_TIMEOUT_S)
     assert scaled["status"]["brokers"] == 4
     # And back to 3, drained first.
     stops_before = len([e for e in kubelet.events if e.action == "stop"])
     api.patch("fjordclusters", NAMESPACE, CLUSTER, {"spec": {"brokers": {"replicas": 3}}})
-    wait_for(lambda: 3 not in kubelet.running(), SCALE_TIMEOUT_S, "broker 3 stopped")
+    wait_for(lambda: 3 not in kubelet.running(), "broker 3 stopped", SCALE_TIMEOUT_S)
     (stop,) = [e for e in kubelet.events if e.action == "stop"][stops_before:]
     assert not {tp: r for tp, r in stop.replicas_seen.items() if 3 in r}
     _wait_ready(api, "fjordclusters", CLUSTER, SCALE_TIMEOUT_S)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,12 +99,3 @@ def produce(
         ]
         producer.flush()
         return [f.result(30) for f in futures]
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout: float = SPARK_WAIT_S) -> None:
-    """Poll ``condition`` until true; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.2)

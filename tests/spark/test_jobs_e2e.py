@@ -6,7 +6,6 @@ command line, ``main()``) processes only the orders that arrived since."""
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from fjord.client import Consumer, ConsumerRecord, Producer, TopicPartition
+from fjord.testing.waiting import wait_for
 from fjord_jobs import orders_shipments
 from fjord_jobs.common import JobOptions
 from fjord_jobs.defaults import REJECT_REASON_HEADER
@@ -44,10 +44,14 @@ def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
         consumer.assign(tps)
         end = consumer.end_offsets(tps)
         records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + SPARK_WAIT_S
-        while any(consumer.position(tp) < end[tp] for tp in tps):
-            assert time.monotonic() < deadline, f"timed out reading {topic}"
+
+        def read_to_end() -> bool:
+            if all(consumer.position(tp) >= end[tp] for tp in tps):
+                return True
             records.extend(consumer.poll(timeout=1.0))
+            return False
+
+        wait_for(read_to_end, f"{topic} read to its end", SPARK_WAIT_S, interval=0)
         return records
 
 

@@ -11,12 +11,13 @@ import pytest
 
 from fjord.client import Consumer, TopicPartition
 from fjord.errors import KafkaTimeoutError
+from fjord.testing.waiting import wait_for
 from fjord_spark.arrow import arrow_schema, reader_schema
 from fjord_spark.errors import DataLossError
 from fjord_spark.offsets import OffsetRange
 from fjord_spark.options import parse_reader_options
 from fjord_spark.source import ClusterView, FjordInputPartition, read_partition
-from tests.spark.conftest import SPARK_WAIT_S, produce, wait_until
+from tests.spark.conftest import SPARK_WAIT_S, produce
 
 pytestmark = pytest.mark.integration
 
@@ -171,7 +172,9 @@ def test_stream_restart_from_checkpoint_no_loss_no_duplicate(
 
     query = start(maxOffsetsPerTrigger="50")
     try:
-        wait_until(lambda: rows_read(query) >= 50, "the first micro-batch")
+        wait_for(
+            lambda: rows_read(query) >= 50, "the first micro-batch", SPARK_WAIT_S, interval=0.2
+        )
     finally:
         query.stop()
     assert sum(p["numInputRows"] for p in query.recentProgress) < 300  # work left to restart
@@ -248,7 +251,7 @@ def _log_start(bootstrap: str, topic: str) -> int:
 
 
 def test_fail_on_data_loss_both_ways(spark: Any, bootstrap: str, retained_topic: str) -> None:
-    wait_until(lambda: _log_start(bootstrap, retained_topic) > 0, "retention", timeout=120)
+    wait_for(lambda: _log_start(bootstrap, retained_topic) > 0, "retention", 120, interval=0.2)
     log_start = _log_start(bootstrap, retained_topic)
     from_zero = json.dumps({retained_topic: {"0": 0}})
     with pytest.raises(Exception, match="failOnDataLoss"):

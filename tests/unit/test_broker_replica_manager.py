@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
@@ -15,144 +13,24 @@ from fjord._proto import broker_pb2
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.server import BrokerOptions, check_data_dir_identity, parse_listen
 from fjord.errors import ConfigError, ErrorCode
-from fjord.metadata import (
-    BrokerRegistration,
-    Keys,
-    MetadataEvent,
-    MetadataImage,
-    PartitionState,
-    TopicRecord,
-)
-from fjord.records import BatchBuilder, decode_records
+from fjord.records import decode_records
 from fjord.storage import LogManager
+from tests.helpers.replica_manager import (
+    BROKER,
+    Cluster,
+    Env,
+    batch,
+    env,
+    fetch_request,
+    leader_state,
+    one_fetch,
+    one_produce,
+    produce_request,
+    run,
+    until_parked,
+)
 
-T = TypeVar("T")
-BROKER = 1
-
-
-def run(coro: Awaitable[T]) -> T:
-    async def main() -> T:
-        return await asyncio.wait_for(coro, 20)
-
-    return asyncio.run(main())
-
-
-def batch(n: int = 1, ts: int = 1_000, value: bytes = b"v") -> bytes:
-    builder = BatchBuilder(batch_size=1 << 30)
-    for i in range(n):
-        builder.append(ts + i, None, value)
-    return builder.build()
-
-
-class Cluster:
-    """Builds successive metadata images for a one-cluster test."""
-
-    def __init__(self) -> None:
-        self.keys = Keys("c")
-        self.revision = 0
-        self.image = MetadataImage.empty("c")
-        self.change([(self.keys.broker(BROKER), BrokerRegistration(BROKER, "h", 1).to_json())])
-
-    def change(self, puts: list[tuple[str, bytes]], deletes: tuple[str, ...] = ()) -> MetadataImage:
-        events = []
-        for key, value in puts:
-            self.revision += 1
-            events.append(MetadataEvent.put(key, value, self.revision, self.revision))
-        for key in deletes:
-            self.revision += 1
-            events.append(MetadataEvent.delete(key, self.revision))
-        self.image = self.image.apply(events)
-        return self.image
-
-    def topic(
-        self,
-        name: str,
-        states: list[PartitionState],
-        config: dict[str, str] | None = None,
-    ) -> MetadataImage:
-        puts = [
-            (
-                self.keys.topic(name),
-                TopicRecord("0" * 32, len(states), len(states[0].replicas), config or {}).to_json(),
-            )
-        ]
-        puts += [(self.keys.partition(name, i), s.to_json()) for i, s in enumerate(states)]
-        return self.change(puts)
-
-
-def leader_state(
-    replicas: tuple[int, ...] = (BROKER,),
-    isr: tuple[int, ...] | None = None,
-    leader: int = BROKER,
-    epoch: int = 0,
-) -> PartitionState:
-    return PartitionState(replicas, isr if isr is not None else replicas, leader, epoch, epoch)
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[tuple[ReplicaManager, Cluster, LogManager]]:
-    logs = LogManager(tmp_path / "data")
-    manager = ReplicaManager(BROKER, logs)
-    yield manager, Cluster(), logs
-    logs.close()
-
-
-def produce_request(
-    topic: str, partition: int, records: bytes, acks: int = 1, timeout_ms: int = 5000
-) -> broker_pb2.ProduceRequest:
-    return broker_pb2.ProduceRequest(
-        acks=acks,
-        timeout_ms=timeout_ms,
-        topics=[
-            broker_pb2.ProduceTopic(
-                name=topic,
-                partitions=[broker_pb2.ProducePartition(partition=partition, records=records)],
-            )
-        ],
-    )
-
-
-def fetch_request(
-    topic: str,
-    partition: int,
-    offset: int,
-    *,
-    max_wait_ms: int = 0,
-    min_bytes: int = 0,
-    replica_id: int = -1,
-    epoch: int = -1,
-    partition_max_bytes: int = 1 << 20,
-) -> broker_pb2.FetchRequest:
-    return broker_pb2.FetchRequest(
-        replica_id=replica_id,
-        max_wait_ms=max_wait_ms,
-        min_bytes=min_bytes,
-        max_bytes=1 << 20,
-        topics=[
-            broker_pb2.FetchTopic(
-                name=topic,
-                partitions=[
-                    broker_pb2.FetchPartition(
-                        partition=partition,
-                        fetch_offset=offset,
-                        partition_max_bytes=partition_max_bytes,
-                        current_leader_epoch=epoch,
-                    )
-                ],
-            )
-        ],
-    )
-
-
-def one_produce(response: broker_pb2.ProduceResponse) -> broker_pb2.ProducePartitionResponse:
-    return response.topics[0].partitions[0]
-
-
-def one_fetch(response: broker_pb2.FetchResponse) -> broker_pb2.FetchPartitionResponse:
-    return response.topics[0].partitions[0]
-
-
-Env = tuple[ReplicaManager, Cluster, LogManager]
+__all__ = ["env"]  # the fixture, used by name
 
 
 def test_produce_then_fetch(env: Env) -> None:
@@ -236,7 +114,7 @@ def test_long_poll_wakes_on_append(env: Env) -> None:
         waiting = asyncio.ensure_future(
             manager.fetch(fetch_request("t", 0, 0, max_wait_ms=5000, min_bytes=1))
         )
-        await asyncio.sleep(0)  # let the fetch park
+        await until_parked(manager, fetches=1)
         assert not waiting.done()
         await manager.produce(produce_request("t", 0, batch(2)))
         out = one_fetch(await waiting)
@@ -259,9 +137,9 @@ def test_long_poll_times_out_empty_and_min_bytes_accumulates(env: Env) -> None:
         waiting = asyncio.ensure_future(
             manager.fetch(fetch_request("t", 0, 0, max_wait_ms=5000, min_bytes=2 * size))
         )
-        await asyncio.sleep(0)
+        await until_parked(manager, fetches=1)
         await manager.produce(produce_request("t", 0, batch(1)))
-        await asyncio.sleep(0.05)
+        assert manager.parked() == (1, 0)  # the append woke it, but one batch is not min_bytes
         assert not waiting.done()  # one batch is not min_bytes yet
         await manager.produce(produce_request("t", 0, batch(1)))
         assert len(one_fetch(await waiting).records) == 2 * size
@@ -277,7 +155,7 @@ def test_acks_all_waits_for_follower(env: Env) -> None:
         producing = asyncio.ensure_future(
             manager.produce(produce_request("t", 0, batch(3), acks=-1))
         )
-        await asyncio.sleep(0.05)
+        await until_parked(manager, produces=1)
         assert not producing.done()
         # The consumer does not see unreplicated data; the follower does.
         consumer = one_fetch(await manager.fetch(fetch_request("t", 0, 0)))
@@ -324,7 +202,7 @@ def test_leadership_loss_fails_waiting_produce(env: Env) -> None:
         producing = asyncio.ensure_future(
             manager.produce(produce_request("t", 0, batch(), acks=-1))
         )
-        await asyncio.sleep(0.02)
+        await until_parked(manager, produces=1)
         state = leader_state((BROKER, 2), leader=2, epoch=1)
         await manager.apply_metadata(
             cluster.change([(cluster.keys.partition("t", 0), state.to_json())])
@@ -415,7 +293,7 @@ def test_metadata_changes_create_and_delete_logs(env: Env) -> None:
         parked = asyncio.ensure_future(
             manager.fetch(fetch_request("t", 0, 1, max_wait_ms=5000, min_bytes=1))
         )
-        await asyncio.sleep(0)
+        await until_parked(manager, fetches=1)
         keys = cluster.keys
         await manager.apply_metadata(cluster.change([], (keys.topic("t"), keys.partition("t", 0))))
         assert manager.partitions == {}
@@ -548,7 +426,7 @@ def test_close_answers_parked_operations(env: Env) -> None:
         producing = asyncio.ensure_future(
             manager.produce(produce_request("t", 0, batch(), acks=-1, timeout_ms=10_000))
         )
-        await asyncio.sleep(0.02)
+        await until_parked(manager, fetches=1, produces=1)
         started = time.monotonic()
         manager.close()
         produced = one_produce(await producing)

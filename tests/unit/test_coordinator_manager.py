@@ -28,6 +28,7 @@ from fjord.coordinator.offsets_log import (
 )
 from fjord.coordinator.protocol import Subscription, encode_subscription
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
+from fjord.testing.waiting import wait_for_async
 
 WAIT_S = 10.0
 SESSION_MS = 6_000
@@ -304,10 +305,11 @@ def test_timers_expire_sessions_and_vacant_or_dead_groups_are_forgotten() -> Non
         )
         assert manager.describe_group(GROUP).state is GroupState.STABLE
         # No heartbeat: the group's timer expires the member and the group becomes Empty.
-        deadline = asyncio.get_running_loop().time() + WAIT_S
-        while manager.describe_group(GROUP).state is not GroupState.EMPTY:
-            assert asyncio.get_running_loop().time() < deadline, "session never expired"
-            await asyncio.sleep(0.02)
+
+        async def empty() -> bool:
+            return manager.describe_group(GROUP).state is GroupState.EMPTY
+
+        await wait_for_async(empty, "the session to expire", WAIT_S, interval=0.02)
         assert manager.state_counts()["Empty"] == 1
 
         await commit(manager, {0: 3})

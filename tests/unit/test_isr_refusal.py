@@ -29,8 +29,9 @@ from fjord.controller.election import alter_isr
 from fjord.errors import ErrorCode, FjordError
 from fjord.metadata import PartitionState
 from fjord.storage import LogManager
-from tests.unit.test_broker_replica_manager import (
+from tests.helpers.replica_manager import (
     BROKER,
+    Clock,
     Cluster,
     batch,
     fetch_request,
@@ -38,7 +39,6 @@ from tests.unit.test_broker_replica_manager import (
     produce_request,
     run,
 )
-from tests.unit.test_replication_manager import Clock
 
 LAG_MS = 1_000
 REPLICAS = (BROKER, 2, 3)

@@ -19,8 +19,9 @@ from fjord.broker.replication import FollowerTarget
 from fjord.errors import ErrorCode
 from fjord.metadata import BrokerRegistration, PartitionState
 from fjord.storage import LogManager, PartitionLog
-from tests.unit.test_broker_replica_manager import (
+from tests.helpers.replica_manager import (
     BROKER,
+    Clock,
     Cluster,
     batch,
     fetch_request,
@@ -31,14 +32,6 @@ from tests.unit.test_broker_replica_manager import (
 )
 
 LAG_MS = 1_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0
-
-    def __call__(self) -> int:
-        return self.now
 
 
 Env = tuple[ReplicaManager, Cluster, Clock]

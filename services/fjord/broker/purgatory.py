@@ -115,5 +115,9 @@ class Purgatory(Generic[Op]):
     def has_watchers(self, key: Hashable) -> bool:
         return key in self._by_key
 
+    def operations(self) -> set[Op]:
+        """Every operation watched now (each once, whatever number of keys it waits on)."""
+        return {op for ops in self._by_key.values() for op in ops}
+
     def __len__(self) -> int:
-        return len({op for ops in self._by_key.values() for op in ops})
+        return len(self.operations())

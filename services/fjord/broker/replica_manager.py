@@ -316,6 +316,20 @@ class ReplicaManager:
         for op in self._fetch_waiters.watchers(key):
             self._complete(op)
 
+    def parked(self) -> tuple[int, int]:
+        """(fetches, produces) parked in purgatory and not completed yet: what Kafka reports as
+        its purgatory sizes. An operation counts from the moment it waits until it is completed,
+        woken or timed out, so a caller can tell "parked and still waiting" without sleeping."""
+
+        def waiting(purgatory: Purgatory[Any]) -> int:
+            return sum(
+                1
+                for op in purgatory.operations()
+                if (future := self._wakeups.get(op)) is not None and not future.done()
+            )
+
+        return waiting(self._fetch_waiters), waiting(self._produce_waiters)
+
     async def _wait(
         self,
         op: DelayedFetch | DelayedProduce,

@@ -66,6 +66,7 @@ from fjord.testing.chaos import (
     plan_faults,
     verify_delivery,
 )
+from fjord.testing.waiting import seconds_until
 
 HEAL_TIMEOUT_S = 30.0
 CONTROLLER_FAILOVER_TIMEOUT_S = 20.0
@@ -173,17 +174,6 @@ def producer_state(producer: Producer) -> str:
         return ", ".join(parts)
     except Exception as exc:  # diagnostics must not hide the finding itself
         return f"(unavailable: {exc!r})"
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float) -> float | None:
-    """Poll ``condition`` until true (returns the seconds it took) or ``timeout_s`` (None)."""
-    start = time.monotonic()
-    while True:
-        if condition():
-            return time.monotonic() - start
-        if time.monotonic() - start > timeout_s:
-            return None
-        time.sleep(POLL_INTERVAL_S)
 
 
 def chaos_cluster(data_dir: Path, replica_lag_ms: int = CHAOS_REPLICA_LAG_MS,
@@ -336,7 +326,7 @@ class ChaosRunner:
     def _wait_healed(self, after: str, timeout_s: float = HEAL_TIMEOUT_S) -> None:
         """Wait until every ISR is full again; if that does not happen in time, it is a
         finding and the fault phase ends (more faults on a broken cluster would only bury it)."""
-        took = wait_for(self.healthy, timeout_s)
+        took = seconds_until(self.healthy, timeout_s, interval=POLL_INTERVAL_S)
         if took is None:
             finding = f"not healed {timeout_s:.0f} s after {after}: {self.states()}"
             self.findings.append(finding)
@@ -424,7 +414,8 @@ class ChaosRunner:
         time.sleep(step.down_s)  # the plan's "stay down" time
         self.cluster.start_broker(target, wait=False)
         try:
-            registered = wait_for(lambda: self._registered(target, epoch), HEAL_TIMEOUT_S)
+            registered = seconds_until(lambda: self._registered(target, epoch), HEAL_TIMEOUT_S,
+                                       interval=POLL_INTERVAL_S)
         except ProcessStartError as exc:
             self.findings.append(str(exc))
             self.note(str(exc))
@@ -456,8 +447,8 @@ class ChaosRunner:
         self.cluster.kill("controller", active)
         self.faults["controller SIGKILL"] += 1
         self.note(f"SIGKILL active controller {active}")
-        took = wait_for(lambda: self.cluster.active_controller() not in (None, active),
-                        CONTROLLER_FAILOVER_TIMEOUT_S)
+        took = seconds_until(lambda: self.cluster.active_controller() not in (None, active),
+                             CONTROLLER_FAILOVER_TIMEOUT_S, interval=POLL_INTERVAL_S)
         if took is None:
             self.findings.append(f"no controller took over within "
                                  f"{CONTROLLER_FAILOVER_TIMEOUT_S:.0f} s")
@@ -489,8 +480,8 @@ class ChaosRunner:
                 now = self.states()
                 return now is not None and all(target not in s.isr for s in now.values())
 
-            took = wait_for(left_every_isr, lag_s + self.cluster.broker_lease_ttl_s +
-                            FREEZE_EXTRA_S)
+            took = seconds_until(left_every_isr, lag_s + self.cluster.broker_lease_ttl_s +
+                                 FREEZE_EXTRA_S, interval=POLL_INTERVAL_S)
             if took is None:
                 held = time.monotonic() - start
                 finding = f"frozen broker {target} still in some ISR after {held:.1f} s"
@@ -516,7 +507,7 @@ class ChaosRunner:
                 )])
             except InvalidReplicationFactorError as exc:
                 raise ReplicationUnavailableError(str(exc)) from exc
-        took = wait_for(self.healthy, HEAL_TIMEOUT_S)
+        took = seconds_until(self.healthy, HEAL_TIMEOUT_S, interval=POLL_INTERVAL_S)
         if took is None:
             raise RuntimeError(f"topic {self.settings.topic} not fully replicated in "
                                f"{HEAL_TIMEOUT_S:.0f} s: {self.states()}")
@@ -583,7 +574,8 @@ class ChaosRunner:
     def _check_writes_resume(self, producer: Producer) -> None:
         """A healed cluster must take writes: a record sent now is acknowledged soon."""
         since = self._sent_index
-        took = wait_for(lambda: self._max_acked_index > since, POST_HEAL_WRITE_TIMEOUT_S)
+        took = seconds_until(lambda: self._max_acked_index > since, POST_HEAL_WRITE_TIMEOUT_S,
+                             interval=POLL_INTERVAL_S)
         if took is None:
             finding = (f"no record sent after the final heal was acknowledged within "
                        f"{POST_HEAL_WRITE_TIMEOUT_S:.0f} s ({self._sent_index - since} sent); "
@@ -619,7 +611,7 @@ class ChaosRunner:
                 os.kill(proc.pid, signal.SIGCONT)
         self.unavailable.clear()
         self._check_processes()
-        took = wait_for(self.healthy, FINAL_HEAL_TIMEOUT_S)
+        took = seconds_until(self.healthy, FINAL_HEAL_TIMEOUT_S, interval=POLL_INTERVAL_S)
         if took is None:
             finding = f"cluster not healed {FINAL_HEAL_TIMEOUT_S:.0f} s after the faults: " \
                       f"{self.states()}"
