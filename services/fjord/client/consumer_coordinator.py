@@ -231,18 +231,18 @@ class ConsumerCoordinator:
         a rebalance when one is needed: callbacks run here, in the poll() thread."""
         membership = self._membership
         while True:
-            revoke: tuple[tuple[str, int], ...] = ()
+            revoke: list[TopicPartition] = []
             with self._state.lock:
                 event = self._group_events.popleft() if self._group_events else None
                 if event is None:
                     if self._state.mode != "subscribe" or not membership.should_start_join():
                         return
-                    revoke = membership.start_join()
+                    revoke = [TopicPartition(*tp) for tp in membership.start_join()]
             if event is not None:
                 self._apply_group_event(event)
                 continue
             if revoke:
-                self._revoke([TopicPartition(*tp) for tp in revoke], commit=True)
+                self._revoke(revoke, commit=True)
             self._io.call_soon(self._start_join_task)
             return
 
