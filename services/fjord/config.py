@@ -18,12 +18,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from fjord.coordinator.defaults import (
+from fjord.errors import ConfigError
+from fjord.groups.defaults import (
     CONSUMER_HEARTBEAT_INTERVAL_MS,
     CONSUMER_MAX_POLL_INTERVAL_MS,
     CONSUMER_SESSION_TIMEOUT_MS,
 )
-from fjord.errors import ConfigError
 
 DEFAULT_BOOTSTRAP_PORT = 9092
 """Port assumed for a bootstrap address given without one (Kafka's)."""

@@ -1,6 +1,6 @@
 """What every long-running Fjord service process (broker, coordinator) does the same way:
-binding its gRPC port, the host it advertises, and serving until SIGTERM/SIGINT with a clean
-stop."""
+parsing its ``--listen`` address, binding its gRPC port, the host it advertises, and serving
+until SIGTERM/SIGINT with a clean stop."""
 
 from __future__ import annotations
 
@@ -17,6 +17,24 @@ from fjord.errors import ConfigError
 log = logging.getLogger(__name__)
 
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def parse_listen(address: str, default_port: int) -> tuple[str, int]:
+    """``HOST:PORT`` (or ``HOST``, or ``[v6]:PORT``, ``default_port`` then: each service passes
+    its own) to (host, port); ConfigError names listen."""
+    host, sep, port_text = address.rpartition(":")
+    if not sep:
+        host, port_text = address, str(default_port)
+    host = host.strip("[]")
+    if not host:
+        raise ConfigError(f"listen: expected HOST:PORT, got {address!r}")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"listen: invalid port in {address!r}") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"listen: port {port} out of range 0..65535")
+    return host, port
 
 
 def bind_insecure_port(server: aio.Server, host: str, port: int) -> int:

@@ -21,10 +21,10 @@ import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client import AdminClient, NewTopic, Producer
-from fjord.coordinator.assignors import leader_assignments
-from fjord.coordinator.offsets_log import group_partition
-from fjord.coordinator.protocol import Subscription, decode_assignment, encode_subscription
 from fjord.errors import ErrorCode
+from fjord.groups.assignors import leader_assignments
+from fjord.groups.offsets_topic import group_partition
+from fjord.groups.protocol import Subscription, decode_assignment, encode_subscription
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import EtcdProcess
 from fjord.metadata import Keys, etcd_client

@@ -24,9 +24,9 @@ from click.testing import CliRunner
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from fjord.cli.main import cli
 from fjord.controller.defaults import OFFSETS_TOPIC_CONFIG
-from fjord.coordinator.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
-from fjord.coordinator.offsets_log import group_partition
 from fjord.errors import ErrorCode
+from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
+from fjord.groups.offsets_topic import group_partition
 from fjord.local.cluster import LocalCluster
 from fjord.metadata import (
     CoordinatorRegistration,

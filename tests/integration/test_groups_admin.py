@@ -24,13 +24,13 @@ from fjord.cli.groups_cmd import OFFSET_HEADERS
 from fjord.cli.main import cli
 from fjord.client import AdminClient, NewTopic, OffsetAndMetadata, Producer, TopicPartition
 from fjord.client.admin import ConsumerGroupListing
-from fjord.coordinator.protocol import (
+from fjord.errors import ErrorCode, GroupIdNotFoundError, KafkaTimeoutError, NonEmptyGroupError
+from fjord.groups.protocol import (
     Assignment,
     Subscription,
     encode_assignment,
     encode_subscription,
 )
-from fjord.errors import ErrorCode, GroupIdNotFoundError, KafkaTimeoutError, NonEmptyGroupError
 from fjord.local.cluster import LocalCluster
 from fjord.testing.waiting import wait_for
 

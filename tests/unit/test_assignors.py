@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.coordinator.assignors import (
+from fjord.errors import CorruptRecordError, InvalidRequestError
+from fjord.groups.assignors import (
     COOPERATIVE,
     COOPERATIVE_STICKY,
     EAGER,
@@ -20,7 +21,7 @@ from fjord.coordinator.assignors import (
     partition_changes,
     valid_owned_partitions,
 )
-from fjord.coordinator.protocol import (
+from fjord.groups.protocol import (
     Assignment,
     Subscription,
     decode_assignment,
@@ -28,7 +29,6 @@ from fjord.coordinator.protocol import (
     encode_assignment,
     encode_subscription,
 )
-from fjord.errors import CorruptRecordError, InvalidRequestError
 
 ALL = (RANGE, ROUNDROBIN, STICKY, COOPERATIVE_STICKY)
 

@@ -10,10 +10,12 @@ from pathlib import Path
 import pytest
 
 from fjord._proto import broker_pb2
+from fjord.broker.defaults import DEFAULT_BROKER_PORT
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.broker.server import BrokerOptions, check_data_dir_identity, parse_listen
+from fjord.broker.server import BrokerOptions, check_data_dir_identity
 from fjord.errors import ConfigError, ErrorCode
 from fjord.records import decode_records
+from fjord.serving import parse_listen
 from fjord.storage import LogManager
 from tests.helpers.replica_manager import (
     BROKER,
@@ -385,12 +387,12 @@ def test_broker_options_validation(tmp_path: Path) -> None:
         options(config={"retention.ms": "soon"})
     with pytest.raises(ConfigError, match="cluster-id"):
         options(cluster_id="a/b")
-    assert parse_listen("localhost:9093") == ("localhost", 9093)
-    assert parse_listen("[::1]:9093") == ("::1", 9093)
-    assert parse_listen("myhost") == ("myhost", 9092)
+    assert parse_listen("localhost:9093", DEFAULT_BROKER_PORT) == ("localhost", 9093)
+    assert parse_listen("[::1]:9093", DEFAULT_BROKER_PORT) == ("::1", 9093)
+    assert parse_listen("myhost", DEFAULT_BROKER_PORT) == ("myhost", 9092)
     for bad in ("host:port", ":9092", "h:70000"):
         with pytest.raises(ConfigError, match="listen"):
-            parse_listen(bad)
+            parse_listen(bad, DEFAULT_BROKER_PORT)
 
 
 def test_big_fetch_reads_in_thread_and_read_failures_stay_per_partition(env: Env) -> None:

@@ -14,7 +14,6 @@ import pytest
 
 from fjord.coordinator.group import (
     GroupConfig,
-    GroupState,
     JoinGroupResponse,
     OffsetCommitRequestPartition,
 )
@@ -24,10 +23,11 @@ from fjord.coordinator.offsets_log import (
     OffsetCommitKey,
     OffsetCommitValue,
     decode_record,
-    group_partition,
 )
-from fjord.coordinator.protocol import Subscription, encode_subscription
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
+from fjord.groups.offsets_topic import group_partition
+from fjord.groups.protocol import Subscription, encode_subscription
+from fjord.groups.state import GroupState
 from fjord.testing.waiting import wait_for_async
 
 WAIT_S = 10.0

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.coordinator.lag import (
+from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
+from fjord.groups.lag import (
     LagRow,
     MemberPartitions,
     PartitionReset,
@@ -21,7 +22,6 @@ from fjord.coordinator.lag import (
     reset_scope,
     total_lag,
 )
-from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
 
 
 def test_describe_rows():

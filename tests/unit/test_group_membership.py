@@ -31,7 +31,8 @@ from fjord.coordinator.group import (
     Reply,
     SyncGroupResponse,
 )
-from fjord.coordinator.protocol import (
+from fjord.errors import ErrorCode
+from fjord.groups.protocol import (
     Assignment,
     Subscription,
     decode_assignment,
@@ -39,7 +40,6 @@ from fjord.coordinator.protocol import (
     encode_assignment,
     encode_subscription,
 )
-from fjord.errors import ErrorCode
 
 HEARTBEAT_MS = 3_000
 SESSION_MS = 45_000

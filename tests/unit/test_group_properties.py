@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 
 from fjord.coordinator.group import (
     GroupConfig,
-    GroupState,
     GroupStateMachine,
     JoinGroupResponse,
     OffsetCommitResponse,
@@ -17,6 +16,7 @@ from fjord.coordinator.group import (
 )
 from fjord.coordinator.offsets_log import GroupMetadataLoader
 from fjord.errors import ErrorCode as E
+from fjord.groups.state import GroupState
 from tests.unit.test_group_state_machine import DELAY, Shell, sub
 
 PROTOCOLS = [

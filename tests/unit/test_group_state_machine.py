@@ -10,7 +10,6 @@ import pytest
 from fjord.coordinator.group import (
     AppendRecords,
     GroupConfig,
-    GroupState,
     GroupStateMachine,
     JoinGroupResponse,
     OffsetCommitRequestPartition,
@@ -21,8 +20,9 @@ from fjord.coordinator.group import (
     SyncGroupResponse,
 )
 from fjord.coordinator.offsets_log import GroupMetadataLoader, OffsetCommitKey
-from fjord.coordinator.protocol import Subscription, encode_subscription
 from fjord.errors import ErrorCode, InvalidGroupIdError
+from fjord.groups.protocol import Subscription, encode_subscription
+from fjord.groups.state import GroupState
 
 SESSION = 10_000
 REBALANCE = 30_000

@@ -39,16 +39,6 @@ from fjord.client.admin import (
     _group_states,
     _offset_request_topics,
 )
-from fjord.coordinator.lag import (
-    LagRow,
-    PartitionReset,
-    ShiftBy,
-    ToDatetime,
-    ToEarliest,
-    ToLatest,
-    ToOffset,
-)
-from fjord.coordinator.protocol import Assignment, encode_assignment
 from fjord.errors import (
     CorruptRecordError,
     ErrorCode,
@@ -58,6 +48,16 @@ from fjord.errors import (
     InvalidRequestError,
     NonEmptyGroupError,
 )
+from fjord.groups.lag import (
+    LagRow,
+    PartitionReset,
+    ShiftBy,
+    ToDatetime,
+    ToEarliest,
+    ToLatest,
+    ToOffset,
+)
+from fjord.groups.protocol import Assignment, encode_assignment
 
 MEMBER = MemberDescription("c-1", None, "app", "/10.0.0.1", (TopicPartition("orders", 0),))
 STABLE = ConsumerGroupDescription("g", "Stable", "consumer", "range", (MEMBER,), "h:1")

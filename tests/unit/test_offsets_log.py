@@ -17,11 +17,10 @@ from fjord.coordinator.offsets_log import (
     OffsetCommitValue,
     decode_record,
     encode_record,
-    group_partition,
-    java_string_hash,
     offsets_to_expire,
 )
 from fjord.errors import CorruptRecordError
+from fjord.groups.offsets_topic import group_partition, java_string_hash
 
 
 def java_hash_by_definition(s: str) -> int:

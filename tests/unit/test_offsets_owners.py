@@ -23,8 +23,6 @@ from fjord.controller.offsets_owners import (
     plan_offsets_owners,
 )
 from fjord.controller.planner import TopicSpec, plan_create_topic
-from fjord.coordinator.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
-from fjord.coordinator.offsets_log import group_partition
 from fjord.errors import (
     CoordinatorNotAvailableError,
     ErrorCode,
@@ -32,6 +30,8 @@ from fjord.errors import (
     InvalidRequestError,
     InvalidTopicError,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
+from fjord.groups.offsets_topic import group_partition
 from fjord.metadata import (
     BrokerRegistration,
     CoordinatorRegistration,

@@ -18,8 +18,6 @@ import grpc
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
 from fjord.broker import defaults
-from fjord.coordinator.defaults import OFFSETS_TOPIC
-from fjord.coordinator.offsets_log import group_partition
 from fjord.errors import (
     CoordinatorNotAvailableError,
     ErrorCode,
@@ -27,6 +25,8 @@ from fjord.errors import (
     InvalidRequestError,
     error_code_from_number,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.groups.offsets_topic import group_partition
 from fjord.metadata import CoordinatorRegistration, MetadataImage
 
 log = logging.getLogger(__name__)

@@ -63,23 +63,6 @@ from fjord.storage import LogManager
 log = logging.getLogger(__name__)
 
 
-def parse_listen(address: str, default_port: int = defaults.DEFAULT_BROKER_PORT) -> tuple[str, int]:
-    """``HOST:PORT`` (or ``HOST``, or ``[v6]:PORT``) to (host, port); ConfigError names listen."""
-    host, sep, port_text = address.rpartition(":")
-    if not sep:
-        host, port_text = address, str(default_port)
-    host = host.strip("[]")
-    if not host:
-        raise ConfigError(f"listen: expected HOST:PORT, got {address!r}")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ConfigError(f"listen: invalid port in {address!r}") from None
-    if not 0 <= port <= 65535:
-        raise ConfigError(f"listen: port {port} out of range 0..65535")
-    return host, port
-
-
 #: Hidden file (LogManager ignores dot entries) naming the cluster and broker a data dir
 #: belongs to, like Kafka's meta.properties: a broker started with the wrong cluster id or
 #: broker id fails instead of treating every local log as a stray and deleting it.

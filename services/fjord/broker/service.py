@@ -15,8 +15,8 @@ from fjord.broker.coordinator_lookup import OffsetsTopicCreator, locate_group_co
 from fjord.broker.metadata_view import MetadataResponder
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.coordinator.defaults import OFFSETS_TOPIC
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
+from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 import click
 
 from fjord.broker import defaults
-from fjord.broker.server import BrokerOptions, BrokerServer, parse_listen
+from fjord.broker.server import BrokerOptions, BrokerServer
 from fjord.errors import ConfigError
 from fjord.kafka.defaults import GRPC_LISTENER, KAFKA_LISTENER
 from fjord.kafka.listeners import parse_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
+from fjord.serving import parse_listen
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -107,7 +108,10 @@ def broker(
             raise ConfigError(
                 "listen: --listen HOST:PORT or GRPC://HOST:PORT in --listeners is required"
             )
-        host, port = parse_listen(listen) if listen is not None else parsed[GRPC_LISTENER]
+        if listen is not None:
+            host, port = parse_listen(listen, defaults.DEFAULT_BROKER_PORT)
+        else:
+            host, port = parsed[GRPC_LISTENER]
         options = BrokerOptions(
             broker_id=broker_id,
             listen_host=host,

@@ -7,12 +7,12 @@ import logging
 
 import click
 
-from fjord.broker.server import parse_listen
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
+from fjord.serving import parse_listen
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:

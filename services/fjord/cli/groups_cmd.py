@@ -1,7 +1,7 @@
 """``fjord groups list|describe|delete|reset-offsets``: Kafka's kafka-consumer-groups tool.
 
 The commands only translate: the admin client gathers state, committed offsets and log end
-offsets; :mod:`fjord.coordinator.lag` computes lag rows and reset plans. The helpers below that
+offsets; :mod:`fjord.groups.lag` computes lag rows and reset plans. The helpers below that
 turn options into specs and results into rows are pure (tested without a cluster).
 """
 
@@ -22,7 +22,8 @@ from fjord.cli.client_common import (
 )
 from fjord.client import AdminClient
 from fjord.client.admin import DEAD_STATE, ConsumerGroupDescription
-from fjord.coordinator.lag import (
+from fjord.errors import GroupIdNotFoundError
+from fjord.groups.lag import (
     LagRow,
     PartitionReset,
     ResetSpec,
@@ -32,7 +33,6 @@ from fjord.coordinator.lag import (
     ToLatest,
     ToOffset,
 )
-from fjord.errors import GroupIdNotFoundError
 
 #: The columns of ``describe`` (kafka-consumer-groups --describe --offsets).
 OFFSET_HEADERS = (

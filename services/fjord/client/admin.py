@@ -35,19 +35,6 @@ from fjord.client.types import (
     TopicPartition,
 )
 from fjord.config import admin_config
-from fjord.coordinator.defaults import CONSUMER_PROTOCOL_TYPE
-from fjord.coordinator.group import GroupState
-from fjord.coordinator.lag import (
-    LagRow,
-    MemberPartitions,
-    PartitionReset,
-    ResetSpec,
-    ToDatetime,
-    lag_rows,
-    plan_offset_reset,
-    reset_scope,
-)
-from fjord.coordinator.protocol import decode_assignment
 from fjord.errors import (
     CoordinatorNotAvailableError,
     ErrorCode,
@@ -62,6 +49,19 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
+from fjord.groups.defaults import CONSUMER_PROTOCOL_TYPE
+from fjord.groups.lag import (
+    LagRow,
+    MemberPartitions,
+    PartitionReset,
+    ResetSpec,
+    ToDatetime,
+    lag_rows,
+    plan_offset_reset,
+    reset_scope,
+)
+from fjord.groups.protocol import decode_assignment
+from fjord.groups.state import GroupState
 
 T = TypeVar("T")
 
@@ -984,7 +984,7 @@ class AdminClient:
     ) -> list[LagRow]:
         """The rows of ``kafka-consumer-groups --describe``: every partition with a committed
         offset or an owner, its log end offset (None for a partition that no longer exists),
-        lag, and the member holding it (:func:`fjord.coordinator.lag.lag_rows`). Pass the
+        lag, and the member holding it (:func:`fjord.groups.lag.lag_rows`). Pass the
         ``description`` just fetched to save a DescribeGroups call."""
         deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
         if description is None:
@@ -1021,7 +1021,7 @@ class AdminClient:
         timeout: float | None = None,
     ) -> list[PartitionReset]:
         """Kafka's ``--reset-offsets`` plan, computed by
-        :func:`fjord.coordinator.lag.plan_offset_reset` from the group's state, its committed
+        :func:`fjord.groups.lag.plan_offset_reset` from the group's state, its committed
         offsets and the partitions' earliest/latest offsets (and ``offsets_for_times`` for
         :class:`ToDatetime`). ``topics`` takes ``orders`` or ``orders:0,2`` selectors;
         ``all_topics`` means every topic the group has committed offsets for. Changes nothing:

@@ -34,7 +34,6 @@ from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.subscription_state import SubscriptionState
 from fjord.client.types import OffsetAndMetadata, TopicPartition
 from fjord.config import ClientConfig
-from fjord.coordinator.defaults import CONSUMER_PROTOCOL_TYPE
 from fjord.errors import (
     CommitFailedError,
     ErrorCode,
@@ -44,6 +43,7 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
+from fjord.groups.defaults import CONSUMER_PROTOCOL_TYPE
 
 if TYPE_CHECKING:
     from fjord.client.consumer import Consumer
@@ -91,7 +91,7 @@ def normalize_offsets(
 
 
 def _subscribed_topics(metadata: bytes) -> tuple[str, ...]:
-    from fjord.coordinator.protocol import decode_subscription
+    from fjord.groups.protocol import decode_subscription
 
     try:
         return decode_subscription(metadata).topics

@@ -45,21 +45,21 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
-from fjord.coordinator.assignors import (
+from fjord.errors import ErrorCode
+from fjord.groups.assignors import (
     COOPERATIVE,
     EAGER,
     REBALANCE_PROTOCOL,
     leader_assignments,
     partition_changes,
 )
-from fjord.coordinator.protocol import (
+from fjord.groups.protocol import (
     NO_GENERATION,
     Subscription,
     decode_assignment,
     decode_subscription,
     encode_subscription,
 )
-from fjord.errors import ErrorCode
 
 TopicPartition = tuple[str, int]
 

@@ -52,7 +52,7 @@ OTHER_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 # The internal topic ``__consumer_offsets`` (its name and partition count,
-# ``offsets.topic.num.partitions`` = 50, live in fjord.coordinator.defaults, next to
+# ``offsets.topic.num.partitions`` = 50, live in fjord.groups.defaults, shared with
 # group_partition's users). Kafka's broker settings, created on the first FindCoordinator:
 # - ``offsets.topic.replication.factor`` (3): capped at the number of live brokers when the
 #   topic is created (Kafka refuses instead; a one-broker ``fjord local`` must still work).

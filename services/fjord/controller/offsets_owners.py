@@ -16,8 +16,8 @@ from fjord.controller.defaults import (
 )
 from fjord.controller.planner import TopicSpec
 from fjord.controller.topics import is_internal_topic
-from fjord.coordinator.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
 from fjord.errors import InvalidRequestError, InvalidTopicError
+from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
 from fjord.metadata import OffsetsOwner
 
 

@@ -48,12 +48,12 @@ from fjord.controller.planner import (
     plan_preferred_rebalance,
     plan_reconcile,
 )
-from fjord.coordinator.defaults import OFFSETS_TOPIC
 from fjord.errors import (
     NotControllerError,
     StaleBrokerEpochError,
     UnknownTopicOrPartitionError,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import (
     ControllerRegistration,
     Keys,

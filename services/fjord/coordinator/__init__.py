@@ -1,10 +1,16 @@
-"""Consumer groups: the pure cores of the group coordinator (no I/O, no clocks of their own).
+"""The group coordinator service (``fjord coordinator``): its pure cores (no I/O, no clocks of
+their own) and the shell around them.
 
+Cores:
 - :mod:`fjord.coordinator.group`: :class:`GroupStateMachine`, one per group.
-- :mod:`fjord.coordinator.assignors`: range, roundrobin, sticky, cooperative-sticky.
-- :mod:`fjord.coordinator.protocol`: Kafka's ConsumerProtocol Subscription/Assignment bytes.
 - :mod:`fjord.coordinator.offsets_log`: ``__consumer_offsets`` records and the loader.
-- :mod:`fjord.coordinator.lag`: lag rows and the offset-reset planner.
 
+Shell: :mod:`~fjord.coordinator.manager` (groups of the partitions it owns, effects),
+:mod:`~fjord.coordinator.appender` (appends and replays ``__consumer_offsets`` through
+:mod:`fjord.client`), :mod:`~fjord.coordinator.service` (gRPC) and
+:mod:`~fjord.coordinator.server` (the process: etcd lease, metadata, serving).
+
+The protocol it shares with clients, admin and the CLI (ConsumerProtocol bytes, assignors, lag,
+``__consumer_offsets`` placement, group states) is :mod:`fjord.groups`, below this package.
 See docs/groups.md for the protocol and what the gRPC shell must do around these cores.
 """

@@ -16,6 +16,7 @@ from fjord.coordinator import defaults
 from fjord.coordinator.manager import EncodedRecord
 from fjord.coordinator.offsets_log import GroupMetadataLoader, LoadedGroup
 from fjord.errors import CorruptRecordError, ErrorCode, FjordError, KafkaTimeoutError
+from fjord.groups.defaults import OFFSETS_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,7 @@ class OffsetsAppender:
         bootstrap: Callable[[], str],
         client_id: str,
         timeout_ms: int = defaults.OFFSETS_COMMIT_TIMEOUT_MS,
-        topic: str = defaults.OFFSETS_TOPIC,
+        topic: str = OFFSETS_TOPIC,
     ) -> None:
         self._bootstrap = bootstrap
         self._client_id = client_id
@@ -152,7 +153,7 @@ def replay_partitions(
     partitions: Sequence[int],
     client_id: str,
     timeout_s: float = defaults.OFFSETS_LOAD_TIMEOUT_S,
-    topic: str = defaults.OFFSETS_TOPIC,
+    topic: str = OFFSETS_TOPIC,
     *,
     cancelled: threading.Event | None = None,
 ) -> dict[int, dict[str, LoadedGroup]]:

@@ -1,16 +1,11 @@
-"""Every default of the group coordinator, defined once here.
+"""Every default of the group coordinator service, defined once here.
 
-Names are Kafka's broker/consumer settings (in the comment); values are Kafka's.
+Names are Kafka's broker settings (in the comment); values are Kafka's. The shared group
+protocol's constants (``__consumer_offsets`` name and partition count) and the consumer's group
+defaults are in :mod:`fjord.groups.defaults`.
 """
 
 from __future__ import annotations
-
-#: ``offsets.topic.num.partitions``: partitions of ``__consumer_offsets``; a group lives in
-#: partition ``abs(javaStringHashCode(group)) % OFFSETS_TOPIC_PARTITIONS``.
-OFFSETS_TOPIC_PARTITIONS = 50
-
-#: Name of the internal topic holding group metadata and committed offsets.
-OFFSETS_TOPIC = "__consumer_offsets"
 
 #: ``group.min.session.timeout.ms``: the smallest session timeout a member may ask for.
 GROUP_MIN_SESSION_TIMEOUT_MS = 6_000
@@ -40,20 +35,6 @@ OFFSETS_RETENTION_MS = OFFSETS_RETENTION_MINUTES * 60_000
 
 #: ``offsets.retention.check.interval.ms``: how often the shell runs offset expiry.
 OFFSETS_RETENTION_CHECK_INTERVAL_MS = 600_000
-
-# --- consumer side (the client's defaults; the coordinator only sees what members send) ------
-
-#: ``session.timeout.ms`` (consumer, Kafka 3.0+).
-CONSUMER_SESSION_TIMEOUT_MS = 45_000
-
-#: ``heartbeat.interval.ms`` (consumer).
-CONSUMER_HEARTBEAT_INTERVAL_MS = 3_000
-
-#: ``max.poll.interval.ms`` (consumer): sent as the member's rebalance timeout.
-CONSUMER_MAX_POLL_INTERVAL_MS = 300_000
-
-#: The protocol type consumers use (``ConsumerProtocol.PROTOCOL_TYPE``).
-CONSUMER_PROTOCOL_TYPE = "consumer"
 
 # --- the coordinator service (``fjord coordinator``; the shell around the cores) ------------
 

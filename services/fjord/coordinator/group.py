@@ -38,7 +38,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 
 from fjord.coordinator import defaults
 from fjord.coordinator.offsets_log import (
@@ -51,19 +50,13 @@ from fjord.coordinator.offsets_log import (
     OffsetCommitValue,
     offsets_to_expire,
 )
-from fjord.coordinator.protocol import TopicPartition, decode_subscription
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError
+from fjord.groups.defaults import CONSUMER_PROTOCOL_TYPE
+from fjord.groups.protocol import TopicPartition, decode_subscription
+from fjord.groups.state import GroupState
 
 UNKNOWN_MEMBER_ID = ""
 NO_GENERATION = -1
-
-
-class GroupState(Enum):
-    EMPTY = "Empty"
-    PREPARING_REBALANCE = "PreparingRebalance"
-    COMPLETING_REBALANCE = "CompletingRebalance"
-    STABLE = "Stable"
-    DEAD = "Dead"
 
 
 @dataclass(frozen=True)
@@ -841,7 +834,7 @@ class GroupStateMachine:
         self._sync_append_in_flight = False
 
     def _compute_subscribed_topics(self) -> frozenset[str] | None:
-        if self.protocol_type != defaults.CONSUMER_PROTOCOL_TYPE or self.protocol_name is None:
+        if self.protocol_type != CONSUMER_PROTOCOL_TYPE or self.protocol_name is None:
             return None
         topics: set[str] = set()
         for member in self._members.values():

@@ -22,7 +22,6 @@ from fjord.coordinator.group import (
     Effect,
     GroupConfig,
     GroupDescription,
-    GroupState,
     GroupStateMachine,
     JoinGroupResponse,
     OffsetCommitRequestPartition,
@@ -33,9 +32,11 @@ from fjord.coordinator.group import (
     SyncGroupResponse,
     map_append_error,
 )
-from fjord.coordinator.offsets_log import LoadedGroup, encode_record, group_partition
-from fjord.coordinator.protocol import TopicPartition
+from fjord.coordinator.offsets_log import LoadedGroup, encode_record
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
+from fjord.groups.offsets_topic import group_partition
+from fjord.groups.protocol import TopicPartition
+from fjord.groups.state import GroupState
 from fjord.observability.metrics import record_rebalance
 
 log = logging.getLogger(__name__)

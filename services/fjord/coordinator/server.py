@@ -24,15 +24,14 @@ import grpc
 from grpc import aio
 
 from fjord._proto import broker_pb2, coordinator_pb2_grpc
-from fjord.broker.server import parse_listen
 from fjord.client.network import Network
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_partitions
 from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.manager import GroupManager
-from fjord.coordinator.protocol import TopicPartition
 from fjord.coordinator.service import CoordinatorServicer
 from fjord.errors import ConfigError, ErrorCode, error_code_from_number
+from fjord.groups.protocol import TopicPartition
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -492,5 +491,4 @@ __all__ = [
     "CoordinatorOptions",
     "CoordinatorServer",
     "parse_coordinator_config",
-    "parse_listen",
 ]

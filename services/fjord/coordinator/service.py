@@ -17,8 +17,8 @@ from grpc import aio
 from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
-from fjord.coordinator.protocol import TopicPartition
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
+from fjord.groups.protocol import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from fjord.coordinator.protocol import TopicPartition
 from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
+from fjord.groups.protocol import TopicPartition
 
 
 @dataclass(frozen=True)

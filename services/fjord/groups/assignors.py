@@ -1,6 +1,6 @@
 """Partition assignors (pure functions), Kafka's algorithms under Kafka's names.
 
-Input: the members with their :class:`~fjord.coordinator.protocol.Subscription` (topics, and for
+Input: the members with their :class:`~fjord.groups.protocol.Subscription` (topics, and for
 the sticky assignors the partitions they own now with the generation those came from), and the
 partition count of every topic. Output: member id -> sorted list of (topic, partition).
 
@@ -22,7 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from fjord.coordinator.protocol import (
+from fjord.errors import InvalidRequestError
+from fjord.groups.protocol import (
     NO_GENERATION,
     Assignment,
     Subscription,
@@ -30,7 +31,6 @@ from fjord.coordinator.protocol import (
     decode_subscription,
     encode_assignment,
 )
-from fjord.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from fjord.coordinator.wire import Reader, Writer
 from fjord.errors import CorruptRecordError
+from fjord.groups.wire import Reader, Writer
 
 TopicPartition = tuple[str, int]
 

@@ -1,0 +1,194 @@
+"""The import layering of the code (the README's "How it is built" says the same in words).
+
+Every top-level package of ``fjord`` (and the other source roots' packages) is in exactly one of
+these groups; a new package fails :func:`test_every_package_has_a_place` until it is given one:
+
+- ``SHARED``: pure libraries every side may import (codecs, storage, metadata, the group
+  protocol, configuration, serving helpers). They never import a service or an application.
+- ``SERVICES``: one package per service: broker, controller, coordinator, the client library and
+  the operator. A service imports shared packages and nothing of another service, except the
+  edges in ``SERVICE_EDGES`` (a service that is itself a client of the cluster uses the client
+  library: the coordinator appends to ``__consumer_offsets`` with it, the operator administers
+  topics with it).
+- ``APPLICATIONS``: what assembles services into processes and programs (the CLI, the local
+  cluster launcher, the demo, the chaos harness, code generation, the Spark source and jobs). They
+  may import anything.
+
+``fjord.groups`` is stricter still: it imports only ``fjord.errors`` and ``fjord.records``.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+#: Source directories and the package names they hold.
+SOURCES = {
+    ROOT / "services" / "fjord": "fjord",
+    ROOT / "operator" / "fjord_operator": "fjord_operator",
+    ROOT / "spark" / "fjord_spark": "fjord_spark",
+    ROOT / "spark" / "fjord_jobs": "fjord_jobs",
+}
+
+SHARED = {
+    "fjord",  # the package root: __version__
+    "fjord._proto",
+    "fjord.errors",
+    "fjord.runtime",
+    "fjord.config",
+    "fjord.serving",
+    "fjord.records",
+    "fjord.storage",
+    "fjord.metadata",
+    "fjord.observability",
+    "fjord.groups",
+}
+
+SERVICES = {
+    "fjord.broker",
+    "fjord.kafka",
+    "fjord.controller",
+    "fjord.coordinator",
+    "fjord.client",
+    "fjord_operator",
+}
+
+APPLICATIONS = {
+    "fjord.cli",
+    "fjord.local",
+    "fjord.demo",
+    "fjord.testing",
+    "fjord.tools",
+    "fjord_spark",
+    "fjord_jobs",
+}
+
+#: The only imports from one service package into another.
+SERVICE_EDGES = {
+    # The Kafka-protocol listener runs inside the broker process: the broker's server starts it,
+    # and its handlers (fjord.kafka.broker) translate into the broker's own cores.
+    ("fjord.broker", "fjord.kafka"),
+    ("fjord.kafka", "fjord.broker"),
+    ("fjord.coordinator", "fjord.client"),
+    ("fjord_operator", "fjord.client"),
+}
+
+#: Service-to-service imports that issue 11 removes next (config schemas, the broker port and the
+#: reassignment planner move to shared packages). Nothing may be added here.
+KNOWN_DEBTS = {
+    ("fjord.client", "fjord.controller"),
+    ("fjord.controller", "fjord.broker"),
+    ("fjord_operator", "fjord.broker"),
+    ("fjord_operator", "fjord.controller"),
+}
+
+#: What ``fjord.groups`` may import besides itself and the standard library.
+GROUPS_MAY_IMPORT = {"fjord.errors", "fjord.records"}
+
+_OURS = ("fjord", "fjord_operator", "fjord_spark", "fjord_jobs")
+
+
+def _package_of(module: str) -> str | None:
+    """``fjord.broker.server`` -> ``fjord.broker``; ``fjord_operator.x`` -> ``fjord_operator``;
+    None for anything not ours."""
+    parts = module.split(".")
+    if parts[0] not in _OURS:
+        return None
+    if parts[0] == "fjord" and len(parts) > 1:
+        return f"fjord.{parts[1]}"
+    return parts[0]
+
+
+def _imports() -> Iterator[tuple[str, str, Path]]:
+    """(importing package, imported package, file) for every absolute import of ours, lazy
+    imports inside functions included."""
+    for directory, top in SOURCES.items():
+        for path in sorted(directory.rglob("*.py")):
+            relative = path.relative_to(directory).with_suffix("")
+            module = ".".join((top, *relative.parts))
+            source = _package_of(module.removesuffix(".__init__"))
+            assert source is not None
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                    if node.module == "fjord":  # from fjord import errors / __version__
+                        names = [f"fjord.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                for name in names:
+                    target = _package_of(name)
+                    if target is not None and target != source:
+                        if target == "fjord.__version__":
+                            target = "fjord"
+                        yield source, target, path
+
+
+def _packages() -> set[str]:
+    found = set()
+    for directory, top in SOURCES.items():
+        found.add(top)
+        if top == "fjord":
+            found |= {
+                f"fjord.{p.stem}"
+                for p in directory.iterdir()
+                if (p.is_dir() and (p / "__init__.py").exists())
+                or (p.suffix == ".py" and p.stem != "__init__")
+            }
+    return found
+
+
+def test_every_package_has_a_place():
+    groups = [SHARED, SERVICES, APPLICATIONS]
+    assert not (SHARED & SERVICES or SHARED & APPLICATIONS or SERVICES & APPLICATIONS)
+    unplaced = _packages() - set().union(*groups)
+    assert not unplaced, f"put these in SHARED, SERVICES or APPLICATIONS: {sorted(unplaced)}"
+
+
+def test_shared_packages_import_no_service_or_application():
+    bad = sorted(
+        f"{path.relative_to(ROOT)}: {source} imports {target}"
+        for source, target, path in _imports()
+        if source in SHARED and target not in SHARED
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_no_service_imports_another_service():
+    bad = sorted(
+        f"{path.relative_to(ROOT)}: {source} imports {target}"
+        for source, target, path in _imports()
+        if source in SERVICES
+        and target not in SHARED
+        and (source, target) not in SERVICE_EDGES | KNOWN_DEBTS
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_known_debts_are_still_debts():
+    """A debt paid leaves KNOWN_DEBTS, so the list only shrinks."""
+    edges = {(source, target) for source, target, _ in _imports()}
+    assert KNOWN_DEBTS <= edges, f"remove from KNOWN_DEBTS: {sorted(KNOWN_DEBTS - edges)}"
+
+
+def test_group_protocol_depends_only_on_errors_and_records():
+    bad = sorted(
+        f"{path.relative_to(ROOT)}: imports {target}"
+        for source, target, path in _imports()
+        if source == "fjord.groups" and target not in GROUPS_MAY_IMPORT
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_the_walk_sees_imports():
+    """The checks above are only as good as the walk: it must see the edges we know exist."""
+    edges = {(source, target) for source, target, _ in _imports()}
+    assert ("fjord.coordinator", "fjord.client") in edges
+    assert ("fjord.coordinator", "fjord.groups") in edges
+    assert ("fjord.client", "fjord.groups") in edges
+    assert ("fjord.cli", "fjord.broker") in edges
+    assert ("fjord.groups", "fjord.errors") in edges
