@@ -20,6 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -48,6 +49,7 @@ from fjord_operator.decisions import (
     topic_bytes_in,
     topic_spec_problems,
 )
+from fjord_operator.login import SERVICE_ACCOUNT_DIR, KubeLogin, connection_info, resolve_login
 from fjord_operator.settings import OperatorSettings
 from fjord_operator.status import Outcome, Verdict, status_patch
 
@@ -264,28 +266,33 @@ class KubeApi:
     create-or-merge-patch of the full desired object (idempotent; a patch is skipped when the
     live object already contains every desired field)."""
 
-    def __init__(self, server: str | None) -> None:
-        self._server = server
+    def __init__(
+        self,
+        server: str | None = None,
+        kubeconfig: str | None = None,
+        service_account_dir: str | None = None,
+    ) -> None:
+        self._server, self._kubeconfig = server, kubeconfig
+        self._service_account_dir = Path(service_account_dir or SERVICE_ACCOUNT_DIR)
+        self._login: KubeLogin | None = None
         self._client: Any = None
+
+    def login(self) -> KubeLogin:
+        """The operator's one login (fjord_operator.login), resolved on first use: kopf's
+        watches and these writes reach one server with one identity."""
+        if self._login is None:
+            self._login = resolve_login(
+                server=self._server,
+                kubeconfig=self._kubeconfig,
+                service_account_dir=self._service_account_dir,
+            )
+        return self._login
 
     def client(self) -> Any:
         if self._client is None:
-            from lightkube import AsyncClient, KubeConfig
+            from lightkube import AsyncClient
 
-            config = None  # in-cluster service account, else kubeconfig (as kopf does)
-            if self._server:
-                # An explicit API URL (tests, port-forwards): no credentials of its own.
-                config = KubeConfig.from_dict(
-                    {
-                        "clusters": [{"name": "api", "cluster": {"server": self._server}}],
-                        "users": [{"name": "operator", "user": {"username": s.FIELD_MANAGER}}],
-                        "contexts": [
-                            {"name": "api", "context": {"cluster": "api", "user": "operator"}}
-                        ],
-                        "current-context": "api",
-                    }
-                )
-            self._client = AsyncClient(config=config, field_manager=s.FIELD_MANAGER)
+            self._client = AsyncClient(config=self.login().config, field_manager=s.FIELD_MANAGER)
         return self._client
 
     @staticmethod
@@ -619,7 +626,8 @@ def register(
     """Register every handler in ``registry`` (a new one when None) and return it."""
     settings = settings or OperatorSettings()
     registry = registry if registry is not None else kopf.OperatorRegistry()
-    rt = Runtime(settings, KubeApi(settings.kube_server))
+    kube = KubeApi(settings.kube_server, settings.kubeconfig, settings.service_account_dir)
+    rt = Runtime(settings, kube)
     group, version = s.GROUP, s.VERSION
 
     @kopf.on.startup(registry=registry)
@@ -629,11 +637,9 @@ def register(
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=s.GROUP)
         settings.posting.level = logging.WARNING
 
-    if settings.kube_server:
-
-        @kopf.on.login(registry=registry)
-        def login(**_: Any) -> kopf.ConnectionInfo:
-            return kopf.ConnectionInfo(server=str(settings.kube_server), insecure=True)
+    @kopf.on.login(registry=registry)
+    def kube_login(**_: Any) -> kopf.ConnectionInfo:
+        return connection_info(rt.kube.login())
 
     @kopf.on.cleanup(registry=registry)
     async def cleanup(**_: Any) -> None:

@@ -82,8 +82,12 @@ class OperatorSettings:
     ``topic_interval_s``: period of the FjordTopic timer (drift correction, autoscaling samples).
     ``retry_delay_s``: delay of a kopf retry while a step waits for the cluster.
     ``admin_timeout_s``: bound of each Fjord admin call.
-    ``kube_server``: Kubernetes API URL for the operator's writes (None: in-cluster config or
-    kubeconfig, as kopf does).
+    ``kube_server``: Kubernetes API URL replacing the one of the login below (a port-forward,
+    a proxy); None keeps it.
+    ``kubeconfig``: kubeconfig file to log in with; None: in-cluster service account, else
+    ``KUBECONFIG`` / ``~/.kube/config`` (fjord_operator.login).
+    ``service_account_dir``: where the pod's service account (token, ca.crt, namespace) is
+    mounted; None: Kubernetes' own path (tests point it elsewhere).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -92,6 +96,8 @@ class OperatorSettings:
     retry_delay_s: float = 10.0
     admin_timeout_s: float = 30.0
     kube_server: str | None = None
+    kubeconfig: str | None = None
+    service_account_dir: str | None = None
     average_record_bytes: int = DEFAULT_AVERAGE_RECORD_BYTES
     extra: Mapping[str, str] = field(default_factory=dict)
 
@@ -118,7 +124,7 @@ class OperatorSettings:
             try:
                 if f.name == "namespaces":
                     values[f.name] = tuple(n.strip() for n in raw.split(",") if n.strip())
-                elif f.name == "kube_server":
+                elif f.name in ("kube_server", "kubeconfig", "service_account_dir"):
                     values[f.name] = raw or None
                 elif f.name == "average_record_bytes":
                     values[f.name] = int(raw)

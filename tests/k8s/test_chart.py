@@ -10,11 +10,7 @@ helm comes from `make helm` (into .venv/bin); without it these tests fail, they 
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
-import sys
 import textwrap
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -25,41 +21,14 @@ from prometheus_client.metrics import MetricWrapperBase
 
 from fjord.observability import metrics as fjord_metrics
 from tests.k8s.crd_validation import CHART_DIR, load_yaml, validate_custom_resource
+from tests.k8s.helm import NAMESPACE, RELEASE, helm, render
 
 CI_VALUES = sorted((CHART_DIR / "ci").glob("*-values.yaml"))
 RENDERINGS = [None, *CI_VALUES]
-RELEASE, NAMESPACE = "fjord", "fjord"
-HELM_TIMEOUT_S = 120
 #: Kinds no Kubernetes schema covers: the chart's own (checked against its CRDs) and the
 #: Prometheus operator's (monitoring.coreos.com).
 OWN_KINDS = {"FjordCluster"}
 PROMETHEUS_OPERATOR_KINDS = {"ServiceMonitor", "PrometheusRule"}
-
-
-def helm_binary() -> str:
-    """helm from the venv (`make helm`) or PATH; fails the test with the fix when missing."""
-    candidate = Path(sys.executable).parent / "helm"
-    found = str(candidate) if candidate.exists() else shutil.which("helm")
-    if found is None:
-        pytest.fail("helm is not installed: run `make helm` (puts helm and kubectl in .venv/bin)")
-    return found
-
-
-def helm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [helm_binary(), *args], capture_output=True, text=True, timeout=HELM_TIMEOUT_S, check=False
-    )
-
-
-@cache
-def render(values: Path | None = None, *extra: str) -> tuple[dict[str, Any], ...]:
-    """The objects `helm template` renders (CRDs included) for ``values``; fails on an error."""
-    args = ["template", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--include-crds"]
-    if values is not None:
-        args += ["--values", str(values)]
-    result = helm(*args, *extra)
-    assert result.returncode == 0, result.stderr
-    return tuple(doc for doc in yaml.safe_load_all(result.stdout) if doc)
 
 
 def objects(values: Path | None, kind: str) -> list[dict[str, Any]]:

@@ -36,7 +36,15 @@ from fjord.errors import ConfigError
     "--retry-delay", type=float, default=None, help="Seconds before a waiting step retries."
 )
 @click.option(
-    "--kube-server", default=None, help="Kubernetes API URL (default: in-cluster/kubeconfig)."
+    "--kube-server",
+    default=None,
+    help="Kubernetes API URL replacing the login's own (credentials and CA are kept).",
+)
+@click.option(
+    "--kubeconfig",
+    default=None,
+    help="Kubeconfig to log in with (default: in-cluster service account, else KUBECONFIG or "
+    "~/.kube/config). Env: FJORD_OPERATOR_KUBECONFIG.",
 )
 def operator(
     namespaces: tuple[str, ...],
@@ -46,6 +54,7 @@ def operator(
     topic_interval: float | None,
     retry_delay: float | None,
     kube_server: str | None,
+    kubeconfig: str | None,
 ) -> None:
     """Run the Kubernetes operator: FjordCluster and FjordTopic resources (kopf)."""
     try:
@@ -70,6 +79,7 @@ def operator(
             else topic_interval,
             retry_delay_s=settings.retry_delay_s if retry_delay is None else retry_delay,
             kube_server=kube_server or settings.kube_server,
+            kubeconfig=kubeconfig or settings.kubeconfig,
         )
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
