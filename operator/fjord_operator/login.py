@@ -73,7 +73,10 @@ def resolve_login(
         raise ConfigError(f"cannot use {tried[-1]}: {exc}") from exc
     if config is None:
         if server and server.startswith("http://"):
-            anonymous = KubeConfig.from_server(server)
+            from lightkube.config.models import Cluster, User
+
+            # An empty user: lightkube's client insists on one, and it sends no credentials.
+            anonymous = KubeConfig.from_one(cluster=Cluster(server=server), user=User())
             return KubeLogin(anonymous, f"anonymous {server}")
         raise ConfigError(
             "no Kubernetes credentials: tried "

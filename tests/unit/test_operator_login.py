@@ -119,6 +119,10 @@ def test_plain_http_url_without_any_config_is_anonymous(no_ambient_login: Path) 
     info = connection_info(login)
     assert info.server == "http://127.0.0.1:8001"
     assert info.token is None and info.certificate_path is None
+    # lightkube's client accepts it (it insists on a user, even an empty one).
+    from lightkube import AsyncClient
+
+    AsyncClient(config=login.config)
 
 
 def test_nothing_found_names_every_place_tried(no_ambient_login: Path) -> None:
