@@ -75,6 +75,10 @@ class ErrorCode(Enum):
     STALE_BROKER_EPOCH = (77, False)
     INVALID_UPDATE_VERSION = (95, False)
     INELIGIBLE_REPLICA = (107, False)
+    UNSUPPORTED_VERSION = (35, False)
+    FETCH_SESSION_ID_NOT_FOUND = (70, True)
+    LISTENER_NOT_FOUND = (72, True)
+    UNSUPPORTED_ENDPOINT_TYPE = (115, False)
 
     @property
     def code(self) -> int:

@@ -28,6 +28,7 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.records.builder import BatchBuilder
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -344,3 +345,234 @@ def test_bad_frames_close_only_their_connection(local_cluster: Any) -> None:
     with _connect(address) as sock:  # the listener goes on
         assert 18 in _advertised(sock)
     stalled.close()
+
+
+# --- admin APIs ----------------------------------------------------------------------------------
+
+
+def test_confluent_admin_client_topics_configs_records_cluster(kafka_bootstrap: str) -> None:
+    from confluent_kafka.admin import (
+        AdminClient as CKAdmin,
+    )
+    from confluent_kafka.admin import (
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        NewPartitions,
+    )
+    from confluent_kafka.admin import (
+        NewTopic as CKNewTopic,
+    )
+
+    client = CKAdmin({"bootstrap.servers": kafka_bootstrap})
+    topic = new_name("adm")
+    [created] = client.create_topics(
+        [CKNewTopic(topic, 2, 1, config={"retention.ms": "3600000"})]
+    ).values()
+    assert created.result(WAIT_S) is None
+    [again] = client.create_topics([CKNewTopic(topic, 2, 1)]).values()
+    with pytest.raises(Exception, match="TOPIC_ALREADY_EXISTS"):
+        again.result(WAIT_S)
+    listing = client.list_topics(topic, timeout=WAIT_S)
+    assert len(listing.topics[topic].partitions) == 2
+    assert listing.controller_id in listing.brokers
+
+    resource = ConfigResource("topic", topic)
+    [described] = client.describe_configs([resource]).values()
+    configs = described.result(WAIT_S)
+    assert configs["retention.ms"].value == "3600000"
+    assert configs["cleanup.policy"].value == "delete" and configs["cleanup.policy"].is_default
+
+    change = ConfigResource("topic", topic, incremental_configs=[
+        ConfigEntry("segment.bytes", "1048576", incremental_operation=AlterConfigOpType.SET),
+        ConfigEntry("retention.ms", None, incremental_operation=AlterConfigOpType.DELETE),
+    ])
+    [altered] = client.incremental_alter_configs([change]).values()
+    assert altered.result(WAIT_S) is None
+
+    def described_configs() -> Any:
+        [described] = client.describe_configs([resource]).values()
+        return described.result(WAIT_S)
+
+    # The broker answers from its metadata image, which follows etcd.
+    configs = wait_for(described_configs, "segment.bytes altered",
+                       accept=lambda c: c["segment.bytes"].value == "1048576")
+    assert configs["retention.ms"].is_default
+
+    [grown] = client.create_partitions([NewPartitions(topic, 3)]).values()
+    assert grown.result(WAIT_S) is None
+
+    producer = CKProducer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    for _ in range(10):
+        producer.produce(topic, b"x", partition=0)
+    assert producer.flush(WAIT_S) == 0
+    [deleted] = client.delete_records([CKTopicPartition(topic, 0, 4)]).values()
+    assert deleted.result(WAIT_S).low_watermark == 4
+    consumer = CKConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": new_name("u")})
+    try:
+        assert consumer.get_watermark_offsets(CKTopicPartition(topic, 0), WAIT_S) == (4, 10)
+    finally:
+        consumer.close()
+
+    cluster = client.describe_cluster().result(WAIT_S)
+    assert {n.id for n in cluster.nodes} == set(listing.brokers)
+
+    [dropped] = client.delete_topics([topic]).values()
+    assert dropped.result(WAIT_S) is None
+
+
+def test_kafka_python_admin(kafka_bootstrap: str) -> None:
+    from kafka.admin import ConfigResource, ConfigResourceType, KafkaAdminClient, NewPartitions
+    from kafka.admin import NewTopic as KPNewTopic
+
+    client = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        topic = new_name("kpa")
+        client.create_topics([KPNewTopic(topic, 2, 1, topic_configs={"retention.ms": "5000000"})])
+        assert topic in client.list_topics()
+        [described] = client.describe_topics([topic])
+        assert len(described["partitions"]) == 2
+        resource = ConfigResource(ConfigResourceType.TOPIC, topic,
+                                  configs={"retention.ms": "6000000"})
+        client.alter_configs([resource])
+        client.create_partitions({topic: NewPartitions(3)})
+        cluster = client.describe_cluster()
+        assert len(cluster["brokers"]) >= 1
+        client.delete_topics([topic])
+    finally:
+        client.close()
+
+
+def test_every_advertised_admin_version_answers(local_cluster: Any, admin: AdminClient) -> None:
+    from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
+    from kafka.protocol.admin.configs import (
+        AlterConfigsRequest,
+        AlterConfigsResponse,
+        DescribeConfigsRequest,
+        DescribeConfigsResponse,
+        IncrementalAlterConfigsRequest,
+        IncrementalAlterConfigsResponse,
+    )
+    from kafka.protocol.admin.topics import (
+        CreatePartitionsRequest,
+        CreatePartitionsResponse,
+        CreateTopicsRequest,
+        CreateTopicsResponse,
+        DeleteRecordsRequest,
+        DeleteRecordsResponse,
+        DeleteTopicsRequest,
+        DeleteTopicsResponse,
+    )
+    from kafka.protocol.consumer.offsets import (
+        OffsetForLeaderEpochRequest,
+        OffsetForLeaderEpochResponse,
+    )
+    from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+
+    address = local_cluster.kafka_broker_addresses[0]
+    with _connect(address) as sock:
+        versions = _advertised(sock)
+        for v in range(versions[19][0], versions[19][1] + 1):
+            name = new_name(f"raw{v}")
+            cls = CreateTopicsRequest[v]
+            request = cls(timeout_ms=10000, validate_only=False, topics=[cls.CreatableTopic(
+                name=name, num_partitions=1, replication_factor=1, assignments=[],
+                configs=[cls.CreatableTopic.CreatableTopicConfig(name="retention.ms",
+                                                                 value="7200000")])])
+            [result] = _roundtrip(sock, request, CreateTopicsResponse, v).topics
+            assert (result.name, result.error_code) == (name, 0), v
+            _wait_for_topic(sock, name)
+            for cv in range(versions[32][0], versions[32][1] + 1):
+                dcls = DescribeConfigsRequest[cv]
+                described = _roundtrip(sock, dcls(resources=[dcls.DescribeConfigsResource(
+                    resource_type=2, resource_name=name, configuration_keys=["retention.ms"])],
+                    include_synonyms=False, include_documentation=False),
+                    DescribeConfigsResponse, cv)
+                [entry] = described.results[0].configs
+                assert (entry.name, entry.value) == ("retention.ms", "7200000"), (v, cv)
+            if v == versions[19][0]:
+                for av in range(versions[33][0], versions[33][1] + 1):
+                    acls = AlterConfigsRequest[av]
+                    res = acls.AlterConfigsResource
+                    altered = _roundtrip(sock, acls(validate_only=False, resources=[res(
+                        resource_type=2, resource_name=name, configs=[res.AlterableConfig(
+                            name="retention.ms", value=str(7200000 + av))])]),
+                        AlterConfigsResponse, av)
+                    assert altered.responses[0].error_code == 0, av
+                for iv in range(versions[44][0], versions[44][1] + 1):
+                    icls = IncrementalAlterConfigsRequest[iv]
+                    res = icls.AlterConfigsResource
+                    altered = _roundtrip(sock, icls(validate_only=False, resources=[res(
+                        resource_type=2, resource_name=name, configs=[res.AlterableConfig(
+                            name="segment.ms", config_operation=0, value="600000")])]),
+                        IncrementalAlterConfigsResponse, iv)
+                    assert altered.responses[0].error_code == 0, iv
+                for pv in range(versions[37][0], versions[37][1] + 1):
+                    pcls = CreatePartitionsRequest[pv]
+                    grown = _roundtrip(sock, pcls(timeout_ms=10000, validate_only=False, topics=[
+                        pcls.CreatePartitionsTopic(name=name, count=2 + pv, assignments=None)]),
+                        CreatePartitionsResponse, pv)
+                    assert grown.results[0].error_code == 0, pv
+                    _wait_for_topic(sock, name, 2 + pv)
+        for dv in range(versions[20][0], versions[20][1] + 1):
+            name = make_topic(admin)
+            dcls2 = DeleteTopicsRequest[dv]
+            deleted = _roundtrip(sock, dcls2(topic_names=[name], timeout_ms=10000),
+                                 DeleteTopicsResponse, dv)
+            assert deleted.responses[0].error_code == 0, dv
+        for cv in range(versions[60][0], versions[60][1] + 1):
+            described = _roundtrip(sock, DescribeClusterRequest[cv](
+                include_cluster_authorized_operations=False, endpoint_type=1),
+                DescribeClusterResponse, cv)
+            assert described.error_code == 0
+            assert {b.broker_id for b in described.brokers} == set(
+                local_cluster.kafka_broker_addresses), cv
+        for iv in range(versions[22][0], versions[22][1] + 1):
+            answer = _roundtrip(sock, InitProducerIdRequest[iv](
+                transactional_id=None, transaction_timeout_ms=60000, producer_id=-1,
+                producer_epoch=-1), InitProducerIdResponse, iv)
+            assert answer.error_code == 0 and answer.producer_id >= 0, iv
+
+    topic = make_topic(admin)
+    leader = admin.describe_topics([topic])[0].partitions[0].leader
+    with _connect(local_cluster.kafka_broker_addresses[leader]) as sock:
+        versions = _advertised(sock)
+        pcls = ProduceRequest[9]
+        for _ in range(20):
+            request = pcls(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+                pcls.TopicProduceData(name=topic, partition_data=[
+                    pcls.TopicProduceData.PartitionProduceData(index=0, records=_batch())])])
+            assert _roundtrip(sock, request, ProduceResponse, 9).responses[0] \
+                .partition_responses[0].error_code == 0
+        for ev in range(versions[23][0], versions[23][1] + 1):
+            ecls = OffsetForLeaderEpochRequest[ev]
+            answer = _roundtrip(sock, ecls(replica_id=-1, topics=[ecls.OffsetForLeaderTopic(
+                topic=topic, partitions=[ecls.OffsetForLeaderTopic.OffsetForLeaderPartition(
+                    partition=0, current_leader_epoch=-1, leader_epoch=0)])]),
+                OffsetForLeaderEpochResponse, ev)
+            part = answer.topics[0].partitions[0]
+            assert (part.error_code, part.leader_epoch, part.end_offset) == (0, 0, 20), ev
+        for rv in range(versions[21][0], versions[21][1] + 1):
+            rcls = DeleteRecordsRequest[rv]
+            answer = _roundtrip(sock, rcls(timeout_ms=5000, topics=[rcls.DeleteRecordsTopic(
+                name=topic, partitions=[rcls.DeleteRecordsTopic.DeleteRecordsPartition(
+                    partition_index=0, offset=rv + 1)])]), DeleteRecordsResponse, rv)
+            part = answer.topics[0].partitions[0]
+            assert (part.error_code, part.low_watermark) == (0, rv + 1), rv
+        rcls = DeleteRecordsRequest[2]
+        answer = _roundtrip(sock, rcls(timeout_ms=5000, topics=[rcls.DeleteRecordsTopic(
+            name=topic, partitions=[rcls.DeleteRecordsTopic.DeleteRecordsPartition(
+                partition_index=0, offset=21)])]), DeleteRecordsResponse, 2)
+        assert answer.topics[0].partitions[0].error_code == 1  # OFFSET_OUT_OF_RANGE
+
+
+def _wait_for_topic(sock: socket.socket, name: str, partitions: int = 1) -> None:
+    """Until this broker's metadata shows ``name`` with ``partitions`` partitions."""
+    cls = MetadataRequest[12]
+
+    def shown() -> bool:
+        meta = _roundtrip(sock, cls(topics=[cls.MetadataRequestTopic(name=name)],
+                                    allow_auto_topic_creation=False), MetadataResponse, 12)
+        return meta.topics[0].error_code == 0 and len(meta.topics[0].partitions) == partitions
+
+    wait_for(shown, f"{name} with {partitions} partitions in the broker's metadata")

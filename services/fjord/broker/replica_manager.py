@@ -36,6 +36,7 @@ from fjord.errors import (
     InvalidTopicError,
     NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
+    OffsetOutOfRangeError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
     error_code_from_number,
@@ -647,6 +648,43 @@ class ReplicaManager:
                 f"timestamp {timestamp}: expected -2 (earliest), -1 (latest), -3 (max "
                 "timestamp) or a timestamp in ms >= 0"
             )
+
+    # --- DeleteRecords and OffsetForLeaderEpoch (client requests to the leader) --------------
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """Kafka's DeleteRecords on the leader: move the log start offset up to ``offset``
+        (-1: the high watermark); returns the new log start offset (the low watermark).
+
+        Raises NOT_LEADER_OR_FOLLOWER / UNKNOWN_TOPIC_OR_PARTITION like a produce, and
+        OFFSET_OUT_OF_RANGE for an offset above the high watermark or below -1. Followers move
+        their log start with the leader's on their next fetch (``follow_leader_log_start``)."""
+        key = (topic, partition)
+        hosted = self.partitions.get(key)
+        if hosted is None:
+            raise self._missing_partition_error(topic, partition)
+        hosted.check_leader()
+        hw = hosted.high_watermark
+        target = hw if offset == -1 else offset
+        if target < 0 or target > hw:
+            raise OffsetOutOfRangeError(
+                f"{topic}-{partition}: delete-records offset {offset} is outside "
+                f"[0, high watermark {hw}]"
+            )
+        low = hosted.log.delete_records(target)
+        self.on_log_start_moved([key])
+        return int(low)
+
+    def offset_for_leader_epoch(
+        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
+    ) -> tuple[int, int]:
+        """Kafka's OffsetForLeaderEpoch for a client: (the largest epoch <= ``leader_epoch``
+        this leader's log knows, the offset where it ends); raises like a fetch."""
+        hosted = self.partitions.get((topic, partition))
+        if hosted is None:
+            raise self._missing_partition_error(topic, partition)
+        hosted.check_leader(current_leader_epoch)
+        epoch, end_offset = hosted.log.end_offset_for_epoch(leader_epoch)
+        return int(epoch), int(end_offset)
 
     # --- replication: ISR changes (leader side) ---------------------------------------------
 

@@ -44,6 +44,7 @@ from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.service import BrokerServicer
 from fjord.errors import ConfigError
+from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.broker import BrokerKafkaHandlers
 from fjord.kafka.server import KafkaListener
 from fjord.metadata import (
@@ -181,6 +182,7 @@ class BrokerServer:
         self._metrics_port: int | None = None
         self.port: int = options.listen_port
         self._kafka: KafkaListener | None = None
+        self._forwarder: ControllerForwarder | None = None
         self._stopped = asyncio.Event()
 
     # --- start/stop -----------------------------------------------------------------------------
@@ -228,7 +230,11 @@ class BrokerServer:
         self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
         await self._server.start()
         if opts.kafka_listener is not None:
-            handlers = BrokerKafkaHandlers(opts.broker_id, replicas, servicer, self._image)
+            self._forwarder = ControllerForwarder(self._image)
+            admin = BrokerAdminHandlers(
+                opts.broker_id, replicas, self._image, opts.config, self._forwarder
+            )
+            handlers = BrokerKafkaHandlers(opts.broker_id, replicas, servicer, self._image, admin)
             host, port = opts.kafka_listener
             self._kafka = KafkaListener(
                 handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka"
@@ -295,6 +301,8 @@ class BrokerServer:
             await self._fetchers.close()
         if self._kafka is not None:
             await self._kafka.stop()
+        if self._forwarder is not None:
+            await self._forwarder.close()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         for task in self._tasks:

@@ -8,12 +8,27 @@ the append path as they arrived, Fetch returns the log's bytes as read.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any
 
+from kafka.protocol.admin.cluster import DescribeClusterRequest
+from kafka.protocol.admin.configs import (
+    AlterConfigsRequest,
+    DescribeConfigsRequest,
+    IncrementalAlterConfigsRequest,
+)
+from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteRecordsRequest,
+    DeleteTopicsRequest,
+)
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
-from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+from kafka.protocol.consumer.offsets import (
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    OffsetForLeaderEpochRequest,
+)
 from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
@@ -21,22 +36,17 @@ from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProdu
 from fjord._proto import broker_pb2
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.service import BrokerServicer
+from fjord.errors import ErrorCode
+from fjord.kafka.admin import BrokerAdminHandlers
+from fjord.kafka.codec import topic_uuid
 from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
 from fjord.metadata import MetadataImage
 
-#: Kafka's "no session" fetch session id, and the error for an incremental fetch naming a
-#: session this broker never created (Fjord creates none: every fetch is a full fetch).
+#: Kafka's "no session" fetch session id (Fjord creates no fetch sessions: every fetch is a
+#: full fetch).
 NO_FETCH_SESSION = 0
-FETCH_SESSION_ID_NOT_FOUND = 70
-#: Kafka's LISTENER_NOT_FOUND: the partition's leader opens no Kafka listener.
-LISTENER_NOT_FOUND = 72
-
-
-def _topic_uuid(topic_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(hex=topic_id)
-    except ValueError:
-        return uuid.UUID(int=0)
+FETCH_SESSION_ID_NOT_FOUND = ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code
+LISTENER_NOT_FOUND = ErrorCode.LISTENER_NOT_FOUND.code
 
 
 class BrokerKafkaHandlers:
@@ -54,20 +64,32 @@ class BrokerKafkaHandlers:
         replicas: ReplicaManager,
         servicer: BrokerServicer,
         image: Callable[[], MetadataImage],
+        admin: BrokerAdminHandlers,
     ) -> None:
         self._broker_id = broker_id
         self._replicas = replicas
         self._servicer = servicer
         self._image = image
+        self._admin = admin
 
     def apis(self) -> list[Api]:
         """Every API this broker serves over Kafka's protocol, with its tested versions."""
+        admin = self._admin
         return [
             Api(0, 3, 12, ProduceRequest, self.produce),
             Api(1, 4, 12, FetchRequest, self.fetch),
             Api(2, 1, 8, ListOffsetsRequest, self.list_offsets),
             Api(3, 0, 12, MetadataRequest, self.metadata),
+            Api(19, 2, 7, CreateTopicsRequest, admin.create_topics),
+            Api(20, 1, 5, DeleteTopicsRequest, admin.delete_topics),
+            Api(21, 0, 2, DeleteRecordsRequest, admin.delete_records),
             Api(22, 0, 5, InitProducerIdRequest, self.init_producer_id),
+            Api(23, 2, 4, OffsetForLeaderEpochRequest, admin.offset_for_leader_epoch),
+            Api(32, 1, 4, DescribeConfigsRequest, admin.describe_configs),
+            Api(33, 0, 2, AlterConfigsRequest, admin.alter_configs),
+            Api(37, 0, 3, CreatePartitionsRequest, admin.create_partitions),
+            Api(44, 0, 1, IncrementalAlterConfigsRequest, admin.incremental_alter_configs),
+            Api(60, 0, 1, DescribeClusterRequest, admin.describe_cluster),
         ]
 
     def dispatcher(self) -> KafkaDispatcher:
@@ -118,7 +140,7 @@ class BrokerKafkaHandlers:
                 cls.MetadataResponseTopic(
                     error_code=t.error.code,
                     name=t.name,
-                    topic_id=_topic_uuid(t.topic_id),
+                    topic_id=topic_uuid(t.topic_id),
                     is_internal=t.internal,
                     partitions=partitions,
                 )

@@ -14,6 +14,7 @@ Fjord writes no Kafka message layouts by hand: bodies and headers are decoded an
 from __future__ import annotations
 
 import struct
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,3 +79,12 @@ def encode_response(response: Any, correlation_id: int, version: int) -> bytes:
         raise ValueError(f"response built at v{response.API_VERSION}, expected v{version}")
     response.with_header(correlation_id=correlation_id)
     return bytes(response.encode(header=True, framed=True))
+
+
+def topic_uuid(topic_id: str) -> uuid.UUID:
+    """Fjord's topic id (32 hex digits) as the UUID Kafka's messages carry (zero if it is not
+    one)."""
+    try:
+        return uuid.UUID(hex=topic_id)
+    except ValueError:
+        return uuid.UUID(int=0)

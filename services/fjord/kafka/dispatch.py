@@ -34,8 +34,7 @@ from fjord.kafka.codec import (
 API_VERSIONS_KEY = 18
 #: ApiVersions versions this dispatcher answers.
 API_VERSIONS_VERSIONS = (0, 4)
-#: Kafka's UNSUPPORTED_VERSION error code (only ApiVersions ever carries it).
-UNSUPPORTED_VERSION = 35
+UNSUPPORTED_VERSION = ErrorCode.UNSUPPORTED_VERSION.code
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,8 +151,3 @@ class KafkaDispatcher:
         if response is None:
             return Reply(None)
         return Reply(encode_response(response, prefix.correlation_id, version))
-
-
-def error_code(code: ErrorCode | int) -> int:
-    """Kafka's numeric error code."""
-    return code if isinstance(code, int) else code.code

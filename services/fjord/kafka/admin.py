@@ -1,0 +1,422 @@
+"""The broker's Kafka admin handlers.
+
+A Fjord controller speaks only gRPC, so a broker is the Kafka clients' ``controller_id`` and
+forwards the requests that change cluster metadata (CreateTopics, DeleteTopics,
+CreatePartitions, AlterConfigs, IncrementalAlterConfigs) to the active controller's gRPC API,
+as a KRaft broker forwards them to its controller quorum (KIP-590). What a Kafka broker answers
+from its own metadata (DescribeConfigs, DescribeCluster) and its own partitions (DeleteRecords,
+OffsetForLeaderEpoch) is answered here from the broker's image and ReplicaManager.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import grpc
+from kafka.protocol.admin.cluster import DescribeClusterResponse
+from kafka.protocol.admin.configs import (
+    AlterConfigsResponse,
+    DescribeConfigsResponse,
+    IncrementalAlterConfigsResponse,
+)
+from kafka.protocol.admin.topics import (
+    CreatePartitionsResponse,
+    CreateTopicsResponse,
+    DeleteRecordsResponse,
+    DeleteTopicsResponse,
+)
+from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
+
+from fjord._proto import controller_pb2, controller_pb2_grpc
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.controller.configs import describe_topic_config
+from fjord.errors import ErrorCode, FjordError
+from fjord.kafka.codec import topic_uuid
+from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
+from fjord.kafka.dispatch import RequestContext
+from fjord.metadata import MetadataImage
+
+log = logging.getLogger(__name__)
+
+#: Kafka's ConfigResource types Fjord describes/alters.
+TOPIC_RESOURCE = 2
+BROKER_RESOURCE = 4
+#: Kafka's ConfigSource values for Fjord's config sources.
+CONFIG_SOURCE = {"TOPIC": 1, "CLUSTER_DEFAULT": 3, "STATIC_BROKER": 4, "DEFAULT": 5}
+#: IncrementalAlterConfigs operations.
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+
+class NoController(FjordError):
+    """No active controller to forward to (retriable: the client refreshes and retries)."""
+
+    code = ErrorCode.NOT_CONTROLLER
+
+
+class ControllerForwarder:
+    """Calls the active controller's gRPC API (one channel per controller address).
+
+    Invariant: a forwarded call either returns the controller's answer or raises
+    :class:`FjordError` with a retriable Kafka code (NOT_CONTROLLER when none is active or it
+    does not answer, REQUEST_TIMED_OUT when it answered too late)."""
+
+    def __init__(self, image: Callable[[], MetadataImage]) -> None:
+        self._image = image
+        self._channels: dict[str, grpc.aio.Channel] = {}
+
+    async def call(self, method: str, request: Any, timeout_ms: int = 0) -> Any:
+        active = self._image().controller
+        if active is None:
+            raise NoController("no active controller")
+        address = active.registration.address
+        channel = self._channels.get(address)
+        if channel is None:
+            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+        stub = controller_pb2_grpc.ControllerStub(channel)
+        timeout = ADMIN_FORWARD_TIMEOUT_S + max(timeout_ms, 0) / 1000
+        try:
+            return await getattr(stub, method)(request, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise FjordError(
+                    f"controller {address} did not answer {method} in {timeout:g} s",
+                    ErrorCode.REQUEST_TIMED_OUT,
+                ) from exc
+            raise NoController(
+                f"controller {address} did not answer {method}: {exc.code().name}"
+            ) from exc
+
+    async def close(self) -> None:
+        for channel in self._channels.values():
+            await channel.close()
+        self._channels.clear()
+
+
+def _message(text: str) -> str | None:
+    return text or None
+
+
+class BrokerAdminHandlers:
+    """Kafka admin and partition-maintenance APIs of one broker (see the module docstring)."""
+
+    def __init__(
+        self,
+        broker_id: int,
+        replicas: ReplicaManager,
+        image: Callable[[], MetadataImage],
+        broker_config: Mapping[str, str],
+        forwarder: ControllerForwarder,
+    ) -> None:
+        self._broker_id = broker_id
+        self._replicas = replicas
+        self._image = image
+        self._broker_config = dict(broker_config)
+        self._forwarder = forwarder
+
+    # --- forwarded to the controller --------------------------------------------------------
+
+    async def create_topics(self, request: Any, ctx: RequestContext) -> Any:
+        cls = CreateTopicsResponse[ctx.api_version]
+        result_cls = cls.CreatableTopicResult
+        pb = controller_pb2.CreateTopicsRequest(
+            timeout_ms=request.timeout_ms, validate_only=bool(request.validate_only)
+        )
+        for topic in request.topics:
+            out = pb.topics.add(
+                name=topic.name,
+                num_partitions=topic.num_partitions,
+                replication_factor=topic.replication_factor,
+            )
+            for config in topic.configs:
+                if config.value is not None:
+                    out.configs[config.name] = config.value
+            for assignment in topic.assignments:
+                out.assignments.add(
+                    partition=assignment.partition_index, broker_ids=assignment.broker_ids
+                )
+        try:
+            answer = await self._forwarder.call("CreateTopics", pb, request.timeout_ms)
+            results = [
+                result_cls(
+                    name=r.name,
+                    topic_id=topic_uuid(r.topic_id),
+                    error_code=r.error.code,
+                    error_message=_message(r.error.message),
+                    num_partitions=r.num_partitions if r.error.code == 0 else -1,
+                    replication_factor=r.replication_factor if r.error.code == 0 else -1,
+                    configs=None if r.error.code else self._created_configs(cls, r.name),
+                )
+                for r in answer.results
+            ]
+        except FjordError as exc:
+            results = [
+                result_cls(name=t.name, error_code=exc.code.code, error_message=str(exc),
+                           num_partitions=-1, replication_factor=-1, configs=None)
+                for t in request.topics
+            ]
+        return cls(throttle_time_ms=0, topics=results)
+
+    def _created_configs(self, cls: Any, name: str) -> list[Any] | None:
+        """The new topic's effective configs (CreateTopics v5+), from the broker's image when it
+        already has the topic, else the cluster defaults."""
+        image = self._image()
+        record = image.topic(name)
+        entries = describe_topic_config(
+            record.config if record is not None else {}, image.cluster_config
+        )
+        config_cls = cls.CreatableTopicResult.CreatableTopicConfigs
+        return [
+            config_cls(name=e.name, value=e.value, read_only=False,
+                       config_source=CONFIG_SOURCE[e.source], is_sensitive=False)
+            for e in entries
+        ]
+
+    async def delete_topics(self, request: Any, ctx: RequestContext) -> Any:
+        cls = DeleteTopicsResponse[ctx.api_version]
+        names = list(request.topic_names)
+        pb = controller_pb2.DeleteTopicsRequest(names=names, timeout_ms=request.timeout_ms)
+        try:
+            answer = await self._forwarder.call("DeleteTopics", pb, request.timeout_ms)
+            pairs = [(r.name, r.error.code, r.error.message) for r in answer.results]
+        except FjordError as exc:
+            pairs = [(n, exc.code.code, str(exc)) for n in names]
+        return cls(
+            throttle_time_ms=0,
+            responses=[
+                cls.DeletableTopicResult(name=n, error_code=c, error_message=_message(m))
+                for n, c, m in pairs
+            ],
+        )
+
+    async def create_partitions(self, request: Any, ctx: RequestContext) -> Any:
+        cls = CreatePartitionsResponse[ctx.api_version]
+        pb = controller_pb2.CreatePartitionsRequest(
+            timeout_ms=request.timeout_ms, validate_only=bool(request.validate_only)
+        )
+        image = self._image()
+        for topic in request.topics:
+            out = pb.topics.add(name=topic.name, count=topic.count)
+            existing = len(image.partitions(topic.name))
+            for i, assignment in enumerate(topic.assignments or []):
+                out.assignments.add(partition=existing + i, broker_ids=assignment.broker_ids)
+        try:
+            answer = await self._forwarder.call("CreatePartitions", pb, request.timeout_ms)
+            pairs = [(r.name, r.error.code, r.error.message) for r in answer.results]
+        except FjordError as exc:
+            pairs = [(t.name, exc.code.code, str(exc)) for t in request.topics]
+        return cls(
+            throttle_time_ms=0,
+            results=[
+                cls.CreatePartitionsTopicResult(name=n, error_code=c, error_message=_message(m))
+                for n, c, m in pairs
+            ],
+        )
+
+    async def alter_configs(self, request: Any, ctx: RequestContext) -> Any:
+        """Kafka's (non-incremental) AlterConfigs: the given set replaces the topic's whole
+        override set, so every current override not named is reset."""
+        image = self._image()
+        changes = []
+        for resource in request.resources:
+            record = image.topic(resource.resource_name)
+            new = {c.name: c.value for c in resource.configs if c.value is not None}
+            current = record.config if record is not None else {}
+            changes.append((resource, new, [k for k in current if k not in new]))
+        return await self._alter(AlterConfigsResponse[ctx.api_version], changes,
+                                 bool(request.validate_only))
+
+    async def incremental_alter_configs(self, request: Any, ctx: RequestContext) -> Any:
+        """SET and DELETE per key; APPEND/SUBTRACT (list-valued keys) are refused with
+        INVALID_CONFIG: Fjord's topic configs have no list values that need them."""
+        cls = IncrementalAlterConfigsResponse[ctx.api_version]
+        changes = []
+        refused: dict[int, str] = {}
+        for i, resource in enumerate(request.resources):
+            new: dict[str, str] = {}
+            delete: list[str] = []
+            for c in resource.configs:
+                if c.config_operation == OP_SET and c.value is not None:
+                    new[c.name] = c.value
+                elif c.config_operation == OP_DELETE:
+                    delete.append(c.name)
+                else:
+                    refused[i] = (
+                        f"{c.name}: operation {c.config_operation} is not supported "
+                        "(SET and DELETE are)"
+                    )
+            changes.append((resource, new, delete))
+        return await self._alter(cls, changes, bool(request.validate_only), refused)
+
+    async def _alter(
+        self,
+        cls: Any,
+        changes: list[tuple[Any, dict[str, str], list[str]]],
+        validate_only: bool,
+        refused: Mapping[int, str] | None = None,
+    ) -> Any:
+        refused = dict(refused or {})
+        outcome: dict[int, tuple[int, str]] = {}
+        pb = controller_pb2.AlterConfigsRequest(validate_only=validate_only)
+        forwarded: list[int] = []
+        for i, (resource, new, delete) in enumerate(changes):
+            if i in refused:
+                outcome[i] = (ErrorCode.INVALID_CONFIG.code, refused[i])
+            elif resource.resource_type != TOPIC_RESOURCE:
+                outcome[i] = (
+                    ErrorCode.INVALID_REQUEST.code,
+                    "only topic configs can be altered (broker configs are static in Fjord)",
+                )
+            else:
+                pb.topics.add(name=resource.resource_name, set=new, delete=delete)
+                forwarded.append(i)
+        if forwarded:
+            try:
+                answer = await self._forwarder.call("AlterConfigs", pb)
+                for i, result in zip(forwarded, answer.results, strict=True):
+                    outcome[i] = (result.error.code, result.error.message)
+            except FjordError as exc:
+                for i in forwarded:
+                    outcome[i] = (exc.code.code, str(exc))
+        response_cls = cls.AlterConfigsResourceResponse
+        return cls(
+            throttle_time_ms=0,
+            responses=[
+                response_cls(
+                    error_code=outcome[i][0],
+                    error_message=_message(outcome[i][1]),
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                )
+                for i, (resource, _, _) in enumerate(changes)
+            ],
+        )
+
+    # --- answered by this broker -------------------------------------------------------------
+
+    async def describe_configs(self, request: Any, ctx: RequestContext) -> Any:
+        cls = DescribeConfigsResponse[ctx.api_version]
+        result_cls = cls.DescribeConfigsResult
+        entry_cls = result_cls.DescribeConfigsResourceResult
+        image = self._image()
+        results = []
+        for resource in request.resources:
+            error, message = 0, ""
+            entries: list[tuple[str, str, str]] = []
+            if resource.resource_type == TOPIC_RESOURCE:
+                record = image.topic(resource.resource_name)
+                if record is None:
+                    error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code
+                    message = f"topic {resource.resource_name!r} does not exist"
+                else:
+                    entries = [
+                        (e.name, e.value, e.source)
+                        for e in describe_topic_config(record.config, image.cluster_config)
+                    ]
+            elif resource.resource_type == BROKER_RESOURCE and (
+                resource.resource_name in ("", str(self._broker_id))
+            ):
+                merged = {k: (v, "CLUSTER_DEFAULT") for k, v in image.cluster_config.items()}
+                merged.update({k: (v, "STATIC_BROKER") for k, v in self._broker_config.items()})
+                entries = [(k, v, source) for k, (v, source) in sorted(merged.items())]
+            else:
+                error = ErrorCode.INVALID_REQUEST.code
+                message = (
+                    f"resource type {resource.resource_type} {resource.resource_name!r}: "
+                    "Fjord describes topic configs and this broker's own configs"
+                )
+            wanted = resource.configuration_keys
+            if wanted is not None:
+                entries = [e for e in entries if e[0] in set(wanted)]
+            results.append(
+                result_cls(
+                    error_code=error,
+                    error_message=_message(message),
+                    resource_type=resource.resource_type,
+                    resource_name=resource.resource_name,
+                    configs=[
+                        entry_cls(
+                            name=name,
+                            value=value,
+                            read_only=source == "STATIC_BROKER",
+                            config_source=CONFIG_SOURCE[source],
+                            is_sensitive=False,
+                            synonyms=[],
+                            config_type=0,
+                            documentation=None,
+                        )
+                        for name, value, source in entries
+                    ],
+                )
+            )
+        return cls(throttle_time_ms=0, results=results)
+
+    async def describe_cluster(self, request: Any, ctx: RequestContext) -> Any:
+        cls = DescribeClusterResponse[ctx.api_version]
+        image = self._image()
+        if ctx.api_version >= 1 and request.endpoint_type != 1:
+            # Endpoint type 2 asks for controllers: Fjord's speak gRPC only.
+            return cls(
+                throttle_time_ms=0,
+                error_code=ErrorCode.UNSUPPORTED_ENDPOINT_TYPE.code,
+                error_message="Fjord's controllers have no Kafka listener",
+                endpoint_type=request.endpoint_type,
+                cluster_id=image.cluster_id,
+                controller_id=-1,
+                brokers=[],
+            )
+        brokers = [b for b in image.brokers.values() if b.kafka_host is not None]
+        ids = {b.id for b in brokers}
+        return cls(
+            throttle_time_ms=0,
+            error_code=0,
+            error_message=None,
+            endpoint_type=1,
+            cluster_id=image.cluster_id,
+            controller_id=self._broker_id if self._broker_id in ids else -1,
+            brokers=[
+                cls.DescribeClusterBroker(
+                    broker_id=b.id, host=b.kafka_host, port=b.kafka_port, rack=b.rack
+                )
+                for b in sorted(brokers, key=lambda b: b.id)
+            ],
+        )
+
+    async def delete_records(self, request: Any, ctx: RequestContext) -> Any:
+        cls = DeleteRecordsResponse[ctx.api_version]
+        topic_cls = cls.DeleteRecordsTopicResult
+        part_cls = topic_cls.DeleteRecordsPartitionResult
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                try:
+                    low = self._replicas.delete_records(topic.name, p.partition_index, p.offset)
+                    parts.append(part_cls(partition_index=p.partition_index,
+                                          low_watermark=low, error_code=0))
+                except FjordError as exc:
+                    parts.append(part_cls(partition_index=p.partition_index,
+                                          low_watermark=-1, error_code=exc.code.code))
+            topics.append(topic_cls(name=topic.name, partitions=parts))
+        return cls(throttle_time_ms=0, topics=topics)
+
+    async def offset_for_leader_epoch(self, request: Any, ctx: RequestContext) -> Any:
+        cls = OffsetForLeaderEpochResponse[ctx.api_version]
+        topic_cls = cls.OffsetForLeaderTopicResult
+        part_cls = topic_cls.EpochEndOffset
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                try:
+                    epoch, end = self._replicas.offset_for_leader_epoch(
+                        topic.topic, p.partition, p.current_leader_epoch, p.leader_epoch
+                    )
+                    parts.append(part_cls(error_code=0, partition=p.partition,
+                                          leader_epoch=epoch, end_offset=end))
+                except FjordError as exc:
+                    parts.append(part_cls(error_code=exc.code.code, partition=p.partition,
+                                          leader_epoch=-1, end_offset=-1))
+            topics.append(topic_cls(topic=topic.topic, partitions=parts))
+        return cls(throttle_time_ms=0, topics=topics)
