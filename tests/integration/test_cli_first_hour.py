@@ -148,3 +148,35 @@ def test_produce_confirms_partition_and_offset(bootstrap: str) -> None:
     assert out.splitlines() == [f"Produced to partition 1 at offset {i}." for i in range(3)]
     quiet = ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, input="d\n"))
     assert quiet == ""
+
+
+def one_line_error(result: Result, *needles: str) -> str:
+    assert result.exit_code == 1, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_min_insync_replicas_above_the_replication_factor_is_refused(bootstrap: str) -> None:
+    topic = f"fh-isr-{uuid.uuid4().hex[:8]}"
+    b = ["--bootstrap-server", bootstrap]
+    one_line_error(
+        run("topics", "create", *b, "--topic", topic, "--partitions", "1",
+            "--replication-factor", "2", "--config", "min.insync.replicas=3"),
+        "INVALID_CONFIG", "min.insync.replicas", "replication factor 2",
+    )
+    ok(run("topics", "create", *b, "--topic", topic, "--partitions", "2",
+           "--replication-factor", "2", "--config", "min.insync.replicas=2"))
+    one_line_error(
+        run("topics", "alter", *b, "--topic", topic, "--config", "min.insync.replicas=3"),
+        "INVALID_CONFIG", "min.insync.replicas",
+    )
+    one_line_error(
+        run("topics", "alter", *b, "--topic", topic, "--replication-factor", "1"),
+        "INVALID_CONFIG", "min.insync.replicas",
+    )
+    (described,) = json.loads(ok(run("topics", "describe", *b, "--topic", topic, "-o", "json")))
+    assert described["replication_factor"] == 2
+    assert described["configs"] == {"min.insync.replicas": "2"}

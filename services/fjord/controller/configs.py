@@ -71,6 +71,31 @@ def validate_topic_config(
     return out
 
 
+def check_min_insync_replicas(
+    topic: str,
+    replication_factor: int,
+    topic_config: Mapping[str, str],
+    cluster_config: Mapping[str, str],
+) -> None:
+    """Refuse (ConfigError, INVALID_CONFIG, naming the key) a topic whose effective
+    ``min.insync.replicas`` (its own, else the cluster default, else 1) is larger than its
+    replication factor: every ``acks=all`` produce to it would wait and then fail with
+    NOT_ENOUGH_REPLICAS. Internal topics are not checked (``__consumer_offsets`` follows the
+    live broker count by design)."""
+    from fjord.controller.topics import is_internal_topic
+
+    if is_internal_topic(topic):
+        return
+    min_isr = topic_settings({}, cluster_config, topic_config).min_insync_replicas
+    if min_isr > replication_factor:
+        where = "the topic's" if "min.insync.replicas" in topic_config else "the cluster default"
+        raise ConfigError(
+            f"min.insync.replicas: {min_isr} ({where}) is larger than the replication factor "
+            f"{replication_factor} of topic {topic!r}; every acks=all produce would fail with "
+            "NOT_ENOUGH_REPLICAS (lower min.insync.replicas or raise the replication factor)"
+        )
+
+
 def validate_cluster_config(config: Mapping[str, str]) -> dict[str, str]:
     """``cluster-config`` entries: topic defaults plus the controller's own keys."""
     out: dict[str, str] = {}

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from fjord.controller.configs import (
+    check_min_insync_replicas,
     default_partitions,
     default_replication_factor,
     unclean_election_allowed,
@@ -117,6 +118,7 @@ def plan_create_topic(
         )
     _check_replication_factor(rf, len(racks))
     configs = validate_topic_config(spec.configs, cluster)
+    check_min_insync_replicas(spec.name, rf, configs, cluster)
     if spec.assignments:
         assignment = validate_manual_assignment(
             spec.assignments, range(num_partitions), racks, rf
@@ -182,7 +184,9 @@ def plan_alter_configs(
         raise ConfigError(f"{sorted(both)[0]}: cannot be both set and deleted")
     config = {k: v for k, v in record.config.items() if k not in delete}
     config.update(set_configs)
-    return replace(record, config=validate_topic_config(config, image.cluster_config))
+    config = validate_topic_config(config, image.cluster_config)
+    check_min_insync_replicas(name, record.replication_factor, config, image.cluster_config)
+    return replace(record, config=config)
 
 
 def plan_liveness(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
@@ -329,6 +333,12 @@ def plan_alter_reassignments(
             if request.target is None:
                 new = cancel_reassignment(state, live)
             else:
+                record = image.topic(request.topic)
+                if record is not None and len(request.target) != len(state.target_replicas):
+                    # A replication-factor change must leave room for min.insync.replicas.
+                    check_min_insync_replicas(
+                        request.topic, len(request.target), record.config, image.cluster_config
+                    )
                 new = start_reassignment(state, request.target, live)
                 # Already complete (e.g. only the order changed, or targets all in the ISR)?
                 # Then start and completion are one change: the epochs grow once.
