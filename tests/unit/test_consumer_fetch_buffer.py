@@ -5,6 +5,7 @@ record before it, and never moves a position past a record that was not returned
 from __future__ import annotations
 
 import struct
+from functools import cache
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +23,7 @@ not match the records (CRC recomputed); records that claim gzip but are not (CRC
 a magic byte other than 2."""
 
 
+@cache
 def _batch(base: int, count: int, damage: str | None = None) -> bytes:
     builder = BatchBuilder()
     for i in range(count):
