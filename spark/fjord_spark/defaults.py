@@ -31,10 +31,6 @@ POLL_TIMEOUT_MS = 120_000
 #: given: a task converts whole polls into Arrow, so bigger polls mean fewer, bigger batches.
 TASK_MAX_POLL_RECORDS = 20_000
 
-#: Pause before a read task asks again after an OFFSET_OUT_OF_RANGE answer that was not data loss
-#: (the log still starts at or before the offset: a leader change or a replica behind).
-OUT_OF_RANGE_RETRY_BACKOFF_S = 0.2
-
 #: Most rows in one Arrow record batch a read task yields.
 ARROW_BATCH_ROWS = 20_000
 

@@ -156,16 +156,8 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
             try:
                 records = consumer.poll(timeout=max(0.0, min(deadline - time.monotonic(), 1.0)))
             except OffsetOutOfRangeError as exc:
-                moved = _after_out_of_range(consumer, tp, position, task)
-                if moved != position:
-                    position = moved
-                    deadline = time.monotonic() + timeout_s
-                elif time.monotonic() >= deadline:
-                    raise KafkaTimeoutError(
-                        f"{tp.topic}-{tp.partition} kept answering OFFSET_OUT_OF_RANGE for offset "
-                        f"{position} (which its log holds) for pollTimeoutMs="
-                        f"{task.poll_timeout_ms}"
-                    ) from exc
+                position = _after_out_of_range(consumer, tp, position, task, exc)
+                deadline = time.monotonic() + timeout_s
                 continue
             if records:
                 if records[-1].offset >= until:
@@ -193,28 +185,36 @@ def _offset_of(record: ConsumerRecord) -> int:
 
 
 def _after_out_of_range(
-    consumer: Consumer, tp: TopicPartition, position: int, task: FjordInputPartition
+    consumer: Consumer,
+    tp: TopicPartition,
+    position: int,
+    task: FjordInputPartition,
+    error: OffsetOutOfRangeError,
 ) -> int:
-    """The broker answered OFFSET_OUT_OF_RANGE for ``position``. When the log now starts past
-    it, records were deleted while the task ran: fail, or go on from the new log start (which
-    may be past the task's end). Otherwise the answer was transient (a leader change, a replica
-    behind): seek to the same position again, after a pause."""
+    """The broker answered OFFSET_OUT_OF_RANGE for ``position``: records were deleted while
+    the task ran (the log now starts past it) or the partition went back (it now ends at or
+    before it: recreated or truncated). Fail with :class:`DataLossError`, or with
+    ``failOnDataLoss=false`` return where to go on (the new log start, or the task's end when
+    the rest is gone), seeking there. An offset the log still holds re-raises ``error``: that is
+    a fault to report, not to wait out."""
     earliest = consumer.beginning_offsets([tp])[tp]
-    if earliest <= position:
-        time.sleep(defaults.OUT_OF_RANGE_RETRY_BACKOFF_S)
-        consumer.seek(tp, position)
-        return position
-    message = (
-        f"cannot read {tp.topic}-{tp.partition} from offset {position}: the log now starts at "
-        f"{earliest}"
-    )
+    latest = consumer.end_offsets([tp])[tp]
+    if earliest > position:
+        what = f"the log now starts at {earliest}"
+        start = min(earliest, task.until_offset)
+    elif latest <= position:
+        what = f"the log now ends at {latest} (the partition went back)"
+        start = task.until_offset
+    else:
+        raise error
+    message = f"cannot read {tp.topic}-{tp.partition} from offset {position}: {what}"
     if task.fail_on_data_loss:
         raise DataLossError(
             f"{message}. Some data may have been lost because it is no longer available in "
-            'Fjord (deleted by retention). Set the option failOnDataLoss to "false" to skip it.'
+            "Fjord (deleted by retention, or the topic was recreated). Set the option "
+            'failOnDataLoss to "false" to skip it.'
         )
     log.warning("%s; skipping the lost records because failOnDataLoss is false", message)
-    start = min(earliest, task.until_offset)
     if start < task.until_offset:
         consumer.seek(tp, start)
     return start

@@ -43,6 +43,7 @@ from fjord.client.offset_fetcher import (
     LATEST_TIMESTAMP,
     NoOffsetForPartitionError,
     OffsetFetcher,
+    no_position_error,
 )
 from fjord.client.subscription_state import SubscriptionState
 from fjord.client.types import (
@@ -267,6 +268,8 @@ class Consumer:
         self._io.run(self._offsets.reset_positions([tp], wait), wait + 1)
         with self._state.lock:
             self._state.raise_pending_error()
+            if self._state.without_position([tp]) is not None:
+                raise no_position_error(tp)
             if tp not in self._state.positions:
                 raise KafkaTimeoutError(f"no position for {tp.topic}-{tp.partition} in time")
             return self._state.positions[tp]
@@ -313,6 +316,9 @@ class Consumer:
                 coordinator.run_group_work()
             with self._state.lock:
                 self._state.raise_pending_error()
+                unplaced = self._state.without_position()
+                if unplaced is not None:
+                    raise no_position_error(unplaced)
                 out, used_up = self._fetcher.collect(limit)
                 woke_fetcher = woke_fetcher or used_up
                 if out:

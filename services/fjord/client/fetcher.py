@@ -309,7 +309,11 @@ class Fetcher:
             need_metadata = False
             by_node: dict[int, dict[TopicPartition, int]] = {}
             with self._state.lock:
-                resets = [tp for tp in self._state.assignment if tp in self._state.resets]
+                resets = [  # "none" waits for a seek (poll() raises meanwhile)
+                    tp
+                    for tp in self._state.assignment
+                    if self._state.resets.get(tp, "none") != "none"
+                ]
                 for tp in self._state.assignment:
                     position = self._state.positions.get(tp)
                     if position is None or tp in self._state.paused:

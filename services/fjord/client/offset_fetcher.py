@@ -47,6 +47,15 @@ class NoOffsetForPartitionError(OffsetOutOfRangeError):
     NoOffsetForPartitionException): seek() first, or choose earliest/latest."""
 
 
+def no_position_error(tp: TopicPartition) -> NoOffsetForPartitionError:
+    """What ``poll()``/``position()`` raise for a partition without a position whose reset
+    policy is "none" (:meth:`SubscriptionState.without_position`)."""
+    return NoOffsetForPartitionError(
+        f"no position for {tp.topic}-{tp.partition} (none was set, or the broker answered "
+        "OFFSET_OUT_OF_RANGE) and auto.offset.reset is none: seek() to an offset first"
+    )
+
+
 class OffsetFetcher:
     """ListOffsets and position resets for one consumer.
 
@@ -110,9 +119,9 @@ class OffsetFetcher:
         return refined
 
     async def reset_positions(self, tps: list[TopicPartition], timeout: float) -> None:
-        """Give each of ``tps`` that still has a reset strategy its position (or post
-        :class:`NoOffsetForPartitionError` for "none"); on failure back off and leave the
-        strategy for the next attempt."""
+        """Give each of ``tps`` that still has a reset strategy its position ("none" stays
+        pending: see :func:`no_position_error`); on failure back off and leave the strategy for
+        the next attempt."""
         with self._state.lock:
             pending = {tp: self._state.resets[tp] for tp in tps if tp in self._state.resets}
         if not pending:
@@ -142,20 +151,13 @@ class OffsetFetcher:
                     else:
                         self._state.resets[tp] = pending[tp] = self._reset_policy
                 self._state.notify()
-        asked: dict[TopicPartition, int] = {}
-        for tp, strategy in pending.items():
-            if strategy == "none":
-                with self._state.lock:
-                    self._state.resets.pop(tp, None)
-                    self._state.errors.append(
-                        NoOffsetForPartitionError(
-                            f"no position for {tp.topic}-{tp.partition} and auto.offset.reset is "
-                            "none: seek() to an offset first"
-                        )
-                    )
-                    self._state.notify()
-            else:
-                asked[tp] = _STRATEGY_TIMESTAMP[strategy]
+        # "none" stays pending: poll() and position() raise NoOffsetForPartitionError while it
+        # is (SubscriptionState.without_position), so a seek() that lands before them wins.
+        asked = {
+            tp: _STRATEGY_TIMESTAMP[strategy]
+            for tp, strategy in pending.items()
+            if strategy != "none"
+        }
         if not asked:
             return
         try:

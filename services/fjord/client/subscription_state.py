@@ -11,6 +11,7 @@ read and change it only while holding ``lock``; ``arrived`` (a condition on that
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 from typing import Literal
 
 from fjord.client.types import TopicPartition
@@ -41,6 +42,18 @@ class SubscriptionState:
         """Raise the oldest error posted for ``poll()`` (called with the lock held)."""
         if self.errors:
             raise self.errors.pop(0)
+
+    def without_position(
+        self, tps: Iterable[TopicPartition] | None = None
+    ) -> TopicPartition | None:
+        """The first of ``tps`` (default: the assignment) that has no position and reset
+        policy "none" (called with the lock held): ``poll()`` and ``position()`` raise
+        NoOffsetForPartitionError for it when they run, so a ``seek()`` that came before them
+        always wins (the loop thread never decides it in advance)."""
+        for tp in self.assignment if tps is None else tps:
+            if self.resets.get(tp) == "none":
+                return tp
+        return None
 
     def post_error(self, error: FjordError) -> None:
         """Queue ``error`` for the next ``poll()`` and wake it (called with the lock held)."""
