@@ -180,3 +180,37 @@ def test_min_insync_replicas_above_the_replication_factor_is_refused(bootstrap: 
     (described,) = json.loads(ok(run("topics", "describe", *b, "--topic", topic, "-o", "json")))
     assert described["replication_factor"] == 2
     assert described["configs"] == {"min.insync.replicas": "2"}
+
+
+def test_configs_like_kafka_configs(bootstrap: str) -> None:
+    """``fjord configs``: describe with sources (--all: defaults too), alter with
+    --add-config/--delete-config, and a clear refusal for what is not there yet."""
+    topic = new_topic(bootstrap)
+    b = ["--bootstrap-server", bootstrap]
+    topic_args = ["--entity-type", "topics", "--entity-name", topic]
+    altered = ok(run("configs", *b, "--alter", *topic_args,
+                     "--add-config", "retention.ms=3600000,cleanup.policy=[delete]",
+                     "--add-config", "segment.bytes=1048576"))
+    assert altered.strip() == f"Completed updating config for topic {topic}."
+    dynamic = json.loads(ok(run("configs", *b, "--describe", *topic_args, "-o", "json")))
+    assert {e["name"]: (e["value"], e["source"]) for e in dynamic[topic]} == {
+        "cleanup.policy": ("delete", "DYNAMIC_TOPIC_CONFIG"),
+        "retention.ms": ("3600000", "DYNAMIC_TOPIC_CONFIG"),
+        "segment.bytes": ("1048576", "DYNAMIC_TOPIC_CONFIG"),
+    }
+    ok(run("configs", *b, "--alter", *topic_args,
+           "--delete-config", "segment.bytes,cleanup.policy"))
+    every = json.loads(ok(run("configs", *b, "--describe", "--all", *topic_args, "-o", "json")))
+    sources = {e["name"]: (e["value"], e["source"]) for e in every[topic]}
+    assert sources["retention.ms"] == ("3600000", "DYNAMIC_TOPIC_CONFIG")
+    assert sources["segment.bytes"][1] == "DEFAULT_CONFIG"
+    assert sources["min.insync.replicas"] == ("1", "DEFAULT_CONFIG")
+    table = ok(run("configs", *b, "--describe", "--all", *topic_args))
+    assert table.startswith(f"All configs for topic {topic} are:")
+    assert "retention.ms" in table and "DYNAMIC_TOPIC_CONFIG" in table
+    one_line_error(run("configs", *b, "--alter", *topic_args, "--add-config", "retention.mss=1"),
+                   "INVALID_CONFIG", "retention.mss")
+    one_line_error(run("configs", *b, "--describe", "--entity-type", "topics",
+                       "--entity-name", f"missing-{topic}"), "UNKNOWN_TOPIC_OR_PARTITION")
+    one_line_error(run("configs", *b, "--describe", "--entity-type", "groups",
+                       "--entity-name", "g"), "INVALID_REQUEST", "no per-group configs")

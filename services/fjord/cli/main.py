@@ -10,6 +10,7 @@ from fjord import __version__
 from fjord.cli.broker_cmd import broker
 from fjord.cli.client_common import exit_quietly_on_broken_pipe
 from fjord.cli.cluster_cmd import cluster
+from fjord.cli.configs_cmd import configs
 from fjord.cli.console_cmd import consume, produce
 from fjord.cli.controller_cmd import controller
 from fjord.cli.coordinator_cmd import coordinator
@@ -41,6 +42,7 @@ def cli() -> None:
 for _command in (
     broker,
     cluster,
+    configs,
     consume,
     controller,
     coordinator,
