@@ -18,7 +18,7 @@ from enum import StrEnum
 
 from fjord.controller.reassignment import plan_reassignment
 from fjord.errors import InvalidReplicationFactorError
-from fjord_operator.settings import DEFAULT_STABILIZATION_WINDOW_S
+from fjord_operator.settings import DEFAULT_STABILIZATION_WINDOW_S, MAX_AUTOSCALING_SAMPLES
 
 TopicPartitionKey = tuple[str, int]
 
@@ -378,11 +378,89 @@ def decide_topic(
 
 @dataclass(frozen=True, slots=True)
 class IngressSample:
-    """At ``time_s`` (monotonic seconds) the topic had received ``total_bytes`` in all (a
-    counter: the sum of its partitions' log-end offsets times the bytes per record)."""
+    """At ``time_s`` (wall-clock seconds since the epoch, so that samples outlive the operator
+    process) the topic had received ``total_bytes`` in all (a counter: the brokers' bytes in, or
+    the sum of its partitions' log-end offsets times the bytes per record).
+
+    ``min_rate``: set when samples between the previous one and this one were merged away
+    (:func:`bound_samples`): the lowest rate (bytes/s) of the intervals it replaces. None: the
+    rate since the previous sample is the counter's difference over the time's."""
 
     time_s: float
     total_bytes: float
+    min_rate: float | None = None
+
+
+def rate_between(earlier: IngressSample, later: IngressSample) -> float | None:
+    """The rate (bytes/s) judged for the interval ending at ``later``; None when the clock did
+    not advance (a wall clock set back)."""
+    if later.time_s <= earlier.time_s:
+        return None
+    if later.min_rate is not None:
+        return later.min_rate
+    return (later.total_bytes - earlier.total_bytes) / (later.time_s - earlier.time_s)
+
+
+def bound_samples(
+    samples: Sequence[IngressSample], max_samples: int = MAX_AUTOSCALING_SAMPLES
+) -> list[IngressSample]:
+    """At most ``max_samples`` (>= 3) samples: while there are more, the second oldest is merged
+    away; the next one then carries the lower of the two rates it spanned (``min_rate``). The
+    first and last samples, the window's coverage and the lowest rate stay as they were, so a
+    bounded window never grows a topic the full one would not have grown."""
+    if max_samples < 3:
+        raise ValueError("max_samples must be at least 3")
+    kept = list(samples)
+    while len(kept) > max_samples:
+        first, dropped, after = kept[0], kept[1], kept[2]
+        rates = [
+            r for r in (rate_between(first, dropped), rate_between(dropped, after)) if r is not None
+        ]
+        merged = IngressSample(after.time_s, after.total_bytes, min(rates) if rates else None)
+        kept[1:3] = [merged]
+    return kept
+
+
+def samples_to_status(source: str, samples: Sequence[IngressSample]) -> dict[str, object]:
+    """``status.autoscaling`` of a FjordTopic: the measuring source and the window's samples
+    (``time`` epoch seconds, ``bytes`` the counter, ``minRate`` when merged), at most
+    MAX_AUTOSCALING_SAMPLES of them."""
+    out: list[dict[str, float]] = []
+    for sample in bound_samples(samples):
+        item = {"time": round(sample.time_s, 3), "bytes": sample.total_bytes}
+        if sample.min_rate is not None:
+            item["minRate"] = sample.min_rate
+        out.append(item)
+    return {"source": source, "samples": out}
+
+
+def samples_from_status(status: Mapping[str, object] | None, source: str) -> list[IngressSample]:
+    """The samples a FjordTopic's status carries for ``source`` (an operator restarted mid-window
+    continues with them). Anything else — no status, another source (a new window), a
+    malformed entry (the status is anyone's to edit) — gives no samples: a new window."""
+    raw = (status or {}).get("autoscaling")
+    if not isinstance(raw, Mapping) or raw.get("source") != source:
+        return []
+    items = raw.get("samples")
+    if not isinstance(items, list):
+        return []
+    out: list[IngressSample] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            return []
+        time_s, total = _number(item.get("time")), _number(item.get("bytes"))
+        min_rate = _number(item.get("minRate"))
+        if time_s is None or total is None or (min_rate is None and "minRate" in item):
+            return []
+        out.append(IngressSample(time_s, total, min_rate))
+    return bound_samples(out)
+
+
+def _number(value: object) -> float | None:
+    """``value`` as a float if it is a JSON number (not a bool), else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def prune_samples(
@@ -423,9 +501,7 @@ def decide_autoscale(
     if len(window) < 2 or window[0].time_s > now_s - policy.stabilization_window_s:
         return None
     rates = [
-        (b.total_bytes - a.total_bytes) / (b.time_s - a.time_s)
-        for a, b in itertools.pairwise(window)
-        if b.time_s > a.time_s
+        rate for a, b in itertools.pairwise(window) if (rate := rate_between(a, b)) is not None
     ]
     if not rates:
         return None

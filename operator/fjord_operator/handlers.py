@@ -42,10 +42,13 @@ from fjord_operator.decisions import (
     TopicDecision,
     TopicObservation,
     autoscaling_policy,
+    bound_samples,
     decide_autoscale,
     decide_scaling,
     decide_topic,
     prune_samples,
+    samples_from_status,
+    samples_to_status,
     topic_bytes_in,
     topic_spec_problems,
 )
@@ -380,7 +383,8 @@ def contains(live: Any, desired: Any) -> bool:
 @dataclass
 class Runtime:
     """The operator's shared state: settings, clients, per-object locks and the autoscaler's
-    ingress samples (in memory: a restarted operator starts a new stabilization window)."""
+    ingress samples (kept here and in each FjordTopic's ``status.autoscaling``, from which a
+    restarted operator continues the stabilization window)."""
 
     settings: OperatorSettings
     kube: KubeApi
@@ -483,9 +487,12 @@ async def reconcile_topic(
     generation, previous = meta.get("generation"), body.get("status")
     now = datetime.now(UTC)
 
+    extra: dict[str, Any] = {}  # status fields beyond the verdict's (the autoscaling window)
+
     def done(outcome: Outcome, reason: str, message: str, retry: bool, **fields: Any) -> TopicPlan:
         verdict = Verdict(outcome, reason, message)
-        return TopicPlan(status_patch(verdict, generation, previous, now, **fields), retry)
+        patch = status_patch(verdict, generation, previous, now, **fields, **extra)
+        return TopicPlan(patch, retry)
 
     problems = topic_spec_problems(spec)
     if problems:
@@ -501,6 +508,8 @@ async def reconcile_topic(
     name = topic_name(body)
     admin = rt.admin(builders.bootstrap_servers(cluster))
     policy = autoscaling_policy(spec)
+    if policy is None and (previous or {}).get("autoscaling") is not None:
+        extra["autoscaling"] = None  # autoscaling turned off: its window is gone
     replication = int(spec["replicationFactor"])
     config = {str(k): str(v) for k, v in (spec.get("config") or {}).items()}
     try:
@@ -513,7 +522,10 @@ async def reconcile_topic(
                 return done(Outcome.RECONCILING, "ReassignmentInProgress", str(exc), True)
             actual = await admin.observe_topic(name)
         if autoscale and policy is not None and actual is not None:
-            grown = await _autoscale(rt, cluster, body, admin, name, actual.partitions, policy)
+            grown, window = await _autoscale(
+                rt, cluster, body, admin, name, actual.partitions, policy
+            )
+            extra["autoscaling"] = window  # None removes a finished window from the status
             if grown is not None:
                 actual = await admin.observe_topic(name)
     except Exception as exc:
@@ -585,25 +597,33 @@ async def _autoscale(
     name: str,
     partitions: int,
     policy: AutoscalingPolicy,
-) -> int | None:
-    """Take one ingress sample; grow the topic when :func:`decide_autoscale` says so."""
+) -> tuple[int | None, dict[str, object] | None]:
+    """Take one ingress sample; grow the topic when :func:`decide_autoscale` says so.
+
+    Returns the new partition count (or None) and the ``status.autoscaling`` to write: the
+    window's samples, so that a restarted operator continues the window (None: a new window
+    starts, after a growth)."""
     source, total = await measure_ingress(rt, cluster, body, admin, name, partitions)
-    now = time.monotonic()
-    key = f"{body['metadata']['uid']}/{source}"  # a change of source starts a new window
-    samples = [*rt.samples.get(key, []), IngressSample(now, total)]
-    rt.samples = {
-        k: v for k, v in rt.samples.items() if not k.startswith(f"{body['metadata']['uid']}/")
-    }
-    rt.samples[key] = samples = prune_samples(samples, now, policy.stabilization_window_s)
+    now = time.time()  # wall clock: the samples outlive this process in the status
+    uid = body["metadata"]["uid"]
+    key = f"{uid}/{source}"  # a change of source starts a new window
+    # This process's own samples are the newest; after a restart, the status has them.
+    known = rt.samples.get(key)
+    if known is None:
+        known = samples_from_status(body.get("status"), source)
+    samples = [*known, IngressSample(now, total)]
+    rt.samples = {k: v for k, v in rt.samples.items() if not k.startswith(f"{uid}/")}
+    samples = bound_samples(prune_samples(samples, now, policy.stabilization_window_s))
+    rt.samples[key] = samples
     grow_to = decide_autoscale(samples, partitions, policy, now)
     if grow_to is None:
-        return None
+        return None, samples_to_status(source, samples)
     log.info(
         "autoscaling topic %s from %d to %d partitions (%s)", name, partitions, grow_to, source
     )
     await admin.grow(name, grow_to)
     rt.samples.pop(key, None)  # a new partition count starts a new window
-    return grow_to
+    return grow_to, None
 
 
 async def finalize_topic(rt: Runtime, body: Mapping[str, Any]) -> None:

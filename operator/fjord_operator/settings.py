@@ -71,6 +71,10 @@ DEFAULT_STABILIZATION_WINDOW_S = 300
 #: Bytes per record assumed when the brokers' metrics cannot be read and ingress is measured in
 #: records (log-end offsets), unless the FjordTopic carries RECORD_BYTES_ANNOTATION.
 DEFAULT_AVERAGE_RECORD_BYTES = 1024
+#: Most ingress samples kept in a FjordTopic's ``status.autoscaling.samples`` (the CRD's
+#: ``maxItems``): a longer window merges its oldest samples (see decisions.bound_samples), so the
+#: status stays a few kilobytes whatever the window and the timer interval.
+MAX_AUTOSCALING_SAMPLES = 256
 
 
 @dataclass(frozen=True, slots=True)

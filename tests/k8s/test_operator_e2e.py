@@ -11,6 +11,8 @@ See docs/kubernetes.md, "How the operator is tested".
 
 from __future__ import annotations
 
+import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -510,6 +512,74 @@ def test_autoscaling_grows_partitions_under_ingress_up_to_the_maximum(
         RECONCILE_TIMEOUT_S,
     )
     assert ready["spec"]["partitions"] == 1  # the autoscaler's growth is not a decrease
+
+
+AUTOSCALE_WINDOW_S = 20
+
+
+def _window(api: ApiServer, name: str) -> list[dict[str, Any]]:
+    """``status.autoscaling.samples`` of a FjordTopic (empty when it has none)."""
+    status = (_get(api, "fjordtopics", name) or {}).get("status") or {}
+    return list((status.get("autoscaling") or {}).get("samples") or [])
+
+
+def test_a_restarted_operator_continues_the_autoscaling_window(
+    api: ApiServer,
+    admin: AdminClient,
+    bootstrap: str,
+    fjord_cluster: dict[str, Any],
+    operator: Operator,
+) -> None:
+    """The operator is restarted when the ingress has been sampled for half the stabilization
+    window: the new one continues that window from the FjordTopic's status (a fresh window
+    would need the whole window again after the restart before it could grow the topic)."""
+    body = _topic("steady", 1, 2)
+    body["spec"]["autoscaling"] = {
+        "enabled": True,
+        "minPartitions": 1,
+        "maxPartitions": 2,
+        "targetBytesPerSecondPerPartition": 1,
+        "stabilizationWindowSeconds": AUTOSCALE_WINDOW_S,
+    }
+    body["metadata"]["annotations"] = {RECORD_BYTES_ANNOTATION: "1000"}
+    api.create("fjordtopics", NAMESPACE, body)
+    _wait_ready(api, "fjordtopics", "steady", RECONCILE_TIMEOUT_S)
+    stop = threading.Event()
+
+    def produce() -> None:  # well above 1 byte/s all along
+        with Producer({"bootstrap.servers": bootstrap, "acks": "all"}) as producer:
+            while not stop.is_set():
+                producer.send("steady", value=b"x" * 1000).result(timeout=30)
+                stop.wait(0.1)
+
+    producing = threading.Thread(target=produce, name="steady-producer", daemon=True)
+    producing.start()
+    try:
+        half = wait_for(
+            lambda: (w := _window(api, "steady")) and w[-1]["time"] - w[0]["time"] >= 10 and w,
+            "half the stabilization window sampled",
+            RECONCILE_TIMEOUT_S,
+        )
+        operator.stop()
+        assert len(_fjord_topic(admin, "steady").partitions) == 1
+        restarted_at = time.time()
+        operator.start()
+        wait_for(
+            lambda: len(_fjord_topic(admin, "steady").partitions) == 2,
+            "the restarted operator to grow steady",
+            RECONCILE_TIMEOUT_S,
+            interval=0.1,
+        )
+        grown_after_s = time.time() - restarted_at
+    finally:
+        stop.set()
+        producing.join(RECONCILE_TIMEOUT_S)
+    # The window the first operator began (its oldest sample before the restart) was
+    # continued: growing this early needed the samples taken before the restart.
+    assert half[0]["time"] < restarted_at - AUTOSCALE_WINDOW_S / 2
+    assert grown_after_s < AUTOSCALE_WINDOW_S, f"grown {grown_after_s:.1f} s after the restart"
+    # A growth starts a new window: the finished one leaves the status.
+    wait_for(lambda: not _window(api, "steady"), "the finished window cleared", RECONCILE_TIMEOUT_S)
 
 
 def _produce(bootstrap: str, topic: str, count: int) -> set[bytes]:

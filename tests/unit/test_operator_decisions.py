@@ -3,8 +3,10 @@ cluster (hypothesis), topic reconciliation, and autoscaling from sample sequence
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,13 +20,20 @@ from fjord_operator.decisions import (
     ScalingPhase,
     TopicObservation,
     autoscaling_policy,
+    bound_samples,
     decide_autoscale,
     decide_scaling,
     decide_topic,
     prune_samples,
+    rate_between,
     replication_factors,
+    samples_from_status,
+    samples_to_status,
     topic_spec_problems,
 )
+from fjord_operator.settings import MAX_AUTOSCALING_SAMPLES
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "fjord"
 
 Assignment = dict[tuple[str, int], list[int]]
 
@@ -461,3 +470,71 @@ def test_a_balanced_cluster_is_left_alone(topics: dict[str, tuple[int, int]], br
         )
     )
     assert decision.done and not decision.reassign
+
+
+# -- the autoscaling window in status: bounded, and read back by a restarted operator ----------
+
+
+def test_bound_samples_merges_the_oldest_keeping_coverage_and_the_lowest_rate() -> None:
+    seq = samples([500, 100, 900, 400, 700, 300, 800])  # t = 0..70
+    bounded = bound_samples(seq, max_samples=4)
+    assert len(bounded) == 4
+    assert (bounded[0], bounded[-1]) == (seq[0], seq[-1])
+    rates = [r for a, b in itertools.pairwise(bounded) if (r := rate_between(a, b))]
+    assert min(rates) == 100
+    assert bound_samples(seq) == seq  # under the bound: untouched
+    with pytest.raises(ValueError):
+        bound_samples(seq, max_samples=2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rates=st.lists(st.floats(0, 5000, allow_nan=False), min_size=0, max_size=40),
+    partitions=st.integers(1, 12),
+    bound=st.integers(3, 12),
+)
+def test_a_bounded_window_never_grows_when_the_full_one_would_not(
+    rates: list[float], partitions: int, bound: int
+) -> None:
+    seq = samples(rates)
+    now = seq[-1].time_s
+    policy = AutoscalingPolicy(1, 20, 100, 60)
+    full = decide_autoscale(seq, partitions, policy, now)
+    window = prune_samples(seq, now, policy.stabilization_window_s)
+    bounded = decide_autoscale(bound_samples(window, bound), partitions, policy, now)
+    if full is None:
+        assert bounded is None
+    else:
+        assert bounded is None or bounded <= full
+
+
+def test_status_round_trip_and_what_starts_a_new_window() -> None:
+    seq = [*samples([100, 200]), IngressSample(30.0, 5000.0, min_rate=50.0)]
+    status = {"autoscaling": samples_to_status("metrics", seq)}
+    assert samples_from_status(status, "metrics") == seq
+    assert status["autoscaling"]["samples"][-1] == {"time": 30.0, "bytes": 5000.0, "minRate": 50.0}
+    assert samples_from_status(status, "records") == []  # another source: a new window
+    assert samples_from_status(None, "metrics") == []
+    assert samples_from_status({"autoscaling": "x"}, "metrics") == []
+    for bad in (
+        [{"time": "soon", "bytes": 1}],
+        [{"time": 1.0}],
+        [{"time": True, "bytes": 1}],
+        [{"time": 1.0, "bytes": 1, "minRate": "fast"}],
+        ["1,2"],
+    ):
+        assert (
+            samples_from_status({"autoscaling": {"source": "metrics", "samples": bad}}, "metrics")
+            == []
+        )
+    many = samples([100] * (MAX_AUTOSCALING_SAMPLES + 40))
+    assert len(samples_to_status("records", many)["samples"]) == MAX_AUTOSCALING_SAMPLES  # type: ignore[arg-type]
+
+
+def test_the_crd_bounds_the_samples_as_the_operator_does() -> None:
+    import yaml
+
+    crd = yaml.safe_load((CHART / "crds" / "fjordtopics.yaml").read_text())
+    status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+    samples_schema = status["properties"]["autoscaling"]["properties"]["samples"]
+    assert samples_schema["maxItems"] == MAX_AUTOSCALING_SAMPLES
