@@ -232,6 +232,79 @@ def test_reset_offsets_dry_run_then_execute(admin: AdminClient, topic: str, boot
     )
 
 
+def test_reset_offsets_by_duration_and_from_file(
+    admin: AdminClient, topic: str, bootstrap: str, tmp_path: Path
+) -> None:
+    group = _name("reset-file")
+    admin.alter_consumer_group_offsets(group, {TopicPartition(topic, 0): 1})
+
+    def reset(*args: str) -> dict[str, Any]:
+        return json.loads(
+            ok(run(bootstrap, "reset-offsets", "--group", group, "-o", "json", *args))
+        )
+
+    # Now minus an hour is before every record (BASE is 10 minutes ago): the earliest offsets;
+    # now minus a minute is after every record: the log ends.
+    reset("--topic", topic, "--by-duration", "PT1H", "--execute")
+    assert committed(admin, group) == {0: 0, 1: 0, 2: 0}
+    reset("--topic", topic, "--by-duration", "PT1M", "--execute")
+    assert committed(admin, group) == {0: 5, 1: 3, 2: 0}
+    # Just after partition 0's record 2 (BASE + 2 s): its record 3 is the first that late,
+    # unless the command's "now" came a whole second after ours.
+
+    def first_at_or_after(timestamp_ms: int) -> int:
+        return next((i for i in range(COUNTS[0]) if BASE_MS + 1000 * i >= timestamp_ms), COUNTS[0])
+
+    before_ms = round(time.time() * 1000)
+    duration_ms = before_ms - (BASE_MS + 2001)
+    reset(
+        "--topic",
+        f"{topic}:0",
+        "--by-duration",
+        f"PT{duration_ms // 1000}.{duration_ms % 1000:03d}S",
+        "--execute",
+    )
+    after_ms = round(time.time() * 1000)
+    lowest, highest = (first_at_or_after(t - duration_ms) for t in (before_ms, after_ms))
+    assert lowest == 3
+    assert lowest <= committed(admin, group)[0] <= highest
+
+    # --export writes the plan as CSV; --from-file reads it back (Kafka's tool does the same).
+    exported = ok(
+        run(
+            bootstrap,
+            "reset-offsets",
+            "--group",
+            group,
+            "--all-topics",
+            "--to-earliest",
+            "--export",
+        )
+    )
+    assert exported.splitlines() == [f"{topic},{p},0" for p in range(3)]
+    plan_file = tmp_path / "plan.csv"
+    plan_file.write_text(f"{topic},1,2\n{topic},0,4\n")
+    plan = reset("--from-file", str(plan_file), "--execute")["plan"]
+    assert [(p["partition"], p["new_offset"]) for p in plan] == [(0, 4), (1, 2)]
+    assert committed(admin, group) == {0: 4, 1: 2, 2: 0}
+    plan_file.write_text(exported)
+    reset("--from-file", str(plan_file), "--execute")
+    assert committed(admin, group) == {0: 0, 1: 0, 2: 0}
+
+    plan_file.write_text(f"{topic},7,0\n")
+    assert "UNKNOWN_TOPIC_OR_PARTITION" in one_line_error(
+        run(bootstrap, "reset-offsets", "--group", group, "--from-file", str(plan_file))
+    )
+    plan_file.write_text(f"{topic},0,0\n{topic},one,0\n")
+    bad_line = run(bootstrap, "reset-offsets", "--group", group, "--from-file", str(plan_file))
+    assert bad_line.exit_code == 2 and "line 2" in bad_line.stderr
+    bad_duration = run(
+        bootstrap, "reset-offsets", "--group", group, "--all-topics", "--by-duration", "10m"
+    )
+    assert bad_duration.exit_code == 2 and "ISO 8601 duration" in bad_duration.stderr
+    assert committed(admin, group) == {0: 0, 1: 0, 2: 0}  # refused plans changed nothing
+
+
 # --- a raw member: JoinGroup/SyncGroup/LeaveGroup through the coordinator's RPCs -----------
 
 
@@ -239,7 +312,10 @@ def _until_ok(call: Callable[[], Any], error_of: Callable[[Any], int], what: str
     """Retry ``call`` while it answers a retriable coordinator error (bounded)."""
     # The coordinator is loading or moving: asking again is the only way to know when it is done.
     return wait_for(
-        call, f"{what} without a retriable error", WAIT_S, interval=0.2,
+        call,
+        f"{what} without a retriable error",
+        WAIT_S,
+        interval=0.2,
         accept=lambda response: error_of(response) not in RETRIABLE,
     )
 

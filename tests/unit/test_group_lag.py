@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
 from fjord.groups.lag import (
+    ByDuration,
+    FromFile,
     LagRow,
     MemberPartitions,
     PartitionReset,
@@ -16,7 +18,10 @@ from fjord.groups.lag import (
     ToEarliest,
     ToLatest,
     ToOffset,
+    export_csv,
     lag_rows,
+    parse_duration_ms,
+    parse_reset_csv,
     parse_topic_selector,
     plan_offset_reset,
     reset_scope,
@@ -148,3 +153,98 @@ def test_scope_selection():
     for bad in ("t:x", ":1", "t:", "t:-1"):
         with pytest.raises(InvalidRequestError):
             parse_topic_selector(bad)
+
+
+# --- --by-duration and --from-file -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "ms"),
+    [
+        ("PT10M", 600_000),
+        ("P1DT2H", 93_600_000),
+        ("PT0.5S", 500),
+        ("pt1m30s", 90_000),
+        ("P2D", 172_800_000),
+        ("PT1.0019S", 1_001),  # below a millisecond: dropped
+        ("-PT1H", -3_600_000),  # Java's Duration.parse takes signs (the future: the log end)
+        ("PT-6H3M", -21_420_000),
+        (" PT5S ", 5_000),
+    ],
+)
+def test_parse_duration_as_java_reads_it(text, ms):
+    assert parse_duration_ms(text) == ms
+
+
+@pytest.mark.parametrize("text", ["10m", "P1M", "P1Y", "PT", "P", "", "P1DT", "PT1H2", "1D", "P1W"])
+def test_bad_durations_are_refused_with_a_typed_error(text):
+    with pytest.raises(InvalidRequestError, match="ISO 8601 duration"):
+        parse_duration_ms(text)
+
+
+def test_by_duration_plans_like_to_datetime():
+    times = {("t", 0): 70, ("t", 1): None}
+    assert plan(ByDuration(600_000), offsets_for_times=times) == {("t", 0): 70, ("t", 1): 50}
+    with pytest.raises(InvalidRequestError, match="--by-duration needs"):
+        plan(ByDuration(1))
+
+
+def test_reset_csv_round_trips_kafkas_export_format():
+    spec = parse_reset_csv("t,1,30\n\nt,0,5\n")
+    assert spec == FromFile((("t", 0, 5), ("t", 1, 30)))
+    assert plan(spec) == {("t", 0): 10, ("t", 1): 30}  # clamped to earliest, as every strategy
+    rows = [PartitionReset("t", 0, 40, 12), PartitionReset("u", 3, None, 0)]
+    assert export_csv(rows) == "t,0,12\nu,3,0\n"
+    assert parse_reset_csv(export_csv(rows)).as_mapping() == {("t", 0): 12, ("u", 3): 0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("t,0", r"line 1 .*expected topic,partition,offset"),
+        ("g,t,0,5", "several-group export"),
+        ("t,0,5\nt,x,5", r"line 2 .*integers"),
+        ("t,0,-1", ">= 0"),
+        ("t,-1,0", ">= 0"),
+        (",0,1", "empty topic"),
+        ("t,0,1\nt,0,2", r"line 2 .*t-0 is given twice"),
+        ("\n\n", "names no partition"),
+    ],
+)
+def test_bad_reset_csv_lines_are_refused_naming_the_line(text, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        parse_reset_csv(text)
+
+
+def test_from_file_scope_is_the_files_partitions():
+    counts = {"t": 3, "u": 2}
+    spec = parse_reset_csv("u,1,4\nt,2,0\n")
+    assert reset_scope(
+        topics=None, all_topics=False, partitions_per_topic=counts, committed={}, from_file=spec
+    ) == [("t", 2), ("u", 1)]
+    with pytest.raises(UnknownTopicOrPartitionError, match="3 partitions"):
+        reset_scope(
+            topics=None,
+            all_topics=False,
+            partitions_per_topic=counts,
+            committed={},
+            from_file=parse_reset_csv("t,3,0"),
+        )
+    with pytest.raises(UnknownTopicOrPartitionError, match="does not exist"):
+        reset_scope(
+            topics=None,
+            all_topics=False,
+            partitions_per_topic=counts,
+            committed={},
+            from_file=parse_reset_csv("nope,0,0"),
+        )
+    with pytest.raises(InvalidRequestError, match="neither"):
+        reset_scope(
+            topics=["t"],
+            all_topics=False,
+            partitions_per_topic=counts,
+            committed={},
+            from_file=spec,
+        )
+    with pytest.raises(InvalidRequestError, match="not in the --from-file plan"):
+        plan(parse_reset_csv("t,0,20"))  # TPS has t-1 too

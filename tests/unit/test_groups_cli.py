@@ -49,6 +49,8 @@ from fjord.errors import (
     NonEmptyGroupError,
 )
 from fjord.groups.lag import (
+    ByDuration,
+    FromFile,
     LagRow,
     PartitionReset,
     ShiftBy,
@@ -94,6 +96,14 @@ def test_reset_spec_picks_exactly_one_scenario() -> None:
         _spec(to_earliest=True, shift_by=1)
     with pytest.raises(click.BadParameter, match=">= 0"):
         _spec(to_offset=-1)
+    assert _spec(by_duration="PT10M") == ByDuration(600_000)
+    assert _spec(from_file="t,0,5\n") == FromFile((("t", 0, 5),))
+    with pytest.raises(click.UsageError, match="exactly one"):
+        _spec(by_duration="PT1H", to_latest=True)
+    with pytest.raises(click.BadParameter, match="ISO 8601 duration"):
+        _spec(by_duration="10 minutes")
+    with pytest.raises(click.BadParameter, match="line 2"):
+        _spec(from_file="t,0,5\nt,zero,5\n")
 
 
 def test_parse_datetime_zones() -> None:

@@ -22,8 +22,9 @@ from fjord.cli.client_common import (
 )
 from fjord.client import AdminClient
 from fjord.client.admin import DEAD_STATE, ConsumerGroupDescription
-from fjord.errors import GroupIdNotFoundError
+from fjord.errors import GroupIdNotFoundError, InvalidRequestError
 from fjord.groups.lag import (
+    ByDuration,
     LagRow,
     PartitionReset,
     ResetSpec,
@@ -32,6 +33,9 @@ from fjord.groups.lag import (
     ToEarliest,
     ToLatest,
     ToOffset,
+    export_csv,
+    parse_duration_ms,
+    parse_reset_csv,
 )
 
 #: The columns of ``describe`` (kafka-consumer-groups --describe --offsets).
@@ -88,8 +92,12 @@ def reset_spec(
     to_offset: int | None,
     to_datetime: str | None,
     shift_by: int | None,
+    by_duration: str | None = None,
+    from_file: str | None = None,
 ) -> ResetSpec:
-    """The one reset scenario the options name (UsageError for none or several)."""
+    """The one reset scenario the options name (UsageError for none or several).
+    ``from_file`` is the text of the ``--from-file`` CSV (BadParameter naming the line that is
+    wrong), ``by_duration`` an ISO 8601 duration (BadParameter if it is not one)."""
     given: list[ResetSpec] = []
     if to_earliest:
         given.append(ToEarliest())
@@ -103,9 +111,20 @@ def reset_spec(
         given.append(ToDatetime(parse_datetime_ms(to_datetime)))
     if shift_by is not None:
         given.append(ShiftBy(shift_by))
+    if by_duration is not None:
+        try:
+            given.append(ByDuration(parse_duration_ms(by_duration)))
+        except InvalidRequestError as exc:
+            raise click.BadParameter(str(exc), param_hint="--by-duration") from None
+    if from_file is not None:
+        try:
+            given.append(parse_reset_csv(from_file))
+        except InvalidRequestError as exc:
+            raise click.BadParameter(str(exc), param_hint="--from-file") from None
     if len(given) != 1:
         raise click.UsageError(
-            "give exactly one of --to-earliest, --to-latest, --to-offset, --to-datetime, --shift-by"
+            "give exactly one of --to-earliest, --to-latest, --to-offset, --to-datetime, "
+            "--by-duration, --from-file, --shift-by"
         )
     return given[0]
 
@@ -378,9 +397,22 @@ def delete(bootstrap_server: str | None, group_ids: tuple[str, ...]) -> None:
     metavar="YYYY-MM-DDTHH:mm:SS.sss[Z|+HH:MM]",
     help="Reset to the first record at or after this time (no zone: local time).",
 )
+@click.option(
+    "--by-duration",
+    default=None,
+    metavar="PnDTnHnMnS",
+    help="Reset to the first record at or after now minus this ISO 8601 duration (PT10M).",
+)
+@click.option(
+    "--from-file",
+    type=click.File("r"),
+    default=None,
+    help="Reset to the offsets of a CSV plan (topic,partition,offset lines; - for stdin).",
+)
 @click.option("--shift-by", type=int, default=None, help="Move the committed offset by N.")
 @click.option("--dry-run", is_flag=True, help="Only print the plan (the default).")
 @click.option("--execute", is_flag=True, help="Commit the plan.")
+@click.option("--export", is_flag=True, help="Print the plan as CSV lines --from-file reads back.")
 @friendly_errors
 def reset_offsets(
     bootstrap_server: str | None,
@@ -392,21 +424,31 @@ def reset_offsets(
     to_latest: bool,
     to_offset: int | None,
     to_datetime: str | None,
+    by_duration: str | None,
+    from_file: Any,
     shift_by: int | None,
     dry_run: bool,
     execute: bool,
+    export: bool,
 ) -> None:
     """Plan (and with --execute commit) new offsets for a group without active members."""
     if dry_run and execute:
         raise click.UsageError("give --dry-run or --execute, not both")
-    if bool(topics) == all_topics:
+    if from_file is not None:
+        if topics or all_topics:
+            raise click.UsageError("--from-file names its partitions: drop --topic/--all-topics")
+    elif bool(topics) == all_topics:
         raise click.UsageError("give --topic (repeatable) or --all-topics")
+    if export and output != "table":
+        raise click.UsageError("--export prints CSV: drop --output")
     spec = reset_spec(
         to_earliest=to_earliest,
         to_latest=to_latest,
         to_offset=to_offset,
         to_datetime=to_datetime,
         shift_by=shift_by,
+        by_duration=by_duration,
+        from_file=None if from_file is None else from_file.read(),
     )
     with _admin(bootstrap_server) as admin:
         plan = admin.plan_consumer_group_offsets_reset(
@@ -414,7 +456,10 @@ def reset_offsets(
         )
         if execute:
             admin.reset_consumer_group_offsets(group_id, plan)
-    emit(output, plan_json(group_id, plan, execute), plan_rows(group_id, plan), PLAN_HEADERS)
+    if export:
+        click.echo(export_csv(plan), nl=False)
+    else:
+        emit(output, plan_json(group_id, plan, execute), plan_rows(group_id, plan), PLAN_HEADERS)
     if not plan:
         click.echo(f"Nothing to reset: group '{group_id}' has no offsets in that scope.", err=True)
     elif not execute:

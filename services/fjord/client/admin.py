@@ -51,6 +51,8 @@ from fjord.errors import (
 )
 from fjord.groups.defaults import CONSUMER_PROTOCOL_TYPE
 from fjord.groups.lag import (
+    ByDuration,
+    FromFile,
     LagRow,
     MemberPartitions,
     PartitionReset,
@@ -1023,9 +1025,10 @@ class AdminClient:
         """Kafka's ``--reset-offsets`` plan, computed by
         :func:`fjord.groups.lag.plan_offset_reset` from the group's state, its committed
         offsets and the partitions' earliest/latest offsets (and ``offsets_for_times`` for
-        :class:`ToDatetime`). ``topics`` takes ``orders`` or ``orders:0,2`` selectors;
-        ``all_topics`` means every topic the group has committed offsets for. Changes nothing:
-        commit the plan with :meth:`reset_consumer_group_offsets`. Refused with
+        :class:`ToDatetime` and :class:`ByDuration`). ``topics`` takes ``orders`` or
+        ``orders:0,2`` selectors; ``all_topics`` means every topic the group has committed
+        offsets for; a :class:`FromFile` spec brings its own partitions (give neither). Changes
+        nothing: commit the plan with :meth:`reset_consumer_group_offsets`. Refused with
         NonEmptyGroupError while the group has active members."""
         deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
         description = self.describe_consumer_groups([group_id], timeout=_remaining(deadline))[
@@ -1040,6 +1043,7 @@ class AdminClient:
             all_topics=all_topics,
             partitions_per_topic=self._partition_counts(_remaining(deadline)),
             committed=committed,
+            from_file=spec if isinstance(spec, FromFile) else None,
         )
 
         def plan(
@@ -1065,9 +1069,13 @@ class AdminClient:
         earliest = self._known_offsets(dict.fromkeys(tps, "earliest"), deadline)
         latest = self._known_offsets(dict.fromkeys(tps, "latest"), deadline)
         for_times: dict[tuple[str, int], int | None] | None = None
-        if isinstance(spec, ToDatetime):
+        if isinstance(spec, ToDatetime | ByDuration):
+            if isinstance(spec, ToDatetime):
+                timestamp_ms = spec.timestamp_ms
+            else:  # now minus the duration, as Kafka's tool computes it (never a special value)
+                timestamp_ms = max(0, round(time.time() * 1000) - spec.duration_ms)
             found = self.list_offsets(
-                dict.fromkeys(tps, spec.timestamp_ms), timeout=_remaining(deadline)
+                dict.fromkeys(tps, timestamp_ms), timeout=_remaining(deadline)
             )
             for_times = {(tp.topic, tp.partition): offset for tp, offset in found.items()}
         return plan(scope, earliest, latest, for_times)

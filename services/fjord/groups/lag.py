@@ -6,6 +6,7 @@ commits the plan with a simple (generation -1) OffsetCommit.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -110,7 +111,97 @@ class ShiftBy:
     shift: int
 
 
-ResetSpec = ToEarliest | ToLatest | ToOffset | ToDatetime | ShiftBy
+@dataclass(frozen=True)
+class ByDuration:
+    """``--by-duration``: reset to the first offset whose timestamp is >= now minus
+    ``duration_ms`` (the shell fixes "now" and asks ``offsets_for_times``, as for
+    :class:`ToDatetime`; a negative duration points into the future: the log end)."""
+
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class FromFile:
+    """``--from-file``: the offsets of a reset plan file (see :func:`parse_reset_csv`); the
+    file's partitions are the scope. ``offsets`` is sorted by (topic, partition)."""
+
+    offsets: tuple[tuple[str, int, int], ...]
+
+    def as_mapping(self) -> dict[TopicPartition, int]:
+        return {(topic, partition): offset for topic, partition, offset in self.offsets}
+
+
+ResetSpec = ToEarliest | ToLatest | ToOffset | ToDatetime | ShiftBy | ByDuration | FromFile
+
+#: Java's ``Duration.parse`` grammar (what kafka-consumer-groups.sh --by-duration takes):
+#: ``PnDTnHnMn.nS``, each part optional but at least one, signs allowed, case-insensitive.
+_DURATION = re.compile(
+    r"([-+]?)P(?:([-+]?\d+)D)?"
+    r"(T(?:([-+]?\d+)H)?(?:([-+]?\d+)M)?(?:([-+]?\d+)(?:[.,](\d{0,9}))?S)?)?",
+    re.IGNORECASE,
+)
+
+
+def parse_duration_ms(text: str) -> int:
+    """``--by-duration``: an ISO 8601 duration as Java's ``Duration.parse`` reads it
+    (``PT10M``, ``P1DT2H``, ``PT0.5S``, ``-PT1H``) in milliseconds (fractions below a
+    millisecond are dropped). InvalidRequestError for anything else (``10m``, ``P1M``: months
+    and years are not durations, ``PT`` without a part)."""
+    match = _DURATION.fullmatch(text.strip())
+    if (
+        match is None
+        or (match.group(3) is not None and match.group(3).upper() == "T")
+        or all(match.group(i) is None for i in (2, 4, 5, 6))
+    ):
+        raise InvalidRequestError(
+            f"--by-duration {text!r}: expected an ISO 8601 duration PnDTnHnMnS like PT10M, "
+            "P1DT2H or PT30.5S (days, hours, minutes, seconds; no years or months)"
+        )
+    days, hours, minutes, seconds = (int(match.group(i) or 0) for i in (2, 4, 5, 6))
+    fraction = (match.group(7) or "").ljust(3, "0")[:3]
+    millis = int(fraction) * (-1 if match.group(6) and match.group(6).startswith("-") else 1)
+    total = ((days * 24 + hours) * 60 + minutes) * 60_000 + seconds * 1000 + millis
+    return -total if match.group(1) == "-" else total
+
+
+def parse_reset_csv(text: str, source: str = "the reset file") -> FromFile:
+    """``--from-file``: one ``topic,partition,offset`` line per partition, as
+    kafka-consumer-groups.sh writes with ``--export`` for one group (blank lines are skipped; a
+    ``group,topic,partition,offset`` line of a several-group export is refused, as is a
+    partition given twice). InvalidRequestError naming the line for anything else."""
+    offsets: dict[TopicPartition, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        where = f"{source} line {number} ({line!r})"
+        if len(fields) != 3:
+            several = " (a several-group export: reset one group at a time)"
+            raise InvalidRequestError(
+                f"{where}: expected topic,partition,offset" + (several if len(fields) == 4 else "")
+            )
+        topic, partition_text, offset_text = fields
+        if not topic:
+            raise InvalidRequestError(f"{where}: empty topic name")
+        try:
+            partition, offset = int(partition_text), int(offset_text)
+        except ValueError:
+            raise InvalidRequestError(f"{where}: partition and offset must be integers") from None
+        if partition < 0 or offset < 0:
+            raise InvalidRequestError(f"{where}: partition and offset must be >= 0")
+        if (topic, partition) in offsets:
+            raise InvalidRequestError(f"{where}: {topic}-{partition} is given twice")
+        offsets[(topic, partition)] = offset
+    if not offsets:
+        raise InvalidRequestError(f"{source} names no partition (lines topic,partition,offset)")
+    return FromFile(tuple((t, p, o) for (t, p), o in sorted(offsets.items())))
+
+
+def export_csv(plan: Iterable[PartitionReset]) -> str:
+    """A plan as ``topic,partition,offset`` lines (``--export``): what :func:`parse_reset_csv`
+    reads back."""
+    return "".join(f"{r.topic},{r.partition},{r.new_offset}\n" for r in plan)
 
 
 @dataclass(frozen=True)
@@ -147,14 +238,26 @@ def reset_scope(
     all_topics: bool,
     partitions_per_topic: Mapping[str, int],
     committed: Mapping[TopicPartition, int],
+    from_file: FromFile | None = None,
 ) -> list[TopicPartition]:
     """The partitions a reset touches: ``--all-topics`` = every partition of every topic the
     group has committed offsets for; ``--topic`` selectors (see :func:`parse_topic_selector`)
-    otherwise. Exactly one of the two must be given."""
-    if all_topics == bool(topics):
-        raise InvalidRequestError("give exactly one of --all-topics or --topic")
+    otherwise. Exactly one of the two must be given, unless ``from_file``: then the file's
+    partitions are the scope and neither may be given. A partition that does not exist is
+    UnknownTopicOrPartitionError."""
     wanted: list[tuple[str, tuple[int, ...] | None]]
-    if all_topics:
+    if from_file is not None:
+        if all_topics or topics:
+            raise InvalidRequestError(
+                "--from-file names its partitions: give neither --all-topics nor --topic"
+            )
+        by_topic: dict[str, list[int]] = {}
+        for topic, partition, _ in from_file.offsets:
+            by_topic.setdefault(topic, []).append(partition)
+        wanted = [(t, tuple(ps)) for t, ps in sorted(by_topic.items())]
+    elif all_topics == bool(topics):
+        raise InvalidRequestError("give exactly one of --all-topics or --topic")
+    elif all_topics:
         wanted = [(t, None) for t in sorted({tp[0] for tp in committed})]
     else:
         wanted = [parse_topic_selector(s) for s in topics or ()]
@@ -184,9 +287,10 @@ def plan_offset_reset(
 ) -> list[PartitionReset]:
     """Kafka's ``--reset-offsets`` plan. Refused (NonEmptyGroupError) unless the group is
     inactive (Empty or Dead, no members): active members would overwrite it. Every new offset is
-    clamped to [earliest, latest] as Kafka's tool does. ``--to-datetime`` needs
-    ``offsets_for_times`` (None for a partition = no record that late: the log end offset);
-    ``--shift-by`` needs a committed offset for each partition."""
+    clamped to [earliest, latest] as Kafka's tool does. ``--to-datetime`` and ``--by-duration``
+    need ``offsets_for_times`` (None for a partition = no record that late: the log end
+    offset); ``--shift-by`` needs a committed offset for each partition; ``--from-file`` plans
+    exactly the file's partitions (any other partition given is refused)."""
     if active_members > 0 or group_state not in ("Empty", "Dead"):
         raise NonEmptyGroupError(
             f"assignments can only be reset if the group {group_id!r} is inactive, but the "
@@ -206,13 +310,19 @@ def plan_offset_reset(
             target = high
         elif isinstance(spec, ToOffset):
             target = spec.offset
-        elif isinstance(spec, ToDatetime):
+        elif isinstance(spec, ToDatetime | ByDuration):
             if offsets_for_times is None or tp not in offsets_for_times:
+                option = "--to-datetime" if isinstance(spec, ToDatetime) else "--by-duration"
                 raise InvalidRequestError(
-                    f"--to-datetime needs the offsets_for_times answer for {tp[0]}-{tp[1]}"
+                    f"{option} needs the offsets_for_times answer for {tp[0]}-{tp[1]}"
                 )
             found = offsets_for_times[tp]
             target = high if found is None else found
+        elif isinstance(spec, FromFile):
+            from_file = spec.as_mapping()
+            if tp not in from_file:
+                raise InvalidRequestError(f"{tp[0]}-{tp[1]} is not in the --from-file plan")
+            target = from_file[tp]
         else:
             if current is None:
                 raise InvalidRequestError(
