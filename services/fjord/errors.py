@@ -51,6 +51,7 @@ class ErrorCode(Enum):
     INVALID_REPLICA_ASSIGNMENT = (39, False)
     INVALID_CONFIG = (40, False)
     NOT_CONTROLLER = (41, True)
+    POLICY_VIOLATION = (44, False)
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False)
     DUPLICATE_SEQUENCE_NUMBER = (46, False)
     INVALID_PRODUCER_EPOCH = (47, False)
@@ -327,6 +328,15 @@ class NotControllerError(FjordError):
     """This controller is not (or no longer) the active one; ask the one in Metadata."""
 
     code = ErrorCode.NOT_CONTROLLER
+
+
+@register_error_class
+class PolicyViolationError(FjordError):
+    """A request the cluster's limits refuse (e.g. more metadata records in one operation than
+    ``max.records.per.user.op``, or more replicas on a broker than ``max.broker.partitions``);
+    the message names the limit and how to raise it."""
+
+    code = ErrorCode.POLICY_VIOLATION
 
 
 @register_error_class

@@ -101,3 +101,10 @@ PRODUCER_ID_ALLOCATION_TIMEOUT_S = 10.0
 #: in the background on a FindCoordinator that finds no such topic; the FindCoordinator itself
 #: answers COORDINATOR_NOT_AVAILABLE at once and the client retries).
 OFFSETS_TOPIC_CREATE_TIMEOUT_S = 10.0
+
+#: New partition replicas are opened (directory, segment files, producer state) in a worker
+#: thread this many at a time, the event loop running in between, so a topic of thousands of
+#: partitions never stalls lease keep-alives or requests (issue 12). Creations of more than
+#: OPEN_PARTITIONS_LOGGED partitions are logged as one line instead of one per partition.
+OPEN_PARTITIONS_CHUNK = 100
+OPEN_PARTITIONS_LOGGED = 20

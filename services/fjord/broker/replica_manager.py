@@ -186,6 +186,7 @@ class ReplicaManager:
         settings_by_topic: dict[str, TopicSettings | None] = {}
         for ref in image.partitions_replicated_on(self.broker_id):
             wanted[(ref.topic, ref.partition)] = ref.state
+        to_open: list[tuple[TopicPartition, PartitionAssignment, TopicSettings]] = []
         for key, state in wanted.items():
             topic, number = key
             if topic not in settings_by_topic:
@@ -202,28 +203,7 @@ class ReplicaManager:
             )
             existing = self.partitions.get(key)
             if existing is None:
-                try:
-                    plog = self._logs.get_or_create(topic, number, settings.log_config)
-                except FjordError as exc:
-                    log.error("cannot open log of %s-%d: %s", topic, number, exc)
-                    continue
-                self.partitions[key] = Partition(
-                    topic,
-                    number,
-                    self.broker_id,
-                    plog,
-                    assignment,
-                    min_insync_replicas=settings.min_insync_replicas,
-                    initial_high_watermark=self._initial_high_watermarks.pop(key, None),
-                    now_ms=self._clock_ms(),
-                )
-                log.info(
-                    "hosting %s-%d (leader %d, epoch %d)",
-                    topic,
-                    number,
-                    assignment.leader,
-                    assignment.leader_epoch,
-                )
+                to_open.append((key, assignment, settings))
                 continue
             if existing.assignment != assignment:
                 epoch_changed = existing.assignment.leader_epoch != assignment.leader_epoch
@@ -234,6 +214,21 @@ class ReplicaManager:
             existing.update_config(min_insync_replicas=settings.min_insync_replicas)
             if getattr(existing.log, "config", None) != settings.log_config:
                 existing.log.config = settings.log_config  # alter-configs reach open logs
+        # Partitions this broker already hosts are up to date; new ones are opened (directory,
+        # files, producer state: disk work) in a worker thread, a chunk at a time, so that a
+        # topic with thousands of partitions never holds the event loop (lease keep-alives,
+        # produce and fetch go on between chunks).
+        chunk = defaults.OPEN_PARTITIONS_CHUNK
+        for start in range(0, len(to_open), chunk):
+            part = to_open[start : start + chunk]
+            opened = await asyncio.to_thread(self._open_partitions, part, self._clock_ms())
+            for key, partition in opened:
+                if self.closing:
+                    return
+                self.partitions[key] = partition
+        if len(to_open) > defaults.OPEN_PARTITIONS_LOGGED:
+            log.info("hosting %d new partitions (%s ... %s)", len(to_open),
+                     "-".join(map(str, to_open[0][0])), "-".join(map(str, to_open[-1][0])))
         gone = [key for key in self.partitions if key not in wanted]
         if not self._strays_removed and image.revision > 0:
             # Logs left on disk for partitions this broker no longer hosts (the topic was
@@ -258,6 +253,37 @@ class ReplicaManager:
                 if p.is_leader and len(p.assignment.isr) < len(p.assignment.replicas)
             )
         )
+
+    def _open_partitions(
+        self,
+        items: list[tuple[TopicPartition, PartitionAssignment, TopicSettings]],
+        now_ms: int,
+    ) -> list[tuple[TopicPartition, Partition]]:
+        """Open (or create) the logs of ``items`` and their :class:`Partition` state. Blocking
+        file I/O: runs in a worker thread; a log that cannot be opened is logged and left out
+        (the next metadata change tries again)."""
+        out: list[tuple[TopicPartition, Partition]] = []
+        for key, assignment, settings in items:
+            topic, number = key
+            try:
+                plog = self._logs.get_or_create(topic, number, settings.log_config)
+            except FjordError as exc:
+                log.error("cannot open log of %s-%d: %s", topic, number, exc)
+                continue
+            out.append((key, Partition(
+                topic,
+                number,
+                self.broker_id,
+                plog,
+                assignment,
+                min_insync_replicas=settings.min_insync_replicas,
+                initial_high_watermark=self._initial_high_watermarks.pop(key, None),
+                now_ms=now_ms,
+            )))
+            if len(items) <= defaults.OPEN_PARTITIONS_LOGGED:
+                log.info("hosting %s-%d (leader %d, epoch %d)", topic, number,
+                         assignment.leader, assignment.leader_epoch)
+        return out
 
     def _current_incarnation(self, replica_id: int, replica_epoch: int) -> bool:
         """Whether a follower's fetch comes from its current registration (Kafka's KIP-903):

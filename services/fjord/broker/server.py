@@ -91,6 +91,49 @@ def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> 
     os.replace(tmp, path)
 
 
+class MetadataApplier:
+    """Applies the newest metadata image to this broker's replicas, in its own task.
+
+    The watcher only hands images over (:meth:`offer`), so a slow apply (a topic of thousands
+    of partitions to open) never holds up the watch stream, and images arriving meanwhile are
+    coalesced: the next apply takes the newest. Invariant: :attr:`revision` is the revision of
+    the last image whose apply finished; it only grows.
+    """
+
+    def __init__(self, apply: Callable[[MetadataImage], Awaitable[None]]) -> None:
+        self._apply = apply
+        self._latest: MetadataImage | None = None
+        self._wake = asyncio.Event()
+        self._applied = asyncio.Condition()
+        self.revision = -1
+
+    def offer(self, _old: MetadataImage, new: MetadataImage) -> None:
+        self._latest = new
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            image = self._latest
+            assert image is not None
+            try:
+                await self._apply(image)
+            except Exception:
+                log.exception("applying metadata revision %d failed", image.revision)
+                continue
+            async with self._applied:
+                self.revision = max(self.revision, image.revision)
+                self._applied.notify_all()
+
+    async def wait_applied(self, revision: int, timeout: float) -> None:
+        """Wait until an image of at least ``revision`` has been applied (TimeoutError)."""
+        async with self._applied:
+            await asyncio.wait_for(
+                self._applied.wait_for(lambda: self.revision >= revision), timeout
+            )
+
+
 @dataclass(frozen=True)
 class BrokerOptions:
     """Everything ``fjord broker`` is started with.
@@ -168,6 +211,7 @@ class BrokerServer:
         self._keys = Keys(options.cluster_id)
         self._etcd: aetcd.Client | None = None
         self._watcher: MetadataWatcher | None = None
+        self._applier: MetadataApplier | None = None
         self._logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
         self._producer_ids = ProducerIdAllocator(options.broker_id, lambda: self._image())
@@ -208,12 +252,17 @@ class BrokerServer:
         self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
         replicas = self.replicas
 
-        async def on_change(_old: MetadataImage, new: MetadataImage) -> None:
-            await replicas.apply_metadata(new)
+        async def apply(image: MetadataImage) -> None:
+            await replicas.apply_metadata(image)
             await fetchers.update()
 
-        self._watcher.add_listener(on_change)
+        self._applier = MetadataApplier(apply)
+        self._spawn(self._applier.run(), "metadata applier")
+        self._watcher.add_listener(self._applier.offer)
         await self._watcher.start(defaults.METADATA_STARTUP_TIMEOUT_S)
+        await self._applier.wait_applied(
+            self._watcher.revision, defaults.METADATA_STARTUP_TIMEOUT_S
+        )
 
         self._server = aio.server(
             interceptors=server_interceptors("broker"),
@@ -249,7 +298,7 @@ class BrokerServer:
 
         revision = await self._register()
         self._spawn(self._keep_lease_alive(), "lease keep-alive")
-        await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+        await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
         replication = replicas.replication
         sender = AlterPartitionSender(replicas, self._image, lambda: self.broker_epoch)
         self._spawn(sender.run(), "AlterPartition sender")
@@ -398,7 +447,8 @@ class BrokerServer:
             self.replicas.fenced = True
             self._lease_id = None
             revision = await self._register()
-            await self._watcher.wait_for_revision(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+            assert self._applier is not None
+            await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
             self.replicas.fenced = False
             last_ok = time.monotonic()
 

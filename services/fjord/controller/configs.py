@@ -13,14 +13,20 @@ from fjord.broker.config import TOPIC_CONFIG_KEYS, topic_settings
 from fjord.broker.defaults import DEFAULT_MIN_INSYNC_REPLICAS
 from fjord.controller.defaults import (
     DEFAULT_REPLICATION_FACTOR,
+    MAX_BROKER_PARTITIONS,
+    MAX_RECORDS_PER_USER_OP,
     NUM_PARTITIONS,
     OTHER_TOPIC_CONFIG_DEFAULTS,
 )
 from fjord.errors import ConfigError
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 
-#: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1).
-CONTROLLER_CONFIG_KEYS = frozenset({"num.partitions", "default.replication.factor"})
+#: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
+#: limits of fjord.controller.limits).
+CONTROLLER_CONFIG_KEYS = frozenset(
+    {"num.partitions", "default.replication.factor", "max.records.per.user.op",
+     "max.broker.partitions"}
+)
 
 #: Every topic config key with its built-in default, as strings.
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
@@ -132,6 +138,16 @@ def default_replication_factor(cluster_config: Mapping[str, str]) -> int:
         "default.replication.factor",
         cluster_config.get("default.replication.factor", str(DEFAULT_REPLICATION_FACTOR)),
     )
+
+
+def max_records_per_user_op(cluster_config: Mapping[str, str]) -> int:
+    key = "max.records.per.user.op"
+    return _positive_int(key, cluster_config.get(key, str(MAX_RECORDS_PER_USER_OP)))
+
+
+def max_broker_partitions(cluster_config: Mapping[str, str]) -> int:
+    key = "max.broker.partitions"
+    return _positive_int(key, cluster_config.get(key, str(MAX_BROKER_PARTITIONS)))
 
 
 @dataclass(frozen=True)

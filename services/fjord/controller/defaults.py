@@ -17,6 +17,24 @@
 - ``MAX_TXN_OPS`` (128): etcd's default limit of operations per transaction; larger metadata
   changes are split (each part fenced on its own).
 - ``REQUEST_TIMEOUT_MS`` (30000): default for requests that carry ``timeout_ms`` = 0.
+
+Limits that keep one request from taking the cluster down (refused with POLICY_VIOLATION, the
+message naming the limit; both can be raised in ``cluster-config``, e.g.
+``fjord local up --config max.broker.partitions=8000``):
+
+- ``MAX_RECORDS_PER_USER_OP`` (10000, key ``max.records.per.user.op``): the most metadata
+  records one CreateTopics / CreatePartitions entry may write, counted as Kafka's controller
+  counts them (one per new partition, one for the topic record, one per topic config). Kafka's
+  KRaft controller refuses larger operations with the same number (``MAX_RECORDS_PER_USER_OP``):
+  every record is applied by every broker, and one huge batch is minutes of work that nothing
+  else can interleave with.
+- ``MAX_BROKER_PARTITIONS`` (1000, key ``max.broker.partitions``, Kafka's KIP-578 name): the
+  most partition replicas one broker may host; a request whose placement would put more on any
+  live broker is refused. Kafka's operators are advised to stay under 4000 per broker, but a
+  Fjord broker is one Python process whose periodic passes (follower fetches, flush, roll,
+  retention, high-watermark checkpoint) each touch every replica: measured on 3 brokers
+  sharing 2 loaded cores, 4000 replicas each starved lease keep-alives (leases lost, leaders
+  flapping) while 1000 each kept acks=all writes to other topics flowing (bench/RESULTS.md).
 """
 
 LEASE_TTL_S = 10
@@ -28,6 +46,8 @@ DEFAULT_REPLICATION_FACTOR = 1
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_TXN_OPS = 128
 REQUEST_TIMEOUT_MS = 30000
+MAX_RECORDS_PER_USER_OP = 10000
+MAX_BROKER_PARTITIONS = 1000
 
 # Preferred-leader rebalancing (Kafka's auto.leader.rebalance.enable and
 # leader.imbalance.check.interval.seconds): every interval the active controller moves

@@ -25,6 +25,7 @@ from fjord.controller.election import (
     needs_preferred_election,
     on_liveness_change,
 )
+from fjord.controller.limits import check_broker_partitions, check_records_per_op, topic_records
 from fjord.controller.placement import assign_replicas, validate_manual_assignment
 from fjord.controller.reassignment import (
     can_complete,
@@ -85,7 +86,8 @@ def plan_create_topic(
 ) -> TopicPlan:
     """Validate a new topic and place its replicas. Raises InvalidTopicError,
     TopicAlreadyExistsError, InvalidPartitionsError, InvalidReplicationFactorError,
-    InvalidReplicaAssignmentError or ConfigError (naming the key)."""
+    InvalidReplicaAssignmentError, ConfigError (naming the key) or PolicyViolationError (a
+    limit of fjord.controller.limits)."""
     validate_topic_name(spec.name)
     if image.topic(spec.name) is not None:
         raise TopicAlreadyExistsError(f"topic {spec.name!r} already exists")
@@ -119,12 +121,17 @@ def plan_create_topic(
     _check_replication_factor(rf, len(racks))
     configs = validate_topic_config(spec.configs, cluster)
     check_min_insync_replicas(spec.name, rf, configs, cluster)
+    what = f"creating topic {spec.name!r} with {num_partitions} partitions"
+    check_records_per_op(
+        cluster, what, topic_records(num_partitions, len(configs)), num_partitions
+    )
     if spec.assignments:
         assignment = validate_manual_assignment(
             spec.assignments, range(num_partitions), racks, rf
         )
     else:
         assignment = assign_replicas(racks, num_partitions, rf, rng=rng)
+    check_broker_partitions(image, f"{what} (replication factor {rf})", assignment.values())
     record = TopicRecord(topic_id, num_partitions, rf, configs)
     states = {p: initial_state(replicas) for p, replicas in assignment.items()}
     return TopicPlan(spec.name, record, states)
@@ -150,6 +157,8 @@ def plan_create_partitions(
         raise InvalidPartitionsError(f"topic {name!r} already has {current} partitions")
     racks = live_racks(image)
     new = range(current, count)
+    what = f"adding {len(new)} partitions to topic {name!r}"
+    check_records_per_op(image.cluster_config, what, topic_records(len(new), 0), len(new))
     if assignments:
         assignment = validate_manual_assignment(
             assignments, new, racks, record.replication_factor
@@ -168,6 +177,7 @@ def plan_create_partitions(
             start_index=start,
             rng=rng,
         )
+    check_broker_partitions(image, what, assignment.values())
     states = {p: initial_state(replicas) for p, replicas in assignment.items()}
     return TopicPlan(name, replace(record, partitions=count), states)
 
