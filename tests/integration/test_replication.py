@@ -20,9 +20,11 @@ from pathlib import Path
 
 import grpc
 import pytest
+from click.testing import CliRunner
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
+from fjord.cli.main import cli
 from fjord.client import AdminClient, NewTopic
 from fjord.errors import ErrorCode
 from fjord.local.cluster import LocalCluster
@@ -269,6 +271,33 @@ def test_not_enough_replicas_when_two_followers_are_down(
         cluster.start_broker(b)
     wait_isr(cluster, topic, BROKERS)
     wait_replicated(cluster, topic, list(BROKERS), 2)
+
+
+def test_cli_producer_giving_up_names_not_enough_replicas(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    """Issues 12 and 13: min.insync.replicas=3 on RF 3 with a broker stopped. ``fjord produce``
+    with a short delivery.timeout.ms retries, gives up and says why (NOT_ENOUGH_REPLICAS as
+    its last error), not a bare timeout."""
+    topic = new_topic(admin, **{"min.insync.replicas": "3"})
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    follower = next(b for b in BROKERS if b != leader)
+    cluster.kill("broker", follower, signal.SIGTERM)
+    wait_isr(cluster, topic, tuple(b for b in BROKERS if b != follower))
+    started = time.monotonic()
+    result = CliRunner().invoke(
+        cli,
+        ["produce", "--bootstrap-server", cluster.bootstrap_servers, "--topic", topic,
+         "--producer-property", "delivery.timeout.ms=3000",
+         "--producer-property", "request.timeout.ms=2000"],
+        input="refused\n",
+    )  # fmt: skip
+    assert result.exit_code == 1, result.output
+    assert time.monotonic() - started < WAIT_S
+    assert "expired after delivery.timeout.ms=3000" in result.output, result.output
+    assert "last error: NOT_ENOUGH_REPLICAS" in result.output, result.output
+    assert "Traceback" not in result.output
 
 
 def test_leader_failover_keeps_acknowledged_records_and_truncates_the_old_leader(

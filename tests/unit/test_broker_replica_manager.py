@@ -4,6 +4,7 @@ produce (acks 0/1/all), long-poll fetch, list offsets, errors, and metadata chan
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -83,6 +84,32 @@ def test_produce_errors(env: Env) -> None:
             "illegal name": ErrorCode.INVALID_TOPIC_EXCEPTION.code,
             "too long": ErrorCode.INVALID_TOPIC_EXCEPTION.code,
         }
+
+    run(scenario())
+
+
+def test_disk_full_is_answered_kafka_storage_error_naming_the_cause(env: Env) -> None:
+    """A write the kernel refuses with ENOSPC (the segment's descriptor pointed at /dev/full)
+    is answered KAFKA_STORAGE_ERROR naming "No space left on device": retriable, so the
+    producer retries and, if it gives up, names this as its last error."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        assert one_produce(await manager.produce(produce_request("t", 0, batch(2)))).error.code == 0
+        plog = manager.partitions[("t", 0)].log
+        fd = plog.active_segment.fd
+        full = os.open("/dev/full", os.O_WRONLY)
+        try:
+            os.dup2(full, fd)  # the log's own descriptor now refuses every write: ENOSPC
+            refused = one_produce(await manager.produce(produce_request("t", 0, batch(1))))
+        finally:
+            os.close(full)
+        # /dev/full cannot be cut back to the old size, so the log also took itself offline
+        # (and closed fd); a real full disk cuts back and stays online.
+        assert plog.closed
+        assert refused.error.code == ErrorCode.KAFKA_STORAGE_ERROR.code
+        assert "No space left on device" in refused.error.message, refused.error.message
 
     run(scenario())
 

@@ -287,6 +287,50 @@ def test_expire_removes_old_queued_batches() -> None:
     assert [b.tp for b in acc.expire(now_ms=120)] == [TP0]
 
 
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (ErrorCode.NOT_ENOUGH_REPLICAS, "ISR [0, 1] is fewer than min.insync.replicas=3"),
+        (ErrorCode.KAFKA_STORAGE_ERROR, "write failed: [Errno 28] No space left on device"),
+    ],
+)
+def test_a_batch_that_expires_after_retries_keeps_its_last_error(
+    code: ErrorCode, message: str
+) -> None:
+    """Issue 12/13: a batch retried until delivery.timeout.ms says why it was not written,
+    whether it expires while waiting in the queue (the sender's expire) or at an answer."""
+    acc = make_accumulator(delivery_timeout_ms=100)
+    in_queue, _ = acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    at_answer, _ = acc.append(TP1, 1, None, b"x", (), now_ms=0)
+    batches = acc.drain([TP0, TP1], 10**6, now_ms=10**9)
+    answer = {tp: PartitionResult(code, message) for tp in (TP0, TP1)}
+    assert _handle(acc, batches, answer, now=10).retried == 2
+    retried = acc.drain([TP0, TP1], 10**6, now_ms=10**9)
+    assert _handle(acc, retried[:1], answer, now=50).retried == 1  # TP0 waits in the queue
+    assert _handle(acc, retried[1:], answer, now=150).failed == 1  # TP1 expires at its answer
+    (queued,) = acc.expire(now_ms=150)
+    assert queued is retried[0]
+    expired_in_queue = acc.expiry_error(queued, KafkaTimeoutError)
+    assert in_queue is not None and at_answer is not None
+    at_answer_error = at_answer.exception(0)
+    for error in (expired_in_queue, at_answer_error):
+        assert isinstance(error, KafkaTimeoutError)
+        assert f"last error: {code.name}: {message}" in str(error), str(error)
+        assert "delivery.timeout.ms=100 and 2 attempt(s)" in str(error)
+        assert isinstance(error.__cause__, FjordError) and error.__cause__.code is code
+
+
+def test_a_batch_never_sent_expires_saying_so() -> None:
+    acc = make_accumulator(delivery_timeout_ms=100)
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    (batch,) = acc.expire(now_ms=100)
+    error = acc.expiry_error(batch, KafkaTimeoutError)
+    assert str(error) == (
+        "1 record(s) for t-0 expired after delivery.timeout.ms=100 before they could be sent"
+    )
+    assert error.__cause__ is None
+
+
 def test_closed_accumulator_refuses_appends() -> None:
     acc = make_accumulator()
     acc.close()

@@ -58,7 +58,9 @@ class ProducerBatch:
     """Records for one partition, built into one RecordBatch when drained.
 
     Invariants: records are appended only while ``payload`` is None (open); once drained the
-    payload is fixed, so a retry resends exactly the same bytes; ``attempts`` counts sends.
+    payload is fixed, so a retry resends exactly the same bytes; ``attempts`` counts sends;
+    ``last_error`` is the error of the latest failed send (None until one failed), kept so that
+    a batch that expires later says why it could not be written.
     """
 
     __slots__ = (
@@ -67,6 +69,7 @@ class ProducerBatch:
         "builder",
         "completion",
         "created_ms",
+        "last_error",
         "payload",
         "reserved_bytes",
         "retry_after_ms",
@@ -80,6 +83,7 @@ class ProducerBatch:
         self.created_ms = now_ms
         self.payload: bytes | None = None
         self.attempts = 0
+        self.last_error: FjordError | None = None
         self.retry_after_ms = 0
         self.reserved_bytes = reserved
         self.base_sequence = -1  # idempotence: assigned when first drained, -1 before
@@ -450,6 +454,25 @@ class RecordAccumulator:
     def expired(self, batch: ProducerBatch, now_ms: int) -> bool:
         return now_ms - batch.created_ms >= self._delivery_timeout_ms
 
+    def expiry_error(
+        self, batch: ProducerBatch, make_timeout_error: Callable[[str], FjordError]
+    ) -> FjordError:
+        """The error a batch past ``delivery.timeout.ms`` fails with: a timeout that names the
+        partition, the deadline and, for a batch that was sent, the attempts and the last error
+        it got (also its ``__cause__``): NOT_ENOUGH_REPLICAS or KAFKA_STORAGE_ERROR stays
+        visible instead of a bare timeout."""
+        where = f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}"
+        deadline = f"delivery.timeout.ms={self._delivery_timeout_ms}"
+        last = batch.last_error
+        if last is None:
+            return make_timeout_error(f"{where} expired after {deadline} before they could be sent")
+        error = make_timeout_error(
+            f"{where} expired after {deadline} and {batch.attempts} attempt(s); "
+            f"last error: {describe_error(last)}"
+        )
+        error.__cause__ = last
+        return error
+
     def expire(self, now_ms: int) -> list[ProducerBatch]:
         """Remove and return the queued batches older than ``delivery.timeout.ms``."""
         out: list[ProducerBatch] = []
@@ -466,6 +489,13 @@ class RecordAccumulator:
             for q in self._queues.values():
                 q.clear()
         return out
+
+
+def describe_error(error: FjordError) -> str:
+    """``CODE: message`` (just the code when the message is nothing more)."""
+    text = str(error)
+    name = error.code.name
+    return text if text == name or text.startswith(f"{name}:") else f"{name}: {text}"
 
 
 def _record_size_estimate(key: bytes | None, value: bytes | None, headers: Headers) -> int:
@@ -549,21 +579,18 @@ def handle_produce_results(
         if idempotence is not None and batch.base_sequence >= 0 and _sequence_retry(
             idempotence, batch, error.code
         ):
+            if batch.last_error is None:  # a sequence error echoes an earlier one: keep that
+                batch.last_error = error
             if not accumulator.expired(batch, now_ms):
                 to_retry.append(batch)
                 outcome.retried += 1
                 continue
-            error = make_timeout_error(
-                f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} "
-                f"expired after delivery.timeout.ms; last error: {error}"
-            )
+            error = accumulator.expiry_error(batch, make_timeout_error)
         elif error.retriable:
             outcome.refresh_metadata = True
+            batch.last_error = error
             if accumulator.expired(batch, now_ms):
-                error = make_timeout_error(
-                    f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition} "
-                    f"expired after delivery.timeout.ms; last error: {error}"
-                )
+                error = accumulator.expiry_error(batch, make_timeout_error)
             elif batch.attempts <= retries:
                 to_retry.append(batch)
                 outcome.retried += 1

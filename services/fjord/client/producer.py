@@ -151,12 +151,7 @@ class _Sender:
                 if acc.idempotence is not None:
                     acc.idempotence.done(batch, failed=True)
                 acc.deallocate(batch)
-                batch.completion.fail(
-                    KafkaTimeoutError(
-                        f"{batch.record_count} record(s) for {batch.tp.topic}-{batch.tp.partition}"
-                        " expired after delivery.timeout.ms before they could be sent"
-                    )
-                )
+                batch.completion.fail(acc.expiry_error(batch, KafkaTimeoutError))
             ready, delay_ms = acc.ready(now)
             idem = acc.idempotence
             if idem is not None and idem.bump_needed and not ready and self._idempotence_ready():
