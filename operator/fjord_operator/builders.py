@@ -15,15 +15,15 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fjord.broker.config import validate_broker_config
+from fjord.controller.configs import split_cluster_config
 from fjord.errors import ConfigError
+from fjord.metadata import parse_etcd_endpoint
 from fjord_operator import settings as s
 
 Obj = dict[str, Any]
 
 #: Kubernetes quantity (the subset a volume size uses), e.g. "10Gi", "500M", "1.5Ti".
 QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-ETCD_ENDPOINT = re.compile(r"^https?://[^\s/:]+:[0-9]{1,5}/?$")
 
 
 # -- names and addresses ------------------------------------------------------------------------
@@ -84,10 +84,12 @@ def broker_metrics_addresses(body: Mapping[str, Any], broker_hosts: Sequence[str
 
 
 def etcd_url(body: Mapping[str, Any]) -> str:
-    """The etcd endpoint services use: the managed etcd's Service, or the first endpoint."""
+    """The etcd endpoint services use: the managed etcd's Service, or the first endpoint as
+    ``http://HOST:PORT`` (etcd clients read a bare ``HOST:PORT`` as http)."""
     etcd = body.get("spec", {}).get("etcd") or {}
     if etcd.get("endpoints"):
-        return str(etcd["endpoints"][0]).rstrip("/")
+        host, port = parse_etcd_endpoint(str(etcd["endpoints"][0]))
+        return f"http://{host}:{port}"
     meta = body["metadata"]
     return (
         f"http://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
@@ -112,8 +114,10 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
     if has_endpoints == has_managed:
         problems.append("spec.etcd needs exactly one of endpoints or managed")
     for endpoint in etcd.get("endpoints") or ():
-        if not ETCD_ENDPOINT.match(str(endpoint)):
-            problems.append(f"spec.etcd.endpoints: {endpoint!r} is not http(s)://HOST:PORT")
+        try:
+            parse_etcd_endpoint(str(endpoint))
+        except ConfigError as exc:
+            problems.append(f"spec.etcd.endpoints: {exc}")
     if has_managed and (etcd.get("managed") or {}).get("replicas", 1) not in (1, 3):
         problems.append("spec.etcd.managed.replicas must be 1 or 3")
     for where, storage in (
@@ -125,11 +129,11 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
             problems.append(f"{where}: {size!r} is not a Kubernetes quantity such as 10Gi")
     config = {str(k): str(v) for k, v in (brokers.get("config") or {}).items()}
     try:
-        validate_broker_config(config)
+        split_cluster_config(config)
     except ConfigError as exc:
         problems.append(f"spec.brokers.config: {exc}")
     if replicas is not None:
-        for key in ("min.insync.replicas",):
+        for key in ("min.insync.replicas", "default.replication.factor"):
             value = config.get(key)
             if value is not None and value.isdigit() and int(value) > replicas:
                 problems.append(
@@ -143,6 +147,18 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
 
 
 # -- common pieces -------------------------------------------------------------------------------
+
+
+def config_parts(spec: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
+    """``spec.brokers.config`` (the cluster's server.properties) split into (controllers'
+    ``--config``, brokers' ``--config``); see fjord.controller.configs.split_cluster_config.
+    Raises ConfigError naming a bad key (cluster_spec_problems reports it first)."""
+    config = (spec.get("brokers") or {}).get("config") or {}
+    return split_cluster_config({str(k): str(v) for k, v in config.items()})
+
+
+def _config_args(config: Mapping[str, str]) -> list[str]:
+    return [arg for key in sorted(config) for arg in ("--config", f"{key}={config[key]}")]
 
 
 def labels(cluster: str, component: str) -> dict[str, str]:
@@ -268,9 +284,7 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
     name, namespace = meta["name"], meta.get("namespace", "default")
     brokers = spec.get("brokers") or {}
     storage = brokers.get("storage") or {}
-    config_args: list[str] = []
-    for key, value in sorted((brokers.get("config") or {}).items()):
-        config_args += ["--config", f"{key}={value}"]
+    config_args = _config_args(config_parts(spec)[1])
     script = (
         'exec fjord broker --id "${HOSTNAME##*-}" '
         f"--listen 0.0.0.0:{s.BROKER_PORT} "
@@ -347,7 +361,9 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
         '--advertised-host "$POD_IP" ' + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
     )
     env = _env_from_fields(POD_UID="metadata.uid", POD_IP="status.podIP")
-    container = _container(spec, component, script, [], port, part.get("resources"), env, name)
+    # Controllers read the cluster's topic defaults and num.partitions/default.replication.factor.
+    args = _config_args(config_parts(spec)[0]) if component == "controller" else []
+    container = _container(spec, component, script, args, port, part.get("resources"), env, name)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -5,6 +5,7 @@ charts/fjord/samples passes, every sample in samples/invalid fails with exactly 
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +129,35 @@ def test_there_are_valid_and_invalid_samples_of_both_kinds() -> None:
 @pytest.mark.parametrize("path", VALID_SAMPLES, ids=lambda p: p.name)
 def test_valid_sample_passes(path: Path) -> None:
     assert validate_custom_resource(load_yaml(path)) == []
+
+
+@pytest.mark.parametrize("path", VALID_SAMPLES, ids=lambda p: p.name)
+def test_valid_sample_passes_the_operators_own_validation(path: Path) -> None:
+    """What the CRD accepts the operator reconciles: a cluster sample is planned without
+    problems into the objects that run it, a topic sample is created as it says."""
+    from fjord_operator.decisions import autoscaling_policy, decide_topic, topic_spec_problems
+    from fjord_operator.handlers import plan_cluster
+
+    resource = load_yaml(path)
+    resource["metadata"].setdefault("uid", "sample-uid")  # the API server's, on create
+    spec = resource["spec"]
+    if resource["kind"] == "FjordCluster":
+        plan = plan_cluster(resource, None, None, None, {}, frozenset(), datetime.now(UTC))
+        error = next(c for c in plan.status["conditions"] if c["type"] == "Error")
+        assert error["status"] == "False", error["message"]
+        kinds = {obj["kind"] for obj in plan.objects}
+        assert {"ConfigMap", "StatefulSet", "Deployment", "Service"} <= kinds
+        (sts,) = [o for o in plan.objects if o["metadata"]["name"].endswith("-broker")
+                  and o["kind"] == "StatefulSet"]
+        assert sts["spec"]["replicas"] == spec["brokers"]["replicas"]
+    else:
+        assert topic_spec_problems(spec) == []
+        decision = decide_topic(
+            spec["partitions"], spec["replicationFactor"], spec.get("config") or {}, None,
+            autoscaling_policy(spec),
+        )
+        assert decision.create and decision.partitions == spec["partitions"]
+        assert decision.error is None
 
 
 @pytest.mark.parametrize("path", INVALID_SAMPLES, ids=lambda p: p.name)

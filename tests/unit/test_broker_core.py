@@ -459,3 +459,22 @@ def test_config_errors_name_the_key() -> None:
     with pytest.raises(ConfigError, match=r"segment\.bytes"):
         validate_broker_config({"segment.bytes": "abc"})
     assert validate_broker_config({"retention.ms": "1000"}) == {"retention.ms": "1000"}
+    # Read where topics are created: the broker names where they belong.
+    with pytest.raises(ConfigError, match=r"num\.partitions: a controller config"):
+        validate_broker_config({"num.partitions": "3"})
+
+
+def test_a_cluster_config_splits_by_who_reads_it() -> None:
+    from fjord.controller.configs import split_cluster_config
+
+    controllers, brokers = split_cluster_config(
+        {"num.partitions": "12", "default.replication.factor": "3", "retention.ms": "1000",
+         "replica.fetch.max.bytes": "2097152"}
+    )
+    assert controllers == {"num.partitions": "12", "default.replication.factor": "3",
+                           "retention.ms": "1000"}
+    assert brokers == {"retention.ms": "1000", "replica.fetch.max.bytes": "2097152"}
+    with pytest.raises(ConfigError, match=r"num\.partitions: 0 is below the minimum 1"):
+        split_cluster_config({"num.partitions": "0"})
+    with pytest.raises(ConfigError, match="bogus: unknown cluster config"):
+        split_cluster_config({"bogus": "1"})

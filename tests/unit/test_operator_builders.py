@@ -234,7 +234,9 @@ def test_managed_etcd_three_members() -> None:
             {"etcd": {"endpoints": ["http://a:1"], "managed": {"replicas": 1}}},
             "exactly one of endpoints or managed",
         ),
-        ({"etcd": {"endpoints": ["etcd:2379"]}}, "is not http(s)://HOST:PORT"),
+        ({"etcd": {"endpoints": ["https://etcd:2379"]}}, "expected an endpoint like http://"),
+        ({"etcd": {"endpoints": ["etcd:two"]}}, "invalid port"),
+        ({"etcd": {"endpoints": ["http://etcd:2379/v3"]}}, "must not have a path"),
         ({"etcd": {"managed": {"replicas": 2}}}, "must be 1 or 3"),
         ({"brokers": {"replicas": 0}}, "spec.brokers.replicas must be an integer >= 1"),
         ({"brokers": {"replicas": 3, "storage": {"size": "lots"}}}, "not a Kubernetes quantity"),
@@ -244,6 +246,11 @@ def test_managed_etcd_three_members() -> None:
             {"brokers": {"replicas": 2, "config": {"min.insync.replicas": "3"}}},
             "min.insync.replicas=3 exceeds the 2 brokers",
         ),
+        (
+            {"brokers": {"replicas": 2, "config": {"default.replication.factor": "3"}}},
+            "default.replication.factor=3 exceeds the 2 brokers",
+        ),
+        ({"brokers": {"replicas": 3, "config": {"num.partitions": "0"}}}, "num.partitions"),
         ({"coordinators": {"replicas": 0}}, "spec.coordinators.replicas"),
     ],
 )
@@ -255,6 +262,49 @@ def test_spec_problems_are_named(spec: dict[str, Any], fragment: str) -> None:
 def test_a_good_spec_has_no_problems() -> None:
     assert builders.cluster_spec_problems(cluster()["spec"]) == []
     assert builders.cluster_spec_problems(cluster(etcd={"managed": {"replicas": 1}})["spec"]) == []
+
+
+def test_etcd_endpoints_are_read_as_etcd_clients_read_them() -> None:
+    """A bare HOST:PORT means http (etcdctl's --endpoints, Fjord's --etcd); services get the
+    first endpoint with its scheme."""
+    body = cluster(etcd={"endpoints": ["etcd-0.etcd.infra.svc:2379", "http://etcd-1:2379"]})
+    assert builders.cluster_spec_problems(body["spec"]) == []
+    assert builders.etcd_url(body) == "http://etcd-0.etcd.infra.svc:2379"
+    assert builders.config_map(body)["data"]["FJORD_ETCD"] == "http://etcd-0.etcd.infra.svc:2379"
+    body = cluster(etcd={"endpoints": ["http://etcd-1:2379/"]})
+    assert builders.etcd_url(body) == "http://etcd-1:2379"
+
+
+def test_cluster_config_goes_to_the_processes_that_read_it(tmp_path: Path) -> None:
+    """spec.brokers.config is the cluster's server.properties: topic defaults reach brokers and
+    controllers, num.partitions/default.replication.factor only controllers (they create
+    topics), replica.* only brokers."""
+    config = {
+        "num.partitions": "12",
+        "default.replication.factor": "3",
+        "min.insync.replicas": "2",
+        "replica.lag.time.max.ms": "20000",
+    }
+    body = cluster(brokers={"replicas": 3, "config": config})
+    assert builders.cluster_spec_problems(body["spec"]) == []
+    objects = by_kind_name(builders.cluster_objects(body, 3))
+
+    def config_flags(kind: str, name: str, **env: str) -> list[str]:
+        (container,) = objects[(kind, name)]["spec"]["template"]["spec"]["containers"]
+        argv = run_container_command(container["command"], tmp_path, **env)
+        return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--config"]
+
+    pod = {"POD_UID": "0a1b2c3d-4e5f", "POD_IP": "10.0.0.7"}
+    assert config_flags("StatefulSet", "fjord-broker", HOSTNAME="fjord-broker-0") == [
+        "min.insync.replicas=2",
+        "replica.lag.time.max.ms=20000",
+    ]
+    assert config_flags("Deployment", "fjord-controller", **pod) == [
+        "default.replication.factor=3",
+        "min.insync.replicas=2",
+        "num.partitions=12",
+    ]
+    assert config_flags("Deployment", "fjord-coordinator", **pod) == []
 
 
 def test_broker_metrics_addresses() -> None:

@@ -24,6 +24,13 @@ BROKER_ONLY_KEYS = frozenset(
     {"auto.create.topics.enable", "log.retention.check.interval.ms", *REPLICATION_CONFIG_DEFAULTS}
 )
 
+#: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
+#: limits of fjord.controller.limits); a broker refuses them naming where they belong.
+CONTROLLER_ONLY_KEYS = frozenset(
+    {"num.partitions", "default.replication.factor", "max.records.per.user.op",
+     "max.broker.partitions"}
+)
+
 
 def retention_check_interval_s(config: Mapping[str, str]) -> float:
     """``log.retention.check.interval.ms`` in seconds (a positive integer; ConfigError naming
@@ -57,6 +64,12 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
     """Check ``fjord broker --config`` entries; unknown keys raise ConfigError naming them."""
     out = dict(config)
     for key in out:
+        if key in CONTROLLER_ONLY_KEYS:
+            # Kafka reads these in whichever process creates topics: in Fjord, the controller.
+            raise ConfigError(
+                f"{key}: a controller config, read where topics are created (give it to "
+                "`fjord controller --config` or the cluster's config), not to a broker"
+            )
         if key not in TOPIC_CONFIG_KEYS and key not in BROKER_ONLY_KEYS:
             raise ConfigError(f"{key}: unknown broker config")
     auto = out.get("auto.create.topics.enable", "false").strip().lower()

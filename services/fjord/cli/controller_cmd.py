@@ -7,6 +7,8 @@ import logging
 
 import click
 
+from fjord.cli.client_common import parse_pairs
+from fjord.controller.configs import validate_cluster_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
     LEADER_IMBALANCE_CHECK_INTERVAL_S,
@@ -46,6 +48,14 @@ from fjord.metadata import parse_etcd_endpoint
     show_default=True,
     help="Seconds between preferred-leader checks (leader.imbalance.check.interval.seconds).",
 )
+@click.option(
+    "--config",
+    "config_items",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Cluster default, Kafka's names (num.partitions=12, default.replication.factor=3, "
+    "min.insync.replicas=2, retention.ms=...); etcd's cluster-config overrides it key by key.",
+)
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def controller(
     controller_id: int,
@@ -57,9 +67,13 @@ def controller(
     advertised_host: str | None,
     auto_leader_rebalance: bool,
     leader_imbalance_check_interval: float,
+    config_items: tuple[str, ...],
     log_level: str,
 ) -> None:
-    """Run a controller: one active (leader lease in etcd), the others standby."""
+    """Run a controller: one active (leader lease in etcd), the others standby.
+
+    Topics created without a partition count or replication factor get ``num.partitions`` /
+    ``default.replication.factor``: etcd's cluster-config, else this ``--config``, else 1."""
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -75,12 +89,17 @@ def controller(
     if not cluster_id or "/" in cluster_id:
         raise click.BadParameter("must be non-empty without '/'", param_hint="--cluster-id")
     try:
+        static_config = validate_cluster_config(parse_pairs(config_items, "--config"))
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from exc
+    try:
         asyncio.run(
             run_controller(
                 controller_id, listen, etcd_url, cluster_id, lease_ttl, advertised_host,
                 metrics_port,
                 auto_leader_rebalance=auto_leader_rebalance,
                 leader_imbalance_check_interval_s=leader_imbalance_check_interval,
+                static_config=static_config,
             )
         )
     except OSError as exc:

@@ -9,7 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.broker.config import TOPIC_CONFIG_KEYS, topic_settings
+from fjord.broker.config import (
+    BROKER_ONLY_KEYS,
+    CONTROLLER_ONLY_KEYS,
+    TOPIC_CONFIG_KEYS,
+    topic_settings,
+    validate_broker_config,
+)
 from fjord.broker.defaults import DEFAULT_MIN_INSYNC_REPLICAS
 from fjord.controller.defaults import (
     DEFAULT_REPLICATION_FACTOR,
@@ -23,10 +29,7 @@ from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 
 #: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
 #: limits of fjord.controller.limits).
-CONTROLLER_CONFIG_KEYS = frozenset(
-    {"num.partitions", "default.replication.factor", "max.records.per.user.op",
-     "max.broker.partitions"}
-)
+CONTROLLER_CONFIG_KEYS = CONTROLLER_ONLY_KEYS
 
 #: Every topic config key with its built-in default, as strings.
 TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
@@ -116,6 +119,24 @@ def validate_cluster_config(config: Mapping[str, str]) -> dict[str, str]:
         out[key] = value
     validate_topic_config(topic_part, {})
     return out
+
+
+def split_cluster_config(config: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """A whole cluster's config (Kafka's server.properties keys: ``fjord local up --config``, a
+    FjordCluster's ``spec.brokers.config``), validated and split by who reads it; returns
+    (controller entries, broker entries).
+
+    Topic defaults go to both (a broker applies them to the topics it hosts, the controller
+    checks new topics against them); the controller's own keys (num.partitions,
+    default.replication.factor, the limits) only to controllers; broker-only keys
+    (replica.*, log.retention.check.interval.ms, ...) only to brokers. Unknown keys or invalid
+    values raise ConfigError naming the key.
+    """
+    broker_only = {k: v for k, v in config.items() if k in BROKER_ONLY_KEYS}
+    controller = validate_cluster_config({k: v for k, v in config.items() if k not in broker_only})
+    brokers = {k: v for k, v in config.items() if k in TOPIC_CONFIG_KEYS or k in broker_only}
+    validate_broker_config(brokers)
+    return controller, brokers
 
 
 def _positive_int(key: str, value: str) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 import grpc
@@ -321,8 +321,10 @@ async def run_controller(
     *,
     auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
     leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
+    static_config: Mapping[str, str] | None = None,
 ) -> None:
-    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit."""
+    """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit.
+    ``static_config``: cluster defaults under etcd's cluster-config (``--config``)."""
     from fjord.observability import server_interceptors, start_metrics_server
 
     host = listen.rpartition(":")[0].strip("[]")
@@ -344,6 +346,7 @@ async def run_controller(
         client, cluster_id, controller_id, public_host, port, lease_ttl_s,
         auto_leader_rebalance=auto_leader_rebalance,
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
+        static_config=static_config,
     )
     controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(service), server)
     stop = stop or asyncio.Event()

@@ -160,6 +160,7 @@ class ControllerService:
         rng: random.Random | None = None,
         auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
         leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
+        static_config: Mapping[str, str] | None = None,
     ) -> None:
         self.client = client
         self.cluster_id = cluster_id
@@ -180,12 +181,22 @@ class ControllerService:
         self._lease_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self._unsubscribe = self.watcher.add_listener(self._on_image)
+        # `fjord controller --config`: cluster defaults under etcd's cluster-config.
+        self._static_config = dict(static_config or {})
+        self._layered: tuple[MetadataImage, MetadataImage] | None = None  # (watched, layered)
 
     # -- public state ------------------------------------------------------------------------
 
     @property
     def image(self) -> MetadataImage:
-        return self.watcher.image
+        """The watched image, with this process's ``static_config`` under its cluster-config
+        (every decision reads cluster defaults from here)."""
+        watched = self.watcher.image
+        if not self._static_config:
+            return watched
+        if self._layered is None or self._layered[0] is not watched:
+            self._layered = (watched, watched.with_cluster_defaults(self._static_config))
+        return self._layered[1]
 
     @property
     def epoch(self) -> int | None:

@@ -84,23 +84,6 @@ class ProcessInfo:
     argv: tuple[str, ...] = ()
 
 
-def split_config(config: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
-    """Validate ``--config`` entries; returns (cluster-config entries, broker --config entries).
-
-    Topic defaults go to both (brokers read them before the controller writes cluster-config);
-    controller keys (num.partitions, ...) only to cluster-config; broker-only keys only to
-    brokers. Unknown keys or invalid values raise ConfigError naming the key.
-    """
-    from fjord.broker.config import BROKER_ONLY_KEYS, TOPIC_CONFIG_KEYS, validate_broker_config
-    from fjord.controller.configs import validate_cluster_config
-
-    broker_only = {k: v for k, v in config.items() if k in BROKER_ONLY_KEYS}
-    cluster = validate_cluster_config({k: v for k, v in config.items() if k not in broker_only})
-    for_brokers = {k: v for k, v in config.items() if k in TOPIC_CONFIG_KEYS or k in broker_only}
-    validate_broker_config(for_brokers)
-    return cluster, for_brokers
-
-
 def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -182,7 +165,10 @@ class LocalCluster:
 
             parse_coordinator_config(self.coordinator_config)  # ConfigError names a bad key
         self.cluster_id = cluster_id
-        self.cluster_config, self.broker_config = split_config(dict(config or {}))
+        from fjord.controller.configs import split_cluster_config
+
+        # cluster-config gets the controller's part, each broker's --config its own part.
+        self.cluster_config, self.broker_config = split_cluster_config(dict(config or {}))
         self.broker_config.setdefault("replica.lag.time.max.ms", str(LOCAL_REPLICA_LAG_TIME_MAX_MS))
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s

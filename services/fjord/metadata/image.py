@@ -142,6 +142,16 @@ class MetadataImage:
     def cluster_id(self) -> str:
         return self.keys.cluster_id
 
+    def with_cluster_defaults(self, defaults: Mapping[str, str]) -> MetadataImage:
+        """This image with ``defaults`` layered under its ``cluster-config`` (a process's static
+        config, as Kafka's server.properties under its dynamic cluster defaults: etcd's entry
+        wins key by key). The same image when ``defaults`` is empty."""
+        if not defaults:
+            return self
+        other = self._copy()
+        other._cluster_config = {**defaults, **self._cluster_config}
+        return other
+
     def _copy(self) -> MetadataImage:
         other = MetadataImage(self.cluster_id, self.revision)
         other._controller = self._controller
