@@ -5,6 +5,8 @@ elsewhere): quiet broken pipes, truthful messages."""
 from __future__ import annotations
 
 import json
+import os
+import pty
 import signal
 import subprocess
 import sys
@@ -148,6 +150,32 @@ def test_produce_confirms_partition_and_offset(bootstrap: str) -> None:
     assert out.splitlines() == [f"Produced to partition 1 at offset {i}." for i in range(3)]
     quiet = ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, input="d\n"))
     assert quiet == ""
+
+
+def test_produce_on_a_terminal_prompts_for_each_line(bootstrap: str) -> None:
+    """On a terminal (stdin a pty) each line is sent at once and the next '>' prompt (stderr,
+    as Kafka's console producer) comes after its acknowledgement; Ctrl-D ends with status 0."""
+    topic = new_topic(bootstrap)
+    controller, terminal = pty.openpty()
+    producer = subprocess.Popen(
+        [*FJORD, "produce", "--bootstrap-server", bootstrap, "--topic", topic, "--print-offsets"],
+        stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    os.close(terminal)
+    try:
+        assert producer.stdout is not None and producer.stderr is not None
+        os.write(controller, b"first\n")
+        assert producer.stdout.readline() == b"Produced to partition 0 at offset 0.\n"
+        os.write(controller, b"second\n")
+        assert producer.stdout.readline() == b"Produced to partition 0 at offset 1.\n"
+        os.write(controller, b"\x04")  # Ctrl-D at the start of a line: end of input
+        assert producer.wait(WAIT_S) == 0
+        stderr = producer.stderr.read().decode()
+    finally:
+        if producer.poll() is None:
+            producer.kill()
+        os.close(controller)
+    assert stderr == f"Type records for {topic!r}, one per line; Ctrl-D to finish.\n>>>\n"
 
 
 def one_line_error(result: Result, *needles: str) -> str:

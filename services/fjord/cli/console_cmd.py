@@ -11,6 +11,7 @@ import base64
 import json
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -88,7 +89,9 @@ def produce(
     print_offsets: bool,
 ) -> None:
     """Send each line of stdin as one record. On a terminal each line is sent as you type it
-    (Ctrl-D ends); --print-offsets confirms every record with its partition and offset."""
+    and the next '>' prompt (on stderr, as Kafka's console producer shows it) appears once the
+    cluster acknowledged it (Ctrl-D ends); --print-offsets confirms every record with its
+    partition and offset."""
     props = parse_pairs(properties, "--property")
     _check_properties(props, _PRODUCER_PROPERTIES)
     parse_key = _true(props, "parse.key")
@@ -119,7 +122,7 @@ def produce(
         futures.clear()
 
     try:
-        for number, line in enumerate(sys.stdin, start=1):
+        for number, line in enumerate(_prompted_lines() if interactive else sys.stdin, start=1):
             line = line.rstrip("\n").rstrip("\r")
             key: str | None = None
             value = line
@@ -139,6 +142,19 @@ def produce(
         settle()
     finally:
         producer.close()
+
+
+def _prompted_lines() -> Iterator[str]:
+    """stdin's lines, each read after a '>' prompt on stderr (a terminal: the prompt after a
+    line means the line before was acknowledged); a newline after the last, so the shell's
+    prompt starts on its own line."""
+    while True:
+        click.echo(">", nl=False, err=True)
+        line = sys.stdin.readline()
+        if not line:
+            click.echo("", err=True)
+            return
+        yield line
 
 
 def _format_record(record: ConsumerRecord, props: dict[str, str]) -> str:
