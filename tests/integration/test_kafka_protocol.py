@@ -28,7 +28,7 @@ from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.records.builder import BatchBuilder
-from fjord.testing.waiting import wait_for
+from fjord.testing.waiting import is_value, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -538,12 +538,24 @@ def test_every_advertised_admin_version_answers(local_cluster: Any, admin: Admin
     with _connect(local_cluster.kafka_broker_addresses[leader]) as sock:
         versions = _advertised(sock)
         pcls = ProduceRequest[9]
-        for _ in range(20):
+
+        def produce_one() -> int:
             request = pcls(transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
                 pcls.TopicProduceData(name=topic, partition_data=[
                     pcls.TopicProduceData.PartitionProduceData(index=0, records=_batch())])])
-            assert _roundtrip(sock, request, ProduceResponse, 9).responses[0] \
-                .partition_responses[0].error_code == 0
+            return int(_roundtrip(sock, request, ProduceResponse, 9).responses[0]
+                       .partition_responses[0].error_code)
+
+        # The controller names the leader before that broker has opened the replica; until then
+        # it answers NOT_LEADER_OR_FOLLOWER (6), on which every Kafka client retries.
+        def leader_answered() -> int | None:
+            code = produce_one()
+            return None if code == 6 else code
+
+        assert wait_for(leader_answered, f"{topic}'s leader accepting writes",
+                        accept=is_value) == 0
+        for _ in range(19):
+            assert produce_one() == 0
         for ev in range(versions[23][0], versions[23][1] + 1):
             ecls = OffsetForLeaderEpochRequest[ev]
             answer = _roundtrip(sock, ecls(replica_id=-1, topics=[ecls.OffsetForLeaderTopic(
