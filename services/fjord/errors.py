@@ -55,6 +55,7 @@ class ErrorCode(Enum):
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False)
     DUPLICATE_SEQUENCE_NUMBER = (46, False)
     INVALID_PRODUCER_EPOCH = (47, False)
+    TRANSACTION_COORDINATOR_FENCED = (52, False)
     KAFKA_STORAGE_ERROR = (56, True)
     UNKNOWN_PRODUCER_ID = (59, False)
     NON_EMPTY_GROUP = (68, False)
@@ -460,6 +461,16 @@ class MemberIdRequiredError(FjordError):
     """First JoinGroup of a dynamic member: rejoin with the member id the response carries."""
 
     code = ErrorCode.MEMBER_ID_REQUIRED
+
+
+@register_error_class
+class CoordinatorFencedError(FjordError):
+    """An append to ``__consumer_offsets`` carries an older coordinator epoch than the
+    partition's leader knows: a newer coordinator owns the partition, this one is a zombie
+    (Kafka's TRANSACTION_COORDINATOR_FENCED, its answer to a stale coordinator's
+    WriteTxnMarkers). Not retriable: no retry makes the epoch newer."""
+
+    code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
 
 
 @register_error_class

@@ -97,7 +97,12 @@ def env(tmp_path: Path) -> Iterator[tuple[ReplicaManager, Cluster, LogManager]]:
 
 
 def produce_request(
-    topic: str, partition: int, records: bytes, acks: int = 1, timeout_ms: int = 5000
+    topic: str,
+    partition: int,
+    records: bytes,
+    acks: int = 1,
+    timeout_ms: int = 5000,
+    coordinator_epoch: int = 0,
 ) -> broker_pb2.ProduceRequest:
     return broker_pb2.ProduceRequest(
         acks=acks,
@@ -105,7 +110,11 @@ def produce_request(
         topics=[
             broker_pb2.ProduceTopic(
                 name=topic,
-                partitions=[broker_pb2.ProducePartition(partition=partition, records=records)],
+                partitions=[
+                    broker_pb2.ProducePartition(
+                        partition=partition, records=records, coordinator_epoch=coordinator_epoch
+                    )
+                ],
             )
         ],
     )

@@ -1,7 +1,8 @@
 """The group coordinator service (``fjord coordinator``) through its gRPC API, with raw stubs,
 against real processes: the shared local cluster (2 coordinators, real controller assigning
-``__consumer_offsets``) for the group protocol, and a private cluster for a coordinator
-SIGKILL (another coordinator takes the partition over, replays it and serves the same offsets).
+``__consumer_offsets``) for the group protocol, and a private cluster for failovers: a
+coordinator SIGKILL (another coordinator takes the partition over, replays it and serves the
+same offsets) and a coordinator frozen past its lease (its late writes are fenced).
 """
 
 from __future__ import annotations
@@ -12,8 +13,7 @@ import signal
 import time
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 import grpc
@@ -21,13 +21,15 @@ import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client import AdminClient, NewTopic, Producer
-from fjord.errors import ErrorCode
+from fjord.coordinator.appender import OffsetsAppender, replay_partitions
+from fjord.coordinator.offsets_log import OffsetCommitKey, OffsetCommitValue, encode_record
+from fjord.errors import ErrorCode, FjordError
 from fjord.groups.assignors import leader_assignments
 from fjord.groups.offsets_topic import group_partition
 from fjord.groups.protocol import Subscription, decode_assignment, encode_subscription
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import EtcdProcess
-from fjord.metadata import Keys, etcd_client
+from fjord.metadata import Keys, OffsetsOwner, etcd_client
 from fjord.metadata.registration import register_under_lease
 from fjord.testing.waiting import wait_for_async
 
@@ -474,142 +476,230 @@ def test_bad_requests_get_typed_errors(local_cluster: LocalCluster) -> None:
     asyncio.run(scenario())
 
 
-def test_killed_coordinator_partition_is_replayed_by_the_other(tmp_path: Path) -> None:
-    """SIGKILL the coordinator of a group with committed offsets and a Stable membership: the
-    controller hands its partitions to the other coordinator within the lease TTL, which
-    replays ``__consumer_offsets`` and serves the same offsets and members."""
+@pytest.fixture(scope="module")
+def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """A private cluster (1 broker, 2 coordinators) for the tests that kill or freeze a
+    coordinator; each leaves both coordinators registered again."""
     cluster = LocalCluster(
-        tmp_path, brokers=1, controllers=1, coordinators=2, unsafe_etcd_no_fsync=True
+        tmp_path_factory.mktemp("failover"),
+        brokers=1,
+        controllers=1,
+        coordinators=2,
+        unsafe_etcd_no_fsync=True,
     )
     cluster.start()
     try:
-        bootstrap = cluster.bootstrap_servers
-        topic = new_topic(bootstrap, 3)
-        group_id = f"g2-failover-{uuid.uuid4().hex[:8]}"
-        simple_group = f"g2-simple-{uuid.uuid4().hex[:8]}"
-
-        async def scenario() -> None:
-            address = await find_coordinator(bootstrap, group_id)
-            async with grpc.aio.insecure_channel(address) as channel:
-                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-                joined = await join(stub, group_id, topic, "solo")
-                assert joined.error.code == NONE
-                synced = await stub.SyncGroup(
-                    coordinator_pb2.SyncGroupRequest(
-                        group_id=group_id,
-                        generation_id=joined.generation_id,
-                        member_id=joined.member_id,
-                        assignments=[
-                            coordinator_pb2.SyncGroupAssignment(member_id=m, assignment=x)
-                            for m, x in leader_assignments(
-                                "range",
-                                [(joined.member_id, None, m.metadata) for m in joined.members],
-                                {topic: 3},
-                            ).items()
-                        ],
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
-                assert synced.error.code == NONE
-                offsets = {(topic, 0): 11, (topic, 1): 22, (topic, 2): 33}
-                committed = await stub.OffsetCommit(
-                    commit_request(group_id, joined.generation_id, joined.member_id, offsets),
-                    timeout=RPC_TIMEOUT_S,
-                )
-                assert commit_errors(committed) == dict.fromkeys(offsets, NONE)
-
-            killed = coordinator_id_of(cluster, address)
-            cluster.kill("coordinator", killed)
-            started = time.monotonic()
-            survivor = cluster.coordinator_addresses[3 - killed]
-            # The survivor serves the group once the controller moved the partition (after
-            # the dead coordinator's lease TTL) and the replay is done.
-            await wait_serving(survivor, group_id)
-            took = time.monotonic() - started
-            async with grpc.aio.insecure_channel(survivor) as channel:
-                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-                answer = await stub.OffsetFetch(
-                    coordinator_pb2.OffsetFetchRequest(group_id=group_id), timeout=RPC_TIMEOUT_S
-                )
-                assert fetched(answer) == offsets
-                described = await stub.DescribeGroups(
-                    coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
-                    timeout=RPC_TIMEOUT_S,
-                )
-                group = described.groups[0]
-                assert group.group_state == "Stable"
-                assert [m.member_id for m in group.members] == [joined.member_id]
-                # The loaded member is fenced by generation like before the failover.
-                beat = await stub.Heartbeat(
-                    coordinator_pb2.HeartbeatRequest(
-                        group_id=group_id,
-                        generation_id=joined.generation_id,
-                        member_id=joined.member_id,
-                    ),
-                    timeout=RPC_TIMEOUT_S,
-                )
-                assert beat.error.code == NONE
-            assert await find_coordinator(bootstrap, group_id) == survivor
-            # Lease TTL (6 s) + replay, with room for a loaded machine.
-            assert took < cluster.coordinator_lease_ttl_s + 30, took
-
-            # The killed coordinator comes back; partitions the controller gives it are
-            # replayed too: every group keeps its offsets wherever it lives now.
-            cluster.start_coordinator(killed)
-            # (The controller may move partitions to it meanwhile: ask the owner, as clients
-            # do, again after NOT_COORDINATOR.)
-            done = await on_owner(
-                bootstrap,
-                simple_group,
-                lambda stub: stub.OffsetCommit(
-                    commit_request(simple_group, -1, "", {(topic, 0): 5}), timeout=RPC_TIMEOUT_S
-                ),
-            )
-            assert commit_errors(done) == {(topic, 0): NONE}
-            answer = await on_owner(bootstrap, group_id, fetch_request(group_id))
-            assert fetched(answer) == offsets
-            owner = await find_coordinator(bootstrap, group_id)
-
-            # A frozen owner loses its lease: the other one takes the group over, and the old
-            # one, thawed, stops serving it (NOT_COORDINATOR) and registers again.
-            frozen = coordinator_id_of(cluster, owner)
-            cluster.process("coordinator", frozen).send_signal(signal.SIGSTOP)
-            try:
-                other = cluster.coordinator_addresses[3 - frozen]
-                await wait_serving(other, group_id)
-            finally:
-                cluster.process("coordinator", frozen).send_signal(signal.SIGCONT)
-            async with grpc.aio.insecure_channel(owner) as channel:
-                stub = coordinator_pb2_grpc.CoordinatorStub(channel)
-
-                async def fetch_from_thawed() -> coordinator_pb2.OffsetFetchResponse:
-                    return await stub.OffsetFetch(
-                        coordinator_pb2.OffsetFetchRequest(group_id=group_id),
-                        timeout=RPC_TIMEOUT_S,
-                    )
-
-                await ask_until(
-                    fetch_from_thawed,
-                    "the thawed coordinator to give the group up",
-                    accept=lambda r: r.error.code in MOVED,
-                )
-
-                async def list_thawed() -> coordinator_pb2.ListGroupsResponse:
-                    return await stub.ListGroups(
-                        coordinator_pb2.ListGroupsRequest(), timeout=RPC_TIMEOUT_S
-                    )
-
-                await ask_until(
-                    list_thawed,
-                    "the thawed one to re-register",
-                    accept=lambda r: r.error.code == NONE,
-                )
-            answer = await on_owner(bootstrap, group_id, fetch_request(group_id))
-            assert fetched(answer) == offsets
-
-        asyncio.run(scenario())
+        yield cluster
     finally:
         cluster.stop()
+
+
+def test_killed_coordinator_partition_is_replayed_by_the_other(
+    failover_cluster: LocalCluster,
+) -> None:
+    """SIGKILL the coordinator of a group with committed offsets and a Stable membership: the
+    controller hands its partitions to the other coordinator within the lease TTL, which
+    replays ``__consumer_offsets`` and serves the same offsets and members."""
+    cluster = failover_cluster
+    bootstrap = cluster.bootstrap_servers
+    topic = new_topic(bootstrap, 3)
+    group_id = f"g2-failover-{uuid.uuid4().hex[:8]}"
+    simple_group = f"g2-simple-{uuid.uuid4().hex[:8]}"
+
+    async def scenario() -> None:
+        address = await find_coordinator(bootstrap, group_id)
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            joined = await join(stub, group_id, topic, "solo")
+            assert joined.error.code == NONE
+            synced = await stub.SyncGroup(
+                coordinator_pb2.SyncGroupRequest(
+                    group_id=group_id,
+                    generation_id=joined.generation_id,
+                    member_id=joined.member_id,
+                    assignments=[
+                        coordinator_pb2.SyncGroupAssignment(member_id=m, assignment=x)
+                        for m, x in leader_assignments(
+                            "range",
+                            [(joined.member_id, None, m.metadata) for m in joined.members],
+                            {topic: 3},
+                        ).items()
+                    ],
+                ),
+                timeout=RPC_TIMEOUT_S,
+            )
+            assert synced.error.code == NONE
+            offsets = {(topic, 0): 11, (topic, 1): 22, (topic, 2): 33}
+            committed = await stub.OffsetCommit(
+                commit_request(group_id, joined.generation_id, joined.member_id, offsets),
+                timeout=RPC_TIMEOUT_S,
+            )
+            assert commit_errors(committed) == dict.fromkeys(offsets, NONE)
+
+        killed = coordinator_id_of(cluster, address)
+        cluster.kill("coordinator", killed)
+        started = time.monotonic()
+        survivor = cluster.coordinator_addresses[3 - killed]
+        # The survivor serves the group once the controller moved the partition (after
+        # the dead coordinator's lease TTL) and the replay is done.
+        await wait_serving(survivor, group_id)
+        took = time.monotonic() - started
+        async with grpc.aio.insecure_channel(survivor) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            answer = await stub.OffsetFetch(
+                coordinator_pb2.OffsetFetchRequest(group_id=group_id), timeout=RPC_TIMEOUT_S
+            )
+            assert fetched(answer) == offsets
+            described = await stub.DescribeGroups(
+                coordinator_pb2.DescribeGroupsRequest(group_ids=[group_id]),
+                timeout=RPC_TIMEOUT_S,
+            )
+            group = described.groups[0]
+            assert group.group_state == "Stable"
+            assert [m.member_id for m in group.members] == [joined.member_id]
+            # The loaded member is fenced by generation like before the failover.
+            beat = await stub.Heartbeat(
+                coordinator_pb2.HeartbeatRequest(
+                    group_id=group_id,
+                    generation_id=joined.generation_id,
+                    member_id=joined.member_id,
+                ),
+                timeout=RPC_TIMEOUT_S,
+            )
+            assert beat.error.code == NONE
+        assert await find_coordinator(bootstrap, group_id) == survivor
+        # Lease TTL (6 s) + replay, with room for a loaded machine.
+        assert took < cluster.coordinator_lease_ttl_s + 30, took
+
+        # The killed coordinator comes back; partitions the controller gives it are
+        # replayed too: every group keeps its offsets wherever it lives now.
+        cluster.start_coordinator(killed)
+        # (The controller may move partitions to it meanwhile: ask the owner, as clients
+        # do, again after NOT_COORDINATOR.)
+        done = await on_owner(
+            bootstrap,
+            simple_group,
+            lambda stub: stub.OffsetCommit(
+                commit_request(simple_group, -1, "", {(topic, 0): 5}), timeout=RPC_TIMEOUT_S
+            ),
+        )
+        assert commit_errors(done) == {(topic, 0): NONE}
+        answer = await on_owner(bootstrap, group_id, fetch_request(group_id))
+        assert fetched(answer) == offsets
+
+    asyncio.run(scenario())
+
+
+async def offsets_owner(cluster: LocalCluster, partition: int) -> OffsetsOwner:
+    """The ``offsets-owners/<partition>`` entry as etcd has it now."""
+    async with etcd_client(cluster.etcd_url) as client:
+        got = await client.get(Keys(cluster.cluster_id).offsets_owner(partition).encode())
+    assert got is not None, f"__consumer_offsets-{partition} has no owner"
+    return OffsetsOwner.from_json(got.value)
+
+
+def test_frozen_coordinators_late_writes_are_fenced(failover_cluster: LocalCluster) -> None:
+    """A coordinator frozen (SIGSTOP) past its lease keeps believing it owns its partitions.
+    The other one takes the group over (a newer coordinator epoch in ``offsets-owners``) and
+    commits; the old one, thawed, answers the commit that waited for it with a moved error,
+    the coordinator's own appender at the old epoch is refused TRANSACTION_COORDINATOR_FENCED
+    by the partition's leader, and the committed offset, served and in the log, is the new
+    owner's: nothing goes backwards."""
+    cluster = failover_cluster
+    bootstrap = cluster.bootstrap_servers
+    topic = new_topic(bootstrap, 1)
+    group_id = f"g2-zombie-{uuid.uuid4().hex[:8]}"
+    partition = group_partition(group_id)
+    tp = (topic, 0)
+
+    def simple_commit(offset: int) -> coordinator_pb2.OffsetCommitRequest:
+        return commit_request(group_id, -1, "", {tp: offset})
+
+    async def scenario() -> None:
+        owner = await find_coordinator(bootstrap, group_id)
+        frozen = coordinator_id_of(cluster, owner)
+        old = await offsets_owner(cluster, partition)
+        assert old.coordinator_id == frozen
+        async with grpc.aio.insecure_channel(owner) as channel:
+            zombie = coordinator_pb2_grpc.CoordinatorStub(channel)
+            first = await zombie.OffsetCommit(simple_commit(10), timeout=RPC_TIMEOUT_S)
+            assert commit_errors(first) == {tp: NONE}
+
+            cluster.process("coordinator", frozen).send_signal(signal.SIGSTOP)
+            try:
+                # A commit of an older offset reaches the frozen coordinator (its connection
+                # is open: the bytes wait in its socket) and is handled only after the thaw.
+                late_commit = asyncio.ensure_future(
+                    zombie.OffsetCommit(simple_commit(5), timeout=3 * WAIT_S)
+                )
+
+                async def taken_over() -> OffsetsOwner:
+                    return await offsets_owner(cluster, partition)
+
+                new = await ask_until(
+                    taken_over,
+                    "the lease to expire and the controller to move the partition",
+                    accept=lambda o: o.coordinator_id != frozen,
+                )
+                assert new.coordinator_epoch > old.coordinator_epoch
+                other = cluster.coordinator_addresses[new.coordinator_id]
+                await wait_serving(other, group_id)
+                async with grpc.aio.insecure_channel(other) as other_channel:
+                    newer = await coordinator_pb2_grpc.CoordinatorStub(other_channel).OffsetCommit(
+                        simple_commit(20), timeout=RPC_TIMEOUT_S
+                    )
+                assert commit_errors(newer) == {tp: NONE}
+            finally:
+                cluster.process("coordinator", frozen).send_signal(signal.SIGCONT)
+
+            # The thawed coordinator either noticed first (no append) or appended at its old
+            # epoch and was refused: the client is told to find the coordinator again.
+            answer = await asyncio.wait_for(late_commit, 3 * WAIT_S)
+            per_partition = set(commit_errors(answer).values())
+            assert answer.error.code in MOVED or (per_partition and per_partition <= MOVED), answer
+
+            # What a zombie's append does, deterministically: the coordinator's own appender
+            # at the old epoch, against the real broker.
+            appender = OffsetsAppender(lambda: bootstrap, "zombie-coordinator", timeout_ms=10_000)
+            stale = encode_record((OffsetCommitKey(group_id, *tp), OffsetCommitValue(offset=5)))
+            try:
+                with pytest.raises(FjordError) as fenced:
+                    await asyncio.wait_for(
+                        appender.submit(partition, old.coordinator_epoch, [stale]), WAIT_S
+                    )
+            finally:
+                await appender.close()
+            assert fenced.value.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED, fenced.value
+
+            async def fetch_from_thawed() -> coordinator_pb2.OffsetFetchResponse:
+                return await zombie.OffsetFetch(
+                    coordinator_pb2.OffsetFetchRequest(group_id=group_id), timeout=RPC_TIMEOUT_S
+                )
+
+            await ask_until(
+                fetch_from_thawed,
+                "the thawed coordinator to give the group up",
+                accept=lambda r: r.error.code in MOVED,
+            )
+
+            async def list_thawed() -> coordinator_pb2.ListGroupsResponse:
+                return await zombie.ListGroups(
+                    coordinator_pb2.ListGroupsRequest(), timeout=RPC_TIMEOUT_S
+                )
+
+            await ask_until(
+                list_thawed, "the thawed one to re-register", accept=lambda r: r.error.code == NONE
+            )
+
+        served = await on_owner(bootstrap, group_id, fetch_request(group_id))
+        assert fetched(served) == {tp: 20}
+        # The log's last word, which every later owner replays, is the new owner's too.
+        replayed = await asyncio.to_thread(
+            replay_partitions, bootstrap, [partition], "zombie-test-replay", WAIT_S
+        )
+        assert replayed[partition][group_id].offsets[tp].offset == 20
+
+    asyncio.run(scenario())
 
 
 def test_registration_waits_until_a_stale_registration_is_gone(

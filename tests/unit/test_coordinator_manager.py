@@ -45,11 +45,15 @@ class Log:
         self.auto = auto
         self.records: dict[int, list[EncodedRecord]] = {}
         self.submitted: list[tuple[int, list[EncodedRecord]]] = []
+        self.epochs: list[tuple[int, int]] = []
         self.held: list[tuple[int, list[EncodedRecord], asyncio.Future[None]]] = []
 
-    def submit(self, partition: int, records: Sequence[EncodedRecord]) -> asyncio.Future[None]:
+    def submit(
+        self, partition: int, epoch: int, records: Sequence[EncodedRecord]
+    ) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.submitted.append((partition, list(records)))
+        self.epochs.append((partition, epoch))
         self.held.append((partition, list(records), future))
         if self.auto:
             asyncio.get_running_loop().call_soon(self.release)
@@ -338,5 +342,27 @@ def test_unknown_groups_get_kafkas_answers_without_being_created() -> None:
         }
         assert manager.describe_group(GROUP).state is GroupState.DEAD
         assert manager.list_groups() == (ErrorCode.NONE, [])
+
+    asyncio.run(scenario())
+
+
+def test_a_fenced_append_drops_the_partition_until_a_newer_epoch() -> None:
+    async def scenario() -> None:
+        log = Log(auto=False)
+        manager = serving(log)
+        pending = asyncio.ensure_future(commit(manager, {0: 7}))
+        while not log.held:
+            await asyncio.sleep(0)
+        assert log.epochs == [(PARTITION, 1)]
+        log.release(ErrorCode.TRANSACTION_COORDINATOR_FENCED)
+        assert await asyncio.wait_for(pending, 5) == {("orders", 0): ErrorCode.NOT_COORDINATOR}
+        with pytest.raises(FjordError) as gone:
+            manager.describe_group("billing")
+        assert gone.value.code is ErrorCode.NOT_COORDINATOR
+        # This coordinator's metadata still names it at epoch 1: it does not take it back.
+        assert manager.assign({PARTITION: 1}) == []
+        assert manager.owned() == {}
+        # The controller gives it back later (a newer epoch): owned and replayed again.
+        assert manager.assign({PARTITION: 2}) == [(PARTITION, 2)]
 
     asyncio.run(scenario())

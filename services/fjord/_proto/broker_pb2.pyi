@@ -57,12 +57,14 @@ class ProduceTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[ProducePartition, _Mapping]]] = ...) -> None: ...
 
 class ProducePartition(_message.Message):
-    __slots__ = ("partition", "records")
+    __slots__ = ("partition", "records", "coordinator_epoch")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     partition: int
     records: bytes
-    def __init__(self, partition: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+    coordinator_epoch: int
+    def __init__(self, partition: _Optional[int] = ..., records: _Optional[bytes] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
 
 class ProduceResponse(_message.Message):
     __slots__ = ("topics", "throttle_time_ms")

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from fjord._proto import broker_pb2
 from fjord.broker import defaults
 from fjord.broker.config import TopicSettings, topic_settings
+from fjord.broker.coordinator_fence import CoordinatorEpochFence
 from fjord.broker.fetch import FetchSlot, assemble_fetch
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
@@ -42,6 +43,7 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
 from fjord.storage import PartitionLog
@@ -131,6 +133,9 @@ class ReplicaManager:
     - A produce is appended only by the partition's leader, in the current leader epoch, and
       only while the broker is not ``fenced`` (fenced: its etcd registration was lost and it has
       not yet re-registered and caught up with the metadata; it must not act as a leader).
+    - An append to ``__consumer_offsets`` is admitted only from its current group coordinator
+      (:class:`~fjord.broker.coordinator_fence.CoordinatorEpochFence`): a coordinator epoch
+      older than the newest in the metadata or seen before is refused, nothing appended.
     - Every delayed operation is watched in its purgatory from the moment it waits until it
       completes, times out or its caller is cancelled, and never after.
     """
@@ -162,6 +167,7 @@ class ReplicaManager:
         self._wakeups: dict[DelayedFetch | DelayedProduce, asyncio.Future[None]] = {}
         self._metadata_lock = asyncio.Lock()
         self._strays_removed = False
+        self.coordinator_fence = CoordinatorEpochFence()
 
     # --- metadata -------------------------------------------------------------------------------
 
@@ -237,6 +243,8 @@ class ReplicaManager:
             gone += [key for key in self._logs.logs() if key not in wanted and key not in gone]
         for key in gone:
             self.partitions.pop(key, None)
+            if key[0] == OFFSETS_TOPIC:
+                self.coordinator_fence.forget(key[1])
             self._wake_producers(key)
             self._wake_fetchers(key)
         for topic, number in gone:
@@ -413,6 +421,8 @@ class ReplicaManager:
                         raise NotLeaderOrFollowerError(
                             f"broker {self.broker_id} lost its registration and is re-registering"
                         )
+                    if topic.name == OFFSETS_TOPIC and partition.is_leader:
+                        self._admit_coordinator(p.partition, p.coordinator_epoch)
                     outcome = partition.append_as_leader(p.records, acks)
                 except FjordError as exc:
                     _set_error(out, exc)
@@ -436,6 +446,17 @@ class ReplicaManager:
         if waiting:
             await self._await_replication(waiting, request.timeout_ms)
         return response
+
+    def _admit_coordinator(self, partition: int, epoch: int) -> None:
+        """Refuse (typed FjordError) an append to ``__consumer_offsets``-``partition`` from
+        anyone but its current coordinator."""
+        owner = None if self.image is None else self.image.offsets_owner(partition)
+        known = None if owner is None else owner.coordinator_epoch
+        try:
+            self.coordinator_fence.admit(partition, epoch, known)
+        except FjordError as exc:
+            log.warning("refused an append: %s", exc)
+            raise
 
     async def _await_replication(
         self, waiting: dict[TopicPartition, tuple[Any, Partition, int]], timeout_ms: int

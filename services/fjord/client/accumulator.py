@@ -60,7 +60,9 @@ class ProducerBatch:
     Invariants: records are appended only while ``payload`` is None (open); once drained the
     payload is fixed, so a retry resends exactly the same bytes; ``attempts`` counts sends;
     ``last_error`` is the error of the latest failed send (None until one failed), kept so that
-    a batch that expires later says why it could not be written.
+    a batch that expires later says why it could not be written. Every record of a batch was
+    sent with the same ``coordinator_epoch`` (the group coordinator's fence on
+    ``__consumer_offsets``; 0 for every other producer), which each send and retry carries.
     """
 
     __slots__ = (
@@ -68,6 +70,7 @@ class ProducerBatch:
         "base_sequence",
         "builder",
         "completion",
+        "coordinator_epoch",
         "created_ms",
         "last_error",
         "payload",
@@ -76,8 +79,16 @@ class ProducerBatch:
         "tp",
     )
 
-    def __init__(self, tp: TopicPartition, builder: Builder, now_ms: int, reserved: int) -> None:
+    def __init__(
+        self,
+        tp: TopicPartition,
+        builder: Builder,
+        now_ms: int,
+        reserved: int,
+        coordinator_epoch: int = 0,
+    ) -> None:
         self.tp = tp
+        self.coordinator_epoch = coordinator_epoch
         self.builder = builder
         self.completion = BatchCompletion(tp.topic, tp.partition)
         self.created_ms = now_ms
@@ -253,16 +264,22 @@ class RecordAccumulator:
         *,
         abort_on_new_batch: bool = False,
         max_block_s: float = 0.0,
+        coordinator_epoch: int = 0,
     ) -> tuple[RecordFuture | None, bool]:
         """Add a record (``now_ms=-1``: read the injected clock, only if a batch is opened).
         Returns (future, wake_sender): ``wake_sender`` is True when a batch was
         closed (full) or the first batch of a partition was opened, i.e. when the sender has
         something new to schedule. With ``abort_on_new_batch`` returns (None, False) instead of
-        opening a new batch (the sticky partitioner then picks another partition)."""
+        opening a new batch (the sticky partitioner then picks another partition). A record
+        whose ``coordinator_epoch`` differs from the open batch's closes that batch and opens
+        a new one (a batch is sent with one epoch)."""
         with self._lock:
             if self.closed:
                 raise FjordError("the producer is closed", code=ErrorCode.INVALID_REQUEST)
             batch = self._open.get(tp)
+            if batch is not None and batch.coordinator_epoch != coordinator_epoch:
+                del self._open[tp]
+                batch = None
             if batch is not None:
                 builder = batch.builder
                 count = builder.record_count
@@ -280,7 +297,7 @@ class RecordAccumulator:
             reserve = max(self._batch_size, size)
             self._reserve(reserve, max_block_s)
             created = now_ms if now_ms >= 0 else self._clock()
-            batch = ProducerBatch(tp, self._new_builder(), created, reserve)
+            batch = ProducerBatch(tp, self._new_builder(), created, reserve, coordinator_epoch)
             batch.builder.append(timestamp_ms, key, value, headers)
             queue.append(batch)
             self._open[tp] = batch
@@ -368,10 +385,11 @@ class RecordAccumulator:
                 queue = self._queues.get(tp)
                 if not queue or tp in self._muted:
                     continue
+                epoch = queue[0].coordinator_epoch
                 while queue:
                     head = queue[0]
-                    if head.retry_after_ms > now_ms:
-                        break
+                    if head.retry_after_ms > now_ms or head.coordinator_epoch != epoch:
+                        break  # (one request carries one coordinator epoch per partition)
                     if idem is not None and not idem.may_send(head):
                         break  # a retry waits until it is the lowest unanswered sequence
                     if len(queue) == 1 and not (

@@ -297,15 +297,21 @@ class _Sender:
 def build_produce_request(
     batches: Iterable[ProducerBatch], acks: int, timeout_ms: int
 ) -> broker_pb2.ProduceRequest:
-    """One request; consecutive batches of a partition are concatenated in one records field."""
+    """One request; consecutive batches of a partition are concatenated in one records field
+    (they must share their coordinator epoch: ValueError otherwise)."""
     by_partition: dict[TopicPartition, list[bytes]] = {}
+    epochs: dict[TopicPartition, int] = {}
     for batch in batches:
         by_partition.setdefault(batch.tp, []).append(batch.close())
+        if epochs.setdefault(batch.tp, batch.coordinator_epoch) != batch.coordinator_epoch:
+            raise ValueError(f"batches of {batch.tp} with different coordinator epochs")
     by_topic: dict[str, list[broker_pb2.ProducePartition]] = {}
     for tp, payloads in by_partition.items():
         records = payloads[0] if len(payloads) == 1 else b"".join(payloads)
         by_topic.setdefault(tp.topic, []).append(
-            broker_pb2.ProducePartition(partition=tp.partition, records=records)
+            broker_pb2.ProducePartition(
+                partition=tp.partition, records=records, coordinator_epoch=epochs[tp]
+            )
         )
     return broker_pb2.ProduceRequest(
         acks=acks,
@@ -448,6 +454,7 @@ class _ProducerBase:
         header_items: tuple[tuple[str, bytes | None], ...],
         timestamp_ms: int | None,
         max_block_s: float,
+        coordinator_epoch: int = 0,
     ) -> tuple[RecordFuture, bool]:
         """Choose the partition and append; returns (future, wake the sender)."""
         count = len(tps)
@@ -475,7 +482,7 @@ class _ProducerBase:
             )
         future, wake = acc.append(
             tps[partition], timestamp_ms, key, value, header_items, now,
-            max_block_s=max_block_s,
+            max_block_s=max_block_s, coordinator_epoch=coordinator_epoch,
         )  # fmt: skip
         assert future is not None
         return future, wake
@@ -658,7 +665,12 @@ class AsyncProducer(_ProducerBase):
         partition: int | None = None,
         headers: Any = None,
         timestamp_ms: int | None = None,
+        *,
+        coordinator_epoch: int = 0,
     ) -> asyncio.Future[RecordMetadata]:
+        """Queue a record. ``coordinator_epoch`` is Fjord's group coordinator's fence on its
+        ``__consumer_offsets`` appends (the partition's leader refuses an older epoch than it
+        knows); other producers leave it 0."""
         value_bytes, key_bytes, header_items = self._prepare(value, key, headers)
         await self.start()
         tps = self._partitions(topic)
@@ -670,8 +682,9 @@ class AsyncProducer(_ProducerBase):
         while True:
             try:
                 record_future, wake = self._append(
-                    tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, 0.0
-                )
+                    tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, 0.0,
+                    coordinator_epoch,
+                )  # fmt: skip
                 break
             except BufferExhaustedError:
                 if time.monotonic() >= deadline:

@@ -39,12 +39,14 @@ def producer_settings(bootstrap: str, client_id: str, timeout_ms: int) -> dict[s
 class OffsetsAppender:
     """Appends encoded records to ``__consumer_offsets`` partitions, in submission order.
 
-    Invariants: :meth:`submit` never suspends and queues; one worker task sends the queued
-    appends one after the other (records of one append go out back to back, so they share a
-    batch unless it is full), so the idempotent producer writes them to each partition in
-    submission order; each append's future resolves when all its records are acknowledged
-    (acks=all) or fails with the first record's FjordError. The producer is built lazily from
-    ``bootstrap()`` (the live brokers' addresses) when the first append is sent.
+    Invariants: every record is sent with the coordinator epoch it was submitted with (the
+    partition's leader refuses an older epoch than it knows: a coordinator whose lease ran out
+    cannot write after a newer one took over); :meth:`submit` never suspends and queues; one
+    worker task sends the queued appends one after the other (records of one append go out back
+    to back, so they share a batch unless it is full), so the idempotent producer writes them to
+    each partition in submission order; each append's future resolves when all its records are
+    acknowledged (acks=all) or fails with the first record's FjordError. The producer is built
+    lazily from ``bootstrap()`` (the live brokers' addresses) when the first append is sent.
     """
 
     def __init__(
@@ -58,21 +60,23 @@ class OffsetsAppender:
         self._client_id = client_id
         self._timeout_ms = timeout_ms
         self._topic = topic
-        self._queue: asyncio.Queue[tuple[int, Sequence[EncodedRecord], asyncio.Future[None]]] = (
-            asyncio.Queue()
-        )
+        self._queue: asyncio.Queue[
+            tuple[int, int, Sequence[EncodedRecord], asyncio.Future[None]]
+        ] = asyncio.Queue()
         self._producer: AsyncProducer | None = None
         self._worker: asyncio.Task[None] | None = None
         self._waits: set[asyncio.Task[None]] = set()
 
-    def submit(self, partition: int, records: Sequence[EncodedRecord]) -> asyncio.Future[None]:
+    def submit(
+        self, partition: int, epoch: int, records: Sequence[EncodedRecord]
+    ) -> asyncio.Future[None]:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not records:
             future.set_result(None)
             return future
         if self._worker is None:
             self._worker = asyncio.ensure_future(self._run())
-        self._queue.put_nowait((partition, records, future))
+        self._queue.put_nowait((partition, epoch, records, future))
         return future
 
     async def _producer_for_send(self) -> AsyncProducer:
@@ -88,13 +92,19 @@ class OffsetsAppender:
 
     async def _run(self) -> None:
         while True:
-            partition, records, future = await self._queue.get()
+            partition, epoch, records, future = await self._queue.get()
             if future.done():
                 continue
             try:
                 producer = await self._producer_for_send()
                 sent = [
-                    await producer.send(self._topic, value=value, key=key, partition=partition)
+                    await producer.send(
+                        self._topic,
+                        value=value,
+                        key=key,
+                        partition=partition,
+                        coordinator_epoch=epoch,
+                    )
                     for key, value in records
                 ]
             except FjordError as exc:
@@ -137,7 +147,7 @@ class OffsetsAppender:
             wait.cancel()
         await asyncio.gather(*self._waits, return_exceptions=True)
         while not self._queue.empty():
-            _, _, future = self._queue.get_nowait()
+            _, _, _, future = self._queue.get_nowait()
             if not future.done():
                 future.set_exception(
                     FjordError("the coordinator is stopping", ErrorCode.COORDINATOR_NOT_AVAILABLE)

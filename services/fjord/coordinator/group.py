@@ -245,6 +245,8 @@ _APPEND_ERROR_MAP = {
     ErrorCode.NOT_LEADER_OR_FOLLOWER: ErrorCode.NOT_COORDINATOR,
     ErrorCode.KAFKA_STORAGE_ERROR: ErrorCode.NOT_COORDINATOR,
     ErrorCode.FENCED_LEADER_EPOCH: ErrorCode.NOT_COORDINATOR,
+    # A newer coordinator owns the partition (this one's epoch is fenced): clients find it.
+    ErrorCode.TRANSACTION_COORDINATOR_FENCED: ErrorCode.NOT_COORDINATOR,
     ErrorCode.MESSAGE_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
     ErrorCode.RECORD_LIST_TOO_LARGE: ErrorCode.UNKNOWN_SERVER_ERROR,
     ErrorCode.INVALID_FETCH_SIZE: ErrorCode.UNKNOWN_SERVER_ERROR,

@@ -51,11 +51,15 @@ class Appender(Protocol):
     """Writes records to a ``__consumer_offsets`` partition with acks=all.
 
     ``submit`` must not suspend: records submitted earlier are written earlier (the group
-    machine's appends are ordered). The future fails with a FjordError carrying the broker's
+    machine's appends are ordered). ``epoch`` is the coordinator epoch the partition is owned
+    at: the partition's leader refuses an append whose epoch is older than the newest it knows
+    (TRANSACTION_COORDINATOR_FENCED). The future fails with a FjordError carrying the broker's
     error code when the write failed.
     """
 
-    def submit(self, partition: int, records: Sequence[EncodedRecord]) -> asyncio.Future[None]: ...
+    def submit(
+        self, partition: int, epoch: int, records: Sequence[EncodedRecord]
+    ) -> asyncio.Future[None]: ...
 
 
 def wall_clock_ms() -> int:
@@ -98,9 +102,13 @@ class GroupManager:
     - every request handed to a machine gets exactly one answer: its Reply, or
       NOT_COORDINATOR when the partition is lost while it is parked; a cancelled RPC removes
       its future, and a later Reply for it is dropped;
-    - appends go to the :class:`Appender` in the order the machines emit them, and their
-      outcome is reported back with ``append_completed`` unless the partition was lost (then
-      the groups are gone and their parked requests were answered already);
+    - appends go to the :class:`Appender` in the order the machines emit them, with the
+      epoch their partition is owned at, and their outcome is reported back with
+      ``append_completed`` unless the partition was lost (then the groups are gone and their
+      parked requests were answered already);
+    - an append refused as fenced (a newer coordinator owns the partition) drops the
+      partition at once, and :meth:`assign` does not take it back at that epoch or an older
+      one: only a newer epoch (the controller gave it back) is owned again;
     - each group has at most one timer, set to the machine's ``next_deadline()`` after every
       call.
     """
@@ -118,6 +126,8 @@ class GroupManager:
         self._clock = clock
         self._partition_exists = partition_exists
         self._partitions: dict[int, _Partition] = {}
+        #: {partition: the newest epoch an append was fenced at}: never owned at it again.
+        self._fenced: dict[int, int] = {}
         self._next_request_id = 1
         #: False while the coordinator is not registered (lease lost): nothing is served.
         self.active = False
@@ -127,7 +137,10 @@ class GroupManager:
     def assign(self, owned: Mapping[int, int]) -> list[tuple[int, int]]:
         """Make ``owned`` ({partition: coordinator epoch}) the owned set. Partitions no longer
         owned, or owned at another epoch, are dropped (their parked requests answered
-        NOT_COORDINATOR); returns the (partition, epoch) pairs that must now be replayed."""
+        NOT_COORDINATOR); returns the (partition, epoch) pairs that must now be replayed.
+        A partition whose appends were fenced at its epoch (or a newer one) stays unowned:
+        this coordinator's metadata lags behind the partition's leader."""
+        owned = {n: e for n, e in owned.items() if e > self._fenced.get(n, 0)}
         dropped = [p for n, p in self._partitions.items() if owned.get(n) != p.epoch]
         for part in dropped:
             self._drop(part)
@@ -174,6 +187,19 @@ class GroupManager:
         """Stop serving everything (the lease was lost): every parked request is answered
         NOT_COORDINATOR."""
         self.assign({})
+
+    def _fence(self, part: _Partition) -> None:
+        """The partition's leader refused our epoch: a newer coordinator owns the partition."""
+        if self._partitions.get(part.number) is not part:
+            return
+        log.error(
+            "__consumer_offsets partition %d: appends at coordinator epoch %d are fenced (a "
+            "newer coordinator owns it); no longer serving its groups",
+            part.number,
+            part.epoch,
+        )
+        self._fenced[part.number] = max(self._fenced.get(part.number, 0), part.epoch)
+        self._drop(part)
 
     def _drop(self, part: _Partition) -> None:
         if self._partitions.get(part.number) is part:
@@ -273,7 +299,7 @@ class GroupManager:
 
     def _start_append(self, group: _Group, effect: AppendRecords) -> asyncio.Future[None]:
         records = [encode_record(record) for record in effect.records]
-        future = self._appender.submit(group.partition.number, records)
+        future = self._appender.submit(group.partition.number, group.partition.epoch, records)
         group.appends_in_flight += 1
 
         def done(f: asyncio.Future[None]) -> None:
@@ -296,6 +322,8 @@ class GroupManager:
             self._apply(
                 group, group.machine.append_completed(effect.append_id, error, self._clock())
             )
+            if error is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                self._fence(group.partition)
 
         future.add_done_callback(done)
         return future

@@ -202,7 +202,8 @@ class OffsetsOwner:
 
     ``coordinator_epoch`` grows by one each time the controller moves the partition to
     another coordinator (or back), so a coordinator can tell a fresh assignment from the
-    one it already served and replay the partition again.
+    one it already served and replay the partition again, and the partition's leader refuses
+    appends carrying an older epoch (a coordinator that has not noticed it lost the partition).
     """
 
     coordinator_id: int
