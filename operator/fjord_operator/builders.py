@@ -15,7 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fjord.controller.configs import split_cluster_config
+from fjord.cluster.topic_config import split_cluster_config
 from fjord.errors import ConfigError
 from fjord.metadata import parse_etcd_endpoint
 from fjord_operator import settings as s
@@ -151,7 +151,7 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
 
 def config_parts(spec: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, str]]:
     """``spec.brokers.config`` (the cluster's server.properties) split into (controllers'
-    ``--config``, brokers' ``--config``); see fjord.controller.configs.split_cluster_config.
+    ``--config``, brokers' ``--config``); see fjord.cluster.topic_config.split_cluster_config.
     Raises ConfigError naming a bad key (cluster_spec_problems reports it first)."""
     config = (spec.get("brokers") or {}).get("config") or {}
     return split_cluster_config({str(k): str(v) for k, v in config.items()})

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fjord.controller.reassignment import plan_reassignment
+from fjord.cluster.reassignment_plan import plan_reassignment
 from fjord.errors import InvalidReplicationFactorError
 from fjord_operator.settings import DEFAULT_STABILIZATION_WINDOW_S, MAX_AUTOSCALING_SAMPLES
 

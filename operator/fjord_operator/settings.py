@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 
-from fjord.broker.defaults import DEFAULT_BROKER_PORT
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 
 # -- the custom resources ------------------------------------------------------------------------

@@ -15,6 +15,9 @@ from fjord.errors import InvalidTopicError
 
 MAX_TOPIC_NAME_LENGTH = 249
 
+#: Topics whose name starts with this are Fjord's own (``__consumer_offsets``), as in Kafka.
+INTERNAL_TOPIC_PREFIX = "__"
+
 _LEGAL = re.compile(r"[a-zA-Z0-9._-]+")
 
 
@@ -42,3 +45,9 @@ def validate_topic_name(name: str) -> None:
     problem = topic_name_problem(name)
     if problem is not None:
         raise InvalidTopicError(problem)
+
+
+def is_internal_topic(name: str) -> bool:
+    """Whether ``name`` is reserved for Fjord's own topics (``__consumer_offsets``): Kafka's
+    ``__`` prefix, the same rule that marks topics ``internal`` in Metadata responses."""
+    return name.startswith(INTERNAL_TOPIC_PREFIX)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fjord.client import AdminClient, NewTopic, Producer
-from fjord.controller.defaults import MAX_BROKER_PARTITIONS
+from fjord.cluster.defaults import MAX_BROKER_PARTITIONS
 from fjord.errors import PolicyViolationError
 from fjord.local.cluster import LocalCluster
 

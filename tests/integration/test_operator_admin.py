@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from fjord.client import Producer
-from fjord.controller.reassignment import plan_reassignment
+from fjord.cluster.reassignment_plan import plan_reassignment
 from fjord.testing.waiting import wait_for_async
 from fjord_operator.decisions import TopicObservation, decide_topic
 from fjord_operator.handlers import FjordAdmin

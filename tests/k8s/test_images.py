@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fjord.broker.defaults import DEFAULT_BROKER_PORT
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.observability.defaults import METRICS_HOST_ENV
 from fjord_operator import settings as operator_settings
 

@@ -12,7 +12,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjord._proto import broker_pb2
-from fjord.broker.config import topic_settings, validate_broker_config
 from fjord.broker.fetch import FetchSlot, assemble_fetch
 from fjord.broker.metadata_view import MetadataResponder, build_metadata_response
 from fjord.broker.partition import (
@@ -21,6 +20,7 @@ from fjord.broker.partition import (
     check_leader_epoch,
 )
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
+from fjord.cluster.broker_config import topic_settings, validate_broker_config
 from fjord.errors import (
     ConfigError,
     CorruptRecordError,
@@ -465,7 +465,7 @@ def test_config_errors_name_the_key() -> None:
 
 
 def test_a_cluster_config_splits_by_who_reads_it() -> None:
-    from fjord.controller.configs import split_cluster_config
+    from fjord.cluster.topic_config import split_cluster_config
 
     controllers, brokers = split_cluster_config(
         {"num.partitions": "12", "default.replication.factor": "3", "retention.ms": "1000",

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from fjord._proto import broker_pb2
-from fjord.broker.defaults import DEFAULT_BROKER_PORT
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.server import BrokerOptions, check_data_dir_identity
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError, ErrorCode
 from fjord.records import decode_records
 from fjord.serving import parse_listen

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.controller.configs import (
+from fjord.cluster.topic_config import (
     describe_topic_config,
     unclean_election_allowed,
     validate_cluster_config,

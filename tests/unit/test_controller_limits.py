@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.controller.configs import validate_cluster_config
-from fjord.controller.defaults import MAX_BROKER_PARTITIONS, MAX_RECORDS_PER_USER_OP
+from fjord.cluster.defaults import MAX_BROKER_PARTITIONS, MAX_RECORDS_PER_USER_OP
+from fjord.cluster.topic_config import validate_cluster_config
 from fjord.controller.limits import replicas_per_broker, topic_records
 from fjord.controller.planner import TopicSpec, plan_create_partitions, plan_create_topic
 from fjord.errors import ConfigError, ErrorCode, PolicyViolationError, error_for_code

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fjord.controller.configs import check_min_insync_replicas
+from fjord.cluster.topic_config import check_min_insync_replicas
 from fjord.errors import ConfigError, ErrorCode
 
 

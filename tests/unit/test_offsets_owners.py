@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjord.broker.coordinator_lookup import locate_group_coordinator
-from fjord.controller.configs import validate_topic_config
+from fjord.cluster.topic_config import validate_topic_config
 from fjord.controller.defaults import (
     OFFSETS_TOPIC_CONFIG,
     OFFSETS_TOPIC_REPLICATION_FACTOR,

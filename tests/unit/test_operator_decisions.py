@@ -457,7 +457,7 @@ def test_a_lost_phase_still_rebalances_onto_idle_brokers() -> None:
 @given(topics=topics_strategy, brokers=st.integers(3, 6))
 def test_a_balanced_cluster_is_left_alone(topics: dict[str, tuple[int, int]], brokers: int) -> None:
     """After any rebalance, the operator moves no data by itself (no churn)."""
-    from fjord.controller.reassignment import plan_reassignment
+    from fjord.cluster.reassignment_plan import plan_reassignment
 
     assignment = placed(topics, brokers)
     assignment.update(plan_reassignment(assignment, range(brokers)) if assignment else {})

@@ -1,4 +1,4 @@
-"""Properties of the pure reassignment planner (fjord.controller.reassignment.plan_reassignment)."""
+"""Properties of the pure reassignment planner (fjord.cluster.reassignment_plan)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from fjord.cluster.reassignment_plan import plan_reassignment
 from fjord.controller.placement import assign_replicas
-from fjord.controller.reassignment import plan_reassignment
 from fjord.errors import InvalidReplicationFactorError
 
 Key = tuple[str, int]

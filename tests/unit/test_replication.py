@@ -13,13 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.broker.config import validate_broker_config
 from fjord.broker.isr import FollowerState, IsrTracker
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.replication import (
     FollowerPosition,
     FollowerTarget,
-    ReplicationSettings,
     Truncation,
     build_fetch_request,
     group_by_source,
@@ -30,6 +28,8 @@ from fjord.broker.replication_checkpoint import (
     format_hw_checkpoint,
     parse_hw_checkpoint,
 )
+from fjord.cluster.broker_config import validate_broker_config
+from fjord.cluster.replication_config import ReplicationSettings
 from fjord.errors import ConfigError, InvalidRecordError, NotLeaderOrFollowerError, StorageError
 from fjord.records import BatchBuilder
 from fjord.storage import LogConfig, PartitionLog

@@ -1,4 +1,6 @@
-"""Every default of the broker service, defined once here.
+"""Every default of the broker service, defined once here; the defaults of its config keys
+(``--config``, the ``--listen`` port) are :mod:`fjord.cluster.defaults`', shared with whoever
+checks a broker config.
 
 Names follow Kafka's broker settings where one exists (in the comment); values are Kafka's unless
 a comment says why Fjord differs.
@@ -7,9 +9,6 @@ a comment says why Fjord differs.
 from __future__ import annotations
 
 # --- network -------------------------------------------------------------------------------
-
-#: Port used when ``--listen`` gives none (Kafka's usual 9092).
-DEFAULT_BROKER_PORT = 9092
 
 #: Largest gRPC message the broker sends or accepts. A produce request may carry up to
 #: 64 MiB of batches (a large ``max.request.size``) and a fetch may answer up to ``fetch.max.bytes``
@@ -51,24 +50,12 @@ PARTITION_FETCH_MAX_BYTES = 1024 * 1024
 #: come from the page cache in microseconds, and a thread hop costs more than that.
 READ_IN_THREAD_THRESHOLD_BYTES = 1024 * 1024
 
-#: ``min.insync.replicas`` when neither the topic nor the cluster config sets it.
-DEFAULT_MIN_INSYNC_REPLICAS = 1
-
-#: ``auto.create.topics.enable``: off in Fjord (Kafka's default is on). Topics are created
-#: through the controller (``fjord topics create``); a Metadata request asking for
-#: auto-creation gets UNKNOWN_TOPIC_OR_PARTITION like any other unknown topic.
-AUTO_CREATE_TOPICS_ENABLE = False
-
 # --- periodic log maintenance ------------------------------------------------------------------
 
 #: How often logs are checked for ``flush.messages`` / ``flush.ms`` (Kafka:
 #: log.flush.scheduler.interval.ms; Kafka leaves flushing to the OS by default, and so do the
 #: default topic configs: this check is cheap when nothing asks for a flush).
 FLUSH_CHECK_INTERVAL_S = 1.0
-
-#: ``log.retention.check.interval.ms``: how often retention (retention.ms / retention.bytes)
-#: runs (Kafka: 5 min; 30 s here so that short local demos see it). A broker config key.
-RETENTION_CHECK_INTERVAL_MS = 30_000
 
 #: How often logs are checked for a time-based roll (segment.ms).
 ROLL_CHECK_INTERVAL_S = 10.0

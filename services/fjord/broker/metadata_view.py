@@ -9,10 +9,7 @@ from __future__ import annotations
 from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage, PartitionState
-from fjord.topic_names import topic_name_problem
-
-#: Topics whose name starts with this are Fjord's own (``__consumer_offsets``), as in Kafka.
-INTERNAL_TOPIC_PREFIX = "__"
+from fjord.topic_names import is_internal_topic, topic_name_problem
 
 
 def _error(code: ErrorCode, message: str) -> common_pb2.Error:
@@ -46,7 +43,7 @@ def topic_metadata(
     """A topic with its partitions, or an error: INVALID_TOPIC_EXCEPTION for a name that
     breaks Kafka's rules (:mod:`fjord.topic_names`), UNKNOWN_TOPIC_OR_PARTITION for a legal name
     of a topic that does not exist."""
-    out = common_pb2.TopicMetadata(name=name, internal=name.startswith(INTERNAL_TOPIC_PREFIX))
+    out = common_pb2.TopicMetadata(name=name, internal=is_internal_topic(name))
     problem = topic_name_problem(name)
     if problem is not None:
         out.error.CopyFrom(_error(ErrorCode.INVALID_TOPIC_EXCEPTION, problem))
@@ -66,7 +63,7 @@ def topic_metadata(
 def build_metadata_response(
     image: MetadataImage, request: broker_pb2.MetadataRequest
 ) -> broker_pb2.MetadataResponse:
-    """The full Metadata answer. Auto-creation is not supported (see fjord.broker.defaults:
+    """The full Metadata answer. Auto-creation is not supported (see fjord.cluster.defaults:
     AUTO_CREATE_TOPICS_ENABLE): unknown topics are reported as unknown, whatever
     ``allow_auto_topic_creation`` says."""
     response = broker_pb2.MetadataResponse(

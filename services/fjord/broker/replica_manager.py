@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
 from fjord.broker import defaults
-from fjord.broker.config import TopicSettings, topic_settings
 from fjord.broker.coordinator_fence import CoordinatorEpochFence
 from fjord.broker.fetch import FetchSlot, assemble_fetch
 from fjord.broker.partition import Partition, PartitionAssignment
@@ -26,9 +25,10 @@ from fjord.broker.replication import (
     NO_EPOCH,
     FollowerPosition,
     FollowerTarget,
-    ReplicationSettings,
     truncation_for_divergence,
 )
+from fjord.cluster.broker_config import TopicSettings, topic_settings
+from fjord.cluster.replication_config import ReplicationSettings
 from fjord.errors import (
     ErrorCode,
     FjordError,

@@ -24,11 +24,6 @@ from grpc import aio
 
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
-from fjord.broker.config import (
-    retention_check_interval_s,
-    topic_settings,
-    validate_broker_config,
-)
 from fjord.broker.coordinator_lookup import OffsetsTopicCreator
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
@@ -43,6 +38,11 @@ from fjord.broker.producer_state import (
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.service import BrokerServicer
+from fjord.cluster.broker_config import (
+    retention_check_interval_s,
+    topic_settings,
+    validate_broker_config,
+)
 from fjord.errors import ConfigError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.broker import BrokerKafkaHandlers

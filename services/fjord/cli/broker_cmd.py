@@ -10,6 +10,7 @@ import click
 
 from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.kafka.defaults import GRPC_LISTENER, KAFKA_LISTENER
 from fjord.kafka.listeners import parse_listeners
@@ -109,7 +110,7 @@ def broker(
                 "listen: --listen HOST:PORT or GRPC://HOST:PORT in --listeners is required"
             )
         if listen is not None:
-            host, port = parse_listen(listen, defaults.DEFAULT_BROKER_PORT)
+            host, port = parse_listen(listen, DEFAULT_BROKER_PORT)
         else:
             host, port = parsed[GRPC_LISTENER]
         options = BrokerOptions(

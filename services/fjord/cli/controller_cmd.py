@@ -8,7 +8,7 @@ import logging
 import click
 
 from fjord.cli.client_common import parse_pairs
-from fjord.controller.configs import validate_cluster_config
+from fjord.cluster.topic_config import validate_cluster_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
     LEADER_IMBALANCE_CHECK_INTERVAL_S,

@@ -633,9 +633,9 @@ class AdminClient:
     ) -> dict[TopicPartitionKey, list[int]]:
         """The reassignment that gives ``topic`` ``replication_factor`` replicas per partition
         with the fewest moves, balanced over the live brokers (the pure planner
-        :func:`fjord.controller.reassignment.plan_reassignment`). Refuses with
+        :func:`fjord.cluster.reassignment_plan.plan_reassignment`). Refuses with
         REASSIGNMENT_IN_PROGRESS while a partition of the topic is moving."""
-        from fjord.controller.reassignment import plan_reassignment
+        from fjord.cluster.reassignment_plan import plan_reassignment
 
         (description,) = self.describe_topics([topic], timeout=timeout)
         moving = [

@@ -10,44 +10,22 @@
   a successor may already be elected.
 - ``WRITE_SETTLE_TIMEOUT_S`` (5 s): how long a request waits for its own metadata write to
   reach the controller's watcher (so the next request sees it).
-- ``NUM_PARTITIONS`` (1) and ``DEFAULT_REPLICATION_FACTOR`` (1): used when CreateTopics asks
-  for -1; overridable by ``num.partitions`` / ``default.replication.factor`` in
-  ``cluster-config``.
 - ``PRODUCER_ID_BLOCK_SIZE`` (1000): producer ids handed out per AllocateProducerIds.
 - ``MAX_TXN_OPS`` (128): etcd's default limit of operations per transaction; larger metadata
   changes are split (each part fenced on its own).
 - ``REQUEST_TIMEOUT_MS`` (30000): default for requests that carry ``timeout_ms`` = 0.
 
-Limits that keep one request from taking the cluster down (refused with POLICY_VIOLATION, the
-message naming the limit; both can be raised in ``cluster-config``, e.g.
-``fjord local up --config max.broker.partitions=8000``):
-
-- ``MAX_RECORDS_PER_USER_OP`` (10000, key ``max.records.per.user.op``): the most metadata
-  records one CreateTopics / CreatePartitions entry may write, counted as Kafka's controller
-  counts them (one per new partition, one for the topic record, one per topic config). Kafka's
-  KRaft controller refuses larger operations with the same number (``MAX_RECORDS_PER_USER_OP``):
-  every record is applied by every broker, and one huge batch is minutes of work that nothing
-  else can interleave with.
-- ``MAX_BROKER_PARTITIONS`` (1000, key ``max.broker.partitions``, Kafka's KIP-578 name): the
-  most partition replicas one broker may host; a request whose placement would put more on any
-  live broker is refused. Kafka's operators are advised to stay under 4000 per broker, but a
-  Fjord broker is one Python process whose periodic passes (follower fetches, flush, roll,
-  retention, high-watermark checkpoint) each touch every replica: measured on 3 brokers
-  sharing 2 loaded cores, 4000 replicas each starved lease keep-alives (leases lost, leaders
-  flapping) while 1000 each kept acks=all writes to other topics flowing (bench/RESULTS.md).
+The defaults of the cluster-config keys the controller reads (``num.partitions``,
+``default.replication.factor``, the limits) are :mod:`fjord.cluster.defaults`'.
 """
 
 LEASE_TTL_S = 10
 KEEPALIVE_FRACTION = 1 / 3
 STEP_DOWN_MARGIN_S = 0.5
 WRITE_SETTLE_TIMEOUT_S = 5.0
-NUM_PARTITIONS = 1
-DEFAULT_REPLICATION_FACTOR = 1
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_TXN_OPS = 128
 REQUEST_TIMEOUT_MS = 30000
-MAX_RECORDS_PER_USER_OP = 10000
-MAX_BROKER_PARTITIONS = 1000
 
 # Preferred-leader rebalancing (Kafka's auto.leader.rebalance.enable and
 # leader.imbalance.check.interval.seconds): every interval the active controller moves
@@ -58,18 +36,6 @@ MAX_BROKER_PARTITIONS = 1000
 # not modelled: any partition led by a non-preferred replica is moved.
 AUTO_LEADER_REBALANCE_ENABLE = True
 LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
-
-# Defaults of the topic configs that neither storage (fjord.storage.defaults) nor the broker
-# (fjord.broker.defaults: min.insync.replicas) define; Kafka's values. Shown by DescribeConfigs.
-OTHER_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
-    "cleanup.policy": "delete",
-    "compression.type": "producer",
-    "unclean.leader.election.enable": "false",
-    "message.timestamp.difference.max.ms": str(2**63 - 1),
-    "preallocate": "false",
-    "min.compaction.lag.ms": "0",
-    "delete.retention.ms": str(24 * 3600 * 1000),
-}
 
 # The internal topic ``__consumer_offsets`` (its name and partition count,
 # ``offsets.topic.num.partitions`` = 50, live in fjord.groups.defaults, shared with

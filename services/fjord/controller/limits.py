@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from fjord.controller.configs import max_broker_partitions, max_records_per_user_op
+from fjord.cluster.topic_config import max_broker_partitions, max_records_per_user_op
 from fjord.errors import PolicyViolationError
 from fjord.metadata import MetadataImage
 

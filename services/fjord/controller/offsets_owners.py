@@ -15,10 +15,10 @@ from fjord.controller.defaults import (
     OFFSETS_TOPIC_REPLICATION_FACTOR,
 )
 from fjord.controller.planner import TopicSpec
-from fjord.controller.topics import is_internal_topic
 from fjord.errors import InvalidRequestError, InvalidTopicError
 from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
 from fjord.metadata import OffsetsOwner
+from fjord.topic_names import is_internal_topic
 
 
 def offsets_topic_spec(requested: TopicSpec, live_brokers: int) -> TopicSpec:

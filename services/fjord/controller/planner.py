@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from fjord.controller.configs import (
+from fjord.cluster.topic_config import (
     check_min_insync_replicas,
     default_partitions,
     default_replication_factor,

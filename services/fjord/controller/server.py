@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 
 from fjord._proto import broker_pb2, common_pb2, controller_pb2, controller_pb2_grpc
-from fjord.controller.configs import describe_topic_config
+from fjord.cluster.topic_config import describe_topic_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
     LEADER_IMBALANCE_CHECK_INTERVAL_S,

@@ -1,20 +1,13 @@
-"""Topic name rules (Kafka's), pure. The legality rule itself is shared with clients and
-brokers: :mod:`fjord.topic_names`."""
+"""Topic name rules (Kafka's), pure. The legality rule and the internal-topic rule are shared
+with clients and brokers: :mod:`fjord.topic_names`."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from fjord.broker.metadata_view import INTERNAL_TOPIC_PREFIX
 from fjord.topic_names import validate_topic_name
 
-__all__ = ["collision_key", "find_collision", "is_internal_topic", "validate_topic_name"]
-
-
-def is_internal_topic(name: str) -> bool:
-    """Whether ``name`` is reserved for Fjord's own topics (``__consumer_offsets``): Kafka's
-    ``__`` prefix, the same rule that marks topics ``internal`` in Metadata responses."""
-    return name.startswith(INTERNAL_TOPIC_PREFIX)
+__all__ = ["collision_key", "find_collision", "validate_topic_name"]
 
 
 def collision_key(name: str) -> str:

@@ -31,7 +31,7 @@ from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.controller.configs import describe_topic_config
+from fjord.cluster.topic_config import describe_topic_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S

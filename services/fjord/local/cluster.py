@@ -165,7 +165,7 @@ class LocalCluster:
 
             parse_coordinator_config(self.coordinator_config)  # ConfigError names a bad key
         self.cluster_id = cluster_id
-        from fjord.controller.configs import split_cluster_config
+        from fjord.cluster.topic_config import split_cluster_config
 
         # cluster-config gets the controller's part, each broker's --config its own part.
         self.cluster_config, self.broker_config = split_cluster_config(dict(config or {}))

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.broker import defaults
-from fjord.broker.replication import REPLICATION_CONFIG_DEFAULTS, ReplicationSettings
+from fjord.cluster import defaults
+from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS, ReplicationSettings
 from fjord.errors import ConfigError
 from fjord.storage.config import LogConfig
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS

@@ -9,15 +9,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.broker.config import (
+from fjord.cluster.broker_config import (
     BROKER_ONLY_KEYS,
     CONTROLLER_ONLY_KEYS,
     TOPIC_CONFIG_KEYS,
     topic_settings,
     validate_broker_config,
 )
-from fjord.broker.defaults import DEFAULT_MIN_INSYNC_REPLICAS
-from fjord.controller.defaults import (
+from fjord.cluster.defaults import (
+    DEFAULT_MIN_INSYNC_REPLICAS,
     DEFAULT_REPLICATION_FACTOR,
     MAX_BROKER_PARTITIONS,
     MAX_RECORDS_PER_USER_OP,
@@ -26,6 +26,7 @@ from fjord.controller.defaults import (
 )
 from fjord.errors import ConfigError
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
+from fjord.topic_names import is_internal_topic
 
 #: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
 #: limits of fjord.controller.limits).
@@ -91,8 +92,6 @@ def check_min_insync_replicas(
     replication factor: every ``acks=all`` produce to it would wait and then fail with
     NOT_ENOUGH_REPLICAS. Internal topics are not checked (``__consumer_offsets`` follows the
     live broker count by design)."""
-    from fjord.controller.topics import is_internal_topic
-
     if is_internal_topic(topic):
         return
     min_isr = topic_settings({}, cluster_config, topic_config).min_insync_replicas

@@ -1,0 +1,230 @@
+"""The reassignment planner, pure and shared: target replica lists for a cluster change
+(replication factor, brokers added or drained) with the fewest replica moves; see
+:func:`plan_reassignment` for the guarantees. The admin client (``fjord topics
+--reassign-partitions --generate``) and the operator's autoscaler plan with it; the controller
+carries a plan out (:mod:`fjord.controller.reassignment`, the per-partition state machine).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from fjord.errors import InvalidReplicationFactorError
+
+TopicPartitionKey = tuple[str, int]
+
+
+def plan_reassignment(
+    current: Mapping[TopicPartitionKey, Sequence[int]],
+    brokers: Collection[int],
+    *,
+    target_rf: int | Mapping[str, int] | None = None,
+    drain: Collection[int] = (),
+) -> dict[TopicPartitionKey, list[int]]:
+    """Target replica lists for the partitions that must change (unchanged ones are omitted).
+
+    ``current``: every partition's replicas (first = preferred leader). ``brokers``: the
+    brokers that may hold replicas (live ones; brokers being added included). ``target_rf``:
+    the new replication factor, for all topics (int) or per topic (mapping; topics not named
+    keep theirs); None keeps every partition's. ``drain``: brokers to empty (being removed).
+
+    Guarantees (tested with hypothesis): every partition of the result has its replication
+    factor of distinct brokers from ``brokers - drain``; replica counts per eligible broker
+    differ by at most one; with an unchanged replication factor and nothing drained, the
+    number of replicas moved is the fewest that reach balance (max(excess over the ceiling,
+    deficit under the floor)); when the replication factor changes, the additions are placed
+    by a max flow, so every replica on an eligible broker stays whenever some balanced result
+    keeps them all (otherwise a few are moved, by a greedy rebalance); a partition's
+    preferred leader stays
+    first while it remains a replica, and preferred leaders are then spread greedily (a move of
+    leadership only, no data). Raises InvalidReplicationFactorError when a partition needs more
+    replicas than there are eligible brokers.
+    """
+    eligible = sorted(set(brokers) - set(drain))
+
+    def rf_of(key: TopicPartitionKey, replicas: Sequence[int]) -> int:
+        if target_rf is None:
+            return len(replicas)
+        if isinstance(target_rf, int):
+            return target_rf
+        return target_rf.get(key[0], len(replicas))
+
+    wanted = {key: rf_of(key, replicas) for key, replicas in current.items()}
+    for key, rf in wanted.items():
+        if rf < 1:
+            raise InvalidReplicationFactorError(f"replication factor must be at least 1, got {rf}")
+        if rf > len(eligible):
+            raise InvalidReplicationFactorError(
+                f"{key[0]}-{key[1]} needs {rf} replicas but only {len(eligible)} brokers are "
+                "eligible"
+            )
+    if not current:
+        return {}
+    total = sum(wanted.values())
+    floor, extra = divmod(total, len(eligible))
+    ceiling = floor + (1 if extra else 0)
+    eligible_set = set(eligible)
+
+    # 1. Keep the replicas on eligible brokers; a shrinking partition drops the replicas on
+    #    the most loaded brokers first (never its preferred leader while others can go).
+    assignment: dict[TopicPartitionKey, list[int]] = {
+        key: [r for r in replicas if r in eligible_set] for key, replicas in current.items()
+    }
+    load: Counter[int] = Counter({b: 0 for b in eligible})
+    for replicas in assignment.values():
+        load.update(replicas)
+    for key in sorted(assignment):
+        replicas = assignment[key]
+        while len(replicas) > wanted[key]:
+            droppable = replicas[1:] if len(replicas) > 1 else replicas
+            victim = max(droppable, key=lambda b: (load[b], b))
+            replicas.remove(victim)
+            load[victim] -= 1
+
+    # 2. Fill missing slots. Kept replicas never move here, so the only freedom is where the
+    #    additions go: a max flow (partitions -> brokers not yet in them -> sink) first lifts
+    #    every broker to the floor, then fills up to the ceiling. Augmenting paths never take
+    #    flow back from the sink, so brokers lifted in the first pass stay lifted; if any
+    #    balanced completion exists that keeps every kept replica, this finds one.
+    _fill_by_flow(assignment, wanted, eligible, load, floor, ceiling)
+    for key in sorted(assignment):
+        replicas = assignment[key]
+        while len(replicas) < wanted[key]:  # only when no balanced completion exists
+            choice = min((b for b in eligible if b not in replicas), key=lambda b: (load[b], b))
+            replicas.append(choice)
+            load[choice] += 1
+
+    # 3. Rebalance: move one replica at a time from a most loaded to a least loaded broker.
+    #    Each move lowers the excess over the ceiling or the deficit under the floor (both
+    #    while both exist), so the count of moves is the lower bound max(excess, deficit).
+    while True:
+        high = max(eligible, key=lambda b: (load[b], -b))
+        low = min(eligible, key=lambda b: (load[b], b))
+        if load[high] - load[low] <= 1:
+            break
+        # A partition on ``high`` but not on ``low`` exists: high holds more partitions.
+        # Prefer one where ``high`` was only added by this plan (re-pointing an addition moves
+        # no existing data), then one where it is not the preferred leader.
+        candidates = [
+            key for key in sorted(assignment)
+            if high in assignment[key] and low not in assignment[key]
+        ]
+        key = min(
+            candidates,
+            key=lambda k: (high in current[k], assignment[k].index(high) == 0),
+        )
+        replicas = assignment[key]
+        replicas[replicas.index(high)] = low
+        load[high] -= 1
+        load[low] += 1
+    assert ceiling >= max(load.values())
+
+    # 4. Spread preferred leaders: while some broker is preferred leader of two more
+    #    partitions than another that is a replica of one of them, swap that one to the front.
+    leaders: Counter[int] = Counter({b: 0 for b in eligible})
+    leaders.update(replicas[0] for replicas in assignment.values())
+    for _ in range(len(assignment) * len(eligible)):
+        moved = False
+        for high in sorted(eligible, key=lambda b: (-leaders[b], b)):
+            for key in sorted(assignment):
+                replicas = assignment[key]
+                if replicas[0] != high:
+                    continue
+                if len(replicas) < 2:
+                    continue
+                follower = min(replicas[1:], key=lambda b: (leaders[b], b))
+                if leaders[high] - leaders[follower] > 1:
+                    replicas.remove(follower)
+                    replicas.insert(0, follower)
+                    leaders[high] -= 1
+                    leaders[follower] += 1
+                    moved = True
+                    break
+            if moved:
+                break
+        if not moved:
+            break
+
+    return {
+        key: replicas
+        for key, replicas in assignment.items()
+        if list(current[key]) != replicas
+    }
+
+
+def _fill_by_flow(
+    assignment: dict[TopicPartitionKey, list[int]],
+    wanted: Mapping[TopicPartitionKey, int],
+    eligible: list[int],
+    load: Counter[int],
+    floor: int,
+    ceiling: int,
+) -> None:
+    """Add replicas to partitions below their replication factor (in place, ``load``
+    updated), as many as fit without lifting a broker above ``ceiling``, floors first."""
+    need = {k: wanted[k] - len(r) for k, r in assignment.items() if wanted[k] > len(r)}
+    if not need:
+        return
+    chosen: set[tuple[TopicPartitionKey, int]] = set()
+    by_broker: dict[int, set[TopicPartitionKey]] = {b: set() for b in eligible}
+    sent: Counter[TopicPartitionKey] = Counter()
+    got: Counter[int] = Counter()
+    keys = sorted(need)
+
+    def augment(capacity: Mapping[int, int]) -> bool:
+        # BFS over the residual graph: key -> broker (unused pair), broker -> key (undo a pair).
+        parent: dict[tuple[str, Any], tuple[str, Any] | None] = {}
+        queue: list[tuple[str, Any]] = []
+        for start in keys:
+            if sent[start] < need[start]:
+                parent[("k", start)] = None
+                queue.append(("k", start))
+        head = 0
+        while head < len(queue):
+            node = queue[head]
+            head += 1
+            if node[0] == "k":
+                key = node[1]
+                for candidate in eligible:
+                    nxt = ("b", candidate)
+                    if (
+                        nxt not in parent
+                        and candidate not in assignment[key]
+                        and (key, candidate) not in chosen
+                    ):
+                        parent[nxt] = node
+                        queue.append(nxt)
+                continue
+            broker: int = node[1]
+            if got[broker] < capacity[broker]:
+                # Found the sink: flip the pairs along the path.
+                got[broker] += 1
+                current: tuple[str, Any] = node
+                while True:
+                    previous = parent[current]
+                    if previous is None:
+                        sent[current[1]] += 1
+                        return True
+                    if previous[0] == "k":  # a key -> broker edge: use the pair
+                        chosen.add((previous[1], current[1]))
+                        by_broker[current[1]].add(previous[1])
+                    else:  # a broker -> key edge: give the pair up
+                        chosen.discard((current[1], previous[1]))
+                        by_broker[previous[1]].discard(current[1])
+                    current = previous
+            for holder in sorted(by_broker[broker]):
+                back = ("k", holder)
+                if back not in parent:
+                    parent[back] = node
+                    queue.append(back)
+        return False
+
+    for limit in (floor, ceiling):
+        capacity = {b: max(0, limit - load[b]) for b in eligible}
+        while augment(capacity):
+            pass
+    for key, broker in sorted(chosen):
+        assignment[key].append(broker)
+        load[broker] += 1
