@@ -11,11 +11,17 @@ from fjord.records.header import (
     BATCH_HEADER_SIZE,
     CRC_START,
     HEADER_STRUCT,
+    STAMPED_PREFIX_SIZE,
     Compression,
+    check_crc,
+    check_structure,
     crc32c,
     iter_batches,
     parse_header,
+    set_log_append_time,
     stamp_batch,
+    stamp_producer_state,
+    stamped_prefix,
     validate_batch,
 )
 
@@ -82,3 +88,37 @@ def test_parse_header_does_not_check_crc() -> None:
     bad = bytearray(make_batch())
     bad[-1] ^= 0xFF
     assert parse_header(bad).record_count == 1
+
+
+def test_stamped_prefix_gives_what_stamp_batch_gives() -> None:
+    batch = make_batch(b"x" * 7)
+    stamped = bytearray(batch)
+    stamp_batch(stamped, 0, base_offset=9, leader_epoch=3)
+    length = parse_header(batch).batch_length
+    assert stamped_prefix(9, length, 3) + batch[STAMPED_PREFIX_SIZE:] == bytes(stamped)
+
+
+def test_producer_state_is_written_inside_a_valid_crc() -> None:
+    buf = bytearray(b"pad" + make_batch(record_count=4))
+    stamp_producer_state(buf, producer_id=77, producer_epoch=5, base_sequence=100, pos=3)
+    h = validate_batch(buf, 3)
+    assert (h.producer_id, h.producer_epoch, h.base_sequence, h.last_sequence) == (77, 5, 100, 103)
+    assert h.record_count == 4 and h.max_timestamp == 1000
+
+
+def test_log_append_time_marks_the_batch_and_keeps_its_crc_valid() -> None:
+    buf = bytearray(make_batch(attributes=Compression.GZIP))
+    set_log_append_time(buf, 123_456)
+    h = validate_batch(buf)
+    assert h.timestamp_type.name == "LOG_APPEND_TIME" and h.max_timestamp == 123_456
+    assert h.compression is Compression.GZIP and h.base_timestamp == 1000
+
+
+def test_structure_and_crc_are_checked_apart() -> None:
+    bad = bytearray(make_batch())
+    bad[-1] ^= 0xFF
+    header = check_structure(bad)  # the CRC is not its business
+    with pytest.raises(CorruptRecordError, match="CRC mismatch"):
+        check_crc(bad, 0, header)
+    with pytest.raises(CorruptRecordError, match="truncated batch at position 0"):
+        check_structure(bad[:-1])

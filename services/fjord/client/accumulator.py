@@ -7,7 +7,6 @@ sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock
 
 from __future__ import annotations
 
-import struct
 import threading
 import time
 from collections import deque
@@ -19,12 +18,8 @@ from fjord.client.futures import BatchCompletion, RecordFuture
 from fjord.client.types import Headers, TopicPartition
 from fjord.config import MAX_IN_FLIGHT_FOR_IDEMPOTENCE
 from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
-from fjord.records.header import CRC_START, crc32c
+from fjord.records.header import stamp_producer_state
 
-_PRODUCER_STATE = struct.Struct(">qhi")  # producer id, epoch, base sequence: header bytes 43..57
-_PRODUCER_STATE_AT = 43
-_CRC = struct.Struct(">I")
-_CRC_AT = 17
 _MAX_SEQUENCE = 0x7FFFFFFF
 _MAX_EPOCH = 0x7FFF
 
@@ -103,8 +98,7 @@ class ProducerBatch:
         """Write producer id, epoch and base sequence into the built payload (fields inside
         the CRC, so the CRC-32C is recomputed: one pass over the batch)."""
         payload = bytearray(self.close())
-        _PRODUCER_STATE.pack_into(payload, _PRODUCER_STATE_AT, producer_id, epoch, base_sequence)
-        _CRC.pack_into(payload, _CRC_AT, crc32c(memoryview(payload)[CRC_START:]))
+        stamp_producer_state(payload, producer_id, epoch, base_sequence)
         self.payload = bytes(payload)
         self.base_sequence = base_sequence
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 from fjord.errors import InvalidRecordError, UnsupportedCompressionError
@@ -23,13 +22,13 @@ from fjord.records.header import (
     Compression,
     TimestampType,
     crc32c,
+    write_crc,
 )
 from fjord.records.varint import SMALL_LIMIT, ZIGZAG_TABLE, encode_zigzag, zigzag_size
 
 _NULL_LENGTH = ZIGZAG_TABLE[SMALL_LIMIT - 1]  # zigzag(-1): a null key, value or header value
 _NO_HEADERS = ZIGZAG_TABLE[SMALL_LIMIT]  # zigzag(0): headers count 0
 _ATTRIBUTES = b"\x00"  # record attributes: unused in v2, always 0
-_CRC = struct.Struct(">I")
 _INT32_MAX = (1 << 31) - 1
 _INT64_MIN = -(1 << 63)
 _INT64_MAX = (1 << 63) - 1
@@ -308,7 +307,7 @@ class BatchBuilder:
         )
         crc = crc32c(memoryview(header)[CRC_START:])
         crc = crc32c(records, crc)
-        _CRC.pack_into(header, 17, crc)
+        write_crc(header, crc)
         self._built = bytes(header) + records
         self._parts = []
         return self._built

@@ -19,6 +19,10 @@ Layout (big-endian), byte offsets from the start of the batch::
     61  records ...              (compressed as a whole when the codec is not none)
 
 This module only reads and stamps headers: it never decodes records. That is all a broker needs.
+It is the one place that knows these offsets: the builder, the producer's accumulator and the
+log write header fields through the functions below (:func:`stamp_batch`,
+:func:`stamped_prefix`, :func:`stamp_producer_state`, :func:`set_log_append_time`,
+:func:`write_crc`, :func:`seal_batch`).
 """
 
 from __future__ import annotations
@@ -39,8 +43,19 @@ MAGIC_V2 = 2
 CRC_START = 21  # the CRC covers attributes .. end of batch
 BASE_OFFSET_AND_LENGTH = struct.Struct(">qi")
 LEADER_EPOCH_STRUCT = struct.Struct(">i")
+_LEADER_EPOCH_AT = 12
+_STAMPED_PREFIX = struct.Struct(">qii")  # base offset, batch length, partition leader epoch
+STAMPED_PREFIX_SIZE = _STAMPED_PREFIX.size  # 16: the bytes before magic
+_CRC = struct.Struct(">I")
+_CRC_AT = 17
+_ATTRIBUTES = struct.Struct(">h")
+_ATTRIBUTES_AT = 21
 _LAST_OFFSET_DELTA = struct.Struct(">i")
 _LAST_OFFSET_DELTA_AT = 23
+_MAX_TIMESTAMP = struct.Struct(">q")
+_MAX_TIMESTAMP_AT = 35
+_PRODUCER_STATE = struct.Struct(">qhi")  # producer id, producer epoch, base sequence
+_PRODUCER_STATE_AT = 43
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
 NO_SEQUENCE = -1
@@ -173,24 +188,36 @@ def validate_batch(buf: Buffer, pos: int = 0, max_batch_bytes: int | None = None
     Raises :class:`RecordTooLargeError` when the batch is larger than ``max_batch_bytes`` and
     :class:`CorruptRecordError` for anything malformed. Never decodes records.
     """
+    header = check_structure(buf, pos, max_batch_bytes)
+    check_crc(buf, pos, header)
+    return header
+
+
+def check_structure(buf: Buffer, pos: int = 0, max_batch_bytes: int | None = None) -> BatchHeader:
+    """Everything :func:`validate_batch` checks except the CRC (a log checks the CRCs of a large
+    append in another thread, with :func:`check_crc`, while it writes)."""
     header = parse_header(buf, pos)
     if max_batch_bytes is not None and header.size > max_batch_bytes:
         raise RecordTooLargeError(
             f"batch of {header.size} bytes exceeds max.message.bytes={max_batch_bytes}"
         )
-    end = pos + header.size
-    if end > len(buf):
+    if pos + header.size > len(buf):
         raise CorruptRecordError(
             f"truncated batch at position {pos}: declares {header.size} bytes, "
             f"only {len(buf) - pos} present"
         )
-    actual = crc32c(memoryview(buf)[pos + CRC_START : end])
+    return header
+
+
+def check_crc(buf: Buffer, pos: int, header: BatchHeader) -> None:
+    """Raise :class:`CorruptRecordError` unless the CRC-32C of the complete batch at ``buf[pos]``
+    (whose header :func:`check_structure` returned) matches the stored one."""
+    actual = crc32c(memoryview(buf)[pos + CRC_START : pos + header.size])
     if actual != header.crc:
         raise CorruptRecordError(
             f"CRC mismatch in batch at position {pos} (base offset {header.base_offset}): "
             f"stored {header.crc:#010x}, computed {actual:#010x}"
         )
-    return header
 
 
 def iter_batches(
@@ -212,7 +239,51 @@ def stamp_batch(buf: bytearray | memoryview, pos: int, base_offset: int, leader_
     Both fields lie outside the CRC, so the batch stays valid and the CRC is not recomputed.
     """
     struct.pack_into(">q", buf, pos, base_offset)
-    LEADER_EPOCH_STRUCT.pack_into(buf, pos + 12, leader_epoch)
+    LEADER_EPOCH_STRUCT.pack_into(buf, pos + _LEADER_EPOCH_AT, leader_epoch)
+
+
+def stamped_prefix(base_offset: int, batch_length: int, leader_epoch: int) -> bytes:
+    """The first :data:`STAMPED_PREFIX_SIZE` bytes of a batch as the log stamps it (base offset,
+    the batch's unchanged length, partition leader epoch): written in front of the rest of the
+    batch, they give what :func:`stamp_batch` gives, without copying the batch."""
+    return _STAMPED_PREFIX.pack(base_offset, batch_length, leader_epoch)
+
+
+def write_crc(buf: bytearray | memoryview, crc: int, pos: int = 0) -> None:
+    """Store ``crc`` as the CRC-32C field of the batch header at ``buf[pos]`` (for a builder that
+    computed it over the header and records held apart)."""
+    _CRC.pack_into(buf, pos + _CRC_AT, crc)
+
+
+def seal_batch(buf: bytearray | memoryview, pos: int = 0) -> None:
+    """Recompute the CRC-32C of the whole batch at ``buf[pos]`` (which must be complete) after
+    a field inside the CRC changed."""
+    _, length = BASE_OFFSET_AND_LENGTH.unpack_from(buf, pos)
+    end = pos + LOG_OVERHEAD + length
+    write_crc(buf, crc32c(memoryview(buf)[pos + CRC_START : end]), pos)
+
+
+def stamp_producer_state(
+    buf: bytearray | memoryview, producer_id: int, producer_epoch: int, base_sequence: int,
+    pos: int = 0,
+) -> None:
+    """Write producer id, epoch and base sequence into the complete batch at ``buf[pos]`` (the
+    idempotent producer assigns them when the batch is first sent) and recompute the CRC: these
+    fields lie inside it. One pass over the batch."""
+    _PRODUCER_STATE.pack_into(
+        buf, pos + _PRODUCER_STATE_AT, producer_id, producer_epoch, base_sequence
+    )
+    seal_batch(buf, pos)
+
+
+def set_log_append_time(buf: bytearray | memoryview, timestamp: int, pos: int = 0) -> None:
+    """Mark the complete batch at ``buf[pos]`` as LOG_APPEND_TIME with ``max_timestamp`` =
+    ``timestamp`` and recompute its CRC (Kafka's ``setMaxTimestamp``); the records' own
+    timestamps are left as they are (readers take the batch's)."""
+    (attributes,) = _ATTRIBUTES.unpack_from(buf, pos + _ATTRIBUTES_AT)
+    _ATTRIBUTES.pack_into(buf, pos + _ATTRIBUTES_AT, attributes | ATTR_TIMESTAMP_TYPE)
+    _MAX_TIMESTAMP.pack_into(buf, pos + _MAX_TIMESTAMP_AT, timestamp)
+    seal_batch(buf, pos)
 
 
 def end_of_whole_batches(buf: Buffer) -> int:

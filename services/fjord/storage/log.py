@@ -6,7 +6,6 @@ import bisect
 import contextlib
 import logging
 import os
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,18 +13,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fjord.errors import (
-    CorruptRecordError,
     InvalidRecordError,
     OffsetOutOfRangeError,
-    RecordTooLargeError,
     StorageError,
 )
 from fjord.records.header import (
-    ATTR_TIMESTAMP_TYPE,
-    CRC_START,
+    STAMPED_PREFIX_SIZE,
     BatchHeader,
-    crc32c,
-    parse_header,
+    check_crc,
+    check_structure,
+    set_log_append_time,
+    stamp_batch,
+    stamped_prefix,
     validate_batch,
 )
 from fjord.storage import defaults
@@ -37,10 +36,6 @@ from fjord.storage.segment import NO_TIMESTAMP, LogSegment
 
 log = logging.getLogger(__name__)
 
-_STAMP = struct.Struct(">qii")  # base offset, batch length, partition leader epoch: 16 bytes
-_STAMPED_PREFIX = _STAMP.size
-_MAX_TIMESTAMP_AT = 35
-_ATTRIBUTES_AT = 21
 PARTITION_CHECKPOINT_VERSION = 0
 
 
@@ -58,29 +53,9 @@ def _crc_pool() -> ThreadPoolExecutor:
     return _CRC_POOL
 
 
-def _check_structure(buf: memoryview, pos: int, max_batch_bytes: int | None) -> BatchHeader:
-    """Everything :func:`validate_batch` checks except the CRC."""
-    header = parse_header(buf, pos)
-    if max_batch_bytes is not None and header.size > max_batch_bytes:
-        raise RecordTooLargeError(
-            f"batch of {header.size} bytes exceeds max.message.bytes={max_batch_bytes}"
-        )
-    if pos + header.size > buf.nbytes:
-        raise CorruptRecordError(
-            f"truncated batch at position {pos}: declares {header.size} bytes, "
-            f"only {buf.nbytes - pos} present"
-        )
-    return header
-
-
 def _check_crcs(buf: memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
     for pos, header in headers:
-        actual = crc32c(buf[pos + CRC_START : pos + header.size])
-        if actual != header.crc:
-            raise CorruptRecordError(
-                f"CRC mismatch in batch at position {pos}: stored {header.crc:#010x}, "
-                f"computed {actual:#010x}"
-            )
+        check_crc(buf, pos, header)
 
 
 @dataclass(frozen=True, slots=True)
@@ -385,16 +360,13 @@ class PartitionLog:
                 end = pos + h.size
                 if append_time >= 0:
                     batch = bytearray(buf[pos:end])
-                    attributes = h.attributes | ATTR_TIMESTAMP_TYPE
-                    struct.pack_into(">h", batch, _ATTRIBUTES_AT, attributes)
-                    struct.pack_into(">q", batch, _MAX_TIMESTAMP_AT, append_time)
-                    struct.pack_into(">I", batch, 17, crc32c(memoryview(batch)[CRC_START:]))
-                    _STAMP.pack_into(batch, 0, next_offset, h.batch_length, leader_epoch)
+                    set_log_append_time(batch, append_time)
+                    stamp_batch(batch, 0, next_offset, leader_epoch)
                     iovecs.append(batch)
                     batch_ts = append_time
                 else:
-                    iovecs.append(_STAMP.pack(next_offset, h.batch_length, leader_epoch))
-                    iovecs.append(buf[pos + _STAMPED_PREFIX : end])
+                    iovecs.append(stamped_prefix(next_offset, h.batch_length, leader_epoch))
+                    iovecs.append(buf[pos + STAMPED_PREFIX_SIZE : end])
                     batch_ts = h.max_timestamp
                 placed.append((pos, next_offset, batch_ts, h.size))
                 if batch_ts > max_ts:
@@ -494,7 +466,7 @@ class PartitionLog:
         pos = 0
         limit = self.config.max_message_bytes if leader else None
         while pos < buf.nbytes:
-            h = validate_batch(buf, pos, limit) if check_crc else _check_structure(buf, pos, limit)
+            h = validate_batch(buf, pos, limit) if check_crc else check_structure(buf, pos, limit)
             if leader and (h.record_count == 0 or h.record_count != h.last_offset_delta + 1):
                 raise InvalidRecordError(
                     f"batch at position {pos} has {h.record_count} records but last offset "

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from fjord.records.header import (
     BATCH_HEADER_SIZE,
-    CRC_START,
     HEADER_STRUCT,
     LOG_OVERHEAD,
     MAGIC_V2,
-    crc32c,
+    seal_batch,
 )
 
 
@@ -71,8 +70,7 @@ def make_batch(
         )
     )
     batch = header + records
-    crc = crc32c(memoryview(batch)[CRC_START:])
-    batch[17:21] = crc.to_bytes(4, "big")
+    seal_batch(batch)
     return bytes(batch)
 
 
