@@ -1,7 +1,9 @@
 """One partition replica as the broker sees it: leadership, epochs, high watermark, produce checks.
 
 Pure: no sockets, threads or clocks of its own. The log is fjord.storage's PartitionLog, whose
-methods run synchronously on the caller's thread (the broker's event loop).
+methods run synchronously on the caller's thread: this class calls them from the broker's event
+loop (the broker reads large fetches and flushes logs in worker threads, which the log's lock
+allows).
 """
 
 from __future__ import annotations

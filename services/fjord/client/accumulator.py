@@ -1,8 +1,14 @@
-"""The producer's pure core: per-partition batches waiting to be sent, and what to do with
-the broker's answer. No sockets, no threads of its own, no clock (``now_ms`` is passed in).
+"""The producer's core: per-partition batches waiting to be sent, and what to do with the
+broker's answer. No sockets and no thread of its own; the sender (:mod:`fjord.client.producer`)
+does the I/O.
 
 :class:`RecordAccumulator` is called from two threads: the application's (``append``) and the
 sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock guards it.
+Two things are not pure, both on the application's side: ``append`` blocks its caller (a
+condition variable on that lock, up to ``max.block.ms``) while ``buffer.memory`` is full, and
+when it opens a batch without being given ``now_ms`` it reads the clock injected at
+construction (monotonic milliseconds by default). The sender's side takes ``now_ms`` as an
+argument and never reads a clock.
 """
 
 from __future__ import annotations

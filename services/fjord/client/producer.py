@@ -1,10 +1,13 @@
 """The producer: ``send()`` appends to per-partition batches; a sender on the client's event
 loop ships every ready batch for a broker in one Produce request.
 
-Threading: ``send`` runs on the caller's thread and costs one lock and one builder append per
-record (no I/O, no per-record Future); the sender coroutine runs on the client's private loop
-thread (see :class:`fjord.client.network.EventLoopThread`) and is woken only when a batch
-closes or a new one opens. Callbacks run on that loop thread: keep them short, never block.
+Threading: ``send`` runs on the caller's thread and costs one lock, one builder append and one
+light :class:`~fjord.client.futures.RecordFuture` (sharing its batch's completion, no
+``concurrent.futures.Future``) per record; it blocks only for a topic's first metadata (asked
+on the loop thread) or while ``buffer.memory`` is full, each up to ``max.block.ms``. The
+sender coroutine runs on the client's private loop thread (see
+:class:`fjord.client.network.EventLoopThread`) and is woken only when a batch closes or a new
+one opens. Callbacks run on that loop thread: keep them short, never block.
 
 Ordering: records of one partition are sent in order. With ``enable.idempotence`` (the default)
 each batch carries the producer id, epoch and a per-partition sequence, is sent alone for its

@@ -1,4 +1,4 @@
-"""Partition reassignment, pure: the per-partition state machine and the cluster-wide planner.
+"""Partition reassignment, pure: the per-partition state machine.
 
 State machine (Kafka's KIP-455 procedure, on :class:`PartitionState`):
 
