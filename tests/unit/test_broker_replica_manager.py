@@ -507,3 +507,69 @@ def test_one_request_many_partitions(env: Env) -> None:
         assert manager.partitions[("a", 0)].log_end_offset == 0
 
     run(scenario())
+
+
+def test_resignation_is_asked_once_per_epoch_and_adopted_when_committed(env: Env) -> None:
+    from fjord.broker.partition import PartitionAssignment
+
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic(
+            "t", [leader_state((BROKER, 2)), leader_state((BROKER,)), leader_state((2, BROKER),
+                                                                                 leader=2)]))
+        # Only t-0 has another ISR member to take over; t-1 is alone, t-2 led elsewhere.
+        assert manager.resign_all("disk") == 1
+        assert manager.resign_all("disk") == 0  # already asked in this epoch
+        (request,) = manager.take_isr_requests()
+        assert request.resign and request.reason == "disk" and request.new_isr == (2,)
+        assert manager.resigning(("t", 0))
+        committed = PartitionAssignment(leader=2, leader_epoch=1, replicas=(BROKER, 2),
+                                        isr=(2,), partition_epoch=1)
+        manager.on_isr_change_result(request, 0, committed)
+        partition = manager.partitions[("t", 0)]
+        assert not partition.is_leader and partition.leader_epoch == 1
+        assert not manager.resigning(("t", 0))
+        out = one_produce(await manager.produce(produce_request("t", 0, batch(1))))
+        assert out.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+
+    run(scenario())
+
+
+def test_refused_resignation_keeps_leading_and_may_be_asked_again(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        assert manager.request_resignation(("t", 0), "damage")
+        (request,) = manager.take_isr_requests()
+        manager.on_isr_change_result(request, ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE.code, None)
+        assert manager.partitions[("t", 0)].is_leader
+        assert manager.request_resignation(("t", 0), "damage")
+
+    run(scenario())
+
+
+def test_unwritable_disk_stops_following_and_reports_follower_append_errors(env: Env) -> None:
+    from fjord.broker.disk_monitor import DiskMonitor
+    from fjord.broker.replication import FollowerTarget
+
+    manager, cluster, logs = env
+    monitor = DiskMonitor(logs.data_dir, lambda _condition: None, lambda: None)
+    manager.on_write_error = monitor.report
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((2, BROKER), leader=2)]))
+        target = FollowerTarget(2, 0)
+        assert manager.follower_position(("t", 0), target) is not None
+        manager.disk_writable = False
+        assert manager.follower_position(("t", 0), target) is None
+        manager.disk_writable = True
+        manager.partitions[("t", 0)].log.close()  # every later write fails like a dead disk
+        answer = broker_pb2.FetchPartitionResponse(partition=0, high_watermark=1,
+                                                   records=batch(1))
+        result = manager.on_follower_fetch_response(("t", 0), target, answer)
+        # A closed log is no OS write error: logged as before, the disk still counts writable.
+        assert result.error is not None and result.quiet is False and monitor.writable
+
+    run(scenario())

@@ -201,3 +201,42 @@ def test_elect_leaders_unclean_for_offline_partition() -> None:
 
 def test_initial_state_first_replica_leads() -> None:
     assert initial_state([3, 1, 2]) == PartitionState((3, 1, 2), (3, 1, 2), 3, 0, 0)
+
+
+# -- a leader resigns (disk cannot be written, damaged copy) ------------------------------
+
+
+def test_resigning_leader_hands_over_to_first_live_isr_member_and_leaves_the_isr() -> None:
+    from fjord.controller.election import resign_leadership
+
+    new = resign_leadership(state([1, 2, 3], [3, 2, 1], 1), 1, 4, 9, live={1, 2, 3})
+    assert new.leader == 2 and new.isr == (3, 2)
+    assert (new.leader_epoch, new.partition_epoch) == (5, 10)
+    # A dead ISR member is skipped.
+    assert resign_leadership(state([1, 2, 3], [1, 2, 3], 1), 1, 4, 9, live={1, 3}).leader == 3
+
+
+def test_resigning_without_another_live_isr_member_is_refused() -> None:
+    from fjord.controller.election import resign_leadership
+
+    with pytest.raises(EligibleLeadersNotAvailableError):
+        resign_leadership(state([1], [1], 1), 1, 4, 9, live={1})
+    with pytest.raises(EligibleLeadersNotAvailableError):
+        resign_leadership(state([1, 2], [1, 2], 1), 1, 4, 9, live={1})
+
+
+def test_resigning_is_fenced_like_an_isr_change() -> None:
+    from fjord.controller.election import resign_leadership
+    from fjord.errors import (
+        FencedLeaderEpochError,
+        InvalidUpdateVersionError,
+        NotLeaderOrFollowerError,
+    )
+
+    s = state([1, 2, 3], [1, 2, 3], 1)
+    with pytest.raises(NotLeaderOrFollowerError):
+        resign_leadership(s, 2, 4, 9, live={1, 2, 3})
+    with pytest.raises(FencedLeaderEpochError):
+        resign_leadership(s, 1, 3, 9, live={1, 2, 3})
+    with pytest.raises(InvalidUpdateVersionError):
+        resign_leadership(s, 1, 4, 8, live={1, 2, 3})

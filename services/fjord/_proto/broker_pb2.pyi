@@ -123,20 +123,22 @@ class FetchTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[FetchPartition, _Mapping]]] = ...) -> None: ...
 
 class FetchPartition(_message.Message):
-    __slots__ = ("partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch", "last_fetched_epoch", "log_start_offset")
+    __slots__ = ("partition", "fetch_offset", "partition_max_bytes", "current_leader_epoch", "last_fetched_epoch", "log_start_offset", "damaged_at_fetch_offset")
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     PARTITION_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     CURRENT_LEADER_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LAST_FETCHED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_AT_FETCH_OFFSET_FIELD_NUMBER: _ClassVar[int]
     partition: int
     fetch_offset: int
     partition_max_bytes: int
     current_leader_epoch: int
     last_fetched_epoch: int
     log_start_offset: int
-    def __init__(self, partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
+    damaged_at_fetch_offset: bool
+    def __init__(self, partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., damaged_at_fetch_offset: _Optional[bool] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
     __slots__ = ("error", "topics")

@@ -95,3 +95,19 @@ OFFSETS_TOPIC_CREATE_TIMEOUT_S = 10.0
 #: OPEN_PARTITIONS_LOGGED partitions are logged as one line instead of one per partition.
 OPEN_PARTITIONS_CHUNK = 100
 OPEN_PARTITIONS_LOGGED = 20
+
+# --- data directory health (see docs/operations.md, "Disk full") ------------------------------
+
+#: While the data directory cannot be written, how often the broker probes it (and asks again
+#: to hand over leadership of partitions it still leads).
+DISK_PROBE_INTERVAL_S = 1.0
+
+#: A probe counts the directory writable again only with at least this much free space (so a
+#: disk with a few KiB free does not flip back and forth with every small write) ...
+DISK_PROBE_MIN_FREE_BYTES = 4 * 1024 * 1024
+
+#: ... and after writing and fsyncing a probe file of this size (then deleted).
+DISK_PROBE_BYTES = 64 * 1024
+
+#: Name of that probe file in the data directory (hidden: the LogManager ignores it).
+DISK_PROBE_FILE = ".fjord-disk-probe"

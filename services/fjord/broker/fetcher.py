@@ -172,7 +172,8 @@ class SourceFetcher:
                         self._delayed_until[key] = loop.time() + backoff_s
                         continue
                     if result.error is not None:
-                        log.info(
+                        log.log(
+                            logging.DEBUG if result.quiet else logging.INFO,
                             "%s-%d: fetch from leader %d: %s; backing off",
                             key[0],
                             key[1],

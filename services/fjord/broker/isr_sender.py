@@ -93,6 +93,7 @@ class AlterPartitionSender:
                 leader_epoch=r.leader_epoch,
                 partition_epoch=r.partition_epoch,
                 new_isr=list(r.new_isr),
+                resign=r.resign,
             )
         try:
             response = await stub.AlterPartition(call, timeout=ALTER_PARTITION_TIMEOUT_S)
@@ -124,7 +125,9 @@ class AlterPartitionSender:
                     isr=tuple(answer.isr),
                     partition_epoch=answer.partition_epoch,
                 )
-            if answer.error.code == 0:
+            if r.resign:
+                pass  # the ReplicaManager logs the outcome of a resignation once
+            elif answer.error.code == 0:
                 log.info(
                     "%s-%d: ISR is now %s (partition epoch %d)",
                     r.topic,

@@ -39,6 +39,7 @@ from fjord.errors import (
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
     RequestTimedOutError,
+    StorageError,
     UnknownTopicOrPartitionError,
     error_code_from_number,
     error_for_code,
@@ -87,6 +88,10 @@ class IsrChangeRequest:
     partition_epoch: int
     new_isr: tuple[int, ...]
     old_isr: tuple[int, ...] = ()
+    #: The leader gives up leadership instead (``reason``: "disk" or "damage"); the controller
+    #: elects another live ISR member and drops this broker from the ISR.
+    resign: bool = False
+    reason: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,12 +99,15 @@ class FollowerFetchResult:
     """What handling one partition of a follower fetch response did.
 
     ``appended_bytes``: bytes appended; ``truncated``: the log was truncated (divergence);
-    ``error``: the partition's error (the fetcher backs off on this partition), None if none.
+    ``error``: the partition's error (the fetcher backs off on this partition), None if none;
+    ``quiet``: the error was already reported where it is logged once (a data directory that
+    cannot be written), so the fetcher does not log it again every backoff.
     """
 
     appended_bytes: int = 0
     truncated: bool = False
     error: FjordError | None = None
+    quiet: bool = False
 
 
 class LogManagerLike(Protocol):
@@ -157,7 +165,19 @@ class ReplicaManager:
         self._clock_ms = clock_ms
         #: ISR changes waiting to be sent to the controller, and the event that wakes the sender.
         self.isr_requests: dict[TopicPartition, IsrChangeRequest] = {}
+        #: Leadership resignations waiting to be sent (same sender, same wake-up event), and
+        #: the leader epoch each partition's last sent resignation was for (one in flight).
+        self.resign_requests: dict[TopicPartition, IsrChangeRequest] = {}
+        self._resigning: dict[TopicPartition, int] = {}
+        self._resign_refusals_logged: set[tuple[TopicPartition, int]] = set()
         self.isr_requests_ready = asyncio.Event()
+        #: False while the data directory cannot be written (set by the broker's disk
+        #: monitor): followers stop fetching (they could not append, and an idle follower at
+        #: the high watermark would rejoin the ISR and be elected again).
+        self.disk_writable = True
+        #: Called with (operation, exception) for every failed write to the data directory;
+        #: returns True when it recognised an OS write error (and logged or counted it).
+        self.on_write_error: Callable[[str, BaseException], bool] | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
         self.image: MetadataImage | None = None
         self.fenced = False
@@ -425,6 +445,8 @@ class ReplicaManager:
                         self._admit_coordinator(p.partition, p.coordinator_epoch)
                     outcome = partition.append_as_leader(p.records, acks)
                 except FjordError as exc:
+                    if isinstance(exc, StorageError):
+                        self.report_write_error("append", exc)
                     _set_error(out, exc)
                     continue
                 except Exception as exc:  # a bug or an I/O error: answer, never drop the call
@@ -770,11 +792,91 @@ class ReplicaManager:
         return proposed
 
     def take_isr_requests(self) -> list[IsrChangeRequest]:
-        """Every ISR change waiting to be sent (the AlterPartition sender takes them all)."""
-        out = list(self.isr_requests.values())
+        """Every ISR change and resignation waiting to be sent (the AlterPartition sender takes
+        them all)."""
+        out = list(self.isr_requests.values()) + list(self.resign_requests.values())
         self.isr_requests.clear()
+        self.resign_requests.clear()
         self.isr_requests_ready.clear()
         return out
+
+    # --- giving up leadership (disk cannot be written, damaged copy) -------------------------
+
+    def report_write_error(self, operation: str, exc: BaseException) -> bool:
+        """A write to the data directory failed: hand it to the disk monitor (which logs the
+        condition once and counts every failure). Returns whether it was recognised."""
+        hook = self.on_write_error
+        return hook is not None and hook(operation, exc)
+
+    def request_resignation(self, key: TopicPartition, reason: str) -> bool:
+        """Ask the controller to move the leadership of ``key`` to another ISR member. Only for
+        a partition this broker leads (not fenced), with another ISR member, and not already
+        asked in this leader epoch. Returns whether a request was queued."""
+        partition = self.partitions.get(key)
+        if (
+            partition is None
+            or self.fenced
+            or not partition.is_leader
+            or partition.stale_partition_epoch >= 0
+            or len(partition.assignment.isr) < 2
+            or self._resigning.get(key) == partition.leader_epoch
+        ):
+            return False
+        self._resigning[key] = partition.leader_epoch
+        self.resign_requests[key] = IsrChangeRequest(
+            key[0],
+            key[1],
+            partition.leader_epoch,
+            partition.assignment.partition_epoch,
+            tuple(r for r in partition.assignment.isr if r != self.broker_id),
+            partition.assignment.isr,
+            resign=True,
+            reason=reason,
+        )
+        self.isr_requests_ready.set()
+        return True
+
+    def resign_all(self, reason: str) -> int:
+        """:meth:`request_resignation` for every partition this broker leads; returns how
+        many requests were queued."""
+        return sum(self.request_resignation(key, reason) for key, _ in self.hosted())
+
+    def resigning(self, key: TopicPartition) -> bool:
+        """Whether a resignation of ``key`` in its current leader epoch is in flight."""
+        partition = self.partitions.get(key)
+        return partition is not None and self._resigning.get(key) == partition.leader_epoch
+
+    def _on_resign_result(
+        self, request: IsrChangeRequest, error_code: int, state: PartitionAssignment | None
+    ) -> None:
+        key = (request.topic, request.partition)
+        if self._resigning.get(key) == request.leader_epoch:
+            del self._resigning[key]
+        partition = self.partitions.get(key)
+        if error_code == 0 and state is not None:
+            metrics.record_leadership_resignation(request.reason)
+            log.warning(
+                "%s-%d: handed leadership to broker %d (epoch %d, ISR %s): %s",
+                key[0], key[1], state.leader, state.leader_epoch, list(state.isr),
+                "this broker's data directory cannot be written" if request.reason == "disk"
+                else "this broker's copy holds a damaged batch",
+            )
+        if partition is None or partition.leader_epoch != request.leader_epoch:
+            return  # leadership moved on meanwhile (the watch brought the answer first)
+        if error_code == 0 and state is not None:
+            if state.partition_epoch > partition.assignment.partition_epoch:
+                # Adopt the answer before the watch event (as for ISR changes): stop leading.
+                partition.update_assignment(state, self._clock_ms())
+                self._wake_producers(key)
+                self._wake_fetchers(key)
+            return
+        marker = (key, request.leader_epoch)
+        if marker not in self._resign_refusals_logged:
+            self._resign_refusals_logged.add(marker)
+            log.warning(
+                "%s-%d: could not hand leadership over (%s); still leading",
+                key[0], key[1], error_code_from_number(error_code).name,
+            )
 
     def on_isr_change_result(
         self, request: IsrChangeRequest, error_code: int, state: PartitionAssignment | None
@@ -789,6 +891,9 @@ class ReplicaManager:
         proposes again at once. A refusal from a controller whose state is older than the
         request's is not stale (the controller's watch lags): it is retried like a failed call.
         """
+        if request.resign:
+            self._on_resign_result(request, error_code, state)
+            return
         key = (request.topic, request.partition)
         partition = self.partitions.get(key)
         if partition is None or partition.leader_epoch != request.leader_epoch:
@@ -866,7 +971,7 @@ class ReplicaManager:
     ) -> FollowerPosition | None:
         """Where to fetch ``key`` from its leader next; None when we no longer follow it there."""
         p = self._followed(key, target)
-        if p is None:
+        if p is None or not self.disk_writable:
             return None
         latest = p.log.latest_epoch if p.log_end_offset > p.log_start_offset else NO_EPOCH
         return FollowerPosition(
@@ -936,6 +1041,10 @@ class ReplicaManager:
                 return FollowerFetchResult(truncated=True)
             appended = p.append_as_follower(out.records, out.high_watermark)
             p.follow_leader_log_start(out.log_start_offset)
+        except StorageError as exc:
+            return FollowerFetchResult(
+                error=exc, quiet=self.report_write_error("follower append", exc)
+            )
         except FjordError as exc:
             return FollowerFetchResult(error=exc)
         return FollowerFetchResult(appended_bytes=appended)

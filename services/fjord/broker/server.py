@@ -25,6 +25,7 @@ from grpc import aio
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
 from fjord.broker.coordinator_lookup import OffsetsTopicCreator
+from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
 from fjord.broker.partition import Partition
@@ -60,6 +61,7 @@ from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
 from fjord.storage import LogManager
+from fjord.storage.disk_health import DiskCondition
 
 log = logging.getLogger(__name__)
 
@@ -218,6 +220,7 @@ class BrokerServer:
         self._offsets_topic = OffsetsTopicCreator(lambda: self._image())
         self._fetchers: ReplicaFetcherManager | None = None
         self._hw_checkpoint = HighWatermarkCheckpoint(options.data_dir)
+        self.disk = DiskMonitor(options.data_dir, self._on_disk_unwritable, self._on_disk_writable)
         #: The broker epoch: the etcd revision of this process's current registration.
         self.broker_epoch = -1
         self._server: aio.Server | None = None
@@ -242,6 +245,7 @@ class BrokerServer:
         self.replicas = ReplicaManager(
             opts.broker_id, self._logs, opts.config, initial_high_watermarks=high_watermarks
         )
+        self.replicas.on_write_error = self.disk.report
         self._fetchers = ReplicaFetcherManager(
             self.replicas, self._broker_address, lambda: self.broker_epoch
         )
@@ -307,21 +311,29 @@ class BrokerServer:
             "ISR lag check",
         )
         self._spawn(
-            self._periodic(replication.hw_checkpoint_interval_ms / 1000, self._checkpoint_hw),
+            self._periodic(replication.hw_checkpoint_interval_ms / 1000, self._checkpoint_hw,
+                           "high-watermark checkpoint"),
             "high-watermark checkpoint",
         )
         self._spawn(
-            self._periodic(defaults.FLUSH_CHECK_INTERVAL_S, self._flush_logs), "log flusher"
+            self._periodic(defaults.FLUSH_CHECK_INTERVAL_S, self._flush_logs, "log flush"),
+            "log flusher",
         )
         self._spawn(
-            self._periodic(retention_check_interval_s(opts.config), self._apply_retention),
+            self._periodic(retention_check_interval_s(opts.config), self._apply_retention,
+                           "retention"),
             "log retention",
         )
-        self._spawn(self._periodic(defaults.ROLL_CHECK_INTERVAL_S, self._roll_logs), "log roller")
         self._spawn(
-            self._periodic(defaults.PRODUCER_SNAPSHOT_CHECK_INTERVAL_S, self._snapshot_producers),
+            self._periodic(defaults.ROLL_CHECK_INTERVAL_S, self._roll_logs, "segment roll"),
+            "log roller",
+        )
+        self._spawn(
+            self._periodic(defaults.PRODUCER_SNAPSHOT_CHECK_INTERVAL_S, self._snapshot_producers,
+                           "producer snapshot"),
             "producer-state snapshots",
         )
+        self._spawn(self.disk.run(), "data directory probe")
         self._spawn(
             self._periodic(
                 defaults.PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_S, self._expire_producers
@@ -361,8 +373,9 @@ class BrokerServer:
         if self.replicas is not None and self._logs is not None:
             try:  # a clean restart resumes with these high watermarks
                 await self._checkpoint_hw()
-            except Exception:
-                log.exception("writing the high-watermark checkpoint failed")
+            except Exception as exc:
+                if not self.disk.report("high-watermark checkpoint", exc):
+                    log.exception("writing the high-watermark checkpoint failed")
         if self._etcd is not None and self._lease_id is not None:
             try:
                 await self._etcd.revoke_lease(self._lease_id)
@@ -462,6 +475,25 @@ class BrokerServer:
 
     # --- replication maintenance ----------------------------------------------------------------
 
+    def _on_disk_unwritable(self, condition: DiskCondition) -> None:
+        """The data directory cannot be written: stop following (appends would fail) and hand
+        every led partition to another in-sync replica (Kafka takes the log directory offline;
+        here the broker stays up to serve reads and rejoins once space is back)."""
+        replicas = self.replicas
+        if replicas is None:
+            return
+        replicas.disk_writable = False
+        asked = replicas.resign_all("disk")
+        if asked:
+            log.warning(
+                "asked the controller to move the leadership of %d partitions away (%s)",
+                asked, condition.reason,
+            )
+
+    def _on_disk_writable(self) -> None:
+        if self.replicas is not None:
+            self.replicas.disk_writable = True
+
     async def _check_isr_lag(self) -> None:
         assert self.replicas is not None
         self.replicas.check_isr_lag()
@@ -476,22 +508,34 @@ class BrokerServer:
         self._tasks.append(asyncio.ensure_future(coro))
         self._tasks[-1].set_name(f"broker {self.options.broker_id}: {name}")
 
-    async def _periodic(self, interval_s: float, action: Callable[[], Awaitable[None]]) -> None:
+    async def _periodic(
+        self, interval_s: float, action: Callable[[], Awaitable[None]], operation: str = ""
+    ) -> None:
+        """Run ``action`` every ``interval_s``. A failed write to the data directory goes to
+        the disk monitor (logged once per change of condition, counted per ``operation``);
+        anything else is logged with its traceback."""
         while True:
             await asyncio.sleep(interval_s)
             try:
                 await asyncio.wait_for(action(), defaults.MAINTENANCE_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("log maintenance failed")
+            except Exception as exc:
+                if not self.disk.report(operation or "maintenance", exc):
+                    log.exception("log maintenance (%s) failed", operation or "periodic")
 
     async def _flush_logs(self) -> None:
         assert self.replicas is not None
         now_ms = int(time.time() * 1000)
+        failed: Exception | None = None
         for _key, partition in self.replicas.hosted():
             if partition.log.needs_flush(now_ms):
-                await asyncio.to_thread(partition.log.flush)
+                try:
+                    await asyncio.to_thread(partition.log.flush)
+                except OSError as exc:  # one full disk fails them all: report once per pass
+                    failed = exc
+        if failed is not None:
+            raise failed
 
     async def _apply_retention(self) -> None:
         # PartitionLog guards its state with a lock, so retention may run in a worker thread
@@ -512,8 +556,9 @@ class BrokerServer:
         for _key, partition in self.replicas.hosted():
             try:
                 await snapshot_producer_state(partition, force=force)
-            except Exception:
-                log.exception("producer-state snapshot of %s failed", partition.log.directory)
+            except Exception as exc:
+                if not self.disk.report("producer snapshot", exc):
+                    log.exception("producer-state snapshot of %s failed", partition.log.directory)
 
     async def _expire_producers(self) -> None:
         assert self.replicas is not None

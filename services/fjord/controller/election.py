@@ -102,6 +102,41 @@ def alter_isr(
     return _changed(state, state.leader, isr)
 
 
+def resign_leadership(
+    state: PartitionState,
+    broker_id: int,
+    leader_epoch: int,
+    partition_epoch: int,
+    live: Collection[int],
+) -> PartitionState:
+    """A leader gives up leadership because it cannot serve safely (its data directory cannot
+    be written, or its copy holds a damaged batch): the first live ISR member in preferred
+    order leads, and the resigning broker leaves the ISR (it rejoins once it has caught up
+    again, and preferred election may then hand leadership back).
+
+    Fenced like :func:`alter_isr` (NotLeaderOrFollowerError, FencedLeaderEpochError,
+    InvalidUpdateVersionError). Raises EligibleLeadersNotAvailableError when no other live ISR
+    member exists: the partition keeps its leader rather than go offline.
+    """
+    if broker_id != state.leader:
+        raise NotLeaderOrFollowerError(f"broker {broker_id} is not the leader ({state.leader})")
+    if leader_epoch != state.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"leader epoch {leader_epoch} is not the current {state.leader_epoch}"
+        )
+    if partition_epoch != state.partition_epoch:
+        raise InvalidUpdateVersionError(
+            f"partition epoch {partition_epoch} is not the current {state.partition_epoch}"
+        )
+    others = [r for r in state.replicas if r in state.isr and r != broker_id and r in live]
+    if not others:
+        raise EligibleLeadersNotAvailableError(
+            f"no other live in-sync replica can take over from broker {broker_id} "
+            f"(ISR {list(state.isr)})"
+        )
+    return _changed(state, others[0], tuple(r for r in state.isr if r != broker_id))
+
+
 def preferred_leader(state: PartitionState) -> int:
     """The preferred replica: the first of the replica list (during a reassignment the list
     starts with the target replicas, so it is the target's first)."""

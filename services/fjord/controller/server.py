@@ -204,7 +204,8 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         response = controller_pb2.AlterPartitionResponse()
         try:
             items = [
-                (p.topic, p.partition, p.leader_epoch, p.partition_epoch, list(p.new_isr))
+                (p.topic, p.partition, p.leader_epoch, p.partition_epoch, list(p.new_isr),
+                 p.resign)
                 for p in request.partitions
             ]
             results = await self.service.alter_partition(

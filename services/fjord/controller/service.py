@@ -27,7 +27,7 @@ from fjord.controller.defaults import (
     STEP_DOWN_MARGIN_S,
     WRITE_SETTLE_TIMEOUT_S,
 )
-from fjord.controller.election import alter_isr
+from fjord.controller.election import alter_isr, resign_leadership
 from fjord.controller.offsets_owners import (
     check_user_topic,
     offsets_topic_spec,
@@ -487,9 +487,11 @@ class ControllerService:
         self,
         broker_id: int,
         broker_epoch: int,
-        items: list[tuple[str, int, int, int, list[int]]],
+        items: list[tuple[str, int, int, int, list[int], bool]],
     ) -> list[AlterPartitionItemResult]:
-        """Apply ISR changes ``(topic, partition, leader_epoch, partition_epoch, new_isr)``."""
+        """Apply ISR changes ``(topic, partition, leader_epoch, partition_epoch, new_isr,
+        resign)``; a resigning leader hands leadership to another live ISR member
+        (:func:`resign_leadership`) instead."""
         async with self._write_lock:
             self.require_active()
             self._check_broker_epoch(broker_id, broker_epoch)
@@ -497,16 +499,24 @@ class ControllerService:
             live = set(image.brokers)
             results: list[AlterPartitionItemResult] = []
             ops: list[rpc.RequestOp] = []
-            for topic, partition, leader_epoch, partition_epoch, new_isr in items:
+            for topic, partition, leader_epoch, partition_epoch, new_isr, resign in items:
                 state = image.partition(topic, partition)
                 if state is None:
                     error = UnknownTopicOrPartitionError(f"{topic}-{partition} does not exist")
                     results.append(AlterPartitionItemResult(topic, partition, error, None))
                     continue
                 try:
-                    new = alter_isr(
-                        state, broker_id, leader_epoch, partition_epoch, new_isr, live
-                    )
+                    if resign:
+                        new = resign_leadership(
+                            state, broker_id, leader_epoch, partition_epoch, live
+                        )
+                        log.info("%s-%d: broker %d resigns leadership; broker %d leads "
+                                 "(epoch %d), ISR %s", topic, partition, broker_id,
+                                 new.leader, new.leader_epoch, list(new.isr))
+                    else:
+                        new = alter_isr(
+                            state, broker_id, leader_epoch, partition_epoch, new_isr, live
+                        )
                 except Exception as exc:
                     results.append(AlterPartitionItemResult(topic, partition, exc, state))
                     continue

@@ -108,6 +108,30 @@ BROKER_ISR_EXPANDS = Counter(
     "ISR expansions committed for partitions led by this broker.",
 )
 
+BROKER_LOG_DIR_WRITE_ERRORS = Counter(
+    "fjord_broker_log_dir_write_errors",
+    "Writes to the broker's data directory that failed (disk full, I/O error), by operation "
+    "(append, follower append, index flush, high-watermark checkpoint, producer snapshot, "
+    "segment roll, retention, probe).",
+    ["operation"],
+)
+BROKER_LOG_DIR_WRITABLE = Gauge(
+    "fjord_broker_log_dir_writable",
+    "1 while the broker's data directory can be written, 0 while writes fail (the broker "
+    "then leads no partition that another in-sync replica can take over).",
+)
+BROKER_LOG_DIR_UNWRITABLE_EPISODES = Counter(
+    "fjord_broker_log_dir_unwritable_episodes",
+    "How often the data directory turned unwritable (each episode ends when a probe write "
+    "succeeds again).",
+)
+BROKER_LEADERSHIP_RESIGNATIONS = Counter(
+    "fjord_broker_leadership_resignations",
+    "Partitions whose leadership this broker handed to another in-sync replica, by reason "
+    "(disk: its data directory cannot be written; damage: its copy holds a damaged batch).",
+    ["reason"],
+)
+
 # --- Controller -----------------------------------------------------------------------------
 
 CONTROLLER_ACTIVE = Gauge(
@@ -172,6 +196,20 @@ def record_isr_shrink() -> None:
 
 def record_isr_expand() -> None:
     BROKER_ISR_EXPANDS.inc()
+
+
+def record_log_dir_write_error(operation: str) -> None:
+    BROKER_LOG_DIR_WRITE_ERRORS.labels(operation).inc()
+
+
+def set_log_dir_writable(writable: bool, new_episode: bool = False) -> None:
+    BROKER_LOG_DIR_WRITABLE.set(1 if writable else 0)
+    if new_episode:
+        BROKER_LOG_DIR_UNWRITABLE_EPISODES.inc()
+
+
+def record_leadership_resignation(reason: str) -> None:
+    BROKER_LEADERSHIP_RESIGNATIONS.labels(reason).inc()
 
 
 def set_active_controller(active: bool) -> None:

@@ -7,6 +7,7 @@ import itertools
 from pathlib import Path
 
 from fjord.storage.checkpoint import read_text, sync_file, write_atomically
+from fjord.storage.disk_health import is_out_of_space
 
 CHECKPOINT_VERSION = 0
 UNDEFINED_EPOCH = -1
@@ -37,6 +38,7 @@ class LeaderEpochCache:
     def __init__(self, path: Path, entries: list[tuple[int, int]] | None = None) -> None:
         self.path = path
         self._unsynced = False
+        self._write_pending = False
         self._epochs: list[int] = []
         self._offsets: list[int] = []
         for epoch, offset in entries or []:
@@ -126,18 +128,36 @@ class LeaderEpochCache:
             self._write()
 
     def sync(self) -> None:
-        """Make the last written content durable (no-op when already durable)."""
+        """Make the last written content durable (no-op when already durable). Raises the
+        OSError of a write that could not be done before (the disk was full): the caller's
+        flush then fails and the recovery point stays behind."""
+        if self._write_pending:
+            self._write_strict()
         if self._unsynced:
             self._unsynced = False
             sync_file(self.path)
 
     def write_now(self) -> None:
-        self._write()
+        """Write the file now; raises when it cannot be written (a clean close must not leave
+        its marker over a stale file)."""
+        self._write_strict()
 
     def _write(self) -> None:
+        """Write the file now; on a full disk keep the change in memory and write it at the
+        next :meth:`sync` (the log's flush) instead of failing the caller (an append, a
+        truncation, becoming leader): the in-memory cache is what answers requests."""
+        try:
+            self._write_strict()
+        except OSError as exc:
+            if not is_out_of_space(exc):
+                raise
+            self._write_pending = True
+
+    def _write_strict(self) -> None:
         lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
         lines += [f"{e} {o}" for e, o in zip(self._epochs, self._offsets, strict=True)]
         write_atomically(self.path, "\n".join(lines) + "\n", sync=False)
+        self._write_pending = False
         self._unsynced = True
 
 

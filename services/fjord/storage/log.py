@@ -30,6 +30,7 @@ from fjord.records.header import (
 from fjord.storage import defaults
 from fjord.storage.checkpoint import read_text, sync_directory, sync_file, write_atomically
 from fjord.storage.config import LogConfig
+from fjord.storage.disk_health import describe_os_error, is_out_of_space
 from fjord.storage.epoch import LeaderEpochCache
 from fjord.storage.index import MAX_RELATIVE_OFFSET
 from fjord.storage.segment import NO_TIMESTAMP, LogSegment
@@ -236,16 +237,26 @@ class PartitionLog:
         self.recovery = RecoveryReport(clean, recovered, truncated, deleted)
         # Make what recovery decided durable, then mark the log as open (not clean) before
         # anything new is written: from now on a crash must trigger recovery.
-        for segment in self._segments:
-            segment.write_pending_indexes()
-            if not clean:
-                segment.fsync()
-        self.epoch_cache.sync()  # every change was written as it happened; make it durable
-        self.recovery_point = self.log_end_offset
-        self._write_partition_checkpoint(sync=True)
+        try:
+            for segment in self._segments:
+                segment.write_pending_indexes()
+                if not clean:
+                    segment.fsync()
+            self.epoch_cache.sync()  # every change was written as it happened; make it durable
+            self.recovery_point = self.log_end_offset
+            self._write_partition_checkpoint(sync=True)
+        except OSError as e:
+            if not is_out_of_space(e):
+                raise
+            # A full disk must not keep the broker from starting and serving reads. The
+            # recovery point stays where the checkpoint on disk says (a crash re-reads from
+            # there again), index entries stay pending for the next flush.
+            self.recovery_point = min(recovery_point or 0, self.log_end_offset)
+            log.warning("%s: cannot write the recovery checkpoint (%s); opened read-mostly",
+                        d, describe_os_error(e))
         marker = d / defaults.CLEAN_SHUTDOWN_MARKER
         if marker.exists():
-            marker.unlink()
+            marker.unlink()  # removing a file works on a full disk too
             sync_directory(d)
 
     def _learn_epoch(self, header: BatchHeader) -> None:

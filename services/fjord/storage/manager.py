@@ -13,6 +13,7 @@ from pathlib import Path
 from fjord.errors import FjordError, InvalidTopicError, StorageError
 from fjord.storage import defaults
 from fjord.storage.config import LogConfig
+from fjord.storage.disk_health import describe_os_error
 from fjord.storage.log import PartitionLog
 
 log = logging.getLogger(__name__)
@@ -162,8 +163,20 @@ class LogManager:
         """Close every log cleanly (flush, checkpoints, clean-shutdown markers) and unlock."""
         with self._lock:
             logs, self._logs = list(self._logs.values()), {}
+        unclosed: list[tuple[PartitionLog, OSError]] = []
         for partition_log in logs:
-            partition_log.close()
+            try:
+                partition_log.close()
+            except OSError as e:  # a full disk: this log is recovered at the next start
+                partition_log.abandon()
+                unclosed.append((partition_log, e))
+        if unclosed:
+            log.warning(
+                "%d partition logs in %s could not be closed cleanly (%s, first %s): they are "
+                "recovered from their last recovery point at the next start",
+                len(unclosed), self.data_dir, describe_os_error(unclosed[0][1]),
+                unclosed[0][0].directory.name,
+            )
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1
