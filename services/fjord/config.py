@@ -183,7 +183,10 @@ _PRODUCER = (
     ConfigDef("buffer.memory", 33554432, _int(1024), "Bytes of records waiting to be sent."),
     ConfigDef("max.block.ms", 60000, _int(0), "Longest block of send()."),
     ConfigDef("max.request.size", 1048576, _int(1), "Largest Produce request."),
-    ConfigDef("allow.auto.create.topics", True, _bool, "Ask brokers to create unknown topics."),
+    ConfigDef(
+        "allow.auto.create.topics", True, _bool,
+        "Kafka's; no effect: Fjord's brokers never create topics.",
+    ),
     ConfigDef("partitioner.ignore.keys", False, _bool, "Sticky-partition keyed records too."),
 )
 
@@ -288,7 +291,10 @@ _CONSUMER = (
     ConfigDef("max.partition.fetch.bytes", 1048576, _int(0), "Most bytes per partition per Fetch."),
     ConfigDef("max.poll.records", 500, _int(1), "Most records one poll() returns."),
     ConfigDef("isolation.level", "read_uncommitted", _choice(*ISOLATION_LEVELS), "Isolation."),
-    ConfigDef("allow.auto.create.topics", False, _bool, "Ask brokers to create unknown topics."),
+    ConfigDef(
+        "allow.auto.create.topics", False, _bool,
+        "Kafka's; no effect: Fjord's brokers never create topics.",
+    ),
 )
 
 _ADMIN = (ConfigDef("default.api.timeout.ms", 60000, _int(1), "Bound of one admin call."),)

@@ -115,6 +115,7 @@ def quickstart(
         if note:
             click.echo(note)
         click.echo(f"bootstrap servers: {bootstrap}")
+        click.echo(f"kafka bootstrap servers: {cluster.kafka_bootstrap_servers}")
         click.echo(
             f"order service -> {ORDERS_TOPIC} -> shipping service -> {SHIPMENTS_TOPIC}: "
             f"{records} orders, {DEMO_PARTITIONS} partitions, "
