@@ -27,8 +27,12 @@ from fjord.testing.chaos import (
     Timeline,
     decode_value,
     encode_value,
+    etcd_outage_plan,
+    fast_restart_plan,
     key_name,
+    longest_gap,
     plan_faults,
+    skipped_records,
     verify_delivery,
 )
 
@@ -261,3 +265,47 @@ def test_timeline_renders_in_order() -> None:
     timeline.add(7.25, "broker 1 restarted")
     assert timeline.render().splitlines() == ["     0.50 s  SIGKILL broker 1",
                                               "     7.25 s  broker 1 restarted"]
+
+
+# --- scenarios: etcd outage, fast restart ------------------------------------------------------
+
+
+def test_scenario_plans() -> None:
+    outage = etcd_outage_plan(60)
+    assert outage.required == 1 and outage.steps[0].kind is FaultKind.ETCD_OUTAGE
+    assert outage.steps[0].down_s == 60 and "60 s" in outage.describe()
+    with pytest.raises(ValueError):
+        etcd_outage_plan(0)
+    restarts = fast_restart_plan(7, partitions=6, restarts=4)
+    assert restarts == fast_restart_plan(7, partitions=6, restarts=4)
+    assert restarts.required == len(restarts.steps) == 4
+    assert all(s.kind is FaultKind.RESTART_BROKER and 0 <= s.leader_of < 6
+               for s in restarts.steps)
+    with pytest.raises(ValueError):
+        fast_restart_plan(7, partitions=6, restarts=0)
+
+
+def test_longest_gap() -> None:
+    assert longest_gap([], 10.0, 14.0) == 4.0  # nothing at all: the whole window
+    assert longest_gap([1.0, 11.0, 11.5, 13.0, 20.0], 10.0, 14.0) == 1.5
+    assert longest_gap([10.5, 13.9], 10.0, 14.0) == pytest.approx(3.4)
+    with pytest.raises(ValueError):
+        longest_gap([1.0], 2.0, 1.0)
+
+
+@given(times=st.lists(st.floats(0, 100), max_size=50), start=st.floats(0, 50),
+       length=st.floats(0, 50))
+def test_longest_gap_bounds(times: list[float], start: float, length: float) -> None:
+    gap = longest_gap(times, start, start + length)
+    assert 0 <= gap <= length + 1e-9
+    if not any(start <= t <= start + length for t in times):
+        assert gap == pytest.approx(length)
+
+
+def test_skipped_records() -> None:
+    log = [(0, o) for o in range(5)] + [(1, o) for o in range(3)]
+    returned = [(0, 0), (0, 1), (0, 3), (1, 0), (1, 1), (1, 2)]
+    # Partition 0's position passed offset 2 without returning it; offset 4 is not passed yet.
+    assert skipped_records(returned, {0: 4, 1: 3}, log) == [(0, 2)]
+    assert skipped_records(returned, {0: 2, 1: 3}, log) == []
+    assert skipped_records([], {}, log) == []

@@ -242,6 +242,38 @@ def test_leadership_loss_fails_waiting_produce(env: Env) -> None:
     run(scenario())
 
 
+def test_follower_with_a_newer_leader_epoch_deposes_the_leader(env: Env) -> None:
+    """A leader whose metadata lags (etcd away) learns from a follower's fetch that a newer
+    leader epoch exists: it answers its parked acks=all produce, refuses new ones and commits
+    nothing more until newer metadata arrives."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2, 3))]))
+        producing = asyncio.ensure_future(
+            manager.produce(produce_request("t", 0, batch(2), acks=-1))
+        )
+        await until_parked(manager, produces=1)
+        newer = one_fetch(await manager.fetch(fetch_request("t", 0, 0, replica_id=2, epoch=1)))
+        assert newer.error.code == ErrorCode.UNKNOWN_LEADER_EPOCH.code
+        assert one_produce(await producing).error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+        refused = one_produce(await manager.produce(produce_request("t", 0, batch(), acks=1)))
+        assert refused.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+        # Fetches in our old epoch prove nothing any more: the high watermark stays.
+        await manager.fetch(fetch_request("t", 0, 2, replica_id=2, epoch=0))
+        await manager.fetch(fetch_request("t", 0, 2, replica_id=3, epoch=0))
+        assert manager.partitions[("t", 0)].high_watermark == 0
+        # The metadata catches up: broker 2 leads in epoch 1; this broker follows.
+        state = leader_state((BROKER, 2, 3), leader=2, epoch=1)
+        await manager.apply_metadata(
+            cluster.change([(cluster.keys.partition("t", 0), state.to_json())])
+        )
+        assert manager.partitions[("t", 0)].stale_partition_epoch == -1
+        assert not manager.partitions[("t", 0)].is_leader
+
+    run(scenario())
+
+
 def test_fetch_errors(env: Env) -> None:
     manager, cluster, _ = env
 

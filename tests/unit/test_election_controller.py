@@ -18,7 +18,9 @@ from fjord.controller.planner import (
     PREFERRED_ELECTION,
     UNCLEAN_ELECTION,
     plan_elect_leaders,
+    plan_liveness,
     plan_preferred_rebalance,
+    plan_reconcile,
 )
 from fjord.errors import (
     ElectionNotNeededError,
@@ -120,6 +122,43 @@ def test_liveness_keeps_invariants(
     assert new.partition_epoch == old.partition_epoch + (new is not old)
     if any(r in live for r in old.isr):
         assert new.leader != NO_LEADER
+
+
+def test_partitions_of_awaited_brokers_are_left_alone() -> None:
+    """A controller that just took office (e.g. after an etcd outage in which every lease
+    expired) waits for unregistered brokers instead of taking their partitions offline."""
+    parts = {
+        ("t", 0): state([1, 2, 3], [1, 2, 3], 1),  # leader 1 unregistered
+        ("t", 1): state([2, 3, 1], [2, 3], 2),  # ISR names only registered brokers
+        ("t", 2): state([3, 1, 2], [3], NO_LEADER),  # offline, its ISR member is back
+    }
+    image = image_of([2, 3], parts)
+    waiting = plan_liveness(image, waiting_for={1})
+    assert ("t", 0) not in waiting
+    assert waiting[("t", 2)].leader == 3  # brokers that are registered are decided on
+    assert ("t", 1) not in waiting
+    after_grace = plan_reconcile(image)
+    assert after_grace[("t", 0)].leader == 2 and 1 not in after_grace[("t", 0)].isr
+
+
+def test_restarted_broker_loses_its_place_and_leads_again_where_it_is_the_only_copy() -> None:
+    """A new incarnation (a fast restart replaced its registration without a gap): the old
+    process leaves the ISR and leadership as if it had died; where it is the last ISR member it
+    leads again under a new leader epoch."""
+    parts = {
+        ("t", 0): state([1, 2, 3], [1, 2, 3], 1, le=4),
+        ("t", 1): state([2, 1, 3], [2, 1, 3], 2, le=4),
+        ("t", 2): state([1, 2, 3], [1], 1, le=4),
+        ("t", 3): state([2, 3, 1], [2, 3], 2, le=4),
+    }
+    image = image_of([1, 2, 3], parts)
+    changes = plan_reconcile(image, restarted={1})
+    assert changes[("t", 0)].leader == 2 and changes[("t", 0)].isr == (2, 3)
+    assert changes[("t", 1)].leader == 2 and changes[("t", 1)].isr == (2, 3)
+    assert changes[("t", 1)].leader_epoch == 4  # a follower left: no new leader epoch
+    assert changes[("t", 2)].leader == 1 and changes[("t", 2)].leader_epoch > 4
+    assert ("t", 3) not in changes
+    assert plan_reconcile(image) == {}  # without the restart nothing changes
 
 
 # -- preferred and unclean elections ------------------------------------------------------------

@@ -96,6 +96,7 @@ VALUES = [
     ControllerRegistration(1, "127.0.0.1", 9000),
     BrokerRegistration(2, "b2", 9092, "rack-a"),
     BrokerRegistration(3, "b3", 9093, None),
+    BrokerRegistration(4, "b4", 9094, None, "b4", 39094, "0f" * 16),
     TopicRecord("0" * 32, 3, 1, {"retention.ms": "60000"}),
     PartitionState((1, 2, 3), (1, 2), 1, 4, 9),
     ClusterConfig({"min.insync.replicas": "2"}),
@@ -116,6 +117,8 @@ def test_values_round_trip_through_json(value: object) -> None:
         (BrokerRegistration, b'{"id": "1", "host": "h", "port": 1}', "'id'"),
         (BrokerRegistration, b'{"id": true, "host": "h", "port": 1}', "'id'"),
         (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "rack": 5}', "'rack'"),
+        (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "incarnation": 7}',
+         "'incarnation'"),
         (ControllerRegistration, b'{"id": 1, "port": 1}', "'host'"),
         (TopicRecord, b'{"topic_id": "x", "partitions": 1, "replication_factor": 1, '
          b'"config": {"a": 1}}', "config"),

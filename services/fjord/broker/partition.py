@@ -93,10 +93,11 @@ class Partition:
       a pending expansion; a pending shrink counts only once committed), see
       :class:`fjord.broker.isr.IsrTracker`.
     - ``stale_partition_epoch`` >= 0: the controller refused our AlterPartition for a stale
-      epoch; this replica does not act as leader (no appends, no ISR changes) until metadata
-      with a newer partition epoch arrives. It is the partition epoch the refused request
-      carried, never an older one than the metadata shows (a refusal that crossed an update
-      does not fence: nothing newer might ever come).
+      epoch, or a follower fetched with a newer leader epoch than ours; this replica does not
+      act as leader (no appends, no ISR changes) until metadata with a newer partition epoch
+      arrives. It is the partition epoch the refused request carried, never an older one than
+      the metadata shows (a refusal that crossed an update does not fence: nothing newer
+      might ever come).
     - When this broker becomes leader, its leader epoch is recorded in the epoch cache at its
       log end offset (Kafka's maybeAssignEpochStartOffset), so its latest epoch is never older
       than a follower's and the divergence check always has an answer.
@@ -324,6 +325,18 @@ class Partition:
             self.leader_epoch_start_offset,
             self.assignment.partition_epoch,
         )
+
+    def on_newer_leader_epoch(self, leader_epoch: int) -> bool:
+        """A replica of this partition named ``leader_epoch``, newer than ours (a follower
+        fetched with it): another leader has been elected and our metadata lags (etcd away, or
+        its watch behind). Stop acting as leader until newer metadata arrives, exactly as after
+        a stale-epoch refusal. Returns True when this fenced a leader that was acting."""
+        if not self.is_leader or leader_epoch <= self.assignment.leader_epoch:
+            return False
+        if self.stale_partition_epoch >= 0:
+            return False
+        self.stale_partition_epoch = self.assignment.partition_epoch
+        return True
 
     def on_isr_change_failed(
         self, *, stale_epoch: bool, sent_partition_epoch: int | None = None

@@ -598,6 +598,16 @@ class ReplicaManager:
                 try:
                     if partition is None:
                         raise self._missing_partition_error(topic.name, fp.partition)
+                    if is_follower and partition.on_newer_leader_epoch(
+                        fp.current_leader_epoch
+                    ):
+                        log.warning(
+                            "%s-%d: replica %d fetched with leader epoch %d, newer than ours "
+                            "(%d): not acting as leader until newer metadata arrives",
+                            key[0], key[1], replica_id, fp.current_leader_epoch,
+                            partition.leader_epoch,
+                        )
+                        self._wake_producers(key)
                     partition.check_leader(fp.current_leader_epoch)
                     diverging = None
                     if is_follower:

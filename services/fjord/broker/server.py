@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,7 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
-from fjord.metadata.registration import lease_still_held, register_under_lease
+from fjord.metadata.registration import LeaseStatus, refresh_lease_once, register_under_lease
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
@@ -203,9 +204,11 @@ class BrokerServer:
     """One running broker.
 
     Invariants: the etcd key ``brokers/<id>`` exists only while this process holds its lease;
-    while the lease is lost the ReplicaManager is fenced (no leader appends) until the broker has
-    re-registered and its metadata image has caught up with the new registration; every
-    background task is cancelled and awaited by :meth:`stop`.
+    once etcd says the lease is gone the ReplicaManager is fenced (no leader appends) until the
+    broker has re-registered and its metadata image has caught up with the new registration;
+    while etcd merely cannot be reached the broker serves on (leadership ends with a newer
+    leader epoch, never with a clock); every background task is cancelled and awaited by
+    :meth:`stop`.
     """
 
     def __init__(self, options: BrokerOptions) -> None:
@@ -223,6 +226,10 @@ class BrokerServer:
         self.disk = DiskMonitor(options.data_dir, self._on_disk_unwritable, self._on_disk_writable)
         #: The broker epoch: the etcd revision of this process's current registration.
         self.broker_epoch = -1
+        #: New at every start of this process (Kafka's incarnation id): a registration with the
+        #: same incarnation is this process again (e.g. after etcd lost its lease), another one
+        #: is a restart whose predecessor the controller must treat as gone.
+        self.incarnation = uuid.uuid4().hex
         self._server: aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
@@ -425,7 +432,7 @@ class BrokerServer:
         kafka_host, kafka_port = self.kafka_address or (None, None)
         return BrokerRegistration(
             self.options.broker_id, self.advertised_host, self.port, self.options.rack,
-            kafka_host, kafka_port,
+            kafka_host, kafka_port, self.incarnation,
         )
 
     async def _register(self) -> int:
@@ -444,26 +451,57 @@ class BrokerServer:
         return revision
 
     async def _keep_lease_alive(self) -> None:
+        """Refresh the lease three times per TTL.
+
+        etcd unreachable: keep serving. Leadership is not tied to the lease: nobody can elect
+        another leader while etcd is away, and once one is elected this broker learns it from
+        metadata or from its followers (a newer leader epoch), and a leader cut off from its
+        followers cannot advance the high watermark, so it acknowledges no acks=all write
+        (docs/replication.md, "etcd outages"). etcd says the lease is gone (expired while it was
+        away, or revoked): fenced until re-registered and the metadata has caught up with the
+        new registration, so any leadership change made meanwhile is known before appending."""
         assert self._etcd is not None and self.replicas is not None and self._watcher is not None
         interval = self.options.lease_ttl_s / 3
         what = f"broker {self.options.broker_id}"
-        last_ok: float | None = time.monotonic()
+        unreachable_since: float | None = None
         while True:
             await asyncio.sleep(interval)
-            assert last_ok is not None
-            last_ok = await lease_still_held(
-                self._etcd, self._lease_id, last_ok, self.options.lease_ttl_s, what=what
-            )
-            if last_ok is not None:
+            status = await refresh_lease_once(self._etcd, self._lease_id, what=what)
+            if status is LeaseStatus.UNREACHABLE:
+                if unreachable_since is None:
+                    unreachable_since = time.monotonic()
+                    log.warning(
+                        "%s cannot reach etcd: serving on (produce and fetch on the partitions "
+                        "it leads and follows); ISR changes wait for etcd", what,
+                    )
                 continue
-            log.error("%s lost its etcd lease: fencing and re-registering", what)
+            away = "" if unreachable_since is None else (
+                f" after {time.monotonic() - unreachable_since:.1f} s without etcd"
+            )
+            unreachable_since = None
+            if status is LeaseStatus.HELD:
+                if away:
+                    log.info("%s reached etcd again%s; its lease is still held", what, away)
+                continue
+            log.error("%s lost its etcd lease%s: fencing and re-registering", what, away)
             self.replicas.fenced = True
             self._lease_id = None
             revision = await self._register()
-            assert self._applier is not None
-            await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+            await self._wait_metadata_applied(revision)
             self.replicas.fenced = False
-            last_ok = time.monotonic()
+            log.info("%s re-registered (epoch %d): unfenced", what, revision)
+
+    async def _wait_metadata_applied(self, revision: int) -> None:
+        """Wait until the applied metadata includes ``revision``, keeping the lease alive."""
+        assert self._applier is not None and self._etcd is not None
+        while True:
+            try:
+                await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
+                return
+            except TimeoutError:  # the watch is reconnecting: keep waiting, keep the lease
+                log.warning("metadata has not caught up with registration %d yet", revision)
+                with contextlib.suppress(Exception):
+                    await self._etcd.refresh_lease(self._lease_id)
 
     def _image(self) -> MetadataImage:
         assert self._watcher is not None

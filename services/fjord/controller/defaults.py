@@ -14,6 +14,14 @@
 - ``MAX_TXN_OPS`` (128): etcd's default limit of operations per transaction; larger metadata
   changes are split (each part fenced on its own).
 - ``REQUEST_TIMEOUT_MS`` (30000): default for requests that carry ``timeout_ms`` = 0.
+- ``BROKER_REREGISTRATION_GRACE_S`` (6 s): after taking office, a controller leaves the
+  leaders and ISRs that name an unregistered broker alone this long (Kafka's KRaft controller
+  likewise gives every broker a fresh session when it becomes active). After an etcd outage
+  longer than the leases every registration is gone at once; the brokers, which served on
+  through the outage, register again within one keep-alive interval (a third of their TTL), so
+  without the grace the new controller would take every partition offline first. A broker that
+  really died is handled when the grace ends: fail-over then takes up to this much longer when
+  it coincides with a controller fail-over.
 
 The defaults of the cluster-config keys the controller reads (``num.partitions``,
 ``default.replication.factor``, the limits) are :mod:`fjord.cluster.defaults`'.
@@ -26,6 +34,7 @@ WRITE_SETTLE_TIMEOUT_S = 5.0
 PRODUCER_ID_BLOCK_SIZE = 1000
 MAX_TXN_OPS = 128
 REQUEST_TIMEOUT_MS = 30000
+BROKER_REREGISTRATION_GRACE_S = 6.0
 
 # Preferred-leader rebalancing (Kafka's auto.leader.rebalance.enable and
 # leader.imbalance.check.interval.seconds): every interval the active controller moves

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
 from fjord.cluster.topic_config import (
@@ -199,27 +199,53 @@ def plan_alter_configs(
     return replace(record, config=config)
 
 
-def plan_liveness(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
-    """Every partition whose leader or ISR must change because brokers came or went."""
+def plan_liveness(
+    image: MetadataImage,
+    *,
+    waiting_for: Collection[int] = (),
+    restarted: Collection[int] = (),
+) -> dict[tuple[str, int], PartitionState]:
+    """Every partition whose leader or ISR must change because brokers came or went.
+
+    ``waiting_for``: brokers not registered now whose return is awaited (a controller that just
+    took office, e.g. after an etcd outage in which every lease expired, gives them time to
+    register again): a partition whose leader or ISR names one of them is left as it is.
+    ``restarted``: brokers registered again by a new process (a new incarnation): the old
+    process's place ends first, as if it had died (it leaves ISRs where it is not the last
+    member, its partitions get another leader), then the new one counts as live (it leads
+    again where it is the only ISR member, under a new leader epoch)."""
     live = set(image.brokers)
+    held = set(waiting_for) - live
+    gone_before = set(restarted) & live
     changes: dict[tuple[str, int], PartitionState] = {}
     for ref in image.all_partitions():
+        state = ref.state
+        if held and (state.leader in held or not held.isdisjoint(state.isr)):
+            continue
         record = image.topic(ref.topic)
         unclean = record is not None and unclean_election_allowed(
             record.config, image.cluster_config
         )
-        new = on_liveness_change(ref.state, live, unclean)
-        if new is not ref.state:
+        new = state
+        if gone_before and (state.leader in gone_before or not gone_before.isdisjoint(state.isr)):
+            new = on_liveness_change(new, live - gone_before, unclean)
+        new = on_liveness_change(new, live, unclean)
+        if new is not state:
             changes[(ref.topic, ref.partition)] = new
     return changes
 
 
-def plan_reconcile(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
+def plan_reconcile(
+    image: MetadataImage,
+    *,
+    waiting_for: Collection[int] = (),
+    restarted: Collection[int] = (),
+) -> dict[tuple[str, int], PartitionState]:
     """:func:`plan_liveness`, then every reassignment that can complete now (all target
     replicas in the ISR) completes. Run after broker changes, ISR changes and on take-over, so
     a new controller resumes the reassignments its predecessor started."""
     live = set(image.brokers)
-    changes = plan_liveness(image)
+    changes = plan_liveness(image, waiting_for=waiting_for, restarted=restarted)
     for ref in image.all_partitions():
         key = (ref.topic, ref.partition)
         state = changes.get(key, ref.state)

@@ -17,6 +17,7 @@ from aetcd import rpc
 
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
+    BROKER_REREGISTRATION_GRACE_S,
     ELECTION_POLL_S,
     ELECTION_RETRY_S,
     KEEPALIVE_FRACTION,
@@ -161,6 +162,7 @@ class ControllerService:
         auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
         leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
         static_config: Mapping[str, str] | None = None,
+        broker_reregistration_grace_s: float = BROKER_REREGISTRATION_GRACE_S,
     ) -> None:
         self.client = client
         self.cluster_id = cluster_id
@@ -174,6 +176,14 @@ class ControllerService:
         self._lease_id = 0
         self._lease_deadline = 0.0  # loop time after which the lease may have expired
         self._epoch: int | None = None
+        self.broker_reregistration_grace_s = broker_reregistration_grace_s
+        self._active_since = 0.0  # loop time this controller last took office
+        # broker id -> the incarnation of its last registration seen (kept while it is absent),
+        # and brokers seen registered by a new process whose predecessor's place in ISRs and
+        # leadership the reconcile has not ended yet (-> loop time seen).
+        self._incarnations: dict[int, str | None] = {}
+        self._broker_epochs: dict[int, int | None] = {}
+        self._restarted: dict[int, float] = {}
         self._state_changed = asyncio.Event()
         self._reconcile_needed = asyncio.Event()
         self._owners_needed = asyncio.Event()
@@ -324,9 +334,18 @@ class ControllerService:
         if not response.succeeded:
             return False
         self._epoch = response.header.revision
+        loop = asyncio.get_running_loop()
+        self._active_since = loop.time()
+        # Restarts seen long ago as a standby were handled by the controller of that time.
+        self._restarted = {
+            b: seen for b, seen in self._restarted.items()
+            if seen >= self._active_since - self.broker_reregistration_grace_s
+        }
         set_active_controller(True)
         log.info("controller %d is active, epoch %d", self.registration.id, self._epoch)
         await self.watcher.wait_for_revision(self._epoch, WRITE_SETTLE_TIMEOUT_S)
+        # Unregistered brokers get the grace to come back; then they are decided on.
+        loop.call_later(self.broker_reregistration_grace_s, self._reconcile_needed.set)
         self._state_changed.set()
         self._reconcile_needed.set()
         self._owners_needed.set()
@@ -367,6 +386,7 @@ class ControllerService:
             current = new.controller
             if current is None or current.epoch != epoch:
                 self._step_down("controller key lost")
+        self._note_restarts(new)
         if (
             old.brokers != new.brokers
             or old.topics.keys() != new.topics.keys()
@@ -381,6 +401,34 @@ class ControllerService:
             self._owners_needed.set()
         if self._epoch is not None:
             set_offline_partitions(sum(1 for r in new.all_partitions() if not r.state.online))
+
+    def _note_restarts(self, image: MetadataImage) -> None:
+        """Remember brokers registered by a new process (a new incarnation): their earlier
+        process's place must end even when the reconcile never saw them unregistered (a fast
+        restart replaces its own registration at once)."""
+        now = asyncio.get_running_loop().time()
+        for broker_id, registration in image.brokers.items():
+            incarnation = registration.incarnation
+            if broker_id in self._incarnations and (
+                incarnation is None or incarnation != self._incarnations[broker_id]
+            ) and self._epoch_changed(broker_id, image):
+                self._restarted[broker_id] = now
+            self._incarnations[broker_id] = incarnation
+            self._broker_epochs[broker_id] = image.broker_epoch(broker_id)
+
+    def _epoch_changed(self, broker_id: int, image: MetadataImage) -> bool:
+        return self._broker_epochs.get(broker_id) != image.broker_epoch(broker_id)
+
+    def _waiting_for(self, image: MetadataImage) -> frozenset[int]:
+        """Brokers whose return the reconcile awaits: every unregistered broker while this
+        controller is within the re-registration grace after taking office, else none."""
+        loop = asyncio.get_running_loop()
+        if loop.time() >= self._active_since + self.broker_reregistration_grace_s:
+            return frozenset()
+        named = {
+            b for ref in image.all_partitions() for b in (ref.state.leader, *ref.state.isr)
+        }
+        return frozenset(b for b in named if b >= 0 and b not in image.brokers)
 
     # -- fenced writes -----------------------------------------------------------------------
 
@@ -616,11 +664,27 @@ class ControllerService:
                 continue
             try:
                 async with self._write_lock:
-                    changes = plan_reconcile(self.image)
+                    image = self.image
+                    waiting_for = self._waiting_for(image)
+                    restarted = dict(self._restarted)
+                    changes = plan_reconcile(
+                        image, waiting_for=waiting_for, restarted=restarted.keys()
+                    )
+                    if waiting_for:
+                        log.info("reconcile: waiting up to %.1f s for brokers %s to register "
+                                 "again before moving their partitions",
+                                 self.broker_reregistration_grace_s, sorted(waiting_for))
+                    if restarted:
+                        log.info("reconcile: brokers %s restarted (new incarnation): their "
+                                 "previous process leaves ISRs and leadership",
+                                 sorted(restarted))
                     if changes:
                         log.info("reconcile: updating %d partitions", len(changes))
                         self._log_elections(changes, "liveness/reassignment")
                         await self._write(self._partition_ops(changes))
+                    for broker_id, seen in restarted.items():
+                        if self._restarted.get(broker_id) == seen:
+                            del self._restarted[broker_id]
             except (asyncio.CancelledError, Exception) as exc:
                 if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
                     raise

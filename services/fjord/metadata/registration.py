@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from enum import Enum
 
 import aetcd
 
@@ -61,21 +62,43 @@ async def register_under_lease(
         backoff = min(backoff * 2, backoff_max_s)
 
 
-async def lease_still_held(
-    etcd: aetcd.Client, lease_id: int | None, last_ok: float, ttl_s: int, *, what: str
-) -> float | None:
-    """Refresh the lease once. Returns the monotonic time of the last successful refresh (now,
-    or ``last_ok`` when etcd could not be reached but the lease cannot have expired yet), or
-    None when the lease is gone: etcd says so, or no refresh succeeded for ``ttl_s``."""
+class LeaseStatus(Enum):
+    """What one keep-alive of a registration's lease learned."""
+
+    HELD = "held"  # etcd renewed it
+    UNREACHABLE = "unreachable"  # no answer: etcd is away, nothing is known about the lease
+    GONE = "gone"  # etcd says it expired or was revoked: the registration no longer exists
+
+
+async def refresh_lease_once(etcd: aetcd.Client, lease_id: int | None, *, what: str) -> LeaseStatus:
+    """Refresh the lease once and say what etcd answered (never raises but for cancellation).
+
+    UNREACHABLE is not GONE: while etcd cannot be reached nobody can act on the lease's expiry
+    (no controller can write metadata either), so a caller that keeps serving meanwhile only
+    has to stop once a newer epoch exists, which it learns from metadata."""
     if lease_id is None:
-        return None
+        return LeaseStatus.GONE
     try:
         reply = await etcd.refresh_lease(lease_id)
     except asyncio.CancelledError:
         raise
     except Exception as exc:
         log.warning("%s: lease refresh failed: %s", what, exc)
-        return last_ok if time.monotonic() - last_ok < ttl_s else None
+        return LeaseStatus.UNREACHABLE
     if reply is None or reply.TTL <= 0:
-        return None
-    return time.monotonic()
+        return LeaseStatus.GONE
+    return LeaseStatus.HELD
+
+
+async def lease_still_held(
+    etcd: aetcd.Client, lease_id: int | None, last_ok: float, ttl_s: int, *, what: str
+) -> float | None:
+    """Refresh the lease once. Returns the monotonic time of the last successful refresh (now,
+    or ``last_ok`` when etcd could not be reached but the lease cannot have expired yet), or
+    None when the lease is gone: etcd says so, or no refresh succeeded for ``ttl_s``."""
+    status = await refresh_lease_once(etcd, lease_id, what=what)
+    if status is LeaseStatus.HELD:
+        return time.monotonic()
+    if status is LeaseStatus.UNREACHABLE and time.monotonic() - last_ok < ttl_s:
+        return last_ok
+    return None

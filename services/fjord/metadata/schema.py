@@ -115,9 +115,13 @@ class ControllerRegistration:
 
 @dataclass(frozen=True)
 class BrokerRegistration:
-    """A live broker: id, gRPC address, optional rack (``None`` when not set) and the advertised
+    """A live broker: id, gRPC address, optional rack (``None`` when not set), the advertised
     address of its Kafka-protocol listener (``kafka_host``/``kafka_port``, ``None`` when it
-    opens none). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host", "port"}]}``."""
+    opens none) and its ``incarnation``: a random id new at every start of a broker process
+    (``None`` from brokers that predate it). The same incarnation under a new epoch is the same
+    process registered again (its lease expired while etcd was away); a new incarnation is a
+    restart, whose predecessor's place in ISRs and leadership the controller ends. JSON:
+    ``{"id", "host", "port", "rack"[, "kafka": {"host", "port"}][, "incarnation"]}``."""
 
     id: int
     host: str
@@ -125,6 +129,7 @@ class BrokerRegistration:
     rack: str | None = None
     kafka_host: str | None = None
     kafka_port: int | None = None
+    incarnation: str | None = None
 
     @property
     def address(self) -> str:
@@ -134,6 +139,8 @@ class BrokerRegistration:
         obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port,
                                "rack": self.rack}
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        if self.incarnation is not None:
+            obj["incarnation"] = self.incarnation
         return _dump(obj)
 
     @classmethod
@@ -143,10 +150,13 @@ class BrokerRegistration:
         rack = obj.get("rack")
         if rack is not None and not isinstance(rack, str):
             raise InvalidMetadataError(f"{what}: field 'rack' must be a string or null")
+        incarnation = obj.get("incarnation")
+        if incarnation is not None and not isinstance(incarnation, str):
+            raise InvalidMetadataError(f"{what}: field 'incarnation' must be a string")
         kafka_host, kafka_port = _kafka_endpoint(obj, what)
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None,
-            kafka_host, kafka_port,
+            kafka_host, kafka_port, incarnation,
         )
 
 

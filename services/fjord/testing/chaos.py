@@ -53,6 +53,8 @@ class FaultKind(StrEnum):
     KILL_BROKER = "kill-broker"  # SIGKILL, stay down, restart on the same port and data
     KILL_CONTROLLER = "kill-controller"  # SIGKILL the active controller, restart it later
     FREEZE_BROKER = "freeze-broker"  # SIGSTOP until it left every ISR, then SIGCONT
+    ETCD_OUTAGE = "etcd-outage"  # SIGSTOP etcd for down_s, then SIGCONT
+    RESTART_BROKER = "restart-broker"  # SIGKILL a broker and start it again at once
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,12 @@ class PlannedFault:
             return "SIGKILL the active controller"
         if self.kind is FaultKind.FREEZE_BROKER:
             return f"SIGSTOP broker {self.broker} until it left every ISR"
+        if self.kind is FaultKind.ETCD_OUTAGE:
+            return f"SIGSTOP etcd for {self.down_s:.0f} s"
+        if self.kind is FaultKind.RESTART_BROKER:
+            target = f"the leader of p{self.leader_of}" if self.leader_of >= 0 else (
+                f"broker {self.broker}")
+            return f"SIGKILL {target} and start it again at once"
         target = f"the leader of p{self.leader_of}" if self.leader_of >= 0 else (
             f"broker {self.broker}"
         )
@@ -135,6 +143,53 @@ def plan_faults(
     required = len(steps)
     steps.extend(kill() for _ in range(_SPARE_KILLS))
     return FaultPlan(seed, tuple(steps), required)
+
+
+def etcd_outage_plan(seconds: float, gap_s: float = 5.0) -> FaultPlan:
+    """One etcd outage of ``seconds`` (SIGSTOP, then SIGCONT) after ``gap_s`` of steady load."""
+    if seconds <= 0:
+        raise ValueError("an outage lasts more than 0 s")
+    step = PlannedFault(FaultKind.ETCD_OUTAGE, down_s=seconds, gap_s=gap_s)
+    return FaultPlan(0, (step,), 1)
+
+
+def fast_restart_plan(seed: int, partitions: int, restarts: int,
+                      gap_s: float = 5.0) -> FaultPlan:
+    """``restarts`` SIGKILLs of the leader of a random partition, each started again at once
+    (same id, port and data), ``gap_s`` apart (the runner also waits for a full heal)."""
+    if partitions < 1 or restarts < 1:
+        raise ValueError("need a partition and at least one restart")
+    rng = random.Random(seed)
+    steps = tuple(
+        PlannedFault(FaultKind.RESTART_BROKER, leader_of=rng.randrange(partitions), gap_s=gap_s)
+        for _ in range(restarts)
+    )
+    return FaultPlan(seed, steps, len(steps))
+
+
+def longest_gap(times: Iterable[float], start: float, end: float) -> float:
+    """The longest stretch within [start, end] without any of ``times`` (e.g. acknowledgement
+    times: the longest write stall of a fault window). Times outside the window are ignored;
+    with none inside it the whole window is one gap."""
+    if end < start:
+        raise ValueError("the window ends before it starts")
+    inside = sorted(t for t in times if start <= t <= end)
+    longest, last = 0.0, start
+    for t in inside:
+        longest = max(longest, t - last)
+        last = t
+    return max(longest, end - last)
+
+
+def skipped_records(returned: Iterable[tuple[int, int]], positions: Mapping[int, int],
+                    log_offsets: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(partition, offset) of records a consumer's position passed without returning them:
+    every offset in ``log_offsets`` below the consumer's final position of its partition that
+    is not in ``returned`` (must be empty: a consumer never skips a record)."""
+    seen = set(returned)
+    return sorted(
+        (p, o) for p, o in log_offsets if o < positions.get(p, 0) and (p, o) not in seen
+    )
 
 
 # --- the workload ------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ Bounds (seconds), defined here once:
   delivery.timeout.ms is 60 s, so every record has one by then).
 - ``POLL_INTERVAL_S`` (0.1): how often conditions are checked while waiting.
 - ``ETCD_REQUEST_TIMEOUT_S`` (5): one read of a broker's registration from etcd.
+- ``AFTER_FAULT_WINDOW_S`` (10): how long after an etcd outage ends (or a restarted broker is
+  registered) stalls are still counted: the effects of a fault (elections, re-registrations)
+  come after it.
+- ``TOPIC_CHANGE_TIMEOUT_S`` (30): after etcd is back, a CreateTopics must be accepted.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import signal
 import threading
 import time
 import urllib.request
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +67,9 @@ from fjord.testing.chaos import (
     Timeline,
     encode_value,
     key_name,
+    longest_gap,
     plan_faults,
+    skipped_records,
     verify_delivery,
 )
 from fjord.testing.waiting import seconds_until
@@ -78,6 +84,8 @@ POST_HEAL_WRITE_TIMEOUT_S = 30.0
 CLIENT_LOG_LINES = 40
 POLL_INTERVAL_S = 0.1
 ETCD_REQUEST_TIMEOUT_S = 5.0
+AFTER_FAULT_WINDOW_S = 10.0
+TOPIC_CHANGE_TIMEOUT_S = 30.0
 
 #: The broker setting that bounds how long a follower may lag before leaving the ISR.
 REPLICA_LAG_KEY = "replica.lag.time.max.ms"
@@ -223,6 +231,16 @@ class ChaosResult:
     faults: Counter[str] = field(default_factory=Counter)
     findings: list[str] = field(default_factory=list)
     fault_phase_s: float = 0.0
+    #: (what, seconds): the longest write stall (no acknowledgement) and read stall (nothing
+    #: returned to the tailing consumer) of each etcd outage or fast restart, and recovery times.
+    figures: list[tuple[str, float]] = field(default_factory=list)
+    #: (partition, offset) of records the tailing consumer's position passed without returning
+    #: them (None: no tailing consumer in this run).
+    skipped: list[tuple[int, int]] | None = None
+
+    def figure(self, prefix: str) -> list[float]:
+        """Every figure whose name starts with ``prefix``."""
+        return [v for name, v in self.figures if name.startswith(prefix)]
 
     def render(self) -> str:
         producer = ("idempotent producer (enable.idempotence=true)" if self.idempotent else
@@ -239,6 +257,10 @@ class ChaosResult:
             self.timeline.render(),
             "verdict:",
             self.report.summary(),
+            *([] if self.skipped is None else [
+                f"tailing consumer: skipped {len(self.skipped)} records"
+                + (f" (first 10: {self.skipped[:10]})" if self.skipped else "")]),
+            *(f"figure: {name}: {value:.2f} s" for name, value in self.figures),
             *(f"finding: {f}" for f in self.findings),
         ])
 
@@ -252,12 +274,25 @@ class ChaosRunner:
     """
 
     def __init__(self, cluster: LocalCluster, settings: ChaosSettings,
-                 log: Callable[[str], None] = print) -> None:
+                 log: Callable[[str], None] = print, plan: FaultPlan | None = None,
+                 tail: bool = False) -> None:
+        """``plan``: the faults (default: the seeded kill/freeze/controller plan);
+        ``tail``: a consumer reads the topic all along (its stalls and skips are reported)."""
         self.cluster = cluster
         self.settings = settings
         self.log = log
-        self.plan = plan_faults(settings.seed, cluster.num_brokers, settings.partitions,
-                                settings.min_broker_kills)
+        self.plan = plan or plan_faults(settings.seed, cluster.num_brokers,
+                                        settings.partitions, settings.min_broker_kills)
+        self.figures: list[tuple[str, float]] = []
+        # Monotonic times of acknowledgements (all, and per partition) and of records the
+        # tailing consumer returned; appended from client threads (list.append is atomic).
+        self._ack_times: list[float] = []
+        self._ack_times_by_partition: dict[int, list[float]] = defaultdict(list)
+        self._tail = tail
+        self._tail_times: list[float] = []
+        self._tail_returned: list[tuple[int, int]] = []
+        self._tail_positions: dict[int, int] = {}
+        self._stop_tail = threading.Event()
         self.timeline = Timeline()
         self.ledger = DeliveryLedger()
         self.faults: Counter[str] = Counter()
@@ -361,6 +396,9 @@ class ChaosRunner:
             self.ledger.settle(record, Failed(repr(error)))
         else:
             meta = future.result()
+            now = time.monotonic()
+            self._ack_times.append(now)
+            self._ack_times_by_partition[meta.partition].append(now)
             self.ledger.settle(record, Acked(meta.partition, meta.offset))
             if index > self._max_acked_index:
                 self._max_acked_index = index
@@ -495,6 +533,133 @@ class ChaosRunner:
         self.note(f"SIGCONT broker {target}")
         self._wait_healed(f"broker {target}'s resume")
 
+    def _stalls(self, what: str, start: float, end: float) -> None:
+        """Record the longest write stall (and read stall, with a tailing consumer) of
+        [start, end] as figures."""
+        write = longest_gap(self._ack_times, start, end)
+        self.figures.append((f"{what}: longest write stall", write))
+        text = f"{what}: longest write stall {write:.2f} s"
+        if self._tail:
+            read = longest_gap(self._tail_times, start, end)
+            self.figures.append((f"{what}: longest read stall", read))
+            text += f", longest read stall {read:.2f} s"
+        self.note(text)
+
+    def _etcd_outage(self, step: PlannedFault) -> None:
+        """SIGSTOP etcd for the step's time under load, SIGCONT; then metadata changes must
+        complete again (a topic is created), and stalls are measured up to
+        AFTER_FAULT_WINDOW_S after the outage (leases expired meanwhile take effect then)."""
+        etcd = self.cluster.etcd.process
+        assert etcd is not None
+        start = time.monotonic()
+        os.kill(etcd.pid, signal.SIGSTOP)
+        self.faults["etcd SIGSTOP"] += 1
+        self.note(f"SIGSTOP etcd for {step.down_s:.0f} s")
+        try:
+            time.sleep(step.down_s)  # the plan's outage time
+        finally:
+            os.kill(etcd.pid, signal.SIGCONT)
+        resumed = time.monotonic()
+        self.note("SIGCONT etcd")
+        topic = f"{self.settings.topic}-after-outage-{self.faults['etcd SIGSTOP']}"
+
+        def created() -> bool:
+            with AdminClient({"bootstrap.servers": self.cluster.bootstrap_servers,
+                              "default.api.timeout.ms": 5000}) as admin:
+                try:
+                    admin.create_topics([NewTopic(topic, 1, self.settings.replication_factor)])
+                except FjordError as exc:
+                    return "already exists" in str(exc)
+            return True
+
+        took = seconds_until(created, TOPIC_CHANGE_TIMEOUT_S, interval=POLL_INTERVAL_S)
+        if took is None:
+            finding = f"no topic could be created {TOPIC_CHANGE_TIMEOUT_S:.0f} s after etcd " \
+                      "came back"
+            self.findings.append(finding)
+            self.note(finding)
+        else:
+            self.figures.append(("etcd outage: topic created after etcd came back", took))
+            self.note(f"topic {topic} created {took:.1f} s after etcd came back")
+        time.sleep(max(0.0, resumed + AFTER_FAULT_WINDOW_S - time.monotonic()))  # the window
+        self._stalls(f"etcd outage of {step.down_s:.0f} s", start, resumed + AFTER_FAULT_WINDOW_S)
+        self._wait_healed("etcd's return")
+
+    def _restart_broker(self, step: PlannedFault) -> None:
+        """SIGKILL the leader of the step's partition and start it again at once: it must be
+        registered again and the partitions it led take acknowledged writes again soon."""
+        states = self.states() or {}
+        leader = states[step.leader_of].leader if step.leader_of in states else -1
+        target = leader if leader >= 0 else step.leader_of % self.cluster.num_brokers
+        led = sorted(p for p, s in states.items() if s.leader == target)
+        epoch = broker_registration(self.cluster, target)
+        self.cluster.kill("broker", target)
+        killed = time.monotonic()
+        self.faults["broker fast restart"] += 1
+        self.note(f"SIGKILL broker {target} (led {[f'p{p}' for p in led]}) and start it again")
+        self.unavailable.add(target)
+        try:
+            self.cluster.start_broker(target, wait=False)
+            registered = seconds_until(lambda: self._registered(target, epoch), HEAL_TIMEOUT_S,
+                                       interval=POLL_INTERVAL_S)
+        except ProcessStartError as exc:
+            self.findings.append(str(exc))
+            self.note(str(exc))
+            raise
+        finally:
+            self.unavailable.discard(target)
+        if registered is None:
+            finding = f"broker {target} not registered {HEAL_TIMEOUT_S:.0f} s after its restart"
+            self.findings.append(finding)
+            self.note(finding)
+            return
+        self.figures.append(("fast restart: registered again after the kill",
+                             time.monotonic() - killed))
+        self.note(f"broker {target} registered again {time.monotonic() - killed:.1f} s after "
+                  "the kill")
+
+        def led_partitions_write() -> bool:
+            return all(any(t > killed for t in self._ack_times_by_partition[p]) for p in led)
+
+        took = seconds_until(led_partitions_write, HEAL_TIMEOUT_S, interval=POLL_INTERVAL_S)
+        if took is not None:
+            first = max(min(t for t in self._ack_times_by_partition[p] if t > killed)
+                        for p in led) if led else killed
+            self.figures.append(("fast restart: first acknowledged write on every partition "
+                                 "it led after the kill", first - killed))
+            self.note(f"every partition broker {target} led took writes again "
+                      f"{first - killed:.2f} s after the kill")
+        self._wait_healed(f"broker {target}'s fast restart")
+        self._stalls(f"fast restart of broker {target}", killed,
+                     min(time.monotonic(), killed + AFTER_FAULT_WINDOW_S))
+
+    # -- the tailing consumer -------------------------------------------------------------------
+
+    def _tail_topic(self) -> None:
+        """Read the topic as it is written (from the start), noting what was returned when."""
+        topic = self.settings.topic
+        tps = [TopicPartition(topic, p) for p in range(self.settings.partitions)]
+        try:
+            with Consumer({"bootstrap.servers": self.cluster.bootstrap_servers,
+                           "auto.offset.reset": "earliest",
+                           "client.id": "chaos-tail"}) as consumer:
+                consumer.assign(tps)
+                while not self._stop_tail.is_set():
+                    try:
+                        records = consumer.poll(0.2)
+                    except FjordError as exc:  # named partition and offset: a finding
+                        self.findings.append(f"tailing consumer: {exc}")
+                        self.note(f"tailing consumer: {exc}")
+                        continue
+                    now = time.monotonic()
+                    for r in records:
+                        self._tail_returned.append((r.partition, r.offset))
+                        self._tail_times.append(now)
+                for tp in tps:
+                    self._tail_positions[tp.partition] = consumer.position(tp)
+        except BaseException as exc:  # surfaced as a finding by run()
+            self.findings.append(f"tailing consumer failed: {exc!r}")
+
     # -- the run --------------------------------------------------------------------------------
 
     def create_topic(self) -> None:
@@ -534,6 +699,10 @@ class ChaosRunner:
                                   daemon=True)
         writer.start()
         self.note("writer started")
+        tail = threading.Thread(target=self._tail_topic, name="chaos-tail", daemon=True)
+        if self._tail:
+            tail.start()
+            self.note("tailing consumer started")
         fault_start = time.monotonic()
         try:
             self._run_faults(fault_start)
@@ -567,9 +736,16 @@ class ChaosRunner:
             self.findings.append(finding)
             self.note(finding)
         report = verify_delivery(self.ledger.outcomes(), records)
+        skipped = None
+        if self._tail:
+            self._stop_tail.set()
+            tail.join(30)
+            skipped = skipped_records(self._tail_returned, self._tail_positions,
+                                      [(r.partition, r.offset) for r in records])
         self.note("verified")
         return ChaosResult(self.settings, self.plan, self.idempotent, report, self.timeline,
-                           self.faults, self.findings, fault_phase_s)
+                           self.faults, self.findings, fault_phase_s, list(self.figures),
+                           skipped)
 
     def _check_writes_resume(self, producer: Producer) -> None:
         """A healed cluster must take writes: a record sent now is acknowledged soon."""
@@ -601,6 +777,10 @@ class ChaosRunner:
                 self._kill_broker(step)
             elif step.kind is FaultKind.KILL_CONTROLLER:
                 self._kill_controller()
+            elif step.kind is FaultKind.ETCD_OUTAGE:
+                self._etcd_outage(step)
+            elif step.kind is FaultKind.RESTART_BROKER:
+                self._restart_broker(step)
             else:
                 self._freeze_broker(step)
 
