@@ -18,10 +18,8 @@ from enum import StrEnum
 
 from fjord.cluster.reassignment_plan import plan_reassignment
 from fjord.errors import InvalidReplicationFactorError
+from fjord.topic_partition import TopicPartition
 from fjord_operator.settings import DEFAULT_STABILIZATION_WINDOW_S, MAX_AUTOSCALING_SAMPLES
-
-TopicPartitionKey = tuple[str, int]
-
 
 # -- broker scaling ---------------------------------------------------------------------------
 
@@ -52,8 +50,8 @@ class ClusterObservation:
     desired: int
     statefulset_replicas: int | None
     registered: frozenset[int] | None
-    assignment: Mapping[TopicPartitionKey, Sequence[int]] = field(default_factory=dict)
-    reassigning: frozenset[TopicPartitionKey] = frozenset()
+    assignment: Mapping[TopicPartition, Sequence[int]] = field(default_factory=dict)
+    reassigning: frozenset[TopicPartition] = frozenset()
     #: The phase recorded in status by the previous reconciliation.
     previous_phase: ScalingPhase = ScalingPhase.STABLE
 
@@ -66,7 +64,7 @@ class ScalingDecision:
 
     phase: ScalingPhase
     statefulset_replicas: int
-    reassign: Mapping[TopicPartitionKey, list[int]]
+    reassign: Mapping[TopicPartition, list[int]]
     done: bool
     reason: str
     message: str
@@ -79,7 +77,7 @@ def _step(
     reason: str,
     message: str,
     *,
-    reassign: Mapping[TopicPartitionKey, list[int]] | None = None,
+    reassign: Mapping[TopicPartition, list[int]] | None = None,
     done: bool = False,
     refused: bool = False,
 ) -> ScalingDecision:
@@ -87,7 +85,7 @@ def _step(
 
 
 def replication_factors(
-    assignment: Mapping[TopicPartitionKey, Sequence[int]],
+    assignment: Mapping[TopicPartition, Sequence[int]],
 ) -> dict[str, int]:
     """The largest replica count of each topic (a topic whose partitions differ counts its
     largest: that is what a scale-in must still place)."""

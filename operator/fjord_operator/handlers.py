@@ -31,6 +31,7 @@ from fjord.errors import (
     ReassignmentInProgressError,
     UnknownTopicOrPartitionError,
 )
+from fjord.topic_partition import TopicPartition
 from fjord_operator import builders
 from fjord_operator import settings as s
 from fjord_operator.decisions import (
@@ -58,7 +59,6 @@ from fjord_operator.status import Outcome, Verdict, status_patch
 
 log = logging.getLogger(__name__)
 
-TopicPartitionKey = tuple[str, int]
 
 
 # -- pure planning of one reconciliation ---------------------------------------------------------
@@ -71,7 +71,7 @@ class ClusterPlan:
     (``retry``: a step waits for the cluster)."""
 
     objects: list[dict[str, Any]]
-    reassign: Mapping[TopicPartitionKey, list[int]]
+    reassign: Mapping[TopicPartition, list[int]]
     status: dict[str, Any]
     retry: bool
 
@@ -81,8 +81,8 @@ def plan_cluster(
     statefulset_replicas: int | None,
     ready_brokers: int | None,
     registered: frozenset[int] | None,
-    assignment: Mapping[TopicPartitionKey, Sequence[int]],
-    reassigning: frozenset[TopicPartitionKey],
+    assignment: Mapping[TopicPartition, Sequence[int]],
+    reassigning: frozenset[TopicPartition],
     now: datetime,
 ) -> ClusterPlan:
     """The plan for ``body`` given what was observed (see :class:`ClusterObservation`)."""
@@ -182,12 +182,16 @@ class FjordAdmin:
 
     async def observe_cluster(
         self,
-    ) -> tuple[frozenset[int], dict[TopicPartitionKey, list[int]], frozenset[TopicPartitionKey]]:
+    ) -> tuple[frozenset[int], dict[TopicPartition, list[int]], frozenset[TopicPartition]]:
         """(registered broker ids, every partition's replicas, partitions being reassigned)."""
         cluster = await self._call("describe_cluster")
         topics = await self._call("describe_topics", None)
         moving = await self._call("list_partition_reassignments")
-        assignment = {(t.name, p.partition): list(p.replicas) for t in topics for p in t.partitions}
+        assignment = {
+            TopicPartition(t.name, p.partition): list(p.replicas)
+            for t in topics
+            for p in t.partitions
+        }
         # A running reassignment lists old + new replicas: plan from the targets.
         for key, reassignment in moving.items():
             assignment[key] = list(reassignment.target_replicas)
@@ -229,7 +233,7 @@ class FjordAdmin:
     async def grow(self, name: str, partitions: int) -> None:
         await self._call("create_partitions", {name: partitions})
 
-    async def reassign(self, plan: Mapping[TopicPartitionKey, Sequence[int]]) -> None:
+    async def reassign(self, plan: Mapping[TopicPartition, Sequence[int]]) -> None:
         await self._call("alter_partition_reassignments", {k: list(v) for k, v in plan.items()})
 
     async def broker_hosts(self) -> list[str]:
@@ -424,8 +428,8 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
         None if live_sts is None else int((live_sts.get("status") or {}).get("readyReplicas") or 0)
     )
     registered: frozenset[int] | None = None
-    assignment: dict[TopicPartitionKey, list[int]] = {}
-    reassigning: frozenset[TopicPartitionKey] = frozenset()
+    assignment: dict[TopicPartition, list[int]] = {}
+    reassigning: frozenset[TopicPartition] = frozenset()
     if live_sts is not None and not builders.cluster_spec_problems(body.get("spec") or {}):
         try:
             registered, assignment, reassigning = await rt.admin(

@@ -22,7 +22,8 @@ edges, nothing imports the broker, controller or coordinator but its own package
 applications: what two sides must agree on (a config schema, a default, a planner, a wire
 format) lives in a shared package.
 
-``fjord.groups`` is stricter still: it imports only ``fjord.errors`` and ``fjord.records``.
+``fjord.groups`` is stricter still: it imports only ``fjord.errors``, ``fjord.records`` and
+``fjord.topic_partition``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ SHARED = {
     "fjord.config",
     "fjord.serving",
     "fjord.topic_names",
+    "fjord.topic_partition",
     "fjord.records",
     "fjord.storage",
     "fjord.metadata",
@@ -88,7 +90,7 @@ SERVICE_EDGES = {
 }
 
 #: What ``fjord.groups`` may import besides itself and the standard library.
-GROUPS_MAY_IMPORT = {"fjord.errors", "fjord.records"}
+GROUPS_MAY_IMPORT = {"fjord.errors", "fjord.records", "fjord.topic_partition"}
 
 _OURS = ("fjord", "fjord_operator", "fjord_spark", "fjord_jobs")
 
@@ -182,7 +184,7 @@ def test_service_edges_are_all_used():
     assert edges >= SERVICE_EDGES, f"remove from SERVICE_EDGES: {sorted(SERVICE_EDGES - edges)}"
 
 
-def test_group_protocol_depends_only_on_errors_and_records():
+def test_group_protocol_depends_only_on_errors_records_and_topic_partition():
     bad = sorted(
         f"{path.relative_to(ROOT)}: imports {target}"
         for source, target, path in _imports()

@@ -19,8 +19,9 @@ from grpc import aio
 
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
-from fjord.broker.replica_manager import ReplicaManager, TopicPartition
+from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication import FollowerTarget, build_fetch_request, group_by_source
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,7 @@ class SourceFetcher:
             wanted = dict(keys)
             for topic in response.topics:
                 for out in topic.partitions:
-                    key = (topic.name, out.partition)
+                    key = TopicPartition(topic.name, out.partition)
                     fetched_for = wanted.get(key)
                     if fetched_for is None:
                         continue

@@ -20,6 +20,7 @@ from fjord.broker.partition import PartitionAssignment
 from fjord.broker.replica_manager import IsrChangeRequest, ReplicaManager
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ class AlterPartitionSender:
                 continue
             state = None
             if answer.isr:  # the committed state, or the current one with a refusal
-                key = (r.topic, r.partition)
+                key = TopicPartition(r.topic, r.partition)
                 hosted = self._replicas.partitions.get(key)
                 replicas = hosted.assignment.replicas if hosted is not None else tuple(answer.isr)
                 state = PartitionAssignment(

@@ -49,10 +49,10 @@ from fjord.metadata import MetadataImage
 from fjord.observability import metrics
 from fjord.storage import PartitionLog
 from fjord.topic_names import topic_name_problem
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
 
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
@@ -119,7 +119,7 @@ class LogManagerLike(Protocol):
 
     def delete(self, topic: str, partition: int) -> Any: ...
 
-    def logs(self) -> Mapping[tuple[str, int], Any]: ...
+    def logs(self) -> Mapping[TopicPartition, Any]: ...
 
 
 def _set_error(target: Any, exc: FjordError) -> None:
@@ -211,7 +211,7 @@ class ReplicaManager:
         wanted: dict[TopicPartition, Any] = {}
         settings_by_topic: dict[str, TopicSettings | None] = {}
         for ref in image.partitions_replicated_on(self.broker_id):
-            wanted[(ref.topic, ref.partition)] = ref.state
+            wanted[TopicPartition(ref.topic, ref.partition)] = ref.state
         to_open: list[tuple[TopicPartition, PartitionAssignment, TopicSettings]] = []
         for key, state in wanted.items():
             topic, number = key
@@ -432,7 +432,7 @@ class ReplicaManager:
                 out = topic_out.partitions.add(
                     partition=p.partition, base_offset=-1, log_append_time_ms=-1
                 )
-                key = (topic.name, p.partition)
+                key = TopicPartition(topic.name, p.partition)
                 partition = self.partitions.get(key)
                 try:
                     if partition is None:
@@ -593,7 +593,7 @@ class ReplicaManager:
                     leader_id=-1,
                     leader_epoch=-1,
                 )
-                key = (topic.name, fp.partition)
+                key = TopicPartition(topic.name, fp.partition)
                 partition = self.partitions.get(key)
                 try:
                     if partition is None:
@@ -690,7 +690,7 @@ class ReplicaManager:
                 out = topic_out.partitions.add(
                     partition=lp.partition, timestamp=-1, offset=-1, leader_epoch=-1
                 )
-                partition = self.partitions.get((topic.name, lp.partition))
+                partition = self.partitions.get(TopicPartition(topic.name, lp.partition))
                 try:
                     if partition is None:
                         raise self._missing_partition_error(topic.name, lp.partition)
@@ -737,7 +737,7 @@ class ReplicaManager:
         Raises NOT_LEADER_OR_FOLLOWER / UNKNOWN_TOPIC_OR_PARTITION like a produce, and
         OFFSET_OUT_OF_RANGE for an offset above the high watermark or below -1. Followers move
         their log start with the leader's on their next fetch (``follow_leader_log_start``)."""
-        key = (topic, partition)
+        key = TopicPartition(topic, partition)
         hosted = self.partitions.get(key)
         if hosted is None:
             raise self._missing_partition_error(topic, partition)
@@ -758,7 +758,7 @@ class ReplicaManager:
     ) -> tuple[int, int]:
         """Kafka's OffsetForLeaderEpoch for a client: (the largest epoch <= ``leader_epoch``
         this leader's log knows, the offset where it ends); raises like a fetch."""
-        hosted = self.partitions.get((topic, partition))
+        hosted = self.partitions.get(TopicPartition(topic, partition))
         if hosted is None:
             raise self._missing_partition_error(topic, partition)
         hosted.check_leader(current_leader_epoch)
@@ -859,7 +859,7 @@ class ReplicaManager:
     def _on_resign_result(
         self, request: IsrChangeRequest, error_code: int, state: PartitionAssignment | None
     ) -> None:
-        key = (request.topic, request.partition)
+        key = TopicPartition(request.topic, request.partition)
         if self._resigning.get(key) == request.leader_epoch:
             del self._resigning[key]
         partition = self.partitions.get(key)
@@ -904,7 +904,7 @@ class ReplicaManager:
         if request.resign:
             self._on_resign_result(request, error_code, state)
             return
-        key = (request.topic, request.partition)
+        key = TopicPartition(request.topic, request.partition)
         partition = self.partitions.get(key)
         if partition is None or partition.leader_epoch != request.leader_epoch:
             return  # leadership moved on meanwhile: the metadata already says what counts

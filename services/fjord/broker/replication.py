@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from fjord._proto import broker_pb2
 from fjord.cluster.replication_config import ReplicationSettings
-
-TopicPartition = tuple[str, int]
+from fjord.topic_partition import TopicPartition
 
 #: Sent as a follower's last fetched epoch when its log is empty (no divergence check).
 NO_EPOCH = -1

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from fjord.errors import StorageError
 from fjord.storage.checkpoint import read_text, write_atomically
+from fjord.topic_partition import TopicPartition
 
 #: File name, in the broker's data dir (next to the partition directories; LogManager ignores it
 #: because it is not a ``<topic>-<partition>`` directory).
@@ -19,7 +20,6 @@ HW_CHECKPOINT_FILE = "replication-offset-checkpoint"
 #: Format version written on the first line (Kafka's is 0).
 HW_CHECKPOINT_VERSION = 0
 
-TopicPartition = tuple[str, int]
 
 
 def format_hw_checkpoint(entries: Mapping[TopicPartition, int]) -> str:
@@ -57,7 +57,7 @@ def parse_hw_checkpoint(text: str) -> dict[TopicPartition, int]:
             raise StorageError(f"high-watermark checkpoint: bad line {line!r}") from None
         if partition < 0 or offset < 0:
             raise StorageError(f"high-watermark checkpoint: negative value in {line!r}")
-        out[(parts[0], partition)] = offset
+        out[TopicPartition(parts[0], partition)] = offset
     return out
 
 

@@ -20,7 +20,7 @@ from fjord.cli.client_common import (
     friendly_errors,
     output_option,
 )
-from fjord.client import AdminClient
+from fjord.client import AdminClient, TopicPartition
 from fjord.client.admin import DEAD_STATE, ConsumerGroupDescription
 from fjord.errors import GroupIdNotFoundError, InvalidRequestError
 from fjord.groups.lag import (
@@ -193,7 +193,7 @@ def describe_json(description: ConsumerGroupDescription, rows: Sequence[LagRow])
     }
 
 
-def format_assignment(partitions: Sequence[tuple[str, int]]) -> str:
+def format_assignment(partitions: Sequence[TopicPartition]) -> str:
     """Kafka's ``--members --verbose`` ASSIGNMENT cell: ``orders(0,1),audit(2)`` or ``-``."""
     by_topic: dict[str, list[int]] = {}
     for topic, partition in sorted(partitions):

@@ -18,7 +18,7 @@ from fjord.cli.client_common import (
     output_option,
     parse_pairs,
 )
-from fjord.client import AdminClient, NewTopic, TopicDescription
+from fjord.client import AdminClient, NewTopic, TopicDescription, TopicPartition
 from fjord.errors import ErrorCode, FjordError, InvalidReplicaAssignmentError
 
 
@@ -229,7 +229,7 @@ def alter(
             click.echo(f"Updated configs of topic {topic}.")
 
 
-def parse_reassignment_json(text: str) -> dict[tuple[str, int], list[int]]:
+def parse_reassignment_json(text: str) -> dict[TopicPartition, list[int]]:
     """kafka-reassign-partitions' file format: ``{"version": 1, "partitions": [{"topic": "t",
     "partition": 0, "replicas": [1, 2, 3]}, ...]}``. Raises InvalidReplicaAssignmentError
     naming what is wrong (a partition named twice included)."""
@@ -242,7 +242,7 @@ def parse_reassignment_json(text: str) -> dict[tuple[str, int], list[int]]:
         raise InvalidReplicaAssignmentError(
             'reassignment file needs a non-empty "partitions" list'
         )
-    out: dict[tuple[str, int], list[int]] = {}
+    out: dict[TopicPartition, list[int]] = {}
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
             raise InvalidReplicaAssignmentError(f"partitions[{i}] is not an object")
@@ -263,12 +263,12 @@ def parse_reassignment_json(text: str) -> dict[tuple[str, int], list[int]]:
             )
         if (topic, partition) in out:
             raise InvalidReplicaAssignmentError(f"{topic}-{partition} is listed twice")
-        out[(topic, partition)] = list(replicas)
+        out[TopicPartition(topic, partition)] = list(replicas)
     return out
 
 
 def _wait_reassignments(
-    admin: AdminClient, partitions: set[tuple[str, int]], timeout_s: float
+    admin: AdminClient, partitions: set[TopicPartition], timeout_s: float
 ) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -333,7 +333,7 @@ def reassign(
             raise click.BadParameter(
                 f"expected broker ids like 1,2,3, got {replicas!r}", param_hint="--replicas"
             ) from None
-        plan = {(topic, partition): target}
+        plan = {TopicPartition(topic, partition): target}
     with _admin(bootstrap_server) as admin:
         if mode == "execute":
             admin.alter_partition_reassignments(dict(plan))
@@ -370,7 +370,7 @@ def reassign(
                      ",".join(map(str, current)), status))
     emit(
         output,
-        [{"topic": r[0], "partition": r[1], "target": plan[(r[0], r[1])],
+        [{"topic": r[0], "partition": r[1], "target": plan[TopicPartition(r[0], r[1])],
           "replicas": described[(r[0], r[1])].replicas if (r[0], r[1]) in described else [],
           "status": r[4]} for r in rows],
         rows,
@@ -399,13 +399,13 @@ def elect_leaders(
     if partition is not None and topic is None:
         raise click.UsageError("--partition needs --topic")
     with _admin(bootstrap_server) as admin:
-        partitions: list[tuple[str, int]] | None = None
+        partitions: list[TopicPartition] | None = None
         if topic is not None:
             if partition is not None:
-                partitions = [(topic, partition)]
+                partitions = [TopicPartition(topic, partition)]
             else:
                 (described,) = admin.describe_topics([topic])
-                partitions = [(topic, p.partition) for p in described.partitions]
+                partitions = [TopicPartition(topic, p.partition) for p in described.partitions]
         results = admin.elect_leaders(election_type.lower(), partitions, raise_on_error=False)
     failed = False
     for (t, p), error in sorted(results.items()):

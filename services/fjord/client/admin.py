@@ -68,8 +68,7 @@ from fjord.groups.state import GroupState
 T = TypeVar("T")
 
 #: A partition as admin calls name it: (topic, partition).
-TopicPartitionKey = tuple[str, int]
-PartitionErrors = dict[TopicPartitionKey, FjordError | None]
+PartitionErrors = dict[TopicPartition, FjordError | None]
 
 #: ElectLeaders election types (Kafka's names and wire values).
 ELECTION_TYPES = {"preferred": 0, "unclean": 1}
@@ -93,7 +92,7 @@ def _partition_results(results: Iterable[Any]) -> PartitionErrors:
     out: PartitionErrors = {}
     for r in results:
         code = error_code_from_number(r.error.code)
-        out[(r.topic, r.partition)] = (
+        out[TopicPartition(r.topic, r.partition)] = (
             None
             if code is ErrorCode.NONE
             else error_for_code(code, f"{r.topic}-{r.partition}: {r.error.message}")
@@ -534,7 +533,7 @@ class AdminClient:
 
     def alter_partition_reassignments(
         self,
-        reassignments: Mapping[TopicPartitionKey, Sequence[int] | None],
+        reassignments: Mapping[TopicPartition, Sequence[int] | None],
         *,
         timeout: float | None = None,
         raise_on_error: bool = True,
@@ -567,10 +566,10 @@ class AdminClient:
 
     def list_partition_reassignments(
         self,
-        partitions: Iterable[TopicPartitionKey] | None = None,
+        partitions: Iterable[TopicPartition] | None = None,
         *,
         timeout: float | None = None,
-    ) -> dict[TopicPartitionKey, PartitionReassignment]:
+    ) -> dict[TopicPartition, PartitionReassignment]:
         """The running reassignments (of ``partitions``, or all)."""
         request = controller_pb2.ListPartitionReassignmentsRequest(
             partitions=[
@@ -588,7 +587,7 @@ class AdminClient:
         response = self._run(call, timeout)
         self._top_error(response)
         return {
-            (r.topic, r.partition): PartitionReassignment(
+            TopicPartition(r.topic, r.partition): PartitionReassignment(
                 tuple(r.replicas), tuple(r.adding_replicas), tuple(r.removing_replicas)
             )
             for r in response.reassignments
@@ -597,7 +596,7 @@ class AdminClient:
     def elect_leaders(
         self,
         election_type: str = "preferred",
-        partitions: Iterable[TopicPartitionKey] | None = None,
+        partitions: Iterable[TopicPartition] | None = None,
         *,
         timeout: float | None = None,
         raise_on_error: bool = True,
@@ -630,7 +629,7 @@ class AdminClient:
 
     def plan_replication_factor(
         self, topic: str, replication_factor: int, *, timeout: float | None = None
-    ) -> dict[TopicPartitionKey, list[int]]:
+    ) -> dict[TopicPartition, list[int]]:
         """The reassignment that gives ``topic`` ``replication_factor`` replicas per partition
         with the fewest moves, balanced over the live brokers (the pure planner
         :func:`fjord.cluster.reassignment_plan.plan_reassignment`). Refuses with
@@ -646,12 +645,14 @@ class AdminClient:
                 f"partitions {sorted(p for _, p in moving)} of {topic!r} are being reassigned"
             )
         brokers = [node.id for node in self.describe_cluster(timeout=timeout).brokers]
-        current = {(topic, p.partition): list(p.replicas) for p in description.partitions}
+        current = {
+            TopicPartition(topic, p.partition): list(p.replicas) for p in description.partitions
+        }
         return plan_reassignment(current, brokers, target_rf=replication_factor)
 
     def alter_replication_factor(
         self, topic: str, replication_factor: int, *, timeout: float | None = None
-    ) -> dict[TopicPartitionKey, list[int]]:
+    ) -> dict[TopicPartition, list[int]]:
         """Change ``topic``'s replication factor: plans it (:meth:`plan_replication_factor`)
         and starts the reassignment; returns the new replica lists (empty: nothing to do).
         Growing completes when the new replicas have caught up; shrinking at once."""
@@ -1035,7 +1036,7 @@ class AdminClient:
             group_id
         ]
         committed_meta = self.list_consumer_group_offsets(group_id, timeout=_remaining(deadline))
-        committed: dict[tuple[str, int], int] = {
+        committed: dict[TopicPartition, int] = {
             tp: o.offset for tp, o in committed_meta.items() if o is not None
         }
         scope = reset_scope(
@@ -1047,10 +1048,10 @@ class AdminClient:
         )
 
         def plan(
-            partitions: list[tuple[str, int]],
-            earliest: Mapping[tuple[str, int], int],
-            latest: Mapping[tuple[str, int], int],
-            for_times: Mapping[tuple[str, int], int | None] | None = None,
+            partitions: list[TopicPartition],
+            earliest: Mapping[TopicPartition, int],
+            latest: Mapping[TopicPartition, int],
+            for_times: Mapping[TopicPartition, int | None] | None = None,
         ) -> list[PartitionReset]:
             return plan_offset_reset(
                 group_id,
@@ -1065,10 +1066,10 @@ class AdminClient:
             )
 
         plan([], {}, {})  # refuses an active group before any ListOffsets is sent
-        tps = [TopicPartition(*tp) for tp in scope]
+        tps = list(scope)
         earliest = self._known_offsets(dict.fromkeys(tps, "earliest"), deadline)
         latest = self._known_offsets(dict.fromkeys(tps, "latest"), deadline)
-        for_times: dict[tuple[str, int], int | None] | None = None
+        for_times: dict[TopicPartition, int | None] | None = None
         if isinstance(spec, ToDatetime | ByDuration):
             if isinstance(spec, ToDatetime):
                 timestamp_ms = spec.timestamp_ms
@@ -1077,12 +1078,12 @@ class AdminClient:
             found = self.list_offsets(
                 dict.fromkeys(tps, timestamp_ms), timeout=_remaining(deadline)
             )
-            for_times = {(tp.topic, tp.partition): offset for tp, offset in found.items()}
+            for_times = dict(found)
         return plan(scope, earliest, latest, for_times)
 
     def _known_offsets(
         self, specs: Mapping[TopicPartition, OffsetSpec], deadline: float
-    ) -> dict[tuple[str, int], int]:
+    ) -> dict[TopicPartition, int]:
         found = self.list_offsets(specs, timeout=_remaining(deadline))
         return {tp: offset for tp, offset in found.items() if offset is not None}
 

@@ -60,8 +60,7 @@ from fjord.groups.protocol import (
     decode_subscription,
     encode_subscription,
 )
-
-TopicPartition = tuple[str, int]
+from fjord.topic_partition import TopicPartition
 
 UNKNOWN_MEMBER_ID = ""
 """The member id of a member that has not joined (or was reset): JoinGroup assigns one."""

@@ -5,14 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from fjord.topic_partition import TopicPartition
+
+__all__ = ["TopicPartition"]  # re-exported: the client's public name for the shared type
+
 Headers = tuple[tuple[str, bytes | None], ...]
-
-
-class TopicPartition(NamedTuple):
-    """A partition of a topic: the unit of order, assignment and offsets."""
-
-    topic: str
-    partition: int
 
 
 class RecordMetadata(NamedTuple):

@@ -12,17 +12,16 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from fjord.errors import InvalidReplicationFactorError
-
-TopicPartitionKey = tuple[str, int]
+from fjord.topic_partition import TopicPartition
 
 
 def plan_reassignment(
-    current: Mapping[TopicPartitionKey, Sequence[int]],
+    current: Mapping[TopicPartition, Sequence[int]],
     brokers: Collection[int],
     *,
     target_rf: int | Mapping[str, int] | None = None,
     drain: Collection[int] = (),
-) -> dict[TopicPartitionKey, list[int]]:
+) -> dict[TopicPartition, list[int]]:
     """Target replica lists for the partitions that must change (unchanged ones are omitted).
 
     ``current``: every partition's replicas (first = preferred leader). ``brokers``: the
@@ -44,7 +43,7 @@ def plan_reassignment(
     """
     eligible = sorted(set(brokers) - set(drain))
 
-    def rf_of(key: TopicPartitionKey, replicas: Sequence[int]) -> int:
+    def rf_of(key: TopicPartition, replicas: Sequence[int]) -> int:
         if target_rf is None:
             return len(replicas)
         if isinstance(target_rf, int):
@@ -69,7 +68,7 @@ def plan_reassignment(
 
     # 1. Keep the replicas on eligible brokers; a shrinking partition drops the replicas on
     #    the most loaded brokers first (never its preferred leader while others can go).
-    assignment: dict[TopicPartitionKey, list[int]] = {
+    assignment: dict[TopicPartition, list[int]] = {
         key: [r for r in replicas if r in eligible_set] for key, replicas in current.items()
     }
     load: Counter[int] = Counter({b: 0 for b in eligible})
@@ -155,8 +154,8 @@ def plan_reassignment(
 
 
 def _fill_by_flow(
-    assignment: dict[TopicPartitionKey, list[int]],
-    wanted: Mapping[TopicPartitionKey, int],
+    assignment: dict[TopicPartition, list[int]],
+    wanted: Mapping[TopicPartition, int],
     eligible: list[int],
     load: Counter[int],
     floor: int,
@@ -167,9 +166,9 @@ def _fill_by_flow(
     need = {k: wanted[k] - len(r) for k, r in assignment.items() if wanted[k] > len(r)}
     if not need:
         return
-    chosen: set[tuple[TopicPartitionKey, int]] = set()
-    by_broker: dict[int, set[TopicPartitionKey]] = {b: set() for b in eligible}
-    sent: Counter[TopicPartitionKey] = Counter()
+    chosen: set[tuple[TopicPartition, int]] = set()
+    by_broker: dict[int, set[TopicPartition]] = {b: set() for b in eligible}
+    sent: Counter[TopicPartition] = Counter()
     got: Counter[int] = Counter()
     keys = sorted(need)
 

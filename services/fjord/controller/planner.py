@@ -45,6 +45,7 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import MetadataImage, PartitionState, TopicRecord
+from fjord.topic_partition import TopicPartition
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def plan_liveness(
     *,
     waiting_for: Collection[int] = (),
     restarted: Collection[int] = (),
-) -> dict[tuple[str, int], PartitionState]:
+) -> dict[TopicPartition, PartitionState]:
     """Every partition whose leader or ISR must change because brokers came or went.
 
     ``waiting_for``: brokers not registered now whose return is awaited (a controller that just
@@ -217,7 +218,7 @@ def plan_liveness(
     live = set(image.brokers)
     held = set(waiting_for) - live
     gone_before = set(restarted) & live
-    changes: dict[tuple[str, int], PartitionState] = {}
+    changes: dict[TopicPartition, PartitionState] = {}
     for ref in image.all_partitions():
         state = ref.state
         if held and (state.leader in held or not held.isdisjoint(state.isr)):
@@ -231,7 +232,7 @@ def plan_liveness(
             new = on_liveness_change(new, live - gone_before, unclean)
         new = on_liveness_change(new, live, unclean)
         if new is not state:
-            changes[(ref.topic, ref.partition)] = new
+            changes[TopicPartition(ref.topic, ref.partition)] = new
     return changes
 
 
@@ -240,26 +241,26 @@ def plan_reconcile(
     *,
     waiting_for: Collection[int] = (),
     restarted: Collection[int] = (),
-) -> dict[tuple[str, int], PartitionState]:
+) -> dict[TopicPartition, PartitionState]:
     """:func:`plan_liveness`, then every reassignment that can complete now (all target
     replicas in the ISR) completes. Run after broker changes, ISR changes and on take-over, so
     a new controller resumes the reassignments its predecessor started."""
     live = set(image.brokers)
     changes = plan_liveness(image, waiting_for=waiting_for, restarted=restarted)
     for ref in image.all_partitions():
-        key = (ref.topic, ref.partition)
+        key = TopicPartition(ref.topic, ref.partition)
         state = changes.get(key, ref.state)
         if can_complete(state, live):
             changes[key] = complete_reassignment(state, live)
     return changes
 
 
-def plan_preferred_rebalance(image: MetadataImage) -> dict[tuple[str, int], PartitionState]:
+def plan_preferred_rebalance(image: MetadataImage) -> dict[TopicPartition, PartitionState]:
     """Auto leader rebalancing: partitions whose preferred replica is live and in the ISR but
     does not lead get it back as leader."""
     live = set(image.brokers)
     return {
-        (ref.topic, ref.partition): elect_preferred(ref.state, live)
+        TopicPartition(ref.topic, ref.partition): elect_preferred(ref.state, live)
         for ref in image.all_partitions()
         if needs_preferred_election(ref.state, live)
     }
@@ -287,8 +288,8 @@ def _known_partition(image: MetadataImage, topic: str, partition: int) -> Partit
 
 
 def plan_elect_leaders(
-    image: MetadataImage, election_type: int, partitions: list[tuple[str, int]] | None
-) -> tuple[dict[tuple[str, int], PartitionState], list[PartitionOutcome]]:
+    image: MetadataImage, election_type: int, partitions: list[TopicPartition] | None
+) -> tuple[dict[TopicPartition, PartitionState], list[PartitionOutcome]]:
     """ElectLeaders: the new states and each partition's outcome (None = all partitions;
     then partitions needing no election are left out of the outcomes, as Kafka does)."""
     if election_type not in (PREFERRED_ELECTION, UNCLEAN_ELECTION):
@@ -300,12 +301,12 @@ def plan_elect_leaders(
         if partitions is None
         else partitions
     )
-    changes: dict[tuple[str, int], PartitionState] = {}
+    changes: dict[TopicPartition, PartitionState] = {}
     outcomes: list[PartitionOutcome] = []
     for topic, partition in keys:
         try:
             state = _known_partition(image, topic, partition)
-            changes[(topic, partition)] = elect(state, live)
+            changes[TopicPartition(topic, partition)] = elect(state, live)
         except ElectionNotNeededError as exc:
             if partitions is not None:
                 outcomes.append(PartitionOutcome(topic, partition, exc))
@@ -327,7 +328,7 @@ class ReassignmentRequest:
 
 
 def _records_after(
-    image: MetadataImage, changes: Mapping[tuple[str, int], PartitionState]
+    image: MetadataImage, changes: Mapping[TopicPartition, PartitionState]
 ) -> dict[str, TopicRecord]:
     """Topic records whose replication factor changes with ``changes``: the size every
     partition's target replica list shares (none when sizes differ: the RF stays)."""
@@ -337,7 +338,7 @@ def _records_after(
         if record is None:
             continue
         sizes = {
-            len(changes.get((topic, p), state).target_replicas)
+            len(changes.get(TopicPartition(topic, p), state).target_replicas)
             for p, state in image.partitions(topic).items()
         }
         if len(sizes) == 1:
@@ -350,18 +351,18 @@ def _records_after(
 def plan_alter_reassignments(
     image: MetadataImage, requests: list[ReassignmentRequest]
 ) -> tuple[
-    dict[tuple[str, int], PartitionState], dict[str, TopicRecord], list[PartitionOutcome]
+    dict[TopicPartition, PartitionState], dict[str, TopicRecord], list[PartitionOutcome]
 ]:
     """AlterPartitionReassignments: new partition states (step 1 of the procedure, or cancel),
     topic records whose replication factor follows, and each partition's outcome. A partition
     named twice is refused (INVALID_REQUEST), bad targets with INVALID_REPLICA_ASSIGNMENT,
     cancelling an idle partition with NO_REASSIGNMENT_IN_PROGRESS."""
     live = set(image.brokers)
-    changes: dict[tuple[str, int], PartitionState] = {}
+    changes: dict[TopicPartition, PartitionState] = {}
     outcomes: list[PartitionOutcome] = []
     counts = Counter((r.topic, r.partition) for r in requests)
     for request in requests:
-        key = (request.topic, request.partition)
+        key = TopicPartition(request.topic, request.partition)
         try:
             if counts[key] > 1:
                 raise InvalidRequestError(f"{key[0]}-{key[1]} is named more than once")
@@ -406,7 +407,7 @@ class OngoingReassignment:
 
 
 def list_reassignments(
-    image: MetadataImage, partitions: list[tuple[str, int]] | None = None
+    image: MetadataImage, partitions: list[TopicPartition] | None = None
 ) -> list[OngoingReassignment]:
     """The running reassignments (of the named partitions, or all), sorted."""
     wanted = None if partitions is None else set(partitions)

@@ -29,6 +29,7 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import etcd_client
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -267,7 +268,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         context: grpc.aio.ServicerContext,
     ) -> controller_pb2.ListPartitionReassignmentsResponse:
         response = controller_pb2.ListPartitionReassignmentsResponse()
-        wanted = [(p.topic, p.partition) for p in request.partitions] or None
+        wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
         try:
             ongoing = self.service.list_partition_reassignments(wanted)
         except Exception as exc:
@@ -289,7 +290,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.ElectLeadersRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.ElectLeadersResponse:
         response = controller_pb2.ElectLeadersResponse()
-        wanted = [(p.topic, p.partition) for p in request.partitions] or None
+        wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
         try:
             outcomes = await self.service.elect_leaders(request.election_type, wanted)
         except Exception as exc:

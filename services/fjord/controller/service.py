@@ -67,6 +67,7 @@ from fjord.metadata import (
 )
 from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
 from fjord.observability import set_active_controller, set_offline_partitions
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -577,7 +578,7 @@ class ControllerService:
 
     def _partition_ops(
         self,
-        changes: Mapping[tuple[str, int], PartitionState],
+        changes: Mapping[TopicPartition, PartitionState],
         records: Mapping[str, TopicRecord] | None = None,
     ) -> list[rpc.RequestOp]:
         ops = [
@@ -605,13 +606,13 @@ class ControllerService:
             return outcomes
 
     def list_partition_reassignments(
-        self, partitions: list[tuple[str, int]] | None
+        self, partitions: list[TopicPartition] | None
     ) -> list[OngoingReassignment]:
         self.require_active()
         return list_reassignments(self.image, partitions)
 
     async def elect_leaders(
-        self, election_type: int, partitions: list[tuple[str, int]] | None
+        self, election_type: int, partitions: list[TopicPartition] | None
     ) -> list[PartitionOutcome]:
         async with self._write_lock:
             self.require_active()
@@ -621,7 +622,7 @@ class ControllerService:
                 await self._write(self._partition_ops(changes))
             return outcomes
 
-    def _log_elections(self, changes: Mapping[tuple[str, int], PartitionState], why: str) -> None:
+    def _log_elections(self, changes: Mapping[TopicPartition, PartitionState], why: str) -> None:
         image = self.image
         for (topic, partition), new in sorted(changes.items()):
             old = image.partition(topic, partition)

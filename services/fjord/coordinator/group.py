@@ -52,8 +52,9 @@ from fjord.coordinator.offsets_log import (
 )
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError
 from fjord.groups.defaults import CONSUMER_PROTOCOL_TYPE
-from fjord.groups.protocol import TopicPartition, decode_subscription
+from fjord.groups.protocol import decode_subscription
 from fjord.groups.state import GroupState
+from fjord.topic_partition import TopicPartition
 
 UNKNOWN_MEMBER_ID = ""
 NO_GENERATION = -1

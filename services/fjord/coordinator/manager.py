@@ -35,9 +35,9 @@ from fjord.coordinator.group import (
 from fjord.coordinator.offsets_log import LoadedGroup, encode_record
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
 from fjord.groups.offsets_topic import group_partition
-from fjord.groups.protocol import TopicPartition
 from fjord.groups.state import GroupState
 from fjord.observability.metrics import record_rebalance
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fjord.errors import CorruptRecordError
-from fjord.groups.protocol import TopicPartition
 from fjord.groups.wire import Reader, Writer
+from fjord.topic_partition import TopicPartition
 
 NO_TIMESTAMP = -1
 NO_LEADER_EPOCH = -1
@@ -241,7 +241,7 @@ class GroupMetadataLoader:
 
     def apply(self, key: RecordKey, value: RecordValue | None) -> None:
         if isinstance(key, OffsetCommitKey):
-            tp = (key.topic, key.partition)
+            tp = TopicPartition(key.topic, key.partition)
             if value is None:
                 group_offsets = self._offsets.get(key.group)
                 if group_offsets is not None:

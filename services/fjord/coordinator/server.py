@@ -31,7 +31,6 @@ from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
 from fjord.errors import ConfigError, ErrorCode, error_code_from_number
-from fjord.groups.protocol import TopicPartition
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -50,6 +49,7 @@ from fjord.observability.metrics import (
     stop_metrics_server,
 )
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ class CoordinatorServer:
         current: set[tuple[str, str, int]] = set()
         for group, offsets in committed.items():
             for (topic, partition), offset in offsets.items():
-                end = ends.get((topic, partition))
+                end = ends.get(TopicPartition(topic, partition))
                 if end is None:
                     continue
                 set_group_lag(group, topic, partition, max(end - offset, 0))
@@ -480,7 +480,7 @@ class CoordinatorServer:
             for topic in response.topics:
                 for p in topic.partitions:
                     if error_code_from_number(p.error.code) is ErrorCode.NONE and p.offset >= 0:
-                        out[(topic.name, p.partition)] = p.offset
+                        out[TopicPartition(topic.name, p.partition)] = p.offset
 
         await asyncio.gather(*(ask(a, t) for a, t in by_leader.items()))
         return out

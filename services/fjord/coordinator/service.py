@@ -18,7 +18,7 @@ from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
-from fjord.groups.protocol import TopicPartition
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +205,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
             for topic in request.topics:
                 for p in topic.partitions:
-                    tp = (topic.name, p.partition)
+                    tp = TopicPartition(topic.name, p.partition)
                     if tp in offsets:
                         raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
                     offsets[tp] = OffsetCommitRequestPartition(
@@ -239,7 +239,9 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.OffsetFetchRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.OffsetFetchResponse:
         async def body() -> coordinator_pb2.OffsetFetchResponse:
-            wanted = [(t.name, p) for t in request.topics for p in t.partitions] or None
+            wanted = [
+                TopicPartition(t.name, p) for t in request.topics for p in t.partitions
+            ] or None
             found = self._manager.fetch_offsets(request.group_id, wanted)
             by_topic: dict[str, list[coordinator_pb2.OffsetFetchPartitionResponse]] = {}
             for (topic_name, partition), committed in found.items():

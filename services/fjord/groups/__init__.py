@@ -1,7 +1,8 @@
 """The consumer-group protocol every side shares: clients, admin, the CLI, the broker
 (FindCoordinator), the controller (``__consumer_offsets`` placement) and the coordinator
-service. Pure: it imports nothing but :mod:`fjord.errors`, :mod:`fjord.records` and the standard
-library (``tests/unit/test_layering.py`` keeps it so).
+service. Pure: it imports nothing but :mod:`fjord.errors`, :mod:`fjord.records`,
+:mod:`fjord.topic_partition` and the standard library (``tests/unit/test_layering.py`` keeps it
+so).
 
 - :mod:`fjord.groups.defaults`: the ``__consumer_offsets`` topic and the consumer's group defaults.
 - :mod:`fjord.groups.offsets_topic`: which ``__consumer_offsets`` partition holds a group.

@@ -27,10 +27,10 @@ from fjord.groups.protocol import (
     NO_GENERATION,
     Assignment,
     Subscription,
-    TopicPartition,
     decode_subscription,
     encode_assignment,
 )
+from fjord.topic_partition import TopicPartition
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,9 @@ def range_assign(
         start = 0
         for index, member in enumerate(consumers):
             length = per_member + (1 if index < extra else 0)
-            result[member.member_id].extend((topic, p) for p in range(start, start + length))
+            result[member.member_id].extend(
+                TopicPartition(topic, p) for p in range(start, start + length)
+            )
             start += length
     return _sorted(result)
 
@@ -107,7 +109,7 @@ def roundrobin_assign(
             for step in range(len(ordered)):
                 member = ordered[(cursor + step) % len(ordered)]
                 if topic in member.subscription.topics:
-                    result[member.member_id].append((topic, partition))
+                    result[member.member_id].append(TopicPartition(topic, partition))
                     cursor = (cursor + step + 1) % len(ordered)
                     break
     return _sorted(result)
@@ -126,7 +128,9 @@ def valid_owned_partitions(
         for topic, partition in dict.fromkeys(sub.owned_partitions):
             if topic not in sub.topics or not 0 <= partition < partitions_per_topic.get(topic, 0):
                 continue
-            claims.setdefault((topic, partition), []).append((sub.generation_id, member.member_id))
+            claims.setdefault(TopicPartition(topic, partition), []).append(
+                (sub.generation_id, member.member_id)
+            )
     owned: dict[str, list[TopicPartition]] = {member_id: [] for member_id in members}
     for tp, claimants in claims.items():
         best = max(generation for generation, _ in claimants)
@@ -155,7 +159,7 @@ def _sticky_target(
                 eligible.setdefault(topic, []).append(member_id)
     assignment: dict[str, set[TopicPartition]] = {m: set(tps) for m, tps in owned.items()}
     unassigned = [
-        (topic, partition)
+        TopicPartition(topic, partition)
         for topic in sorted(eligible)
         for partition in range(partitions_per_topic[topic])
         if (topic, partition) not in previous_owner

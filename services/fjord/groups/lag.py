@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fjord.errors import InvalidRequestError, NonEmptyGroupError, UnknownTopicOrPartitionError
-from fjord.groups.protocol import TopicPartition
+from fjord.topic_partition import TopicPartition
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,8 @@ def lag_rows(
     owner: dict[TopicPartition, MemberPartitions] = {}
     for member in members:
         for tp in member.partitions:
-            owner[(tp[0], tp[1])] = member
-    keys = sorted({(tp[0], tp[1]) for tp in committed} | set(owner))
+            owner[TopicPartition(*tp)] = member
+    keys = sorted({TopicPartition(*tp) for tp in committed} | set(owner))
     rows = []
     for tp in keys:
         current = committed.get(tp)
@@ -128,7 +128,9 @@ class FromFile:
     offsets: tuple[tuple[str, int, int], ...]
 
     def as_mapping(self) -> dict[TopicPartition, int]:
-        return {(topic, partition): offset for topic, partition, offset in self.offsets}
+        return {
+            TopicPartition(topic, partition): offset for topic, partition, offset in self.offsets
+        }
 
 
 ResetSpec = ToEarliest | ToLatest | ToOffset | ToDatetime | ShiftBy | ByDuration | FromFile
@@ -192,7 +194,7 @@ def parse_reset_csv(text: str, source: str = "the reset file") -> FromFile:
             raise InvalidRequestError(f"{where}: partition and offset must be >= 0")
         if (topic, partition) in offsets:
             raise InvalidRequestError(f"{where}: {topic}-{partition} is given twice")
-        offsets[(topic, partition)] = offset
+        offsets[TopicPartition(topic, partition)] = offset
     if not offsets:
         raise InvalidRequestError(f"{source} names no partition (lines topic,partition,offset)")
     return FromFile(tuple((t, p, o) for (t, p), o in sorted(offsets.items())))
@@ -269,7 +271,7 @@ def reset_scope(
         for p in numbers if numbers is not None else range(count):
             if not 0 <= p < count:
                 raise UnknownTopicOrPartitionError(f"{topic}-{p}: topic has {count} partitions")
-            scope.add((topic, p))
+            scope.add(TopicPartition(topic, p))
     return sorted(scope)
 
 
@@ -297,7 +299,7 @@ def plan_offset_reset(
             f"current state is {group_state} with {active_members} active member(s)"
         )
     plan = []
-    for tp in sorted({(tp[0], tp[1]) for tp in partitions}):
+    for tp in sorted({TopicPartition(*tp) for tp in partitions}):
         if tp not in earliest or tp not in latest:
             raise InvalidRequestError(f"no earliest/latest offset given for {tp[0]}-{tp[1]}")
         low, high = earliest[tp], latest[tp]

@@ -26,8 +26,7 @@ from dataclasses import dataclass
 
 from fjord.errors import CorruptRecordError
 from fjord.groups.wire import Reader, Writer
-
-TopicPartition = tuple[str, int]
+from fjord.topic_partition import TopicPartition
 
 SUBSCRIPTION_VERSION = 2
 ASSIGNMENT_VERSION = 1
@@ -75,7 +74,7 @@ def _read_partitions(reader: Reader) -> tuple[TopicPartition, ...]:
     for _ in range(reader.array_length()):
         topic = reader.string()
         for _ in range(reader.array_length()):
-            out.append((topic, reader.int32()))
+            out.append(TopicPartition(topic, reader.int32()))
     return tuple(out)
 
 

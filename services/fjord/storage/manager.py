@@ -15,11 +15,11 @@ from fjord.storage import defaults
 from fjord.storage.config import LogConfig
 from fjord.storage.disk_health import describe_os_error
 from fjord.storage.log import PartitionLog
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-TopicPartition = tuple[str, int]
 
 
 def partition_dir_name(topic: str, partition: int) -> str:
@@ -36,7 +36,7 @@ def parse_partition_dir_name(name: str) -> TopicPartition | None:
     topic, sep, number = name.rpartition("-")
     if not sep or not number.isdigit() or not TOPIC_NAME.match(topic) or topic in (".", ".."):
         return None
-    return topic, int(number)
+    return TopicPartition(topic, int(number))
 
 
 class LogManager:
@@ -113,7 +113,7 @@ class LogManager:
         if partition < 0:
             raise InvalidTopicError(f"invalid partition {partition} of topic {topic!r}")
         with self._lock:
-            existing = self._logs.get((topic, partition))
+            existing = self._logs.get(TopicPartition(topic, partition))
             if existing is not None:
                 if config is not None:
                     existing.config = config
@@ -122,18 +122,18 @@ class LogManager:
                 self.data_dir / partition_dir_name(topic, partition),
                 config or self.default_config,
             )
-            self._logs[(topic, partition)] = created
+            self._logs[TopicPartition(topic, partition)] = created
             return created
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
-        return self._logs.get((topic, partition))
+        return self._logs.get(TopicPartition(topic, partition))
 
     def delete(self, topic: str, partition: int) -> bool:
         """Close and delete the partition's log and its directory; returns whether it existed.
         The directory is first renamed to ``*.deleted`` so a crash mid-delete cannot resurrect
         a partial log. Does blocking file I/O: call it from a worker thread in a service."""
         with self._lock:
-            existing = self._logs.pop((topic, partition), None)
+            existing = self._logs.pop(TopicPartition(topic, partition), None)
         if existing is None:
             return False
         existing.abandon()
