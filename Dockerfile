@@ -3,7 +3,8 @@
 # (entrypoint `fjord`, the console script of pyproject.toml). Built elsewhere (no Docker engine
 # runs where Fjord is developed):  docker build -t fjord/fjord:0.1.0 .
 # Ports are the conventions of the chart and the operator (docs/kubernetes.md): 9092 broker
-# (fjord.broker.defaults.DEFAULT_BROKER_PORT), 9093 controller, 9094 coordinator, 9404 metrics.
+# (fjord.broker.defaults.DEFAULT_BROKER_PORT), 9093 controller, 9094 coordinator, 9095 the
+# brokers' Kafka listener, 9404 metrics.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- builder: the fjord wheel (pure Python; every dependency ships binary wheels) -------------
@@ -36,7 +37,7 @@ USER 10001:10001
 WORKDIR /var/lib/fjord
 # Brokers keep their partition logs here (a PersistentVolume in Kubernetes).
 VOLUME ["/var/lib/fjord"]
-EXPOSE 9092 9093 9094 9404
+EXPOSE 9092 9093 9094 9095 9404
 # No HEALTHCHECK: Kubernetes ignores it; the pods' probes use /metrics on 9404.
 ENTRYPOINT ["fjord"]
 CMD ["--help"]

@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test
 
 all: test
 
@@ -87,6 +87,26 @@ kcat:
 	@command -v kcat >/dev/null || { SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat; } \
 	|| echo "make kcat: could not install Debian's kcat (apt-get install -y kcat); its test will be skipped"
+
+## image: fjord/fjord:0.1.0 and fjord/spark:0.1.0 from the real Dockerfiles with buildah (no Docker
+## engine); where official base images cannot be pulled, on local stand-ins (images/build.sh;
+## a debootstrap Debian base from this machine's apt sources). Slow, and not part of `make test`.
+IMAGE_CACHE := build/images
+image: image-deps
+	IMAGE_CACHE=$(CURDIR)/$(IMAGE_CACHE) images/build.sh fjord
+	IMAGE_CACHE=$(CURDIR)/$(IMAGE_CACHE) images/build.sh spark
+
+## image-deps: Debian's buildah and debootstrap
+image-deps:
+	@command -v buildah >/dev/null && command -v debootstrap >/dev/null || { \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq buildah debootstrap; }
+
+## image-test: boot what `make image` built (tests/images/image_boot.py): the services from the
+## image's root filesystem, a client outside producing and consuming, the chart's probes, a Spark
+## job in local[2]. Slow; needs root (buildah mount, chroot); not part of `make test`.
+image-test: $(STAMP) image
+	$(PY) -m pytest -q -p no:cacheprovider tests/images/image_boot.py
 
 ## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
 proto: $(STAMP)

@@ -219,6 +219,7 @@ def _container(
     resources: Mapping[str, Any] | None,
     env: list[Obj],
     cluster: str,
+    extra_ports: Sequence[Obj] = (),
 ) -> Obj:
     image, pull_policy = _image(spec)
     return {
@@ -231,6 +232,7 @@ def _container(
         "env": env,
         "ports": [
             {"name": "grpc", "containerPort": port, "protocol": "TCP"},
+            *extra_ports,
             {"name": "metrics", "containerPort": s.METRICS_PORT, "protocol": "TCP"},
         ],
         # Ready when the gRPC port accepts connections; alive while /metrics answers.
@@ -253,6 +255,8 @@ def _container(
 def _pod_security() -> Obj:
     return {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
 
+
+_KAFKA_CONTAINER_PORT: Obj = {"name": "kafka", "containerPort": s.KAFKA_PORT, "protocol": "TCP"}
 
 # An integer id for a Deployment pod, from the first 7 hex digits of its uid (< 2**28).
 _ID_FROM_UID = '$((0x$(echo "$POD_UID" | tr -d - | cut -c1-7)))'
@@ -285,14 +289,18 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
     brokers = spec.get("brokers") or {}
     storage = brokers.get("storage") or {}
     config_args = _config_args(config_parts(spec)[1])
+    pod_host = f"$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc"
     script = (
         'exec fjord broker --id "${HOSTNAME##*-}" '
         f"--listen 0.0.0.0:{s.BROKER_PORT} "
-        f'--advertised-host "$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc" '
+        f'--advertised-host "{pod_host}" '
+        f"--listeners KAFKA://0.0.0.0:{s.KAFKA_PORT} "
+        f'--advertised-listeners "KAFKA://{pod_host}:{s.KAFKA_PORT}" '
         f"--data-dir {s.BROKER_DATA_DIR} " + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
     )
     container = _container(
-        spec, "broker", script, config_args, s.BROKER_PORT, brokers.get("resources"), [], name
+        spec, "broker", script, config_args, s.BROKER_PORT, brokers.get("resources"), [], name,
+        extra_ports=[_KAFKA_CONTAINER_PORT],
     )
     container["volumeMounts"] = [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
     claim_spec: Obj = {
@@ -328,10 +336,16 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
 
 def _service(body: Mapping[str, Any], name: str, component: str, port: int, headless: bool) -> Obj:
     cluster = body["metadata"]["name"]
+    kafka = (
+        [{"name": "kafka", "port": s.KAFKA_PORT, "targetPort": "kafka", "protocol": "TCP"}]
+        if component == "broker"
+        else []
+    )
     spec: Obj = {
         "selector": selector_labels(cluster, component),
         "ports": [
             {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
+            *kafka,
             {"name": "metrics", "port": s.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
         ],
     }

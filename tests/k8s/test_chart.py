@@ -329,6 +329,47 @@ def test_cluster_with_existing_etcd() -> None:
     assert cluster["spec"]["brokers"]["storage"] == {"size": "20Gi"}
 
 
+def install_notes(*extra: str) -> str:
+    """The NOTES a user sees after `helm install` (client-side dry run: no cluster needed)."""
+    result = helm("install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
+                  "--dry-run=client", *extra)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.partition("NOTES:")[2]
+
+
+def test_notes_tell_how_to_reach_the_kafka_and_grpc_listeners() -> None:
+    """The addresses in NOTES are the ones the operator builds: the client Service, each
+    broker's advertised pod name, the Kafka and gRPC ports of the broker Services."""
+    from fjord_operator import builders
+    from fjord_operator import settings as s
+
+    notes = install_notes("--set", "cluster.enabled=true", "--set", "cluster.brokers.replicas=2")
+    body = {"metadata": {"name": "fjord", "namespace": NAMESPACE, "uid": "u"},
+            "spec": {"brokers": {"replicas": 2}, "etcd": {"managed": {}}}}
+    services = {o["metadata"]["name"]: o for o in builders.cluster_objects(body, 2)
+                if o["kind"] == "Service"}
+    ports = {p["name"]: p["port"] for p in services["fjord-broker"]["spec"]["ports"]}
+    assert (ports["kafka"], ports["grpc"]) == (s.KAFKA_PORT, s.BROKER_PORT)
+    service = f"fjord-broker.{NAMESPACE}.svc"
+    assert f"bootstrap.servers={service}:{s.KAFKA_PORT}" in notes
+    assert f"--bootstrap-server {service}:{s.BROKER_PORT}" in notes
+    sts = builders.broker_statefulset(body, 2)
+    script = sts["spec"]["template"]["spec"]["containers"][0]["command"][2]
+    advertised = f"$HOSTNAME.fjord-broker-headless.{NAMESPACE}.svc"
+    assert f'"KAFKA://{advertised}:{s.KAFKA_PORT}"' in script
+    forwards = re.findall(r"port-forward --address (127\.0\.0\.\d+) pod/(\S+) (\d+) (\d+)", notes)
+    assert forwards == [
+        (f"127.0.0.{i + 2}", f"fjord-broker-{i}", str(s.KAFKA_PORT), str(s.BROKER_PORT))
+        for i in range(2)
+    ]
+    for i in range(2):
+        host = advertised.replace("$HOSTNAME", f"fjord-broker-{i}")
+        assert f'"127.0.0.{i + 2} {host}"' in notes
+    assert "Create a topic" in notes
+    without_cluster = install_notes()
+    assert f"port {s.KAFKA_PORT} for\nKafka clients and {s.BROKER_PORT}" in without_cluster
+
+
 # --- monitoring -----------------------------------------------------------------------------
 
 

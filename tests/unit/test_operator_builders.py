@@ -88,6 +88,7 @@ def test_broker_statefulset_identity_storage_and_ports() -> None:
     assert container["image"] == "fjord/fjord:0.1.0"
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
         "grpc": 9092,
+        "kafka": 9095,
         "metrics": 9404,
     }
     assert container["volumeMounts"] == [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
@@ -143,6 +144,12 @@ def test_broker_command_in_a_real_shell(tmp_path: Path) -> None:
     assert flag(argv, "--cluster-id") == "ns.c"
     assert flag(argv, "--config") == "retention.ms=1000"
     assert flag(argv, "--metrics-port") == "9404"
+    # Kafka clients are told each broker's stable DNS name, on the Service's kafka port.
+    assert flag(argv, "--listeners") == "KAFKA://0.0.0.0:9095"
+    assert (
+        flag(argv, "--advertised-listeners")
+        == "KAFKA://fjord-broker-12.fjord-broker-headless.fjord.svc:9095"
+    )
 
 
 def test_deployment_ids_come_from_the_pod_uid(tmp_path: Path) -> None:
@@ -191,7 +198,14 @@ def test_services_and_pdbs() -> None:
     assert "clusterIP" not in client
     assert headless["clusterIP"] == "None"
     assert headless["publishNotReadyAddresses"] is True
-    assert {p["name"]: p["port"] for p in client["ports"]} == {"grpc": 9092, "metrics": 9404}
+    for service in (client, headless):
+        assert {p["name"]: p["port"] for p in service["ports"]} == {
+            "grpc": 9092,
+            "kafka": 9095,
+            "metrics": 9404,
+        }
+    controller = objects[("Service", "fjord-controller")]["spec"]
+    assert {p["name"]: p["port"] for p in controller["ports"]} == {"grpc": 9093, "metrics": 9404}
     for name in ("fjord-broker", "fjord-controller"):
         pdb = objects[("PodDisruptionBudget", name)]
         assert pdb["apiVersion"] == "policy/v1"
