@@ -27,6 +27,7 @@ from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.records.builder import BatchBuilder
 from fjord.testing.waiting import is_value, wait_for
 
@@ -469,69 +470,77 @@ def test_every_advertised_admin_version_answers(local_cluster: Any, admin: Admin
     )
     from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
-    address = local_cluster.kafka_broker_addresses[0]
-    with _connect(address) as sock:
-        versions = _advertised(sock)
-        for v in range(versions[19][0], versions[19][1] + 1):
-            name = new_name(f"raw{v}")
-            cls = CreateTopicsRequest[v]
-            request = cls(timeout_ms=10000, validate_only=False, topics=[cls.CreatableTopic(
-                name=name, num_partitions=1, replication_factor=1, assignments=[],
-                configs=[cls.CreatableTopic.CreatableTopicConfig(name="retention.ms",
-                                                                 value="7200000")])])
-            [result] = _roundtrip(sock, request, CreateTopicsResponse, v).topics
-            assert (result.name, result.error_code) == (name, 0), v
-            _wait_for_topic(sock, name)
-            for cv in range(versions[32][0], versions[32][1] + 1):
-                dcls = DescribeConfigsRequest[cv]
-                described = _roundtrip(sock, dcls(resources=[dcls.DescribeConfigsResource(
-                    resource_type=2, resource_name=name, configuration_keys=["retention.ms"])],
-                    include_synonyms=False, include_documentation=False),
-                    DescribeConfigsResponse, cv)
-                [entry] = described.results[0].configs
-                assert (entry.name, entry.value) == ("retention.ms", "7200000"), (v, cv)
-            if v == versions[19][0]:
-                for av in range(versions[33][0], versions[33][1] + 1):
-                    acls = AlterConfigsRequest[av]
-                    res = acls.AlterConfigsResource
-                    altered = _roundtrip(sock, acls(validate_only=False, resources=[res(
-                        resource_type=2, resource_name=name, configs=[res.AlterableConfig(
-                            name="retention.ms", value=str(7200000 + av))])]),
-                        AlterConfigsResponse, av)
-                    assert altered.responses[0].error_code == 0, av
-                for iv in range(versions[44][0], versions[44][1] + 1):
-                    icls = IncrementalAlterConfigsRequest[iv]
-                    res = icls.AlterConfigsResource
-                    altered = _roundtrip(sock, icls(validate_only=False, resources=[res(
-                        resource_type=2, resource_name=name, configs=[res.AlterableConfig(
-                            name="segment.ms", config_operation=0, value="600000")])]),
-                        IncrementalAlterConfigsResponse, iv)
-                    assert altered.responses[0].error_code == 0, iv
-                for pv in range(versions[37][0], versions[37][1] + 1):
-                    pcls = CreatePartitionsRequest[pv]
-                    grown = _roundtrip(sock, pcls(timeout_ms=10000, validate_only=False, topics=[
-                        pcls.CreatePartitionsTopic(name=name, count=2 + pv, assignments=None)]),
-                        CreatePartitionsResponse, pv)
-                    assert grown.results[0].error_code == 0, pv
-                    _wait_for_topic(sock, name, 2 + pv)
-        for dv in range(versions[20][0], versions[20][1] + 1):
-            name = make_topic(admin)
-            dcls2 = DeleteTopicsRequest[dv]
-            deleted = _roundtrip(sock, dcls2(topic_names=[name], timeout_ms=10000),
-                                 DeleteTopicsResponse, dv)
-            assert deleted.responses[0].error_code == 0, dv
-        for cv in range(versions[60][0], versions[60][1] + 1):
-            described = _roundtrip(sock, DescribeClusterRequest[cv](
-                include_cluster_authorized_operations=False, endpoint_type=1),
-                DescribeClusterResponse, cv)
-            assert described.error_code == 0
-            assert {b.broker_id for b in described.brokers} == set(
-                local_cluster.kafka_broker_addresses), cv
-        for iv in range(versions[22][0], versions[22][1] + 1):
-            answer = _roundtrip(sock, InitProducerIdRequest[iv](
-                transactional_id=None, transaction_timeout_ms=60000, producer_id=-1,
-                producer_epoch=-1), InitProducerIdResponse, iv)
-            assert answer.error_code == 0 and answer.producer_id >= 0, iv
+    # Cluster-wide admin APIs: on a broker, and on a coordinator (a node in Metadata, so
+    # clients that pick the least loaded node send them there too).
+    coordinator = next(iter(local_cluster.kafka_coordinator_addresses.values()))
+    for address in (local_cluster.kafka_broker_addresses[0], coordinator):
+        with _connect(address) as sock:
+            versions = _advertised(sock)
+            for v in range(versions[19][0], versions[19][1] + 1):
+                name = new_name(f"raw{v}")
+                cls = CreateTopicsRequest[v]
+                request = cls(timeout_ms=10000, validate_only=False, topics=[cls.CreatableTopic(
+                    name=name, num_partitions=1, replication_factor=1, assignments=[],
+                    configs=[cls.CreatableTopic.CreatableTopicConfig(name="retention.ms",
+                                                                     value="7200000")])])
+                [result] = _roundtrip(sock, request, CreateTopicsResponse, v).topics
+                assert (result.name, result.error_code) == (name, 0), v
+                _wait_for_topic(sock, name)
+                for cv in range(versions[32][0], versions[32][1] + 1):
+                    dcls = DescribeConfigsRequest[cv]
+                    described = _roundtrip(sock, dcls(resources=[dcls.DescribeConfigsResource(
+                        resource_type=2, resource_name=name, configuration_keys=["retention.ms"])],
+                        include_synonyms=False, include_documentation=False),
+                        DescribeConfigsResponse, cv)
+                    [entry] = described.results[0].configs
+                    assert (entry.name, entry.value) == ("retention.ms", "7200000"), (v, cv)
+                if v == versions[19][0]:
+                    for av in range(versions[33][0], versions[33][1] + 1):
+                        acls = AlterConfigsRequest[av]
+                        res = acls.AlterConfigsResource
+                        altered = _roundtrip(sock, acls(validate_only=False, resources=[res(
+                            resource_type=2, resource_name=name, configs=[res.AlterableConfig(
+                                name="retention.ms", value=str(7200000 + av))])]),
+                            AlterConfigsResponse, av)
+                        assert altered.responses[0].error_code == 0, av
+                    for iv in range(versions[44][0], versions[44][1] + 1):
+                        icls = IncrementalAlterConfigsRequest[iv]
+                        res = icls.AlterConfigsResource
+                        altered = _roundtrip(sock, icls(validate_only=False, resources=[res(
+                            resource_type=2, resource_name=name, configs=[res.AlterableConfig(
+                                name="segment.ms", config_operation=0, value="600000")])]),
+                            IncrementalAlterConfigsResponse, iv)
+                        assert altered.responses[0].error_code == 0, iv
+                    for pv in range(versions[37][0], versions[37][1] + 1):
+                        pcls = CreatePartitionsRequest[pv]
+                        grown = _roundtrip(sock, pcls(
+                            timeout_ms=10000, validate_only=False, topics=[
+                                pcls.CreatePartitionsTopic(name=name, count=2 + pv,
+                                                           assignments=None)]),
+                            CreatePartitionsResponse, pv)
+                        assert grown.results[0].error_code == 0, pv
+                        _wait_for_topic(sock, name, 2 + pv)
+            for dv in range(versions[20][0], versions[20][1] + 1):
+                name = make_topic(admin)
+                dcls2 = DeleteTopicsRequest[dv]
+                deleted = _roundtrip(sock, dcls2(topic_names=[name], timeout_ms=10000),
+                                     DeleteTopicsResponse, dv)
+                assert deleted.responses[0].error_code == 0, dv
+            for cv in range(versions[60][0], versions[60][1] + 1):
+                described = _roundtrip(sock, DescribeClusterRequest[cv](
+                    include_cluster_authorized_operations=False, endpoint_type=1),
+                    DescribeClusterResponse, cv)
+                assert described.error_code == 0
+                # Every node of the Metadata answer: brokers, and coordinators by their node id.
+                assert {b.broker_id for b in described.brokers} == set(
+                    local_cluster.kafka_broker_addresses) | {
+                    COORDINATOR_NODE_ID_BASE + c for c in local_cluster.coordinator_addresses
+                }, cv
+            for iv in range(versions[22][0], versions[22][1] + 1):
+                answer = _roundtrip(sock, InitProducerIdRequest[iv](
+                    transactional_id=None, transaction_timeout_ms=60000, producer_id=-1,
+                    producer_epoch=-1), InitProducerIdResponse, iv)
+                assert answer.error_code == 0 and answer.producer_id >= 0, iv
 
     topic = make_topic(admin)
     leader = admin.describe_topics([topic])[0].partitions[0].leader

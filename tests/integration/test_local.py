@@ -72,6 +72,16 @@ def test_detached_up_status_down_and_restart(tmp_path: Path) -> None:
         assert all(p["alive"] for p in state["processes"])
         broker = next(p for p in state["processes"] if p["role"] == "broker")
         assert state["bootstrap_servers"] == broker["address"]
+        # The Kafka door: the broker's listener bootstraps, and Metadata names both
+        # coordinators' listeners too (each coordinator opened one).
+        assert f"kafka bootstrap servers: {state['kafka_bootstrap_servers']}" in up.output
+        from confluent_kafka.admin import AdminClient as CKAdmin
+
+        from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
+
+        nodes = CKAdmin({"bootstrap.servers": state["kafka_bootstrap_servers"]}).list_topics(
+            timeout=30).brokers
+        assert sorted(nodes) == [0, COORDINATOR_NODE_ID_BASE + 1, COORDINATOR_NODE_ID_BASE + 2]
         # A second `up` on a running cluster is refused, naming the way out.
         again = fjord("local", "up", "--data-dir", str(data), "--detach", check=False)
         assert again.exit_code != 0 and "fjord local down" in again.output

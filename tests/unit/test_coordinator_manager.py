@@ -17,62 +17,24 @@ from fjord.coordinator.group import (
     JoinGroupResponse,
     OffsetCommitRequestPartition,
 )
-from fjord.coordinator.manager import EncodedRecord, GroupManager
+from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.offsets_log import (
-    GroupMetadataLoader,
     OffsetCommitKey,
     OffsetCommitValue,
     decode_record,
 )
-from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
+from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError
 from fjord.groups.offsets_topic import group_partition
 from fjord.groups.protocol import Subscription, encode_subscription
 from fjord.groups.state import GroupState
 from fjord.testing.waiting import wait_for_async
+from tests.helpers.offsets_log import Log
 
 WAIT_S = 10.0
 SESSION_MS = 6_000
 GROUP = "billing"
 PARTITION = group_partition(GROUP)
 CONFIG = GroupConfig(initial_rebalance_delay_ms=0, min_session_timeout_ms=50)
-
-
-class Log:
-    """An in-memory ``__consumer_offsets``: appends wait in ``held`` until released (``auto``
-    releases each one on the next loop iteration, as an acknowledgement would arrive)."""
-
-    def __init__(self, auto: bool = True) -> None:
-        self.auto = auto
-        self.records: dict[int, list[EncodedRecord]] = {}
-        self.submitted: list[tuple[int, list[EncodedRecord]]] = []
-        self.epochs: list[tuple[int, int]] = []
-        self.held: list[tuple[int, list[EncodedRecord], asyncio.Future[None]]] = []
-
-    def submit(
-        self, partition: int, epoch: int, records: Sequence[EncodedRecord]
-    ) -> asyncio.Future[None]:
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.submitted.append((partition, list(records)))
-        self.epochs.append((partition, epoch))
-        self.held.append((partition, list(records), future))
-        if self.auto:
-            asyncio.get_running_loop().call_soon(self.release)
-        return future
-
-    def release(self, error: ErrorCode | None = None) -> None:
-        held, self.held = self.held, []
-        for partition, records, future in held:
-            if error is None:
-                self.records.setdefault(partition, []).extend(records)
-                future.set_result(None)
-            else:
-                future.set_exception(error_for_code(error, "append failed"))
-
-    def replay(self, partition: int) -> GroupMetadataLoader:
-        loader = GroupMetadataLoader()
-        for key, value in self.records.get(partition, []):
-            loader.apply_bytes(key, value)
-        return loader
 
 
 def serving(log: Log, partitions: Sequence[int] = (PARTITION,)) -> GroupManager:

@@ -85,6 +85,9 @@ SERVICE_EDGES = {
     # and its handlers (fjord.kafka.broker) translate into the broker's own cores.
     ("fjord.broker", "fjord.kafka"),
     ("fjord.kafka", "fjord.broker"),
+    # ... and inside every group coordinator process, translating into its GroupManager.
+    ("fjord.coordinator", "fjord.kafka"),
+    ("fjord.kafka", "fjord.coordinator"),
     ("fjord.coordinator", "fjord.client"),
     ("fjord_operator", "fjord.client"),
 }

@@ -48,6 +48,9 @@ from fjord.cluster.broker_config import (
 from fjord.errors import ConfigError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.broker import BrokerKafkaHandlers
+from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
+from fjord.kafka.groups import FindCoordinatorHandler
+from fjord.kafka.listeners import advertised_kafka_address
 from fjord.kafka.server import KafkaListener
 from fjord.metadata import (
     BrokerRegistration,
@@ -165,6 +168,11 @@ class BrokerOptions:
     def __post_init__(self) -> None:
         if self.broker_id < 0:
             raise ConfigError(f"id: broker id must be >= 0, got {self.broker_id}")
+        if self.broker_id >= COORDINATOR_NODE_ID_BASE:
+            raise ConfigError(
+                f"id: broker id must be below {COORDINATOR_NODE_ID_BASE} (Kafka node ids "
+                f"from there on name group coordinators), got {self.broker_id}"
+            )
         if self.lease_ttl_s < 1:
             raise ConfigError(f"lease-ttl: must be >= 1 s, got {self.lease_ttl_s}")
         try:
@@ -294,7 +302,10 @@ class BrokerServer:
             admin = BrokerAdminHandlers(
                 opts.broker_id, replicas, self._image, opts.config, self._forwarder
             )
-            handlers = BrokerKafkaHandlers(opts.broker_id, replicas, servicer, self._image, admin)
+            handlers = BrokerKafkaHandlers(
+                opts.broker_id, replicas, servicer, self._image, admin,
+                FindCoordinatorHandler(self._image, self._offsets_topic),
+            )
             host, port = opts.kafka_listener
             self._kafka = KafkaListener(
                 handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka"
@@ -419,13 +430,11 @@ class BrokerServer:
     @property
     def kafka_address(self) -> tuple[str, int] | None:
         """The (host, port) Kafka clients are told, None without a Kafka listener."""
-        if self._kafka is None or self.options.kafka_listener is None:
+        opts = self.options
+        if self._kafka is None or opts.kafka_listener is None:
             return None
-        host, port = self.options.kafka_advertised or (None, 0)
-        listen_host = self.options.kafka_listener[0]
-        return (
-            advertised_host(host or self.options.advertised_host, listen_host),
-            port or self._kafka.port,
+        return advertised_kafka_address(
+            opts.kafka_listener, opts.kafka_advertised, opts.advertised_host, self._kafka.port
         )
 
     def _registration(self) -> BrokerRegistration:

@@ -12,11 +12,9 @@ from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
-from fjord.kafka.defaults import GRPC_LISTENER, KAFKA_LISTENER
-from fjord.kafka.listeners import parse_listeners
+from fjord.kafka.listeners import resolve_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
-from fjord.serving import parse_listen
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -99,20 +97,9 @@ def broker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        parsed = parse_listeners(listeners)
-        advertised = parse_listeners(advertised_listeners, "advertised-listeners")
-        if listen is not None and GRPC_LISTENER in parsed:
-            raise ConfigError(
-                "listen: give the gRPC address once (--listen or GRPC:// in --listeners)"
-            )
-        if listen is None and GRPC_LISTENER not in parsed:
-            raise ConfigError(
-                "listen: --listen HOST:PORT or GRPC://HOST:PORT in --listeners is required"
-            )
-        if listen is not None:
-            host, port = parse_listen(listen, DEFAULT_BROKER_PORT)
-        else:
-            host, port = parsed[GRPC_LISTENER]
+        host, port, kafka, kafka_advertised = resolve_listeners(
+            listen, listeners, advertised_listeners, DEFAULT_BROKER_PORT
+        )
         options = BrokerOptions(
             broker_id=broker_id,
             listen_host=host,
@@ -125,8 +112,8 @@ def broker(
             config=_parse_config(config_items),
             advertised_host=advertised_host,
             lease_ttl_s=lease_ttl,
-            kafka_listener=parsed.get(KAFKA_LISTENER),
-            kafka_advertised=advertised.get(KAFKA_LISTENER),
+            kafka_listener=kafka,
+            kafka_advertised=kafka_advertised,
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

@@ -10,9 +10,9 @@ import click
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
+from fjord.kafka.listeners import resolve_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
-from fjord.serving import parse_listen
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -27,7 +27,23 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("coordinator")
 @click.option("--id", "coordinator_id", type=int, required=True, help="Coordinator id, unique.")
-@click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
+@click.option(
+    "--listen",
+    default=None,
+    help="HOST:PORT to serve gRPC on (port 0: any free); same as GRPC://HOST:PORT in --listeners.",
+)
+@click.option(
+    "--listeners",
+    default="",
+    help="Kafka-style NAME://HOST:PORT list: GRPC (native) and KAFKA (Kafka protocol, "
+    "e.g. KAFKA://0.0.0.0:9092). No KAFKA entry: no Kafka listener.",
+)
+@click.option(
+    "--advertised-listeners",
+    default="",
+    help="NAME://HOST:PORT clients are told per listener (default: the listen address; "
+    "port 0: the bound port). Only KAFKA is used; GRPC's host is --advertised-host.",
+)
 @click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
 @click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
@@ -60,7 +76,9 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def coordinator(
     coordinator_id: int,
-    listen: str,
+    listen: str | None,
+    listeners: str,
+    advertised_listeners: str,
     etcd_url: str,
     cluster_id: str,
     metrics_port: int | None,
@@ -78,7 +96,9 @@ def coordinator(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        host, port = parse_listen(listen, defaults.DEFAULT_COORDINATOR_PORT)
+        host, port, kafka, kafka_advertised = resolve_listeners(
+            listen, listeners, advertised_listeners, defaults.DEFAULT_COORDINATOR_PORT
+        )
         options = CoordinatorOptions(
             coordinator_id=coordinator_id,
             listen_host=host,
@@ -90,6 +110,8 @@ def coordinator(
             lease_ttl_s=lease_ttl,
             lag_refresh_interval_s=lag_refresh_interval,
             config=_parse_config(config_items),
+            kafka_listener=kafka,
+            kafka_advertised=kafka_advertised,
         )
         setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

@@ -383,7 +383,10 @@ class GroupManager:
         rebalance_timeout_ms: int,
         protocol_type: str,
         protocols: Sequence[tuple[str, bytes]],
+        require_known_member_id: bool = True,
     ) -> JoinGroupResponse:
+        """``require_known_member_id``: a new member first gets MEMBER_ID_REQUIRED (KIP-394;
+        False for Kafka's JoinGroup v0-v3)."""
         group = self._group(group_id, create=not member_id)
         if group is None:
             return JoinGroupResponse(ErrorCode.UNKNOWN_MEMBER_ID, member_id)
@@ -400,6 +403,7 @@ class GroupManager:
                 rebalance_timeout_ms=rebalance_timeout_ms,
                 protocol_type=protocol_type,
                 protocols=protocols,
+                require_known_member_id=require_known_member_id,
             ),
         )
         return response

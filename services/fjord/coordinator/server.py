@@ -31,6 +31,9 @@ from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
 from fjord.errors import ConfigError, ErrorCode, error_code_from_number
+from fjord.kafka.coordinator import CoordinatorKafkaApis
+from fjord.kafka.listeners import advertised_kafka_address
+from fjord.kafka.server import KafkaListener
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -122,6 +125,10 @@ class CoordinatorOptions:
     lease_ttl_s: int = defaults.COORDINATOR_LEASE_TTL_S
     lag_refresh_interval_s: float = defaults.LAG_REFRESH_INTERVAL_S
     config: dict[str, str] = field(default_factory=dict)
+    #: ``KAFKA`` listener (host, port; port 0: any free) or None for no Kafka-protocol door;
+    #: ``kafka_advertised``: the (host, port) Kafka clients are told (port 0: the bound one).
+    kafka_listener: tuple[str, int] | None = None
+    kafka_advertised: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.coordinator_id < 0:
@@ -182,6 +189,8 @@ class CoordinatorServer:
         self._lag_series: set[tuple[str, str, int]] = set()
         self._metrics_port: int | None = None
         self.port = options.listen_port
+        self._kafka: KafkaListener | None = None
+        self._kafka_apis: CoordinatorKafkaApis | None = None
         self._stopped = False
 
     # --- start/stop -------------------------------------------------------------------------
@@ -202,6 +211,21 @@ class CoordinatorServer:
         )
         self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
         await self._server.start()
+        if opts.kafka_listener is not None:
+            host, port = opts.kafka_listener
+            self._kafka_apis = CoordinatorKafkaApis(
+                opts.coordinator_id, self.manager, self._image, self._network.broker
+            )
+            self._kafka = KafkaListener(
+                self._kafka_apis.dispatcher(),
+                host,
+                port,
+                name=f"coordinator {opts.coordinator_id} kafka",
+            )
+            try:
+                await self._kafka.start()
+            except OSError as exc:
+                raise ConfigError(f"listeners: cannot bind KAFKA://{host}:{port}: {exc}") from exc
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
 
@@ -212,11 +236,13 @@ class CoordinatorServer:
         self._spawn(self._load_partitions(), "__consumer_offsets loader")
         self._spawn(self._periodic(self._retention_check_s, self._expire_offsets), "offset expiry")
         self._spawn(self._periodic(opts.lag_refresh_interval_s, self._refresh_lag), "lag metrics")
+        kafka = self.kafka_address
         log.info(
-            "coordinator %d serving on %s:%d (cluster %s)",
+            "coordinator %d serving gRPC on %s:%d%s (cluster %s)",
             opts.coordinator_id,
             self.advertised_host,
             self.port,
+            "" if kafka is None else f", Kafka on {kafka[0]}:{kafka[1]}",
             opts.cluster_id,
         )
 
@@ -230,6 +256,10 @@ class CoordinatorServer:
         # next owner instead of waiting out the grace period.
         self.manager.active = False
         self.manager.drop_all()
+        if self._kafka is not None:
+            await self._kafka.stop()
+        if self._kafka_apis is not None:
+            await self._kafka_apis.close()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         for task in self._tasks:
@@ -268,6 +298,16 @@ class CoordinatorServer:
     def advertised_host(self) -> str:
         return advertised_host(self.options.advertised_host, self.options.listen_host)
 
+    @property
+    def kafka_address(self) -> tuple[str, int] | None:
+        """The (host, port) Kafka clients are told, None without a Kafka listener."""
+        opts = self.options
+        if self._kafka is None or opts.kafka_listener is None:
+            return None
+        return advertised_kafka_address(
+            opts.kafka_listener, opts.kafka_advertised, opts.advertised_host, self._kafka.port
+        )
+
     async def _register(self) -> int:
         """Create ``coordinators/<id>`` bound to a new lease; retry until the key is free.
         Returns the etcd revision of the registration (the coordinator epoch)."""
@@ -276,7 +316,12 @@ class CoordinatorServer:
         self._lease_id, revision = await register_under_lease(
             self._etcd,
             self._keys.coordinator(coordinator_id).encode(),
-            CoordinatorRegistration(coordinator_id, self.advertised_host, self.port).to_json(),
+            CoordinatorRegistration(
+                coordinator_id,
+                self.advertised_host,
+                self.port,
+                *(self.kafka_address or (None, None)),
+            ).to_json(),
             self.options.lease_ttl_s,
             what=f"coordinator {coordinator_id} at {self.advertised_host}:{self.port}",
         )

@@ -15,16 +15,22 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
-from kafka.protocol.admin.cluster import DescribeClusterResponse
+from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
 from kafka.protocol.admin.configs import (
+    AlterConfigsRequest,
     AlterConfigsResponse,
+    DescribeConfigsRequest,
     DescribeConfigsResponse,
+    IncrementalAlterConfigsRequest,
     IncrementalAlterConfigsResponse,
 )
 from kafka.protocol.admin.topics import (
+    CreatePartitionsRequest,
     CreatePartitionsResponse,
+    CreateTopicsRequest,
     CreateTopicsResponse,
     DeleteRecordsResponse,
+    DeleteTopicsRequest,
     DeleteTopicsResponse,
 )
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
@@ -35,7 +41,8 @@ from fjord.cluster.topic_config import describe_topic_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
-from fjord.kafka.dispatch import RequestContext
+from fjord.kafka.dispatch import Api, RequestContext
+from fjord.kafka.metadata import kafka_nodes, lowest_kafka_broker
 from fjord.metadata import MetadataImage
 
 log = logging.getLogger(__name__)
@@ -104,7 +111,7 @@ class BrokerAdminHandlers:
     def __init__(
         self,
         broker_id: int,
-        replicas: ReplicaManager,
+        replicas: ReplicaManager | None,
         image: Callable[[], MetadataImage],
         broker_config: Mapping[str, str],
         forwarder: ControllerForwarder,
@@ -114,6 +121,25 @@ class BrokerAdminHandlers:
         self._image = image
         self._broker_config = dict(broker_config)
         self._forwarder = forwarder
+
+    def cluster_apis(self) -> list[Api]:
+        """The admin APIs any node serves (brokers and coordinators alike: clients send them to
+        the controller_id of Metadata or to the least loaded node), with their tested
+        versions."""
+        return [
+            Api(19, 2, 7, CreateTopicsRequest, self.create_topics),
+            Api(20, 1, 5, DeleteTopicsRequest, self.delete_topics),
+            Api(32, 1, 4, DescribeConfigsRequest, self.describe_configs),
+            Api(33, 0, 2, AlterConfigsRequest, self.alter_configs),
+            Api(37, 0, 3, CreatePartitionsRequest, self.create_partitions),
+            Api(44, 0, 1, IncrementalAlterConfigsRequest, self.incremental_alter_configs),
+            Api(60, 0, 1, DescribeClusterRequest, self.describe_cluster),
+        ]
+
+    def _leader_replicas(self) -> ReplicaManager:
+        """Partition APIs are registered on brokers only (a coordinator leads nothing)."""
+        assert self._replicas is not None
+        return self._replicas
 
     # --- forwarded to the controller --------------------------------------------------------
 
@@ -366,20 +392,18 @@ class BrokerAdminHandlers:
                 controller_id=-1,
                 brokers=[],
             )
-        brokers = [b for b in image.brokers.values() if b.kafka_host is not None]
-        ids = {b.id for b in brokers}
+        nodes = kafka_nodes(image)
+        ids = {b.id for b in image.brokers.values() if b.kafka_host is not None}
         return cls(
             throttle_time_ms=0,
             error_code=0,
             error_message=None,
             endpoint_type=1,
             cluster_id=image.cluster_id,
-            controller_id=self._broker_id if self._broker_id in ids else -1,
+            controller_id=self._broker_id if self._broker_id in ids else lowest_kafka_broker(image),
             brokers=[
-                cls.DescribeClusterBroker(
-                    broker_id=b.id, host=b.kafka_host, port=b.kafka_port, rack=b.rack
-                )
-                for b in sorted(brokers, key=lambda b: b.id)
+                cls.DescribeClusterBroker(broker_id=node, host=host, port=port, rack=rack)
+                for node, host, port, rack in nodes
             ],
         )
 
@@ -392,7 +416,9 @@ class BrokerAdminHandlers:
             parts = []
             for p in topic.partitions:
                 try:
-                    low = self._replicas.delete_records(topic.name, p.partition_index, p.offset)
+                    low = self._leader_replicas().delete_records(
+                        topic.name, p.partition_index, p.offset
+                    )
                     parts.append(part_cls(partition_index=p.partition_index,
                                           low_watermark=low, error_code=0))
                 except FjordError as exc:
@@ -410,7 +436,7 @@ class BrokerAdminHandlers:
             parts = []
             for p in topic.partitions:
                 try:
-                    epoch, end = self._replicas.offset_for_leader_epoch(
+                    epoch, end = self._leader_replicas().offset_for_leader_epoch(
                         topic.topic, p.partition, p.current_leader_epoch, p.leader_epoch
                     )
                     parts.append(part_cls(error_code=0, partition=p.partition,

@@ -11,17 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from kafka.protocol.admin.cluster import DescribeClusterRequest
-from kafka.protocol.admin.configs import (
-    AlterConfigsRequest,
-    DescribeConfigsRequest,
-    IncrementalAlterConfigsRequest,
-)
+from kafka.protocol.admin.groups import ListGroupsRequest
 from kafka.protocol.admin.topics import (
-    CreatePartitionsRequest,
-    CreateTopicsRequest,
     DeleteRecordsRequest,
-    DeleteTopicsRequest,
 )
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import (
@@ -29,7 +21,8 @@ from kafka.protocol.consumer.offsets import (
     ListOffsetsResponse,
     OffsetForLeaderEpochRequest,
 )
-from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
 from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
 
@@ -37,16 +30,24 @@ from fjord._proto import broker_pb2
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.service import BrokerServicer
 from fjord.errors import ErrorCode
-from fjord.kafka.admin import BrokerAdminHandlers
-from fjord.kafka.codec import topic_uuid
+from fjord.kafka.admin import (
+    BrokerAdminHandlers,
+)
 from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+from fjord.kafka.groups import (
+    FIND_COORDINATOR_VERSIONS,
+    LIST_GROUPS_VERSIONS,
+    FindCoordinatorHandler,
+    list_no_groups,
+)
+from fjord.kafka.metadata import KafkaMetadata
 from fjord.metadata import MetadataImage
 
 #: Kafka's "no session" fetch session id (Fjord creates no fetch sessions: every fetch is a
 #: full fetch).
 NO_FETCH_SESSION = 0
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code
-LISTENER_NOT_FOUND = ErrorCode.LISTENER_NOT_FOUND.code
+INIT_PRODUCER_ID_VERSIONS = (0, 5)
 
 
 class BrokerKafkaHandlers:
@@ -65,95 +66,39 @@ class BrokerKafkaHandlers:
         servicer: BrokerServicer,
         image: Callable[[], MetadataImage],
         admin: BrokerAdminHandlers,
+        groups: FindCoordinatorHandler,
     ) -> None:
         self._broker_id = broker_id
         self._replicas = replicas
         self._servicer = servicer
         self._image = image
         self._admin = admin
+        self._metadata = KafkaMetadata(image, servicer.metadata, self._controller_id)
+        self._groups = groups
 
     def apis(self) -> list[Api]:
         """Every API this broker serves over Kafka's protocol, with its tested versions."""
-        admin = self._admin
+        admin, groups = self._admin, self._groups
         return [
             Api(0, 3, 12, ProduceRequest, self.produce),
             Api(1, 4, 12, FetchRequest, self.fetch),
             Api(2, 1, 8, ListOffsetsRequest, self.list_offsets),
-            Api(3, 0, 12, MetadataRequest, self.metadata),
-            Api(19, 2, 7, CreateTopicsRequest, admin.create_topics),
-            Api(20, 1, 5, DeleteTopicsRequest, admin.delete_topics),
+            Api(3, 0, 12, MetadataRequest, self._metadata.metadata),
+            Api(10, *FIND_COORDINATOR_VERSIONS, FindCoordinatorRequest, groups.find_coordinator),
+            Api(16, *LIST_GROUPS_VERSIONS, ListGroupsRequest, list_no_groups),
             Api(21, 0, 2, DeleteRecordsRequest, admin.delete_records),
-            Api(22, 0, 5, InitProducerIdRequest, self.init_producer_id),
+            Api(22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, self.init_producer_id),
             Api(23, 2, 4, OffsetForLeaderEpochRequest, admin.offset_for_leader_epoch),
-            Api(32, 1, 4, DescribeConfigsRequest, admin.describe_configs),
-            Api(33, 0, 2, AlterConfigsRequest, admin.alter_configs),
-            Api(37, 0, 3, CreatePartitionsRequest, admin.create_partitions),
-            Api(44, 0, 1, IncrementalAlterConfigsRequest, admin.incremental_alter_configs),
-            Api(60, 0, 1, DescribeClusterRequest, admin.describe_cluster),
+            *admin.cluster_apis(),
         ]
 
     def dispatcher(self) -> KafkaDispatcher:
         return KafkaDispatcher(self.apis())
 
-    # --- Metadata -------------------------------------------------------------------------------
-
-    async def metadata(self, request: Any, ctx: RequestContext) -> Any:
-        version = ctx.api_version
-        names = request.topics
-        if names is None or (version == 0 and not names):  # v0: empty list means all
-            pb = self._servicer.metadata(broker_pb2.MetadataRequest(all_topics=True))
-        else:
-            pb = self._servicer.metadata(
-                broker_pb2.MetadataRequest(topics=[t.name for t in names if t.name is not None])
-            )
-        image = self._image()
-        kafka_brokers = {
-            b.id: b for b in image.brokers.values() if b.kafka_host is not None
-        }
-        cls = MetadataResponse[version]
-        brokers = [
-            cls.MetadataResponseBroker(
-                node_id=b.id, host=b.kafka_host, port=b.kafka_port, rack=b.rack
-            )
-            for b in sorted(kafka_brokers.values(), key=lambda b: b.id)
-        ]
-        topics = []
-        for t in pb.topics:
-            partitions = []
-            for p in t.partitions:
-                error = p.error.code
-                leader = p.leader
-                if error == 0 and leader >= 0 and leader not in kafka_brokers:
-                    error = LISTENER_NOT_FOUND
-                partitions.append(
-                    cls.MetadataResponseTopic.MetadataResponsePartition(
-                        error_code=error,
-                        partition_index=p.partition,
-                        leader_id=leader,
-                        leader_epoch=p.leader_epoch,
-                        replica_nodes=list(p.replicas),
-                        isr_nodes=list(p.isr),
-                        offline_replicas=list(p.offline_replicas),
-                    )
-                )
-            topics.append(
-                cls.MetadataResponseTopic(
-                    error_code=t.error.code,
-                    name=t.name,
-                    topic_id=topic_uuid(t.topic_id),
-                    is_internal=t.internal,
-                    partitions=partitions,
-                )
-            )
-        # A Fjord controller speaks only gRPC: this broker is the Kafka clients' "controller"
-        # and forwards admin requests to the active controller (as KRaft brokers do).
-        return cls(
-            throttle_time_ms=0,
-            brokers=brokers,
-            cluster_id=pb.cluster_id,
-            controller_id=self._broker_id if self._broker_id in kafka_brokers else -1,
-            topics=topics,
-        )
+    def _controller_id(self, image: MetadataImage) -> int:
+        """This broker: it forwards the controller's requests (see KafkaMetadata)."""
+        broker = image.brokers.get(self._broker_id)
+        return self._broker_id if broker is not None and broker.kafka_host is not None else -1
 
     # --- Produce --------------------------------------------------------------------------------
 
@@ -301,16 +246,21 @@ class BrokerKafkaHandlers:
     # --- InitProducerId -------------------------------------------------------------------------
 
     async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
-        answer = await self._servicer.init_producer_id(
-            broker_pb2.InitProducerIdRequest(
-                transactional_id=request.transactional_id or "",
-                transaction_timeout_ms=request.transaction_timeout_ms,
-            )
-        )
-        cls = InitProducerIdResponse[ctx.api_version]
-        return cls(
-            throttle_time_ms=0,
-            error_code=answer.error.code,
-            producer_id=answer.producer_id,
-            producer_epoch=answer.producer_epoch,
-        )
+        answer = await self._servicer.init_producer_id(init_producer_id_pb(request))
+        return init_producer_id_response(answer, ctx.api_version)
+
+
+def init_producer_id_pb(request: Any) -> broker_pb2.InitProducerIdRequest:
+    return broker_pb2.InitProducerIdRequest(
+        transactional_id=request.transactional_id or "",
+        transaction_timeout_ms=request.transaction_timeout_ms,
+    )
+
+
+def init_producer_id_response(answer: broker_pb2.InitProducerIdResponse, version: int) -> Any:
+    return InitProducerIdResponse[version](
+        throttle_time_ms=0,
+        error_code=answer.error.code,
+        producer_id=answer.producer_id,
+        producer_epoch=answer.producer_epoch,
+    )

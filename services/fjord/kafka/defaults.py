@@ -28,3 +28,9 @@ ADMIN_FORWARD_TIMEOUT_S = 30.0
 
 #: How long a Kafka-protocol listener waits for in-flight requests when stopping.
 SHUTDOWN_GRACE_S = 2.0
+
+#: Kafka node id of group coordinator ``c`` is ``COORDINATOR_NODE_ID_BASE + c``: coordinators
+#: are nodes of their own in Kafka's single node-id space (Metadata lists them beside the
+#: brokers, FindCoordinator names them), so their ids must never meet a broker's. Broker ids
+#: must stay below it.
+COORDINATOR_NODE_ID_BASE = 1 << 30

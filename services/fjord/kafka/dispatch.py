@@ -45,6 +45,8 @@ class RequestContext:
     api_version: int
     correlation_id: int
     client_id: str | None
+    #: Kafka's ``clientHost`` of the connection (``/127.0.0.1``; "" when unknown).
+    client_host: str = ""
 
 
 #: ``handler(request, context) -> response`` (a message of the response class at
@@ -114,8 +116,8 @@ class KafkaDispatcher:
             throttle_time_ms=0,
         )
 
-    async def dispatch(self, frame: bytes | memoryview) -> Reply | Close:
-        """Handle one request frame (size prefix excluded)."""
+    async def dispatch(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close:
+        """Handle one request frame (size prefix excluded) that arrived from ``client_host``."""
         try:
             prefix = peek_prefix(frame)
         except MalformedFrameError as exc:
@@ -146,7 +148,9 @@ class KafkaDispatcher:
         except MalformedFrameError as exc:
             return Close(str(exc))
         header = request.header
-        context = RequestContext(key, version, prefix.correlation_id, header.client_id)
+        context = RequestContext(
+            key, version, prefix.correlation_id, header.client_id, client_host
+        )
         response = await api.handler(request, context)
         if response is None:
             return Reply(None)

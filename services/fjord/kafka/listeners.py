@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from fjord.errors import ConfigError
 from fjord.kafka.defaults import DEFAULT_KAFKA_PORT, GRPC_LISTENER, KAFKA_LISTENER
+from fjord.serving import advertised_host, parse_listen
 
 KNOWN_LISTENERS = (GRPC_LISTENER, KAFKA_LISTENER)
 
@@ -47,3 +48,37 @@ def parse_listeners(text: str, option: str = "listeners") -> dict[str, tuple[str
             raise ConfigError(f"{option}: port {port} out of range 0..65535 in {item!r}")
         out[name] = (host, port)
     return out
+
+
+def advertised_kafka_address(
+    listener: tuple[str, int],
+    advertised: tuple[str, int] | None,
+    advertised_host_option: str | None,
+    bound_port: int,
+) -> tuple[str, int]:
+    """The (host, port) Kafka clients are told for a ``KAFKA`` listener: the advertised
+    listener's host (else ``--advertised-host``, else the listen host, or this machine's name on
+    a wildcard address) and its port (0 or absent: the bound port)."""
+    host, port = advertised or (None, 0)
+    return advertised_host(host or advertised_host_option, listener[0]), port or bound_port
+
+
+def resolve_listeners(
+    listen: str | None, listeners: str, advertised_listeners: str, default_grpc_port: int
+) -> tuple[str, int, tuple[str, int] | None, tuple[str, int] | None]:
+    """A process's ``--listen``/``--listeners``/``--advertised-listeners`` to (gRPC host, gRPC
+    port, KAFKA listener or None, advertised KAFKA address or None). The gRPC address is
+    given exactly once: ``--listen HOST:PORT`` or ``GRPC://`` in ``--listeners``."""
+    parsed = parse_listeners(listeners)
+    advertised = parse_listeners(advertised_listeners, "advertised-listeners")
+    if listen is not None and GRPC_LISTENER in parsed:
+        raise ConfigError("listen: give the gRPC address once (--listen or GRPC:// in --listeners)")
+    if listen is None and GRPC_LISTENER not in parsed:
+        raise ConfigError(
+            "listen: --listen HOST:PORT or GRPC://HOST:PORT in --listeners is required"
+        )
+    if listen is not None:
+        host, port = parse_listen(listen, default_grpc_port)
+    else:
+        host, port = parsed[GRPC_LISTENER]
+    return host, port, parsed.get(KAFKA_LISTENER), advertised.get(KAFKA_LISTENER)

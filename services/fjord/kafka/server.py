@@ -22,6 +22,13 @@ from fjord.kafka.dispatch import Close, KafkaDispatcher
 log = logging.getLogger(__name__)
 
 
+def client_host(peer: object) -> str:
+    """Kafka's ``clientHost`` (``/127.0.0.1``) of a socket's peer name."""
+    if isinstance(peer, tuple) and peer:
+        return f"/{peer[0]}"
+    return ""
+
+
 class KafkaListener:
     """One listening socket speaking Kafka's protocol to ``dispatcher``.
 
@@ -81,7 +88,7 @@ class KafkaListener:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            reason = await self._requests(reader, writer)
+            reason = await self._requests(reader, writer, client_host(peer))
             if reason:
                 log.warning("%s listener: closing connection from %s: %s", self._name, peer, reason)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -96,7 +103,9 @@ class KafkaListener:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+    async def _requests(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
+    ) -> str:
         """Serve requests until the client closes (returns "") or must be cut off (returns
         the reason)."""
         while True:
@@ -118,7 +127,7 @@ class KafkaListener:
                     f"no complete request for {self._idle_timeout_s:g} s "
                     "(connections.max.idle.ms)"
                 )
-            outcome = await self._dispatcher.dispatch(frame)
+            outcome = await self._dispatcher.dispatch(frame, host)
             if isinstance(outcome, Close):
                 return outcome.reason
             if outcome.frame is not None:

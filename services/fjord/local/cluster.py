@@ -108,8 +108,10 @@ class LocalCluster:
     "launcher_pid", "processes": [{"role", "id", "pid", "address", "log", "metrics_address",
     "argv"}]}``.
 
-    Every broker also opens a Kafka-protocol listener (``KAFKA://127.0.0.1:<free port>``, kept
-    across restarts of that broker like its gRPC port): ``kafka_bootstrap_servers``.
+    Every broker and every coordinator also opens a Kafka-protocol listener
+    (``KAFKA://127.0.0.1:<free port>``, kept across restarts of that process like its gRPC
+    port); the brokers' are ``kafka_bootstrap_servers``, and Kafka clients find the
+    coordinators' through FindCoordinator and Metadata.
 
     Brokers listen on ``broker_port``, ``broker_port + 1``, ... when it is not 0 (``fjord local
     up --port``), else on free ports. With ``broker_port_fallback`` that port is only a wish:
@@ -192,8 +194,9 @@ class LocalCluster:
         self._log_start: dict[tuple[str, int], int] = {}  # where each run's output begins
         # (role, id) -> the port its /metrics is served on; kept when the process restarts.
         self._metrics_ports: dict[tuple[str, int], int] = {}
-        # broker id -> the port of its Kafka listener; kept when the broker restarts.
-        self._kafka_ports: dict[int, int] = {}
+        # (role, id) -> the port of its Kafka listener (brokers and coordinators); kept when
+        # the process restarts.
+        self._kafka_ports: dict[tuple[str, int], int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -229,8 +232,22 @@ class LocalCluster:
     @property
     def kafka_broker_addresses(self) -> dict[int, str]:
         """broker id -> ``host:port`` of its Kafka-protocol listener."""
-        return {i: f"{LOOPBACK_HOST}:{p}" for i, p in sorted(self._kafka_ports.items())
-                if ("broker", i) in self._children}
+        return self._kafka_addresses("broker")
+
+    @property
+    def kafka_coordinator_addresses(self) -> dict[int, str]:
+        """coordinator id -> ``host:port`` of its Kafka-protocol listener."""
+        return self._kafka_addresses("coordinator")
+
+    def _kafka_addresses(self, role: str) -> dict[int, str]:
+        return {i: f"{LOOPBACK_HOST}:{p}" for (r, i), p in sorted(self._kafka_ports.items())
+                if r == role and (r, i) in self._children}
+
+    def _kafka_port(self, role: str, node_id: int) -> int:
+        """The Kafka listener port of ``role`` ``node_id`` (picked free once, then kept)."""
+        port = self._kafka_ports.get((role, node_id)) or free_port()
+        self._kafka_ports[(role, node_id)] = port
+        return port
 
     @property
     def kafka_bootstrap_servers(self) -> str:
@@ -386,8 +403,7 @@ class LocalCluster:
         data.mkdir(parents=True, exist_ok=True)
         config_args = [a for k, v in sorted(self.broker_config.items())
                        for a in ("--config", f"{k}={v}")]
-        kafka_port = self._kafka_ports.get(broker_id) or free_port()
-        self._kafka_ports[broker_id] = kafka_port
+        kafka_port = self._kafka_port("broker", broker_id)
         self._start_child(
             "broker",
             broker_id,
@@ -407,11 +423,13 @@ class LocalCluster:
         """Start (or restart, on the same port) group coordinator ``coordinator_id``."""
         config_args = [a for k, v in sorted(self.coordinator_config.items())
                        for a in ("--config", f"{k}={v}")]
+        kafka_port = self._kafka_port("coordinator", coordinator_id)
         self._start_child(
             "coordinator",
             coordinator_id,
             lambda address: [
                 "coordinator", "--id", str(coordinator_id), "--listen", address,
+                "--listeners", f"KAFKA://{LOOPBACK_HOST}:{kafka_port}",
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
             ],
@@ -469,8 +487,7 @@ class LocalCluster:
                 # Every port is picked afresh: any may be the one that was taken.
                 del self._children[(role, node_id)]
                 del self._metrics_ports[(role, node_id)]
-                if role == "broker":
-                    del self._kafka_ports[node_id]
+                self._kafka_ports.pop((role, node_id), None)
                 restart(node_id, wait=False)
 
     def _run_log(self, role: str, node_id: int) -> str:

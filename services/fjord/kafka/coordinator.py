@@ -1,0 +1,117 @@
+"""The Kafka APIs a group coordinator's listener serves.
+
+A coordinator is a node of its own in Kafka's view (see :mod:`fjord.kafka.metadata`): clients
+send it the group APIs after FindCoordinator, and, because it is listed in Metadata, also the
+requests a client sends to "any node": ApiVersions, Metadata, FindCoordinator, ListGroups (admin
+clients ask every node), the admin APIs (kafka-python's admin client sends them to the least
+loaded node; the topic-changing ones are forwarded to the controller, as brokers do) and
+InitProducerId (librdkafka refuses idempotence when the
+node it is connected to lacks it; forwarded to a broker, which allocates the id).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
+from kafka.protocol.metadata.metadata import MetadataRequest
+from kafka.protocol.producer.transaction import InitProducerIdRequest
+
+from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.broker.coordinator_lookup import OffsetsTopicCreator
+from fjord.broker.metadata_view import MetadataResponder
+from fjord.coordinator.manager import GroupManager
+from fjord.errors import ErrorCode
+from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
+from fjord.kafka.broker import (
+    INIT_PRODUCER_ID_VERSIONS,
+    init_producer_id_pb,
+    init_producer_id_response,
+)
+from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
+from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+from fjord.kafka.groups import FIND_COORDINATOR_VERSIONS, FindCoordinatorHandler, GroupKafkaHandlers
+from fjord.kafka.metadata import KafkaMetadata, coordinator_node_id, lowest_kafka_broker
+from fjord.metadata import MetadataImage
+
+#: Metadata versions a coordinator serves (the brokers' range).
+METADATA_VERSIONS = (0, 12)
+
+
+log = logging.getLogger(__name__)
+
+
+class ProducerIdForwarder:
+    """InitProducerId on a coordinator: asked of the live brokers in turn (over gRPC) until one
+    answers; none answering is COORDINATOR_NOT_AVAILABLE, which idempotent producers retry."""
+
+    def __init__(
+        self,
+        image: Callable[[], MetadataImage],
+        broker_stub: Callable[[str], broker_pb2_grpc.BrokerStub],
+    ) -> None:
+        self._image = image
+        self._broker_stub = broker_stub
+        self._next = 0
+
+    async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
+        pb = init_producer_id_pb(request)
+        brokers = [b.address for _, b in sorted(self._image().brokers.items())]
+        for i in range(len(brokers)):
+            address = brokers[(self._next + i) % len(brokers)]
+            try:
+                answer = await self._broker_stub(address).InitProducerId(
+                    pb, timeout=ADMIN_FORWARD_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.info("InitProducerId to broker %s failed: %s", address, exc.code().name)
+                continue
+            self._next += i + 1
+            return init_producer_id_response(answer, ctx.api_version)
+        failed = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+        failed.error.code = ErrorCode.COORDINATOR_NOT_AVAILABLE.code
+        return init_producer_id_response(failed, ctx.api_version)
+
+
+class CoordinatorKafkaApis:
+    """Every API a coordinator serves over Kafka's protocol, with its tested versions, and the
+    clients they use (controller forwarding, ``__consumer_offsets`` creation), closed by
+    :meth:`close`."""
+
+    def __init__(
+        self,
+        coordinator_id: int,
+        manager: GroupManager,
+        image: Callable[[], MetadataImage],
+        broker_stub: Callable[[str], broker_pb2_grpc.BrokerStub],
+    ) -> None:
+        self._forwarder = ControllerForwarder(image)
+        self._offsets_topic = OffsetsTopicCreator(image)
+        responder = MetadataResponder()
+        metadata = KafkaMetadata(
+            image, lambda request: responder.respond(image(), request), lowest_kafka_broker
+        )
+        admin = BrokerAdminHandlers(
+            coordinator_node_id(coordinator_id), None, image, {}, self._forwarder
+        )
+        producer_ids = ProducerIdForwarder(image, broker_stub)
+        finder = FindCoordinatorHandler(image, self._offsets_topic)
+        self.apis = [
+            Api(3, *METADATA_VERSIONS, MetadataRequest, metadata.metadata),
+            Api(10, *FIND_COORDINATOR_VERSIONS, FindCoordinatorRequest, finder.find_coordinator),
+            Api(
+                22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, producer_ids.init_producer_id
+            ),
+            *admin.cluster_apis(),
+            *GroupKafkaHandlers(manager).apis(),
+        ]
+
+    def dispatcher(self) -> KafkaDispatcher:
+        return KafkaDispatcher(self.apis)
+
+    async def close(self) -> None:
+        await self._forwarder.close()
+        await self._offsets_topic.close()
