@@ -1,6 +1,7 @@
 """Spark test fixtures: ONE SparkSession (``local[2]``) for every Spark test, its workers running
-this venv's Python, and helpers to create topics and produce records on the shared cluster
-(``local_cluster``/``bootstrap`` from tests/conftest.py)."""
+this venv's Python, and a fixture that creates topics on the shared cluster
+(``local_cluster``/``bootstrap`` from tests/conftest.py). What test modules import (the wait
+bound, ``produce``) is tests/helpers/spark.py's."""
 
 from __future__ import annotations
 
@@ -13,10 +14,7 @@ from typing import Any
 
 import pytest
 
-from fjord.client import AdminClient, NewTopic, Producer, RecordMetadata
-
-#: Bound of every wait in the Spark tests (streaming progress, retention).
-SPARK_WAIT_S = 180.0
+from fjord.client import AdminClient, NewTopic
 
 #: pytest timeout of every Spark test. The first test to use ``spark`` also pays for starting
 #: the shared cluster and the JVM, minutes on a loaded 2-core machine; and a timeout that
@@ -74,28 +72,3 @@ def new_topic(admin: AdminClient) -> Callable[..., str]:
         return name
 
     return create
-
-
-def produce(
-    bootstrap: str,
-    topic: str,
-    count: int,
-    start: int = 0,
-    partition: int | None = None,
-    **config: Any,
-) -> list[RecordMetadata]:
-    """Send ``count`` keyed records (key ``k<i>``, value ``v<i>``, header ``i``) and return
-    where each landed, in send order."""
-    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, **config}) as producer:
-        futures = [
-            producer.send(
-                topic,
-                value=f"v{i}".encode(),
-                key=f"k{i}".encode(),
-                partition=partition,
-                headers=[("i", str(i).encode())],
-            )
-            for i in range(start, start + count)
-        ]
-        producer.flush()
-        return [f.result(30) for f in futures]

@@ -17,7 +17,7 @@ from fjord.testing.waiting import wait_for
 from fjord_jobs import orders_shipments
 from fjord_jobs.common import JobOptions
 from fjord_jobs.defaults import REJECT_REASON_HEADER
-from tests.spark.conftest import SPARK_WAIT_S
+from tests.helpers.spark import SPARK_WAIT_S
 
 pytestmark = pytest.mark.integration
 

@@ -17,7 +17,7 @@ from fjord_spark.errors import DataLossError
 from fjord_spark.offsets import OffsetRange
 from fjord_spark.options import parse_reader_options
 from fjord_spark.source import ClusterView, FjordInputPartition, read_partition
-from tests.spark.conftest import SPARK_WAIT_S, produce
+from tests.helpers.spark import SPARK_WAIT_S, produce
 
 pytestmark = pytest.mark.integration
 

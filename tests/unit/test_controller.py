@@ -38,14 +38,12 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import (
-    BrokerRegistration,
     ClusterConfig,
-    Keys,
     MetadataEvent,
-    MetadataImage,
     PartitionState,
     TopicRecord,
 )
+from tests.helpers.metadata_images import K, image_with, with_plan
 
 # -- topic names -------------------------------------------------------------------------------
 
@@ -191,27 +189,6 @@ def test_alter_isr_fencing_and_rules() -> None:
 
 
 # -- planner ------------------------------------------------------------------------------------
-
-K = Keys("c")
-
-
-def image_with(brokers: dict[int, str | None], *extra: MetadataEvent) -> MetadataImage:
-    events = [
-        MetadataEvent.put(K.broker(b), BrokerRegistration(b, "h", b, rack).to_json(), 1, 1)
-        for b, rack in brokers.items()
-    ]
-    return MetadataImage.empty("c").apply([*events, *extra])
-
-
-def with_plan(image: MetadataImage, plan) -> MetadataImage:  # type: ignore[no-untyped-def]
-    rev = image.revision + 1
-    events = [MetadataEvent.put(K.topic(plan.name), plan.record.to_json(), rev, rev)]
-    events += [
-        MetadataEvent.put(K.partition(plan.name, p), s.to_json(), rev, rev)
-        for p, s in plan.partitions.items()
-    ]
-    return image.apply(events)
-
 
 RNG = random.Random(7)
 

@@ -14,7 +14,7 @@ from fjord.controller.limits import replicas_per_broker, topic_records
 from fjord.controller.planner import TopicSpec, plan_create_partitions, plan_create_topic
 from fjord.errors import ConfigError, ErrorCode, PolicyViolationError, error_for_code
 from fjord.metadata import ClusterConfig, MetadataEvent, MetadataImage
-from tests.unit.test_controller import K, image_with, with_plan
+from tests.helpers.metadata_images import K, image_with, with_plan
 
 RNG = random.Random(3)
 

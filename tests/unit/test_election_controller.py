@@ -31,36 +31,9 @@ from fjord.errors import (
 )
 from fjord.metadata import (
     NO_LEADER,
-    BrokerRegistration,
-    Keys,
-    MetadataEvent,
-    MetadataImage,
     PartitionState,
-    TopicRecord,
 )
-
-K = Keys("c")
-
-
-def image_of(live: list[int], partitions: dict[tuple[str, int], PartitionState]) -> MetadataImage:
-    events = [
-        MetadataEvent.put(K.broker(b), BrokerRegistration(b, "h", b, None).to_json(), 1, 1)
-        for b in live
-    ]
-    for topic in sorted({t for t, _ in partitions}):
-        count = sum(1 for t, _ in partitions if t == topic)
-        rf = len(partitions[(topic, 0)].replicas)
-        record = TopicRecord(f"id-{topic}", count, rf, {})
-        events.append(MetadataEvent.put(K.topic(topic), record.to_json(), 2, 2))
-    events += [
-        MetadataEvent.put(K.partition(t, p), s.to_json(), 3, 3) for (t, p), s in partitions.items()
-    ]
-    return MetadataImage.empty("c").apply(events)
-
-
-def state(replicas: list[int], isr: list[int], leader: int, le: int = 4, pe: int = 9):
-    return PartitionState(tuple(replicas), tuple(isr), leader, le, pe)
-
+from tests.helpers.metadata_images import image_of, state
 
 # -- liveness ---------------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from fjord.coordinator.group import (
 from fjord.coordinator.offsets_log import GroupMetadataLoader
 from fjord.errors import ErrorCode as E
 from fjord.groups.state import GroupState
-from tests.unit.test_group_state_machine import DELAY, Shell, sub
+from tests.helpers.group_shell import DELAY, Shell, sub
 
 PROTOCOLS = [
     [("range", sub("t"))],

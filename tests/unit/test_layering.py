@@ -205,3 +205,24 @@ def test_the_walk_sees_imports():
     assert ("fjord.cli", "fjord.broker") in edges
     assert ("fjord.groups", "fjord.errors") in edges
     assert ("fjord_operator", "fjord.cluster") in edges
+
+
+def test_no_test_module_imports_another_test_module():
+    """Test modules share helpers through tests/helpers (or fjord.testing), never by importing
+    each other or a conftest: a test module's names are its own, and importing one runs its
+    module-level code in another's collection."""
+    bad = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):  # the module, and what it names (a submodule?)
+                module = "." * node.level + (node.module or "")
+                names = [module, *(f"{module}.{alias.name}" for alias in node.names)]
+            else:
+                continue
+            for name in names:
+                last = name.rsplit(".", 1)[-1]
+                if last.startswith("test_") or last == "conftest":
+                    bad.append(f"{path.relative_to(ROOT)}: imports {name}")
+    assert not bad, "\n".join(bad)

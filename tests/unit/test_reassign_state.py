@@ -31,7 +31,7 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import NO_LEADER, PartitionState
-from tests.unit.test_election_controller import image_of, state
+from tests.helpers.metadata_images import image_of, state
 
 ALL = {1, 2, 3, 4, 5}
 
