@@ -121,6 +121,16 @@ class CorruptRecordError(FjordError):
     code = ErrorCode.CORRUPT_MESSAGE
 
 
+class LogDamagedError(CorruptRecordError):
+    """A stored batch failed its check when read or scrubbed (bytes damaged at rest); the
+    message names the partition, the offset and the way forward; ``offset`` is the first
+    offset of the damage."""
+
+    def __init__(self, message: str, *, offset: int) -> None:
+        super().__init__(message)
+        self.offset = offset
+
+
 class RecordDeserializationError(CorruptRecordError):
     """``poll()`` reached fetched records it cannot return (Kafka's
     RecordDeserializationException): a batch with a bad CRC, one that does not decompress or

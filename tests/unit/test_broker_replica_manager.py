@@ -605,3 +605,95 @@ def test_unwritable_disk_stops_following_and_reports_follower_append_errors(env:
         assert result.error is not None and result.quiet is False and monitor.writable
 
     run(scenario())
+
+
+def _damage_stored_batch(manager: ReplicaManager, key: tuple[str, int], batch_index: int) -> int:
+    """Flip a byte inside the records of one stored batch and forget the segment was verified
+    (as after a restart); returns the batch's base offset."""
+    import os
+
+    from fjord.records.header import iter_batches
+
+    segment = manager.partitions[key].log.segments[0]
+    data = segment.read(0, segment.size)
+    pos, header = list(iter_batches(data))[batch_index]
+    fd = os.open(segment.path(".log"), os.O_WRONLY)  # not the log's O_APPEND descriptor
+    try:
+        os.pwrite(fd, bytes([data[pos + header.size - 2] ^ 0xFF]), pos + header.size - 2)
+    finally:
+        os.close(fd)
+    segment.verified = False
+    return header.base_offset
+
+
+def test_damaged_leader_serves_the_intact_prefix_then_hands_over(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
+        for _ in range(4):
+            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        # Now replicated: a second ISR member holds a healthy copy.
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        bad = _damage_stored_batch(manager, ("t", 0), 2)
+        first = one_fetch(await manager.fetch(fetch_request("t", 0, 0)))
+        assert first.error.code == 0
+        assert [r.offset for r in decode_records(first.records)] == list(range(bad))
+        again = one_fetch(await manager.fetch(fetch_request("t", 0, bad)))
+        assert again.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code and not again.records
+        (request,) = manager.take_isr_requests()
+        assert request.resign and request.reason == "damage"
+        assert manager.damage_found == 1
+
+    run(scenario())
+
+
+def test_damage_without_a_healthy_copy_names_offset_and_way_forward(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
+        for _ in range(4):
+            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        bad = _damage_stored_batch(manager, ("t", 0), 1)
+        one_fetch(await manager.fetch(fetch_request("t", 0, 0)))  # finds it
+        out = one_fetch(await manager.fetch(fetch_request("t", 0, bad)))
+        assert out.error.code == ErrorCode.CORRUPT_MESSAGE.code
+        assert f"t-0: the batch at offset {bad} is damaged" in out.error.message
+        assert "DeleteRecords" in out.error.message
+        assert manager.take_isr_requests() == []  # nobody to hand over to
+        after = one_fetch(await manager.fetch(fetch_request("t", 0, bad + 2)))
+        assert after.error.code == 0 and after.records  # past the damage reads go on
+
+    run(scenario())
+
+
+def test_damaged_follower_truncates_and_counts_the_repair_when_caught_up(env: Env) -> None:
+    from fjord.broker.replication import FollowerTarget
+    from fjord.storage.scrub import LogDamage
+
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
+        for _ in range(3):
+            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await manager.apply_metadata(cluster.topic("t", [leader_state((2, BROKER), leader=2,
+                                                                      epoch=1)]))
+        partition = manager.partitions[("t", 0)]
+        partition.log.note_damage(LogDamage(2, 4, "CRC mismatch"))
+        target = FollowerTarget(2, 1)
+        position = manager.follower_position(("t", 0), target)
+        assert position is not None and position.fetch_offset == 2  # truncated there
+        assert ("t", 0) in manager.repairs and partition.log.damage is None
+        healthy = bytearray(batch(4))
+        from fjord.records.header import stamp_batch
+
+        stamp_batch(healthy, 0, 2, 0)
+        answer = broker_pb2.FetchPartitionResponse(partition=0, high_watermark=6,
+                                                   records=bytes(healthy))
+        result = manager.on_follower_fetch_response(("t", 0), target, answer)
+        assert result.error is None and partition.log_end_offset == 6
+        assert manager.repairs == {} and manager.repairs_done == 1
+
+    run(scenario())

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from fjord._proto import broker_pb2
 from fjord.broker import defaults
 from fjord.broker.coordinator_fence import CoordinatorEpochFence
+from fjord.broker.damage import DamageAction, damage_action, no_healthy_copy_message
 from fjord.broker.fetch import FetchSlot, assemble_fetch
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
@@ -30,11 +31,13 @@ from fjord.broker.replication import (
 from fjord.cluster.broker_config import TopicSettings, topic_settings
 from fjord.cluster.replication_config import ReplicationSettings
 from fjord.errors import (
+    CorruptRecordError,
     ErrorCode,
     FjordError,
     InvalidRequestError,
     InvalidRequiredAcksError,
     InvalidTopicError,
+    LogDamagedError,
     NotEnoughReplicasAfterAppendError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
@@ -170,6 +173,16 @@ class ReplicaManager:
         self.resign_requests: dict[TopicPartition, IsrChangeRequest] = {}
         self._resigning: dict[TopicPartition, int] = {}
         self._resign_refusals_logged: set[tuple[TopicPartition, int]] = set()
+        #: Damage handling: the damage offset already reported per partition, how a pending
+        #: discovery was triggered (a follower's report), repairs under way (old log end, when
+        #: they started in ms, the damage offset) and partitions whose leader must hear that
+        #: what it sent failed its check here.
+        self._damage_seen: dict[TopicPartition, int] = {}
+        self._damage_sources: dict[TopicPartition, str] = {}
+        self.repairs: dict[TopicPartition, tuple[int, int, int]] = {}
+        self.damage_found = 0
+        self.repairs_done = 0
+        self._report_damage: set[TopicPartition] = set()
         self.isr_requests_ready = asyncio.Event()
         #: False while the data directory cannot be written (set by the broker's disk
         #: monitor): followers stop fetching (they could not append, and an idle follower at
@@ -579,7 +592,7 @@ class ReplicaManager:
         is_follower = replica_id >= 0
         max_bytes = min(request.max_bytes or defaults.FETCH_MAX_BYTES, defaults.FETCH_MAX_BYTES)
         slots: list[FetchSlot] = []
-        targets: list[tuple[Any, str, _PartitionReader]] = []
+        targets: list[tuple[Any, TopicPartition, _PartitionReader]] = []
         keys: list[TopicPartition] = []
         has_error = False
         for topic in request.topics:
@@ -610,6 +623,13 @@ class ReplicaManager:
                         self._wake_producers(key)
                     partition.check_leader(fp.current_leader_epoch)
                     diverging = None
+                    if is_follower and fp.damaged_at_fetch_offset:
+                        # Check our copy as we read it again (the follower found a bad CRC).
+                        log.warning("%s-%d: follower %d reports that the batch at %d failed "
+                                    "its check; verifying this copy", key[0], key[1],
+                                    replica_id, fp.fetch_offset)
+                        partition.log.distrust(fp.fetch_offset)
+                        self._damage_sources[key] = "report"
                     if is_follower:
                         diverging = partition.diverging_epoch(
                             fp.last_fetched_epoch, fp.fetch_offset
@@ -657,7 +677,7 @@ class ReplicaManager:
                     limit = defaults.PARTITION_FETCH_MAX_BYTES
                 reader = _PartitionReader(partition.log, offset, upper)
                 slots.append(FetchSlot(limit, reader))
-                targets.append((out, topic.name, reader))
+                targets.append((out, key, reader))
         total = 0
         if slots:
             if min(max_bytes, sum(s.partition_max_bytes for s in slots)) > (
@@ -667,7 +687,13 @@ class ReplicaManager:
                 datas = await asyncio.to_thread(assemble_fetch, slots, max_bytes)
             else:
                 datas = assemble_fetch(slots, max_bytes)
-            for (out, topic_name, reader), data in zip(targets, datas, strict=True):
+            for (out, read_key, reader), data in zip(targets, datas, strict=True):
+                topic_name = read_key[0]
+                damage = reader.plog.damage
+                if damage is not None and self._damage_seen.get(read_key) != damage.offset:
+                    self.handle_damage(read_key, self._damage_sources.pop(read_key, "read"))
+                if isinstance(reader.error, LogDamagedError):
+                    reader.error = self._damage_error(read_key)
                 if reader.error is not None:
                     _set_error(out, reader.error)
                     has_error = True
@@ -795,6 +821,8 @@ class ReplicaManager:
         now = self._clock_ms()
         proposed = 0
         for key, partition in self.hosted():
+            if partition.log.damage is not None and partition.is_leader:
+                self.request_resignation(key, "damage")  # again, if refused before
             new_isr = partition.propose_isr_shrink(now, self.replication.lag_time_max_ms)
             if new_isr is not None:
                 self._request_isr_change(key, partition, new_isr)
@@ -809,6 +837,81 @@ class ReplicaManager:
         self.resign_requests.clear()
         self.isr_requests_ready.clear()
         return out
+
+    # --- damaged copies (found by the scrubber, a read, or a follower's report) ---------------
+
+    def handle_damage(self, key: TopicPartition, source: str) -> DamageAction | None:
+        """Act on the damage recorded in ``key``'s log (``log.damage``): re-fetch it as a
+        follower, hand leadership over as a leader with another ISR member, or keep refusing
+        the damaged range when no healthy copy exists (see :func:`damage_action`). Each damage
+        is counted and logged once. Returns the action, None when nothing is damaged."""
+        partition = self.partitions.get(key)
+        damage = None if partition is None else partition.log.damage
+        if partition is None or damage is None:
+            return None
+        assignment = partition.assignment
+        action = damage_action(self.broker_id, assignment.leader, assignment.isr)
+        new = self._damage_seen.get(key) != damage.offset
+        if new:
+            self._damage_seen[key] = damage.offset
+            self.damage_found += 1
+            metrics.record_log_damage(source)
+            log.error("%s-%d: this broker's copy is damaged at offset %d (%s; found by %s): %s",
+                      key[0], key[1], damage.offset, damage.reason, source, action.value)
+        if action is DamageAction.RESIGN:
+            self.request_resignation(key, "damage")
+        elif action is DamageAction.REFETCH:
+            self._truncate_damaged(key, partition)
+        elif action is DamageAction.NO_HEALTHY_COPY and new:
+            log.error("%s", self._damage_error(key))
+        return action
+
+    def _damage_error(self, key: TopicPartition) -> FjordError:
+        """What a fetch of the damaged range is answered: NOT_LEADER_OR_FOLLOWER while a healthy
+        copy exists elsewhere (the client refreshes its metadata and reads from the new
+        leader), CORRUPT_MESSAGE naming offset and way forward when none does."""
+        partition = self.partitions[key]
+        damage = partition.log.damage
+        if damage is None:
+            return NotLeaderOrFollowerError(f"{key[0]}-{key[1]}: retry")
+        action = damage_action(self.broker_id, partition.assignment.leader,
+                               partition.assignment.isr)
+        if action is DamageAction.NO_HEALTHY_COPY:
+            return LogDamagedError(no_healthy_copy_message(
+                key[0], key[1], damage.offset, damage.resume_offset, self.broker_id,
+                damage.reason), offset=damage.offset)
+        return NotLeaderOrFollowerError(
+            f"{key[0]}-{key[1]}: broker {self.broker_id}'s copy is damaged at offset "
+            f"{damage.offset}; leadership moves to a healthy in-sync replica"
+        )
+
+    def _truncate_damaged(self, key: TopicPartition, partition: Partition) -> None:
+        """A follower drops its copy from the damaged batch on; the fetcher then fetches it
+        again from the leader (a repair, complete once the log end is back where it was)."""
+        damage = partition.log.damage
+        if damage is None or partition.is_leader:
+            return
+        old_end = partition.log_end_offset
+        partition.truncate_to(damage.offset)
+        started = self._clock_ms()
+        previous = self.repairs.get(key)
+        self.repairs[key] = (max(old_end, previous[0]) if previous else old_end,
+                             previous[1] if previous else started, damage.offset)
+        log.warning("%s-%d: truncated the damaged copy at offset %d (its end was %d); fetching "
+                    "it again from leader %d", key[0], key[1], damage.offset, old_end,
+                    partition.assignment.leader)
+
+    def _check_repaired(self, key: TopicPartition, partition: Partition) -> None:
+        repair = self.repairs.get(key)
+        if repair is None or partition.log_end_offset < repair[0]:
+            return
+        del self.repairs[key]
+        self.repairs_done += 1
+        seconds = max(0, self._clock_ms() - repair[1]) / 1000
+        metrics.record_log_repair(seconds)
+        log.warning("%s-%d: repaired: offsets %d..%d fetched again from leader %d in %.2f s",
+                    key[0], key[1], repair[2], repair[0] - 1, partition.assignment.leader,
+                    seconds)
 
     # --- giving up leadership (disk cannot be written, damaged copy) -------------------------
 
@@ -983,9 +1086,14 @@ class ReplicaManager:
         p = self._followed(key, target)
         if p is None or not self.disk_writable:
             return None
+        if p.log.damage is not None:
+            self.handle_damage(key, self._damage_sources.pop(key, "scrub"))
         latest = p.log.latest_epoch if p.log_end_offset > p.log_start_offset else NO_EPOCH
+        report = key in self._report_damage
+        self._report_damage.discard(key)
         return FollowerPosition(
-            key[0], key[1], p.log_end_offset, latest, p.leader_epoch, p.log_start_offset
+            key[0], key[1], p.log_end_offset, latest, p.leader_epoch, p.log_start_offset,
+            damaged_at_fetch_offset=report,
         )
 
     def on_follower_fetch_response(
@@ -1051,6 +1159,13 @@ class ReplicaManager:
                 return FollowerFetchResult(truncated=True)
             appended = p.append_as_follower(out.records, out.high_watermark)
             p.follow_leader_log_start(out.log_start_offset)
+            if key in self.repairs:
+                self._check_repaired(key, p)
+        except CorruptRecordError as exc:
+            # What the leader sent failed its check here: tell it on the next fetch, so it
+            # verifies its copy (and hands leadership over if that copy is the damaged one).
+            self._report_damage.add(key)
+            return FollowerFetchResult(error=exc)
         except StorageError as exc:
             return FollowerFetchResult(
                 error=exc, quiet=self.report_write_error("follower append", exc)

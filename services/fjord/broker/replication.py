@@ -48,6 +48,8 @@ class FollowerPosition:
     last_fetched_epoch: int
     current_leader_epoch: int
     log_start_offset: int
+    #: The batch the leader sent at ``fetch_offset`` last time failed its check here.
+    damaged_at_fetch_offset: bool = False
 
 
 def build_fetch_request(
@@ -78,6 +80,7 @@ def build_fetch_request(
             current_leader_epoch=pos.current_leader_epoch,
             last_fetched_epoch=pos.last_fetched_epoch,
             log_start_offset=pos.log_start_offset,
+            damaged_at_fetch_offset=pos.damaged_at_fetch_offset,
         )
     return request
 

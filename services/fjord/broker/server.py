@@ -39,12 +39,14 @@ from fjord.broker.producer_state import (
 )
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
+from fjord.broker.scrubber import Scrubber
 from fjord.broker.service import BrokerServicer
 from fjord.cluster.broker_config import (
     retention_check_interval_s,
     topic_settings,
     validate_broker_config,
 )
+from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import ConfigError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.broker import BrokerKafkaHandlers
@@ -227,6 +229,7 @@ class BrokerServer:
         self._applier: MetadataApplier | None = None
         self._logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
+        self.scrubber: Scrubber | None = None
         self._producer_ids = ProducerIdAllocator(options.broker_id, lambda: self._image())
         self._offsets_topic = OffsetsTopicCreator(lambda: self._image())
         self._fetchers: ReplicaFetcherManager | None = None
@@ -261,6 +264,8 @@ class BrokerServer:
             opts.broker_id, self._logs, opts.config, initial_high_watermarks=high_watermarks
         )
         self.replicas.on_write_error = self.disk.report
+        self.scrubber = Scrubber(self.replicas, ScrubberSettings.from_config(opts.config))
+        self.scrubber.prioritize_unclean(self._logs.logs())
         self._fetchers = ReplicaFetcherManager(
             self.replicas, self._broker_address, lambda: self.broker_epoch
         )
@@ -352,6 +357,7 @@ class BrokerServer:
             "producer-state snapshots",
         )
         self._spawn(self.disk.run(), "data directory probe")
+        self._spawn(self.scrubber.run(), "scrubber")
         self._spawn(
             self._periodic(
                 defaults.PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_S, self._expire_producers

@@ -132,6 +132,39 @@ BROKER_LEADERSHIP_RESIGNATIONS = Counter(
     ["reason"],
 )
 
+BROKER_SCRUB_BYTES = Counter(
+    "fjord_broker_scrub_bytes",
+    "Bytes of closed segments the scrubber read and verified (CRC-32C, offsets).",
+)
+BROKER_SCRUB_SEGMENTS = Counter(
+    "fjord_broker_scrub_segments",
+    "Closed segments the scrubber verified completely.",
+)
+BROKER_SCRUB_PASSES = Counter(
+    "fjord_broker_scrub_passes",
+    "Scrub passes completed (every closed segment of every hosted partition verified once).",
+)
+BROKER_SCRUB_PASS_PROGRESS = Gauge(
+    "fjord_broker_scrub_pass_progress",
+    "Fraction (0..1) of the closed segments' bytes verified in the current scrub pass.",
+)
+BROKER_LOG_DAMAGE_FOUND = Counter(
+    "fjord_broker_log_damage_found",
+    "Damaged batches found in this broker's own copies, by how (scrub: the background scrubber; "
+    "read: a fetch of a not yet verified segment; report: a follower said a batch failed).",
+    ["source"],
+)
+BROKER_LOG_DAMAGE_REPAIRED = Counter(
+    "fjord_broker_log_damage_repaired",
+    "Damaged copies repaired: truncated at the damage and fetched again from a healthy leader "
+    "up to where the copy ended before.",
+)
+BROKER_LOG_DAMAGE_REPAIR_SECONDS = Histogram(
+    "fjord_broker_log_damage_repair_seconds",
+    "Time from truncating a damaged copy to having fetched it again up to its old end.",
+    buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+
 # --- Controller -----------------------------------------------------------------------------
 
 CONTROLLER_ACTIVE = Gauge(
@@ -210,6 +243,29 @@ def set_log_dir_writable(writable: bool, new_episode: bool = False) -> None:
 
 def record_leadership_resignation(reason: str) -> None:
     BROKER_LEADERSHIP_RESIGNATIONS.labels(reason).inc()
+
+
+def record_scrub_bytes(num_bytes: int) -> None:
+    BROKER_SCRUB_BYTES.inc(num_bytes)
+
+
+def record_scrub_segment() -> None:
+    BROKER_SCRUB_SEGMENTS.inc()
+
+
+def set_scrub_progress(fraction: float, pass_completed: bool = False) -> None:
+    BROKER_SCRUB_PASS_PROGRESS.set(fraction)
+    if pass_completed:
+        BROKER_SCRUB_PASSES.inc()
+
+
+def record_log_damage(source: str) -> None:
+    BROKER_LOG_DAMAGE_FOUND.labels(source).inc()
+
+
+def record_log_repair(seconds: float) -> None:
+    BROKER_LOG_DAMAGE_REPAIRED.inc()
+    BROKER_LOG_DAMAGE_REPAIR_SECONDS.observe(seconds)
 
 
 def set_active_controller(active: bool) -> None:

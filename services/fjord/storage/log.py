@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fjord.errors import (
     InvalidRecordError,
+    LogDamagedError,
     OffsetOutOfRangeError,
     StorageError,
 )
@@ -33,6 +34,7 @@ from fjord.storage.config import LogConfig
 from fjord.storage.disk_health import describe_os_error, is_out_of_space
 from fjord.storage.epoch import LeaderEpochCache
 from fjord.storage.index import MAX_RELATIVE_OFFSET
+from fjord.storage.scrub import LogDamage, check_batches
 from fjord.storage.segment import NO_TIMESTAMP, LogSegment
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,9 @@ class PartitionLog:
         self.epoch_cache = LeaderEpochCache(directory / defaults.LEADER_EPOCH_CHECKPOINT)
         self.recovery: RecoveryReport | None = None
         self.closed = False
+        #: The lowest damaged batch found by a read or the scrubber (None: none known). Reads
+        #: of the offsets it covers raise LogDamagedError; truncating below it clears it.
+        self.damage: LogDamage | None = None
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -551,6 +556,14 @@ class PartitionLog:
                     f"offset {offset} is outside [{self.log_start_offset}, "
                     f"{self.log_end_offset}] of {self.directory}"
                 )
+            damage = self.damage
+            if damage is not None:
+                if damage.covers(offset):
+                    raise LogDamagedError(f"{self.directory.name}: offset {offset}: "
+                                          f"{damage.reason}", offset=damage.offset)
+                if offset < damage.offset:
+                    max_offset = damage.offset if max_offset is None else min(
+                        max_offset, damage.offset)
             if offset == self.log_end_offset or (max_offset is not None and offset >= max_offset):
                 return b""
             segment = self.segment_for(offset)
@@ -567,7 +580,48 @@ class PartitionLog:
                 end = max(
                     segment.last_boundary_within(start, start + max_bytes), start + first.size
                 )
-            return segment.read(start, end)
+            data = segment.read(start, end)
+            if segment.verified:
+                return data
+            # Not verified in this process yet (loaded from disk, not scrubbed): never serve a
+            # damaged batch; serve the intact ones before it.
+            check = check_batches(data, first.base_offset, final=True)
+            if check.damage is None:
+                return data
+            self.note_damage(check.damage)
+            if check.valid_bytes == 0:
+                raise LogDamagedError(f"{self.directory.name}: offset {offset}: "
+                                      f"{check.damage.reason}", offset=check.damage.offset)
+            return data[: check.valid_bytes]
+
+    def note_damage(self, damage: LogDamage) -> bool:
+        """Remember a damaged batch (the lowest one wins); returns whether it is new."""
+        with self._lock:
+            if self.damage is not None and self.damage.offset <= damage.offset:
+                return False
+            if damage.offset >= self.log_end_offset:
+                return False  # truncated away meanwhile
+            self.damage = damage
+            return True
+
+    def distrust(self, offset: int) -> None:
+        """Reads of the segment holding ``offset`` check CRCs again (a follower reported that a
+        batch we sent it from there failed its check)."""
+        with self._lock:
+            if self.log_start_offset <= offset < self.log_end_offset:
+                self.segment_for(offset).verified = False
+
+    def closed_segments(self) -> list[LogSegment]:
+        """Every segment but the active one (those the scrubber verifies)."""
+        with self._lock:
+            return self._segments[:-1]
+
+    def still_holds(self, segment: LogSegment, size: int) -> bool:
+        """Whether ``segment`` is still a closed segment of this log with ``size`` bytes (a
+        scrub result about it still means something)."""
+        with self._lock:
+            return (not self.closed and not segment.closed and segment.size == size
+                    and segment in self._segments[:-1])
 
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """``(offset, max timestamp)`` of the first batch whose max timestamp is >=
@@ -617,6 +671,8 @@ class PartitionLog:
                 self._forget(self._segments.pop())
                 self._bases.pop()
             self.active_segment.truncate_to(offset)
+            if self.damage is not None and self.log_end_offset <= self.damage.offset:
+                self.damage = None
             self.epoch_cache.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self._write_partition_checkpoint(sync=False)
@@ -637,6 +693,7 @@ class PartitionLog:
             self._bases.clear()
             self._add_segment(self._new_segment(offset, now))
             self.log_start_offset = offset
+            self.damage = None
             self.epoch_cache.clear()
             self.recovery_point = offset
             self._write_partition_checkpoint(sync=False)

@@ -10,6 +10,7 @@ from pathlib import Path
 from fjord.errors import CorruptRecordError, StorageError
 from fjord.records.header import BATCH_HEADER_SIZE, BatchHeader, parse_header, validate_batch
 from fjord.storage import defaults
+from fjord.storage.disk_health import is_out_of_space
 from fjord.storage.index import OffsetIndex, TimeIndex
 
 NO_TIMESTAMP = -1
@@ -74,6 +75,10 @@ class LogSegment:
             self.path(defaults.TIME_INDEX_SUFFIX), base_offset, max_index_bytes // 12
         )
         self.closed = False
+        #: Every batch in the file passed its CRC check in this process: written here (appends
+        #: are checked), recovered, or scrubbed. Reads of an unverified segment check the CRCs
+        #: of what they return (see PartitionLog.read) until the scrubber has verified it.
+        self.verified = False
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -98,6 +103,7 @@ class LogSegment:
         if create:
             for index in (segment.offset_index, segment.time_index):
                 index.rewrite()
+            segment.verified = True
         return segment
 
     def path(self, suffix: str) -> Path:
@@ -201,8 +207,13 @@ class LogSegment:
         if cut:
             os.ftruncate(self.fd, valid_end)
             self.size = valid_end
-        self.offset_index.rewrite()
-        self.time_index.rewrite()
+        self.verified = True
+        for index in (self.offset_index, self.time_index):
+            try:
+                index.rewrite()
+            except OSError as e:  # a full disk: a prefix of a sparse index is still valid
+                if not is_out_of_space(e):
+                    raise
         self._init_roll_clock()
         return cut
 
