@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from fjord.broker.replica_manager import ReplicaManager, TopicPartition
+from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import CorruptRecordError
 from fjord.observability import metrics
@@ -28,6 +28,7 @@ from fjord.storage.scrub import (
     check_batches,
 )
 from fjord.storage.segment import LogSegment
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

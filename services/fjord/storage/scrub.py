@@ -21,8 +21,7 @@ from fjord.records.header import (
     check_structure,
     parse_header,
 )
-
-TopicPartition = tuple[str, int]
+from fjord.topic_partition import TopicPartition
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +139,7 @@ class SegmentRef:
 
     @property
     def key(self) -> TopicPartition:
-        return (self.topic, self.partition)
+        return TopicPartition(self.topic, self.partition)
 
 
 @dataclass(frozen=True, slots=True)
