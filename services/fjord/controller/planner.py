@@ -370,13 +370,14 @@ def plan_alter_reassignments(
             if request.target is None:
                 new = cancel_reassignment(state, live)
             else:
+                new = start_reassignment(state, request.target, live)
                 record = image.topic(request.topic)
                 if record is not None and len(request.target) != len(state.target_replicas):
-                    # A replication-factor change must leave room for min.insync.replicas.
+                    # A valid target (checked above) that changes the replication factor must
+                    # leave room for min.insync.replicas.
                     check_min_insync_replicas(
                         request.topic, len(request.target), record.config, image.cluster_config
                     )
-                new = start_reassignment(state, request.target, live)
                 # Already complete (e.g. only the order changed, or targets all in the ISR)?
                 # Then start and completion are one change: the epochs grow once.
                 new = complete_reassignment(new, live)
