@@ -184,3 +184,48 @@ def test_producer_batches_and_requests_carry_one_coordinator_epoch() -> None:
     assert [(b.coordinator_epoch, b.record_count) for b in second] == [(4, 2)]
     with pytest.raises(ValueError, match="different coordinator epochs"):
         build_produce_request([*first, *second], -1, 1000)
+
+
+def test_a_claim_admits_the_epoch_and_appends_nothing(env: Env) -> None:
+    """A new owner claims its partition before replaying it (a produce with its epoch and no
+    records): from then on the older owner is refused even if the leader's metadata lags, and
+    the answer is the log end the replay must reach."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        cluster.topic(OFFSETS_TOPIC, [leader_state()])
+        owner = cluster.keys.offsets_owner(0)
+        await manager.apply_metadata(cluster.change([(owner, OffsetsOwner(1, 1).to_json())]))
+        written = produce_request(OFFSETS_TOPIC, 0, batch(3), coordinator_epoch=1)
+        assert one_produce(await manager.produce(written)).error.code == 0
+        claim = one_produce(
+            await manager.produce(produce_request(OFFSETS_TOPIC, 0, b"", coordinator_epoch=2))
+        )
+        assert (claim.error.code, claim.base_offset) == (0, 3)
+        assert manager.partitions[(OFFSETS_TOPIC, 0)].log_end_offset == 3  # nothing written
+        late = one_produce(await manager.produce(written))
+        assert late.error.code == ErrorCode.TRANSACTION_COORDINATOR_FENCED.code
+        for epoch, code in ((1, ErrorCode.TRANSACTION_COORDINATOR_FENCED), (0, None)):
+            stale = one_produce(
+                await manager.produce(
+                    produce_request(OFFSETS_TOPIC, 0, b"", coordinator_epoch=epoch)
+                )
+            )
+            expected = code or ErrorCode.INVALID_TOPIC_EXCEPTION
+            assert (stale.error.code, stale.base_offset) == (expected.code, -1)
+
+    run(scenario())
+
+
+def test_a_claim_on_a_follower_is_not_leader(env: Env) -> None:
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic(OFFSETS_TOPIC, [leader_state((2, 1), leader=2)]))
+        claim = one_produce(
+            await manager.produce(produce_request(OFFSETS_TOPIC, 0, b"", coordinator_epoch=5))
+        )
+        assert claim.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code
+        assert manager.coordinator_fence.newest(0) is None
+
+    run(scenario())

@@ -326,5 +326,12 @@ def test_a_fenced_append_drops_the_partition_until_a_newer_epoch() -> None:
         assert manager.owned() == {}
         # The controller gives it back later (a newer epoch): owned and replayed again.
         assert manager.assign({PARTITION: 2}) == [(PARTITION, 2)]
+        # Its claim before the replay is refused too (the leader knows a newer owner): given
+        # up before serving anything, and an older epoch's refusal changes nothing.
+        manager.fence(PARTITION, 2)
+        assert manager.owned() == {} and manager.assign({PARTITION: 2}) == []
+        assert manager.assign({PARTITION: 3}) == [(PARTITION, 3)]
+        manager.fence(PARTITION, 2)
+        assert manager.owned() == {PARTITION: 3}
 
     asyncio.run(scenario())

@@ -146,7 +146,9 @@ class ReplicaManager:
       not yet re-registered and caught up with the metadata; it must not act as a leader).
     - An append to ``__consumer_offsets`` is admitted only from its current group coordinator
       (:class:`~fjord.broker.coordinator_fence.CoordinatorEpochFence`): a coordinator epoch
-      older than the newest in the metadata or seen before is refused, nothing appended.
+      older than the newest in the metadata or seen before is refused, nothing appended. A
+      produce with a coordinator epoch and no records is a new owner's claim: admitted like an
+      append, nothing written, answered with the log end offset.
     - Every delayed operation is watched in its purgatory from the moment it waits until it
       completes, times out or its caller is cancelled, and never after.
     """
@@ -456,6 +458,13 @@ class ReplicaManager:
                         )
                     if topic.name == OFFSETS_TOPIC and partition.is_leader:
                         self._admit_coordinator(p.partition, p.coordinator_epoch)
+                        if not p.records:
+                            # A new owner's claim: its epoch is now the newest here; nothing
+                            # is appended, the answer is the log end (what it must replay to).
+                            partition.check_leader()
+                            out.base_offset = partition.log_end_offset
+                            out.log_start_offset = partition.log_start_offset
+                            continue
                     outcome = partition.append_as_leader(p.records, acks)
                 except FjordError as exc:
                     if isinstance(exc, StorageError):

@@ -9,7 +9,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from fjord.client import AsyncProducer, Consumer, RecordMetadata, TopicPartition
 from fjord.coordinator import defaults
@@ -166,11 +166,15 @@ def replay_partitions(
     topic: str = OFFSETS_TOPIC,
     *,
     cancelled: threading.Event | None = None,
+    read_to_at_least: Mapping[int, int] | None = None,
 ) -> dict[int, dict[str, LoadedGroup]]:
     """Read ``__consumer_offsets`` partitions from their log start to their high watermark
-    (as of the start of the replay) and return each one's groups. Blocking: run it in a worker
-    thread. Raises KafkaTimeoutError after ``timeout_s`` and the client's typed errors;
-    stops early (KafkaTimeoutError) once ``cancelled`` is set (the coordinator is stopping).
+    (as of the start of the replay), or to ``read_to_at_least[p]`` when that is further (the
+    log end when this coordinator claimed the partition: every record admitted before the
+    claim, waiting until the high watermark passes it), and return each one's groups.
+    Blocking: run it in a worker thread. Raises KafkaTimeoutError after ``timeout_s`` and the
+    client's typed errors; stops early (KafkaTimeoutError) once ``cancelled`` is set (the
+    coordinator is stopping).
 
     A record that does not decode (CorruptRecordError) is logged and skipped: one bad record
     must not keep every group of the partition unavailable.
@@ -189,7 +193,12 @@ def replay_partitions(
         tps = [TopicPartition(topic, p) for p in partitions]
         ends = consumer.end_offsets(tps, timeout=max(deadline - time.monotonic(), 0.1))
         starts = consumer.beginning_offsets(tps, timeout=max(deadline - time.monotonic(), 0.1))
-        todo = {tp: ends[tp] for tp in tps if ends[tp] > starts[tp]}
+        floor = read_to_at_least or {}
+        todo = {
+            tp: end
+            for tp in tps
+            if (end := max(ends[tp], floor.get(tp.partition, 0))) > starts[tp]
+        }
         consumer.assign(list(todo))
         for tp in todo:
             consumer.seek(tp, starts[tp])

@@ -188,17 +188,20 @@ class GroupManager:
         NOT_COORDINATOR."""
         self.assign({})
 
-    def _fence(self, part: _Partition) -> None:
-        """The partition's leader refused our epoch: a newer coordinator owns the partition."""
-        if self._partitions.get(part.number) is not part:
+    def fence(self, number: int, epoch: int) -> None:
+        """The partition's leader refused ``epoch`` for partition ``number`` (an append or the
+        claim before its replay): a newer coordinator owns it. Drops the partition if owned
+        at that epoch; it is not owned again at that epoch or an older one."""
+        self._fenced[number] = max(self._fenced.get(number, 0), epoch)
+        part = self._partitions.get(number)
+        if part is None or part.epoch > epoch:
             return
         log.error(
-            "__consumer_offsets partition %d: appends at coordinator epoch %d are fenced (a "
-            "newer coordinator owns it); no longer serving its groups",
-            part.number,
+            "__consumer_offsets partition %d: coordinator epoch %d is fenced (a newer "
+            "coordinator owns it); no longer serving its groups",
+            number,
             part.epoch,
         )
-        self._fenced[part.number] = max(self._fenced.get(part.number, 0), part.epoch)
         self._drop(part)
 
     def _drop(self, part: _Partition) -> None:
@@ -323,7 +326,7 @@ class GroupManager:
                 group, group.machine.append_completed(effect.append_id, error, self._clock())
             )
             if error is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
-                self._fence(group.partition)
+                self.fence(group.partition.number, group.partition.epoch)
 
         future.add_done_callback(done)
         return future

@@ -4,9 +4,10 @@
 Lifecycle (:class:`CoordinatorServer`): follow the cluster metadata (MetadataWatcher) -> serve
 gRPC (answering COORDINATOR_NOT_AVAILABLE until registered) -> register ``coordinators/<id>``
 under its own lease -> own the ``__consumer_offsets`` partitions whose ``offsets-owners/<p>``
-names this coordinator, replay each (answering COORDINATOR_LOAD_IN_PROGRESS meanwhile), serve
-their groups -> run until SIGTERM/SIGINT -> stop serving, revoke the lease (the controller moves
-the partitions at once instead of after the TTL), stop the watcher.
+names this coordinator, claim each at its leader with the coordinator epoch and replay it
+(answering COORDINATOR_LOAD_IN_PROGRESS meanwhile), serve their groups -> run until
+SIGTERM/SIGINT -> stop serving, revoke the lease (the controller moves the partitions at once
+instead of after the TTL), stop the watcher.
 """
 
 from __future__ import annotations
@@ -24,13 +25,14 @@ import grpc
 from grpc import aio
 
 from fjord._proto import broker_pb2, coordinator_pb2_grpc
-from fjord.client.network import Network
+from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_partitions
 from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
-from fjord.errors import ConfigError, ErrorCode, error_code_from_number
+from fjord.errors import ConfigError, ErrorCode, error_code_from_number, error_for_code
+from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.kafka.coordinator import CoordinatorKafkaApis
 from fjord.kafka.listeners import advertised_kafka_address
 from fjord.kafka.server import KafkaListener
@@ -416,6 +418,10 @@ class CoordinatorServer:
                 continue
             started = time.monotonic()
             try:
+                claimed = await self._claim(pending)
+                pending = {p: e for p, e in pending.items() if p in claimed}
+                if not pending:
+                    continue
                 replayed = await asyncio.to_thread(
                     replay_partitions,
                     self._bootstrap(),
@@ -423,6 +429,7 @@ class CoordinatorServer:
                     f"{self._client_id}-loader",
                     defaults.OFFSETS_LOAD_TIMEOUT_S,
                     cancelled=self._replay_cancelled,
+                    read_to_at_least=claimed,
                 )
             except asyncio.CancelledError:
                 raise
@@ -445,6 +452,54 @@ class CoordinatorServer:
             )
             if self.manager.unloaded():
                 self._load_wakeup.set()
+
+    async def _claim(self, pending: Mapping[int, int]) -> dict[int, int]:
+        """Tell each partition's leader this coordinator's epoch before replaying it (a produce
+        with the epoch and no records), so that no older owner's append can land after the
+        replay's end unseen: from the claim on the leader refuses older epochs, and the replay
+        reads at least to the log end the claim answered. Returns {partition: that log end}
+        for the partitions claimed; a partition whose claim is refused as fenced is given up
+        (:meth:`GroupManager.fence`). Raises FjordError (the load is retried) for any other
+        error: no leader known, leader moved, transport."""
+        image = self._image()
+        by_leader: dict[str, list[broker_pb2.ProducePartition]] = {}
+        for p, epoch in sorted(pending.items()):
+            state = image.partition(OFFSETS_TOPIC, p)
+            leader = None if state is None else image.broker(state.leader)
+            if leader is None:
+                raise error_for_code(
+                    ErrorCode.LEADER_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no live leader"
+                )
+            by_leader.setdefault(leader.address, []).append(
+                broker_pb2.ProducePartition(partition=p, coordinator_epoch=epoch)
+            )
+        claimed: dict[int, int] = {}
+        for address, partitions in by_leader.items():
+            request = broker_pb2.ProduceRequest(
+                acks=1,
+                timeout_ms=self._commit_timeout_ms,
+                topics=[broker_pb2.ProduceTopic(name=OFFSETS_TOPIC, partitions=partitions)],
+            )
+            try:
+                response = await self._network.broker(address).Produce(
+                    request, timeout=self._commit_timeout_ms / 1000
+                )
+            except Exception as exc:
+                raise transport_error(exc, address) from exc
+            for topic in response.topics:
+                for answer in topic.partitions:
+                    code = error_code_from_number(answer.error.code)
+                    if code is ErrorCode.NONE:
+                        claimed[answer.partition] = answer.base_offset
+                    elif code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                        self.manager.fence(answer.partition, pending[answer.partition])
+                    else:
+                        raise error_for_code(
+                            code,
+                            f"claiming {OFFSETS_TOPIC}-{answer.partition} on {address}: "
+                            f"{answer.error.message}",
+                        )
+        return claimed
 
     # --- periodic duties --------------------------------------------------------------------
 
