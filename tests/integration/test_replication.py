@@ -165,9 +165,22 @@ def consume_all(cluster: LocalCluster, broker: int, topic: str) -> list[bytes]:
 
 
 def leader_of(cluster: LocalCluster, topic: str) -> int:
+    """The partition's leader once it serves the partition: the controller names a leader before
+    that broker has opened its replica, and until then it answers NOT_LEADER_OR_FOLLOWER."""
+
     def known() -> int | None:
         state = partition_state(cluster, topic)
-        return state[0] if state is not None and state[0] >= 0 else None
+        if state is None or state[0] < 0:
+            return None
+        request = broker_pb2.ListOffsetsRequest(replica_id=-1)
+        request.topics.add(name=topic).partitions.add(
+            partition=0, timestamp=-1, current_leader_epoch=-1
+        )
+        try:
+            answer = stub(cluster, state[0]).ListOffsets(request, timeout=5)
+        except grpc.RpcError:
+            return None
+        return state[0] if answer.topics[0].partitions[0].error.code == 0 else None
 
     return wait_for(known, f"a leader of {topic}", accept=is_value)
 
