@@ -314,8 +314,17 @@ def _closed(sock: socket.socket) -> bool:
         return True
 
 
-def test_bad_frames_close_only_their_connection(local_cluster: Any) -> None:
-    address = local_cluster.kafka_broker_addresses[0]
+def test_bad_frames_close_only_their_connection(
+    local_cluster: Any, kafka_bootstrap: str, admin: AdminClient
+) -> None:
+    topic = make_topic(admin)
+    producer = CKProducer({"bootstrap.servers": kafka_bootstrap, "acks": "all"})
+    written = [f"before-{i}".encode() for i in range(50)]
+    for value in written:
+        producer.produce(topic, value=value)
+    assert producer.flush(WAIT_S) == 0
+    leader = admin.describe_topics([topic])[0].partitions[0].leader
+    address = local_cluster.kafka_broker_addresses[leader]
     stalled = _connect(address)
     stalled.sendall(struct.pack(">i", 100) + b"\x00\x03")  # half a frame, then nothing
     cases = {
@@ -336,16 +345,41 @@ def test_bad_frames_close_only_their_connection(local_cluster: Any) -> None:
         answer = ApiVersionsResponse.decode(_recv_exactly(sock, size), version=0, header=True)
         assert answer.header.correlation_id == 42 and answer.error_code == 35
         assert any(k.api_key == 18 for k in answer.api_keys)
-    many = [_connect(address) for _ in range(300)]
+    with _connect(address) as sock:  # a corrupt RecordBatch: Produce's error, not a close
+        batch = bytearray(_batch())
+        batch[-1] ^= 0xFF  # the CRC no longer matches
+        request = ProduceRequest[9](transactional_id=None, acks=-1, timeout_ms=5000, topic_data=[
+            ProduceRequest[9].TopicProduceData(name=topic, partition_data=[
+                ProduceRequest[9].TopicProduceData.PartitionProduceData(
+                    index=0, records=bytes(batch))])])
+        response = _roundtrip(sock, request, ProduceResponse, 9)
+        assert response.responses[0].partition_responses[0].error_code == 2  # CORRUPT_MESSAGE
+        assert 0 in _advertised(sock)  # the connection goes on
+    many = [_connect(address) for _ in range(1000)]  # a thousand connections at once
     try:
-        for sock in many[::30]:
-            assert _advertised(sock)[0][1] >= 9
+        for sock in many:
+            sock.sendall(_api_versions_frame())
+        for sock in many:
+            size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
+            assert ApiVersionsResponse.decode(_recv_exactly(sock, size), version=3,
+                                              header=True).error_code == 0
     finally:
         for sock in many:
             sock.close()
     with _connect(address) as sock:  # the listener goes on
         assert 18 in _advertised(sock)
     stalled.close()
+    # Nothing written before is lost, and the partition takes writes as before.
+    assert [m.value() for m in ck_consume(kafka_bootstrap, topic, 1, 50)] == written
+    producer.produce(topic, value=b"after")
+    assert producer.flush(WAIT_S) == 0
+    assert ck_consume(kafka_bootstrap, topic, 1, 51)[-1].value() == b"after"
+
+
+def _api_versions_frame() -> bytes:
+    request = ApiVersionsRequest[3](client_software_name="raw", client_software_version="1")
+    request.with_header(correlation_id=1, client_id="many")
+    return bytes(request.encode(version=3, header=True, framed=True))
 
 
 # --- admin APIs ----------------------------------------------------------------------------------
