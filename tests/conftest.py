@@ -8,6 +8,8 @@ tests/integration/conftest.py so that tests/integration and tests/spark share ON
   Kafka's 3000) in a temporary directory, shared by the whole session and stopped at the end.
   Tests must not stop its processes; tests that kill processes start their own cluster.
 - ``bootstrap``: the shared cluster's bootstrap servers (``host:port,host:port,...``).
+- ``no_global_instrumentation``: for one test, this process as if it had no global tracer
+  provider and served no ``/metrics``, whatever earlier tests in the process installed.
 """
 
 from __future__ import annotations
@@ -61,3 +63,19 @@ def local_cluster(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-
 @pytest.fixture(scope="session")
 def bootstrap(local_cluster) -> str:  # type: ignore[no-untyped-def]
     return str(local_cluster.bootstrap_servers)
+
+
+@pytest.fixture
+def no_global_instrumentation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hide the process-wide instrumentation that earlier tests may have left (a global tracer
+    provider, running /metrics servers) for this test, so that the clients' bare path is
+    tested whatever ran before. OpenTelemetry has no API to unset its global provider: its
+    module variable is swapped back by ``monkeypatch`` after the test; the /metrics servers keep
+    serving, only fjord's registry of them looks empty meanwhile."""
+    from opentelemetry import trace
+
+    from fjord.observability import metrics
+
+    monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
+    monkeypatch.setattr(metrics, "_servers", {})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import signal
 import time
 import urllib.request
@@ -703,11 +704,12 @@ def test_frozen_coordinators_late_writes_are_fenced(failover_cluster: LocalClust
 
 
 def test_registration_waits_until_a_stale_registration_is_gone(
-    etcd: EtcdProcess, cluster_id: str
+    etcd: EtcdProcess, cluster_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """``register_under_lease`` (what a restarted coordinator does while its previous run's
     lease has not expired) retries until the key is free, then owns it under its own lease."""
     key = Keys(cluster_id).coordinator(7).encode()
+    caplog.set_level(logging.WARNING, logger="fjord.metadata.registration")
 
     async def scenario() -> None:
         async with etcd_client(etcd.url) as client:
@@ -718,7 +720,17 @@ def test_registration_waits_until_a_stale_registration_is_gone(
                     client, key, b"new", 5, what="coordinator 7", backoff_s=0.05, backoff_max_s=0.2
                 )
             )
-            await asyncio.sleep(0.3)  # several attempts, all refused while the key exists
+
+            async def refusals() -> int:
+                return sum(
+                    "coordinator 7 is already registered" in r.getMessage()
+                    for r in caplog.records
+                )
+
+            # Several attempts, all refused while the key exists.
+            await wait_for_async(
+                refusals, "three refused attempts", WAIT_S, accept=lambda n: n >= 3
+            )
             assert not registering.done()
             assert (await client.get(key)).value == b"old"
             await client.revoke_lease(stale.id)

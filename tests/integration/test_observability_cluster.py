@@ -283,12 +283,13 @@ def test_producer_and_consumer_spans_reach_the_broker_and_the_record(
     _broker_child_of(cluster, fetch[0])
 
 
-def test_clients_without_a_tracer_provider_use_bare_channels(cluster: LocalCluster) -> None:
+def test_clients_without_a_tracer_provider_use_bare_channels(
+    cluster: LocalCluster, no_global_instrumentation: None
+) -> None:
     """No provider and no /metrics in this process: no interceptors, no record header."""
     from fjord.observability.clients import client_instrumentation_enabled
 
-    if client_instrumentation_enabled():
-        pytest.skip("another test in this process installed a global tracer provider")
+    assert not client_instrumentation_enabled()
     topic = _create_topic(cluster)
     provider, _ = _in_memory_provider()
     with Producer({"bootstrap.servers": cluster.bootstrap_servers}) as producer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 
@@ -14,12 +13,6 @@ from fjord.observability.clients import (
     tracing_configured,
     with_traceparent,
 )
-
-
-@pytest.fixture
-def no_global_instrumentation() -> None:
-    if client_instrumentation_enabled():
-        pytest.skip("this process has a global tracer provider or serves /metrics")
 
 
 def _network(provider: TracerProvider | None = None) -> Network:
