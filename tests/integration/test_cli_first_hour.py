@@ -15,8 +15,11 @@ import uuid
 
 import pytest
 from click.testing import CliRunner, Result
+from confluent_kafka.admin import AdminClient as KafkaAdminClient
+from confluent_kafka.admin import ConfigResource, ConfigSource
 
 from fjord.cli.main import cli
+from fjord.local.defaults import LOCAL_REPLICA_LAG_TIME_MAX_MS
 
 pytestmark = pytest.mark.integration
 
@@ -241,4 +244,46 @@ def test_configs_like_kafka_configs(bootstrap: str) -> None:
     one_line_error(run("configs", *b, "--describe", "--entity-type", "topics",
                        "--entity-name", f"missing-{topic}"), "UNKNOWN_TOPIC_OR_PARTITION")
     one_line_error(run("configs", *b, "--describe", "--entity-type", "groups",
-                       "--entity-name", "g"), "INVALID_REQUEST", "no per-group configs")
+                       "--entity-name", "g"), "INVALID_REQUEST", "no per-group configs",
+                   "KIP-848", "group.min.session.timeout.ms")
+
+
+def test_configs_of_brokers(bootstrap: str, local_cluster) -> None:  # type: ignore[no-untyped-def]
+    """``fjord configs --entity-type brokers``: each broker's own answer, every key with its
+    source under --all, the same a Kafka admin client gets from the Kafka listener; --alter
+    refused saying broker configs are static; bad ids named."""
+    b = ["--bootstrap-server", bootstrap]
+    every = json.loads(ok(run("configs", *b, "--describe", "--all", "--entity-type", "brokers",
+                              "-o", "json")))
+    assert sorted(every) == ["0", "1", "2"]
+    for entries in every.values():
+        sources = {e["name"]: (e["value"], e["source"]) for e in entries}
+        # fjord local starts brokers with a shorter lag limit than Kafka's 30 s.
+        assert sources["replica.lag.time.max.ms"] == (
+            str(LOCAL_REPLICA_LAG_TIME_MAX_MS), "STATIC_BROKER_CONFIG")
+        assert sources["replica.fetch.backoff.ms"] == ("200", "DEFAULT_CONFIG")
+        assert sources["auto.create.topics.enable"] == ("false", "DEFAULT_CONFIG")
+        assert "min.insync.replicas" in sources and "retention.ms" in sources
+        assert {s for _, s in sources.values()} <= {
+            "DEFAULT_CONFIG", "STATIC_BROKER_CONFIG", "DYNAMIC_DEFAULT_BROKER_CONFIG"}
+    kafka_admin = KafkaAdminClient({"bootstrap.servers": local_cluster.kafka_bootstrap_servers})
+    [described] = kafka_admin.describe_configs([ConfigResource("broker", "1")]).values()
+    assert {name: (entry.value, ConfigSource(entry.source).name) for name, entry in
+            described.result(WAIT_S).items()} == {
+        e["name"]: (e["value"], e["source"]) for e in every["1"]}
+    table = ok(run("configs", *b, "--describe", "--all", "--entity-type", "brokers",
+                   "--entity-name", "1"))
+    assert table.startswith("All configs for broker 1 are:")
+    assert "replica.lag.time.max.ms" in table and "DEFAULT_CONFIG" in table
+    set_only = ok(run("configs", *b, "--describe", "--entity-type", "brokers",
+                      "--entity-name", "1"))
+    assert set_only.startswith("Set configs for broker 1 are:")
+    assert "replica.lag.time.max.ms" in set_only and "STATIC_BROKER_CONFIG" in set_only
+    assert "replica.fetch.backoff.ms" not in set_only  # defaults only with --all
+    one_line_error(run("configs", *b, "--alter", "--entity-type", "brokers", "--entity-name", "0",
+                       "--add-config", "replica.lag.time.max.ms=1000"),
+                   "INVALID_REQUEST", "broker configs are static")
+    one_line_error(run("configs", *b, "--describe", "--entity-type", "brokers",
+                       "--entity-name", "99"), "BROKER_NOT_AVAILABLE", "live: 0, 1, 2")
+    assert run("configs", *b, "--describe", "--entity-type", "brokers",
+               "--entity-name", "x").exit_code == 2

@@ -11,6 +11,7 @@ cluster is shared by the tests of this module, which leave all brokers running w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -311,6 +312,19 @@ def test_cli_producer_giving_up_names_not_enough_replicas(
     assert "expired after delivery.timeout.ms=3000" in result.output, result.output
     assert "last error: NOT_ENOUGH_REPLICAS" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_cli_shows_a_brokers_static_config(cluster: LocalCluster) -> None:
+    """`fjord configs --describe --entity-type brokers` names what this module's brokers were
+    started with (--config replica.lag.time.max.ms) as STATIC_BROKER_CONFIG."""
+    result = CliRunner().invoke(
+        cli,
+        ["configs", "--bootstrap-server", cluster.bootstrap_servers, "--describe",
+         "--entity-type", "brokers", "--entity-name", "2", "-o", "json"],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    entries = {e["name"]: (e["value"], e["source"]) for e in json.loads(result.stdout)["2"]}
+    assert entries["replica.lag.time.max.ms"] == (str(LAG_MS), "STATIC_BROKER_CONFIG")
 
 
 def test_leader_failover_keeps_acknowledged_records_and_truncates_the_old_leader(

@@ -8,6 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DescribeBrokerConfigsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeBrokerConfigsResponse(_message.Message):
+    __slots__ = ("broker_id", "entries")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.ConfigEntry]
+    def __init__(self, broker_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[_common_pb2.ConfigEntry, _Mapping]]] = ...) -> None: ...
+
 class FindCoordinatorRequest(_message.Message):
     __slots__ = ("key", "key_type")
     KEY_FIELD_NUMBER: _ClassVar[int]

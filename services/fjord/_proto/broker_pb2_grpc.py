@@ -65,6 +65,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
                 _registered_method=True)
+        self.DescribeConfigs = channel.unary_unary(
+                '/fjord.v1.Broker/DescribeConfigs',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -110,6 +115,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeConfigs(self, request, context):
+        """This broker's configuration: every key it reads with its effective value and source
+        (Kafka's DescribeConfigs for a BROKER resource). Broker configs are static in Fjord.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -142,6 +155,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.FindCoordinator,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.SerializeToString,
+            ),
+            'DescribeConfigs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeConfigs,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -306,6 +324,33 @@ class Broker:
             '/fjord.v1.Broker/FindCoordinator',
             fjord_dot_v1_dot_broker__pb2.FindCoordinatorRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.FindCoordinatorResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeConfigs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/DescribeConfigs',
+            fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.FromString,
             options,
             channel_credentials,
             insecure,

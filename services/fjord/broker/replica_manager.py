@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
@@ -203,6 +204,11 @@ class ReplicaManager:
         self._metadata_lock = asyncio.Lock()
         self._strays_removed = False
         self.coordinator_fence = CoordinatorEpochFence()
+
+    @property
+    def static_config(self) -> Mapping[str, str]:
+        """The broker's ``--config`` entries as given at start (read-only: static in Fjord)."""
+        return MappingProxyType(self._broker_config)
 
     # --- metadata -------------------------------------------------------------------------------
 

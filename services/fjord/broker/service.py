@@ -15,14 +15,15 @@ from fjord.broker.coordinator_lookup import OffsetsTopicCreator, locate_group_co
 from fjord.broker.metadata_view import MetadataResponder
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId and FindCoordinator for one
-    broker (gRPC's method names).
+    """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId, FindCoordinator and
+    DescribeConfigs for one broker (gRPC's method names).
 
     Invariant: every call answers from the ReplicaManager's state and the newest metadata image
     the broker has applied (``image()``); nothing here caches partition state.
@@ -70,6 +71,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.FindCoordinatorRequest, context: aio.ServicerContext
     ) -> broker_pb2.FindCoordinatorResponse:
         return self.find_coordinator(request)
+
+    async def DescribeConfigs(
+        self, request: broker_pb2.DescribeBrokerConfigsRequest, context: aio.ServicerContext
+    ) -> broker_pb2.DescribeBrokerConfigsResponse:
+        response = broker_pb2.DescribeBrokerConfigsResponse(broker_id=self._replicas.broker_id)
+        for entry in describe_broker_config(
+            self._replicas.static_config, self._image().cluster_config
+        ):
+            response.entries.add(name=entry.name, value=entry.value, source=entry.source,
+                                 is_default=entry.source == "DEFAULT")  # fmt: skip
+        return response
 
     # --- shared with the Kafka listener (fjord.kafka.broker) ------------------------------------
 

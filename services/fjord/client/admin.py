@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-from fjord._proto import common_pb2, controller_pb2, coordinator_pb2
+from fjord._proto import broker_pb2, common_pb2, controller_pb2, coordinator_pb2
 from fjord.client.consumer import Consumer
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
@@ -462,6 +462,48 @@ class AdminClient:
                 key=lambda e: e.name,
             )
         return out
+
+    def describe_broker_configs(
+        self, broker_ids: Iterable[int] | None = None, *, timeout: float | None = None
+    ) -> dict[int, list[ConfigEntry]]:
+        """Every config each broker reads (all live brokers when None), with its effective
+        value and source (CLUSTER_DEFAULT, STATIC_BROKER, DEFAULT), asked of the broker itself
+        as Kafka's DescribeConfigs for a BROKER resource is. An id that is not a live broker
+        raises BROKER_NOT_AVAILABLE naming the live ones."""
+        wanted = None if broker_ids is None else list(broker_ids)
+
+        async def call(deadline: float) -> Any:
+            async def metadata() -> Any:
+                return await self._network.refresh_metadata()
+
+            snapshot = await self._network.call_with_retries(
+                metadata, deadline=deadline, backoff_s=self._backoff_s, what="Metadata"
+            )
+            ids = sorted(snapshot.brokers) if wanted is None else wanted
+            missing = [i for i in ids if i not in snapshot.brokers]
+            if missing:
+                raise FjordError(
+                    f"broker {', '.join(map(str, missing))} is not a live broker of this cluster "
+                    f"(live: {', '.join(map(str, sorted(snapshot.brokers))) or 'none'})",
+                    code=ErrorCode.BROKER_NOT_AVAILABLE,
+                )
+            out = {}
+            for broker_id in ids:
+                address = snapshot.brokers[broker_id].address
+                try:
+                    out[broker_id] = await self._network.broker(address).DescribeConfigs(
+                        broker_pb2.DescribeBrokerConfigsRequest(),
+                        timeout=max(deadline - time.monotonic(), 0.001),
+                    )
+                except Exception as exc:
+                    raise transport_error(exc, f"broker {broker_id} {address}") from exc
+            return out
+
+        return {
+            broker_id: [ConfigEntry(e.name, e.value, e.is_default, e.source)
+                        for e in response.entries]
+            for broker_id, response in self._run(call, timeout).items()
+        }  # fmt: skip
 
     def list_topics(self, *, timeout: float | None = None) -> list[str]:
         """Names of every topic, sorted."""

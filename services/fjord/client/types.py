@@ -107,7 +107,8 @@ class NewTopic:
 
 @dataclass(frozen=True, slots=True)
 class ConfigEntry:
-    """One topic configuration value and where it comes from (TOPIC, CLUSTER_DEFAULT, DEFAULT)."""
+    """One configuration value and where it comes from: TOPIC, CLUSTER_DEFAULT, DEFAULT for a
+    topic; CLUSTER_DEFAULT, STATIC_BROKER (its ``--config``), DEFAULT for a broker."""
 
     name: str
     value: str

@@ -17,13 +17,17 @@ from fjord.cluster.broker_config import (
     validate_broker_config,
 )
 from fjord.cluster.defaults import (
+    AUTO_CREATE_TOPICS_ENABLE,
     DEFAULT_MIN_INSYNC_REPLICAS,
     DEFAULT_REPLICATION_FACTOR,
     MAX_BROKER_PARTITIONS,
     MAX_RECORDS_PER_USER_OP,
     NUM_PARTITIONS,
     OTHER_TOPIC_CONFIG_DEFAULTS,
+    RETENTION_CHECK_INTERVAL_MS,
 )
+from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS
+from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS
 from fjord.errors import ConfigError
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 from fjord.topic_names import is_internal_topic
@@ -172,7 +176,8 @@ def max_broker_partitions(cluster_config: Mapping[str, str]) -> int:
 
 @dataclass(frozen=True)
 class ConfigValue:
-    """One effective config entry; ``source`` is TOPIC, CLUSTER_DEFAULT or DEFAULT."""
+    """One effective config entry; ``source`` is TOPIC, CLUSTER_DEFAULT, STATIC_BROKER (a
+    broker's own ``--config``) or DEFAULT."""
 
     name: str
     value: str
@@ -195,6 +200,37 @@ def describe_topic_config(
             out.append(ConfigValue(key, cluster_config[key], "CLUSTER_DEFAULT"))
         else:
             out.append(ConfigValue(key, TOPIC_CONFIG_DEFAULTS[key], "DEFAULT"))
+    return out
+
+
+#: Every broker-only key (``fjord broker --config``) with its built-in default, as strings.
+BROKER_ONLY_DEFAULTS: dict[str, str] = {
+    "auto.create.topics.enable": str(AUTO_CREATE_TOPICS_ENABLE).lower(),
+    "log.retention.check.interval.ms": str(RETENTION_CHECK_INTERVAL_MS),
+    **{k: str(v) for k, v in REPLICATION_CONFIG_DEFAULTS.items()},
+    **SCRUBBER_CONFIG_DEFAULTS,
+}
+
+assert set(BROKER_ONLY_DEFAULTS) == set(BROKER_ONLY_KEYS), "every broker key needs a default"
+
+
+def describe_broker_config(
+    broker_config: Mapping[str, str], cluster_config: Mapping[str, str]
+) -> list[ConfigValue]:
+    """Every key a broker reads (its own keys and the topic defaults it applies) with its
+    effective value and source, by name, as Kafka's DescribeConfigs answers for a broker:
+    CLUSTER_DEFAULT (the cluster's ``cluster-config``, which wins over a broker's own value for
+    the topic defaults, as Kafka's dynamic cluster-wide defaults win over static configs),
+    STATIC_BROKER (the broker's ``--config`` at start), else DEFAULT."""
+    defaults = {**TOPIC_CONFIG_DEFAULTS, **BROKER_ONLY_DEFAULTS}
+    out = []
+    for key in sorted(defaults):
+        if key in cluster_config and key in TOPIC_CONFIG_KEYS:
+            out.append(ConfigValue(key, cluster_config[key], "CLUSTER_DEFAULT"))
+        elif key in broker_config:
+            out.append(ConfigValue(key, broker_config[key], "STATIC_BROKER"))
+        else:
+            out.append(ConfigValue(key, defaults[key], "DEFAULT"))
     return out
 
 

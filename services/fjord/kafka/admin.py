@@ -37,7 +37,7 @@ from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.cluster.topic_config import describe_topic_config
+from fjord.cluster.topic_config import describe_broker_config, describe_topic_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
@@ -343,9 +343,10 @@ class BrokerAdminHandlers:
             elif resource.resource_type == BROKER_RESOURCE and (
                 resource.resource_name in ("", str(self._broker_id))
             ):
-                merged = {k: (v, "CLUSTER_DEFAULT") for k, v in image.cluster_config.items()}
-                merged.update({k: (v, "STATIC_BROKER") for k, v in self._broker_config.items()})
-                entries = [(k, v, source) for k, (v, source) in sorted(merged.items())]
+                entries = [
+                    (e.name, e.value, e.source)
+                    for e in describe_broker_config(self._broker_config, image.cluster_config)
+                ]
             else:
                 error = ErrorCode.INVALID_REQUEST.code
                 message = (
@@ -365,7 +366,7 @@ class BrokerAdminHandlers:
                         entry_cls(
                             name=name,
                             value=value,
-                            read_only=source == "STATIC_BROKER",
+                            read_only=resource.resource_type == BROKER_RESOURCE,  # static
                             config_source=CONFIG_SOURCE[source],
                             is_sensitive=False,
                             synonyms=[],
