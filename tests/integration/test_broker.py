@@ -24,6 +24,7 @@ from fjord.local.etcd import EtcdProcess, free_port, log_tail, stop_process
 from fjord.metadata import etcd_client
 from fjord.records import BatchBuilder, decode_records
 from fjord.testing.waiting import wait_for
+from tests.helpers.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -50,11 +51,16 @@ class BrokerProc:
     port: int
     data_dir: Path
     log_path: Path
+    metrics_port: int
     process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def metrics_address(self) -> str:
+        return f"{HOST}:{self.metrics_port}"
 
 
 class Cluster:
@@ -92,6 +98,7 @@ class Cluster:
                 free_port(),
                 self.base / f"broker-{broker_id}",
                 self.base / f"broker-{broker_id}.log",
+                free_port(),
             )
             self.brokers[broker_id] = proc
         proc.process = subprocess.Popen(
@@ -100,6 +107,7 @@ class Cluster:
                 f"--id={broker_id}",
                 f"--listen={proc.address}",
                 f"--data-dir={proc.data_dir}",
+                f"--metrics-port={proc.metrics_port}",
                 f"--etcd={self.etcd_url}",
                 f"--cluster-id={self.cluster_id}",
                 "--lease-ttl=3",
@@ -327,9 +335,15 @@ def test_long_poll_returns_when_data_arrives(cluster: Cluster) -> None:
             )
         ],
     )
+    metrics = cluster.brokers[2].metrics_address
+
+    def parked_fetches() -> float:
+        return metric_value(metrics, "fjord_broker_purgatory_size", operation="fetch")
+
+    before = parked_fetches()
     started = time.monotonic()
     future = leader.Fetch.future(request, timeout=10)
-    time.sleep(0.2)  # give the fetch time to park on the broker (it may not return before)
+    wait_for(parked_fetches, "the fetch parked on the broker", accept=lambda n: n > before)
     assert not future.done()
     produced = produce(leader, "t", 1, batch(1))
     response = future.result()

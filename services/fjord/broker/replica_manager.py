@@ -416,11 +416,16 @@ class ReplicaManager:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._wakeups[op] = future
         purgatory.watch(op)
+        parked = metrics.BROKER_PURGATORY_SIZE.labels(
+            operation="fetch" if isinstance(op, DelayedFetch) else "produce"
+        )
+        parked.inc()
         try:
             await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             pass
         finally:
+            parked.dec()
             purgatory.unwatch(op)
             self._wakeups.pop(op, None)
 

@@ -95,6 +95,13 @@ BROKER_PARTITIONS_LED = Gauge(
     "fjord_broker_partitions_led",
     "Partitions this broker is currently the leader of.",
 )
+BROKER_PURGATORY_SIZE = Gauge(
+    "fjord_broker_purgatory_size",
+    "Requests parked in this broker's purgatory until their condition or timeout (Kafka's "
+    "PurgatorySize), by operation: fetch (consumer long polls and follower fetches) or produce "
+    "(acks=all waiting for the high watermark).",
+    ["operation"],
+)
 BROKER_UNDER_REPLICATED_PARTITIONS = Gauge(
     "fjord_broker_under_replicated_partitions",
     "Partitions led by this broker whose ISR is smaller than their replica set.",
