@@ -12,6 +12,7 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -137,6 +138,73 @@ def test_leader_killed_moves_to_isr_member_and_preferred_leader_returns(
         ), "preferred leader 1 again", WAIT_S)
         assert sorted(back.isr) == [1, 2, 3]
         assert read_all(cluster.bootstrap_servers, topic, 50) == values
+
+
+def test_librdkafka_idempotent_producer_keeps_every_ack_through_a_leader_sigkill(
+    cluster: LocalCluster,
+) -> None:
+    """Issue 14: confluent-kafka's idempotent producer (acks=all) writes over the Kafka
+    listener to a partition with three replicas while its leader is SIGKILLed: every record
+    it acknowledged is in the log exactly once, in the order produced."""
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import Producer as CKProducer
+    from confluent_kafka import TopicPartition as CKTopicPartition
+
+    with admin_for(cluster, 3) as admin:
+        topic = new_topic(admin, [2, 3, 0])
+        kafka = ",".join(a for b, a in cluster.kafka_broker_addresses.items() if b != 2)
+        acked: list[bytes] = []
+        failed: list[str] = []
+
+        def delivered(err: Any, message: Any) -> None:
+            if err is None:
+                acked.append(message.value())
+            else:
+                failed.append(str(err))
+
+        producer = CKProducer({
+            "bootstrap.servers": kafka, "enable.idempotence": True, "acks": "all",
+            "linger.ms": 5, "message.timeout.ms": 60000, "topic.metadata.refresh.interval.ms":
+            1000,
+        })
+        total, kill_at = 3000, 1000
+        for i in range(total):
+            producer.produce(topic, value=f"v{i:05d}".encode(), partition=0,
+                             on_delivery=delivered)
+            producer.poll(0)
+            if i == kill_at:
+                # Kill while acknowledged and in-flight records both exist.
+                wait_for(lambda: producer.poll(0.1) >= 0 and len(acked) >= kill_at // 2,
+                         "half the first batch acknowledged", WAIT_S)
+                cluster.kill("broker", 2, signal.SIGKILL)
+            elif i % 200 == 0:
+                producer.poll(0.05)  # keep writing while the election runs
+        assert producer.flush(WAIT_S * 2) == 0
+        assert failed == []
+        assert len(acked) == total
+        new_leader = wait_for(lambda: (info := partition(admin, topic)).leader not in (2, -1)
+                              and info, "a new leader", WAIT_S)
+        consumer = CKConsumer({"bootstrap.servers": kafka, "group.id": "unused",
+                               "enable.auto.commit": False, "enable.partition.eof": True})
+        try:
+            consumer.assign([CKTopicPartition(topic, 0, 0)])
+            read: list[bytes] = []
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                message = consumer.poll(0.5)
+                if message is None:
+                    continue
+                if message.error() is not None:
+                    if len(read) >= total:
+                        break  # end of the partition
+                    continue
+                read.append(message.value())
+        finally:
+            consumer.close()
+        print(f"\nlibrdkafka idempotent producer: {len(acked)} acknowledged, leader 2 killed "
+              f"after {kill_at} sent, new leader {new_leader.leader}, {len(read)} read")
+        assert read == sorted(acked) == [f"v{i:05d}".encode() for i in range(total)]
+    cluster.start_broker(2)  # every process runs again for the next test
 
 
 def test_reassign_onto_other_brokers_keeps_data(cluster: LocalCluster) -> None:
