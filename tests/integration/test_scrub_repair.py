@@ -11,6 +11,7 @@ Private cluster (the test stops, damages and restarts broker 0). What it proves 
 
 from __future__ import annotations
 
+import json
 import signal
 import urllib.request
 import uuid
@@ -18,7 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from fjord.cli.main import cli as cli_main
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.client.types import PartitionInfo
 from fjord.local import LocalCluster
@@ -151,3 +154,20 @@ def test_scrubber_finds_damage_without_a_read_and_repairs(cluster: LocalCluster)
         assert metric(cluster, DAMAGED, "fjord_broker_scrub_bytes_total") > 0
         del found_before, repaired_before
         read_everything(cluster, topic, values)
+        # The operator's view: fjord log-dirs describe.
+        runner = CliRunner()
+        args = ["log-dirs", "describe", "--bootstrap-server", cluster.bootstrap_servers,
+                "--broker", str(DAMAGED)]
+        shown = runner.invoke(cli_main, [*args, "--output", "json"])
+        assert shown.exit_code == 0, shown.output
+        (described,) = json.loads(shown.output)
+        assert described["writable"] and described["scrub"]["enabled"]
+        assert described["scrub"]["damage_found"] >= 1 and described["scrub"]["repairs_done"] >= 1
+        (mine,) = [p for p in described["partitions"] if p["topic"] == topic]
+        assert mine["damaged_offset"] is None and mine["log_end_offset"] == RECORDS
+        table = runner.invoke(cli_main, args)
+        assert table.exit_code == 0 and "scrub pass" in table.output, table.output
+        print("\n" + table.output)
+        assert f"{topic}-0" in table.output and "repairs done" in table.output
+        missing = runner.invoke(cli_main, [*args[:-1], "7"])
+        assert missing.exit_code != 0 and "not live" in missing.output, missing.output

@@ -20,6 +20,74 @@ class DescribeBrokerConfigsResponse(_message.Message):
     entries: _containers.RepeatedCompositeFieldContainer[_common_pb2.ConfigEntry]
     def __init__(self, broker_id: _Optional[int] = ..., entries: _Optional[_Iterable[_Union[_common_pb2.ConfigEntry, _Mapping]]] = ...) -> None: ...
 
+class DescribeLogDirsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DescribeLogDirsResponse(_message.Message):
+    __slots__ = ("error", "broker_id", "log_dir", "writable", "unwritable_reason", "scrub", "partitions")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    LOG_DIR_FIELD_NUMBER: _ClassVar[int]
+    WRITABLE_FIELD_NUMBER: _ClassVar[int]
+    UNWRITABLE_REASON_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    broker_id: int
+    log_dir: str
+    writable: bool
+    unwritable_reason: str
+    scrub: ScrubStatus
+    partitions: _containers.RepeatedCompositeFieldContainer[LogDirPartition]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., broker_id: _Optional[int] = ..., log_dir: _Optional[str] = ..., writable: _Optional[bool] = ..., unwritable_reason: _Optional[str] = ..., scrub: _Optional[_Union[ScrubStatus, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[LogDirPartition, _Mapping]]] = ...) -> None: ...
+
+class ScrubStatus(_message.Message):
+    __slots__ = ("enabled", "pass_number", "passes_completed", "verified_segments", "total_segments", "verified_bytes", "total_bytes", "damage_found", "repairs_done", "io_max_bytes_per_second")
+    ENABLED_FIELD_NUMBER: _ClassVar[int]
+    PASS_NUMBER_FIELD_NUMBER: _ClassVar[int]
+    PASSES_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DAMAGE_FOUND_FIELD_NUMBER: _ClassVar[int]
+    REPAIRS_DONE_FIELD_NUMBER: _ClassVar[int]
+    IO_MAX_BYTES_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    enabled: bool
+    pass_number: int
+    passes_completed: int
+    verified_segments: int
+    total_segments: int
+    verified_bytes: int
+    total_bytes: int
+    damage_found: int
+    repairs_done: int
+    io_max_bytes_per_second: int
+    def __init__(self, enabled: _Optional[bool] = ..., pass_number: _Optional[int] = ..., passes_completed: _Optional[int] = ..., verified_segments: _Optional[int] = ..., total_segments: _Optional[int] = ..., verified_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., damage_found: _Optional[int] = ..., repairs_done: _Optional[int] = ..., io_max_bytes_per_second: _Optional[int] = ...) -> None: ...
+
+class LogDirPartition(_message.Message):
+    __slots__ = ("topic", "partition", "size_bytes", "log_start_offset", "log_end_offset", "leader", "damaged_offset", "damage", "repair_until_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    DAMAGED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DAMAGE_FIELD_NUMBER: _ClassVar[int]
+    REPAIR_UNTIL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    size_bytes: int
+    log_start_offset: int
+    log_end_offset: int
+    leader: bool
+    damaged_offset: int
+    damage: str
+    repair_until_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., leader: _Optional[bool] = ..., damaged_offset: _Optional[int] = ..., damage: _Optional[str] = ..., repair_until_offset: _Optional[int] = ...) -> None: ...
+
 class FindCoordinatorRequest(_message.Message):
     __slots__ = ("key", "key_type")
     KEY_FIELD_NUMBER: _ClassVar[int]

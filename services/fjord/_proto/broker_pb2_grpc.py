@@ -70,6 +70,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.FromString,
                 _registered_method=True)
+        self.DescribeLogDirs = channel.unary_unary(
+                '/fjord.v1.Broker/DescribeLogDirs',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -123,6 +128,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeLogDirs(self, request, context):
+        """This broker's data directory (Kafka's DescribeLogDirs, plus Fjord's scrubber): whether it
+        can be written, the scrub pass, damage found and repairs, and every hosted partition.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -160,6 +173,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeConfigs,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.SerializeToString,
+            ),
+            'DescribeLogDirs': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeLogDirs,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -351,6 +369,33 @@ class Broker:
             '/fjord.v1.Broker/DescribeConfigs',
             fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.DescribeBrokerConfigsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeLogDirs(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/DescribeLogDirs',
+            fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
             options,
             channel_credentials,
             insecure,

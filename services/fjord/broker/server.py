@@ -23,7 +23,7 @@ from pathlib import Path
 import aetcd
 from grpc import aio
 
-from fjord._proto import broker_pb2_grpc
+from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.broker import defaults
 from fjord.broker.coordinator_lookup import OffsetsTopicCreator
 from fjord.broker.disk_monitor import DiskMonitor
@@ -297,7 +297,8 @@ class BrokerServer:
             ],
         )
         servicer = BrokerServicer(
-            replicas, lambda: self._image(), self._producer_ids, self._offsets_topic
+            replicas, lambda: self._image(), self._producer_ids, self._offsets_topic,
+            self.describe_log_dirs,
         )
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._server)
         self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
@@ -527,6 +528,49 @@ class BrokerServer:
         return None if registration is None else registration.address
 
     # --- replication maintenance ----------------------------------------------------------------
+
+    def describe_log_dirs(self) -> broker_pb2.DescribeLogDirsResponse:
+        """The data directory as ``fjord log-dirs describe`` shows it: writable or why not,
+        the scrubber's pass, damage found and repairs, and every hosted partition."""
+        response = broker_pb2.DescribeLogDirsResponse(
+            broker_id=self.options.broker_id, log_dir=str(self.options.data_dir)
+        )
+        condition = self.disk.health.condition
+        response.writable = condition.writable
+        response.unwritable_reason = condition.reason
+        replicas = self.replicas
+        if self.scrubber is not None:
+            status = self.scrubber.status()
+            progress = status.progress
+            response.scrub.enabled = status.enabled
+            response.scrub.pass_number = progress.pass_number
+            response.scrub.passes_completed = status.passes_completed
+            response.scrub.verified_segments = progress.verified_segments
+            response.scrub.total_segments = progress.total_segments
+            response.scrub.verified_bytes = progress.verified_bytes
+            response.scrub.total_bytes = progress.total_bytes
+            response.scrub.damage_found = status.damage_found
+            response.scrub.repairs_done = status.repairs_done
+            response.scrub.io_max_bytes_per_second = self.scrubber.settings.io_max_bytes_per_second
+        if replicas is None:
+            return response
+        for key, partition in sorted(replicas.hosted()):
+            topic, number = key
+            plog = partition.log
+            damage = plog.damage
+            repair = replicas.repairs.get(key)
+            response.partitions.add(
+                topic=topic,
+                partition=number,
+                size_bytes=plog.size_in_bytes,
+                log_start_offset=partition.log_start_offset,
+                log_end_offset=partition.log_end_offset,
+                leader=partition.is_leader,
+                damaged_offset=-1 if damage is None else damage.offset,
+                damage="" if damage is None else damage.reason,
+                repair_until_offset=-1 if repair is None else repair[0],
+            )
+        return response
 
     def _on_disk_unwritable(self, condition: DiskCondition) -> None:
         """The data directory cannot be written: stop following (appends would fail) and hand

@@ -35,8 +35,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         image: Callable[[], MetadataImage],
         producer_ids: ProducerIdAllocator | None = None,
         offsets_topic: OffsetsTopicCreator | None = None,
+        log_dirs: Callable[[], broker_pb2.DescribeLogDirsResponse] | None = None,
     ) -> None:
         self._replicas = replicas
+        self._log_dirs = log_dirs
         self._image = image
         self._producer_ids = producer_ids
         self._offsets_topic = offsets_topic
@@ -82,6 +84,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             response.entries.add(name=entry.name, value=entry.value, source=entry.source,
                                  is_default=entry.source == "DEFAULT")  # fmt: skip
         return response
+
+    async def DescribeLogDirs(
+        self, request: broker_pb2.DescribeLogDirsRequest, context: aio.ServicerContext
+    ) -> broker_pb2.DescribeLogDirsResponse:
+        if self._log_dirs is None:
+            response = broker_pb2.DescribeLogDirsResponse()
+            response.error.code = ErrorCode.UNKNOWN_SERVER_ERROR.code
+            response.error.message = "this broker does not describe its log directory"
+            return response
+        return self._log_dirs()
 
     # --- shared with the Kafka listener (fjord.kafka.broker) ------------------------------------
 

@@ -17,6 +17,7 @@ from fjord.cli.coordinator_cmd import coordinator
 from fjord.cli.demo import demo
 from fjord.cli.groups_cmd import groups
 from fjord.cli.local_cmd import local
+from fjord.cli.log_dirs_cmd import log_dirs
 from fjord.cli.operator_cmd import operator
 from fjord.cli.perf_cmd import perf
 from fjord.cli.quickstart_cmd import quickstart
@@ -49,6 +50,7 @@ for _command in (
     demo,
     groups,
     local,
+    log_dirs,
     operator,
     perf,
     produce,

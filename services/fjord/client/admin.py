@@ -28,9 +28,12 @@ from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.types import (
     ClusterDescription,
     ConfigEntry,
+    LogDirDescription,
+    LogDirPartition,
     NewTopic,
     Node,
     OffsetAndMetadata,
+    ScrubStatus,
     TopicDescription,
     TopicPartition,
 )
@@ -565,6 +568,47 @@ class AdminClient:
             tuple(sorted((node(c) for c in response.controllers), key=lambda n: n.id)),
             tuple(sorted((node(c) for c in response.coordinators), key=lambda n: n.id)),
         )
+
+    def describe_log_dirs(
+        self, broker_ids: Iterable[int] | None = None, *, timeout: float | None = None
+    ) -> list[LogDirDescription]:
+        """Each broker's data directory (all live brokers, or those in ``broker_ids``): whether
+        it can be written, its scrubber's progress, damage found and repairs, and its partition
+        replicas (Kafka's describeLogDirs). A broker that is not live or does not answer raises
+        (typed, naming it)."""
+        wanted = None if broker_ids is None else sorted(set(broker_ids))
+
+        async def call(deadline: float) -> list[LogDirDescription]:
+            response = await self._controller_call(
+                "DescribeCluster", controller_pb2.DescribeClusterRequest(), deadline, True
+            )
+            error = _error_of(response.error, "(cluster)")
+            if error is not None:
+                raise error
+            live = {b.id: f"{b.host}:{b.port}" for b in response.brokers}
+            ids = sorted(live) if wanted is None else wanted
+            missing = [b for b in ids if b not in live]
+            if missing:
+                raise FjordError(f"brokers {missing} are not live (live: {sorted(live)})",
+                                 code=ErrorCode.BROKER_NOT_AVAILABLE)
+
+            async def one(broker_id: int) -> LogDirDescription:
+                address = live[broker_id]
+                try:
+                    answer = await self._network.broker(address).DescribeLogDirs(
+                        broker_pb2.DescribeLogDirsRequest(),
+                        timeout=min(self._request_timeout_s, _remaining(deadline)),
+                    )
+                except Exception as exc:
+                    raise transport_error(exc, f"broker {broker_id} at {address}") from exc
+                failure = _error_of(answer.error, f"(broker {broker_id})")
+                if failure is not None:
+                    raise failure
+                return _log_dir(answer)
+
+            return list(await asyncio.gather(*(one(b) for b in ids)))
+
+        return self._run(call, timeout)
 
     # -- reassignment and elections -----------------------------------------------------------
 
@@ -1156,3 +1200,24 @@ class AdminClient:
 
     def __exit__(self, *_: object) -> None:
         self.close()
+
+
+def _log_dir(answer: Any) -> LogDirDescription:
+    scrub = answer.scrub
+    return LogDirDescription(
+        answer.broker_id,
+        answer.log_dir,
+        answer.writable,
+        answer.unwritable_reason,
+        ScrubStatus(
+            scrub.enabled, scrub.pass_number, scrub.passes_completed, scrub.verified_segments,
+            scrub.total_segments, scrub.verified_bytes, scrub.total_bytes, scrub.damage_found,
+            scrub.repairs_done, scrub.io_max_bytes_per_second,
+        ),
+        tuple(
+            LogDirPartition(p.topic, p.partition, p.size_bytes, p.log_start_offset,
+                            p.log_end_offset, p.leader, p.damaged_offset, p.damage,
+                            p.repair_until_offset)
+            for p in answer.partitions
+        ),
+    )

@@ -126,3 +126,52 @@ class ClusterDescription:
     brokers: tuple[Node, ...]
     controllers: tuple[Node, ...] = ()
     coordinators: tuple[Node, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ScrubStatus:
+    """A broker's scrubber (docs/storage.md, "Scrubbing"): the pass under way and how far it
+    got, damage found and repairs done since the broker started."""
+
+    enabled: bool
+    pass_number: int
+    passes_completed: int
+    verified_segments: int
+    total_segments: int
+    verified_bytes: int
+    total_bytes: int
+    damage_found: int
+    repairs_done: int
+    io_max_bytes_per_second: int
+
+    @property
+    def progress(self) -> float:
+        return 1.0 if self.total_bytes == 0 else self.verified_bytes / self.total_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirPartition:
+    """One partition replica in a broker's data directory. ``damaged_offset`` -1: no known
+    damage; ``repair_until_offset`` -1: no repair under way."""
+
+    topic: str
+    partition: int
+    size_bytes: int
+    log_start_offset: int
+    log_end_offset: int
+    leader: bool
+    damaged_offset: int = -1
+    damage: str = ""
+    repair_until_offset: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class LogDirDescription:
+    """A broker's data directory (Kafka's DescribeLogDirs plus the scrubber)."""
+
+    broker_id: int
+    log_dir: str
+    writable: bool
+    unwritable_reason: str
+    scrub: ScrubStatus
+    partitions: tuple[LogDirPartition, ...]
