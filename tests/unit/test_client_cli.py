@@ -71,3 +71,37 @@ def test_errors_become_one_line(error: Exception, shown: str) -> None:
     assert result.exit_code == 1
     assert result.stderr.strip().splitlines() == [f"Error: {shown}"]
     assert "Traceback" not in result.stderr
+
+
+def test_every_subcommand_resolves_to_a_command_of_its_name() -> None:
+    from fjord.cli.main import COMMANDS, cli
+
+    context = click.Context(cli)
+    for name in COMMANDS:
+        command = cli.get_command(context, name)
+        assert isinstance(command, click.Command) and command.name == name, name
+    assert cli.list_commands(context) == sorted(COMMANDS)
+    help_text = CliRunner().invoke(cli, ["--help"]).output
+    assert all(f"  {name}" in help_text for name in COMMANDS), help_text
+
+
+def test_a_client_command_loads_no_service_code() -> None:
+    """`fjord topics list` (here its --help, the same imports) in a fresh interpreter loads the
+    client, not the broker, controller, coordinator, Kafka listener or operator."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "from click.testing import CliRunner\n"
+        "from fjord.cli.main import cli\n"
+        "result = CliRunner().invoke(cli, ['topics', 'list', '--help'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[:2] in (['fjord', 'broker'], "
+        "['fjord', 'controller'], ['fjord', 'coordinator'], ['fjord', 'kafka']) "
+        "or m.startswith(('kopf', 'fjord_operator'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]", done.stdout
