@@ -58,6 +58,8 @@ SHARED = {
     "fjord.observability",
     "fjord.groups",
     "fjord.cluster",
+    "fjord.security",
+    "fjord.tls",
 }
 
 SERVICES = {
@@ -192,6 +194,16 @@ def test_group_protocol_depends_only_on_errors_records_and_topic_partition():
         f"{path.relative_to(ROOT)}: imports {target}"
         for source, target, path in _imports()
         if source == "fjord.groups" and target not in GROUPS_MAY_IMPORT
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_security_core_depends_only_on_errors():
+    """fjord.security is the pure core every door and every later check (ACLs, SCRAM) shares."""
+    bad = sorted(
+        f"{path.relative_to(ROOT)}: imports {target}"
+        for source, target, path in _imports()
+        if source == "fjord.security" and target not in {"fjord.errors", "fjord.security"}
     )
     assert not bad, "\n".join(bad)
 
