@@ -309,3 +309,15 @@ def test_skipped_records() -> None:
     assert skipped_records(returned, {0: 4, 1: 3}, log) == [(0, 2)]
     assert skipped_records(returned, {0: 2, 1: 3}, log) == []
     assert skipped_records([], {}, log) == []
+
+
+def test_corruption_plan_is_seeded_and_checked() -> None:
+    from fjord.testing.chaos import FaultKind, corruption_plan
+
+    plan = corruption_plan(3, partitions=4, corruptions=2)
+    assert plan == corruption_plan(3, partitions=4, corruptions=2)
+    assert plan.required == 2
+    assert all(s.kind is FaultKind.CORRUPT_SEGMENT and 0 <= s.leader_of < 4 for s in plan.steps)
+    assert "flip a byte" in plan.describe()
+    with pytest.raises(ValueError):
+        corruption_plan(3, partitions=4, corruptions=0)

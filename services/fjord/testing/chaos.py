@@ -55,6 +55,7 @@ class FaultKind(StrEnum):
     FREEZE_BROKER = "freeze-broker"  # SIGSTOP until it left every ISR, then SIGCONT
     ETCD_OUTAGE = "etcd-outage"  # SIGSTOP etcd for down_s, then SIGCONT
     RESTART_BROKER = "restart-broker"  # SIGKILL a broker and start it again at once
+    CORRUPT_SEGMENT = "corrupt-segment"  # stop a leader, flip a byte in a closed segment, start
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,9 @@ class PlannedFault:
             return f"SIGSTOP broker {self.broker} until it left every ISR"
         if self.kind is FaultKind.ETCD_OUTAGE:
             return f"SIGSTOP etcd for {self.down_s:.0f} s"
+        if self.kind is FaultKind.CORRUPT_SEGMENT:
+            return (f"stop the leader of p{self.leader_of}, flip a byte in a closed segment of "
+                    "its copy, start it again")
         if self.kind is FaultKind.RESTART_BROKER:
             target = f"the leader of p{self.leader_of}" if self.leader_of >= 0 else (
                 f"broker {self.broker}")
@@ -163,6 +167,22 @@ def fast_restart_plan(seed: int, partitions: int, restarts: int,
     steps = tuple(
         PlannedFault(FaultKind.RESTART_BROKER, leader_of=rng.randrange(partitions), gap_s=gap_s)
         for _ in range(restarts)
+    )
+    return FaultPlan(seed, steps, len(steps))
+
+
+def corruption_plan(seed: int, partitions: int, corruptions: int,
+                    gap_s: float = 4.0) -> FaultPlan:
+    """``corruptions`` times: stop the leader of a random partition cleanly, flip one byte
+    inside a batch of a closed segment of its copy (bit rot at rest), start it again; the
+    runner measures how soon the damage is found and the copy repaired, and the verdict counts
+    lost, duplicated and skipped records (a consumer tails the topic all along)."""
+    if partitions < 1 or corruptions < 1:
+        raise ValueError("need a partition and at least one corruption")
+    rng = random.Random(seed)
+    steps = tuple(
+        PlannedFault(FaultKind.CORRUPT_SEGMENT, leader_of=rng.randrange(partitions), gap_s=gap_s)
+        for _ in range(corruptions)
     )
     return FaultPlan(seed, steps, len(steps))
 

@@ -72,6 +72,7 @@ from fjord.testing.chaos import (
     skipped_records,
     verify_delivery,
 )
+from fjord.testing.damage import flip_byte_in_batch, segment_files
 from fjord.testing.waiting import seconds_until
 
 HEAL_TIMEOUT_S = 30.0
@@ -216,6 +217,9 @@ class ChaosSettings:
     min_insync_replicas: int = 2
     topic: str = "chaos"
     replica_lag_ms: int = CHAOS_REPLICA_LAG_MS
+    #: The topic's segment.bytes (None: the default); small for the corruption scenario, so
+    #: every partition has closed segments to damage.
+    segment_bytes: int | None = None
 
 
 @dataclass
@@ -633,6 +637,72 @@ class ChaosRunner:
         self._stalls(f"fast restart of broker {target}", killed,
                      min(time.monotonic(), killed + AFTER_FAULT_WINDOW_S))
 
+    def _broker_metric(self, broker_id: int, name: str) -> float:
+        """The sum of a broker's metric samples named ``name`` (0 when unreachable)."""
+        url = f"http://{self.cluster.metrics_address('broker', broker_id)}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=ETCD_REQUEST_TIMEOUT_S) as reply:
+                text = reply.read().decode()
+        except OSError:
+            return 0.0
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith(name) and not line.startswith("#"))
+
+    def _corrupt_segment(self, step: PlannedFault) -> None:
+        """Stop the leader of the step's partition cleanly (SIGTERM), flip a byte inside a batch
+        of a closed segment of its copy, start it again. Figures: how soon after the restart
+        the broker found the damage and had its copy repaired, and the full heal."""
+        states = self.states() or {}
+        leader = states[step.leader_of].leader if step.leader_of in states else -1
+        target = leader if leader >= 0 else step.leader_of % self.cluster.num_brokers
+        self.unavailable.add(target)
+        try:
+            self.cluster.kill("broker", target, signal.SIGTERM)
+            self.cluster.process("broker", target).wait(HEAL_TIMEOUT_S)
+            directory = (self.cluster.data_dir / "brokers" / str(target) /
+                         f"{self.settings.topic}-{step.leader_of}")
+            segments = segment_files(directory)
+            victim = segments[-2] if len(segments) >= 2 else segments[-1]
+            flipped = flip_byte_in_batch(victim, 1)
+            self.faults["segment corruption"] += 1
+            self.note(f"stopped broker {target} (leader of p{step.leader_of}); flipped a byte in "
+                      f"batch {flipped.base_offset}..{flipped.next_offset - 1} of "
+                      f"{victim.name}{'' if len(segments) >= 2 else ' (the active segment)'}")
+            self.cluster.start_broker(target)
+        except ProcessStartError as exc:
+            self.findings.append(str(exc))
+            self.note(str(exc))
+            raise
+        finally:
+            self.unavailable.discard(target)
+        started = time.monotonic()
+        found = seconds_until(
+            lambda: self._broker_metric(target, "fjord_broker_log_damage_found_total") >= 1,
+            HEAL_TIMEOUT_S, interval=POLL_INTERVAL_S)
+        if found is None:
+            finding = f"broker {target} did not find the damage {HEAL_TIMEOUT_S:.0f} s after " \
+                      "its restart"
+            self.findings.append(finding)
+            self.note(finding)
+        else:
+            self.figures.append(("corruption: damage found after it registered again", found))
+            repaired = seconds_until(
+                lambda: self._broker_metric(target, "fjord_broker_log_damage_repaired_total")
+                >= 1, HEAL_TIMEOUT_S, interval=POLL_INTERVAL_S)
+            if repaired is None:
+                finding = f"broker {target} did not repair its copy {HEAL_TIMEOUT_S:.0f} s " \
+                          "after its restart"
+                self.findings.append(finding)
+                self.note(finding)
+            else:
+                took = time.monotonic() - started
+                self.figures.append(("corruption: copy repaired after it registered again", took))
+                self.note(f"broker {target} found the damage {found:.2f} s and repaired its "
+                          f"copy {took:.2f} s after it registered again")
+        self._wait_healed(f"broker {target}'s repair")
+        self.figures.append(("corruption: every ISR full again after it registered again",
+                             time.monotonic() - started))
+
     # -- the tailing consumer -------------------------------------------------------------------
 
     def _tail_topic(self) -> None:
@@ -668,7 +738,9 @@ class ChaosRunner:
                 admin.create_topics([NewTopic(
                     self.settings.topic, self.settings.partitions,
                     self.settings.replication_factor,
-                    {"min.insync.replicas": str(self.settings.min_insync_replicas)},
+                    {"min.insync.replicas": str(self.settings.min_insync_replicas),
+                     **({} if self.settings.segment_bytes is None else
+                        {"segment.bytes": str(self.settings.segment_bytes)})},
                 )])
             except InvalidReplicationFactorError as exc:
                 raise ReplicationUnavailableError(str(exc)) from exc
@@ -781,6 +853,8 @@ class ChaosRunner:
                 self._etcd_outage(step)
             elif step.kind is FaultKind.RESTART_BROKER:
                 self._restart_broker(step)
+            elif step.kind is FaultKind.CORRUPT_SEGMENT:
+                self._corrupt_segment(step)
             else:
                 self._freeze_broker(step)
 
