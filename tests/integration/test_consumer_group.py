@@ -10,7 +10,6 @@ members, cooperative timing, fail-over) are in test_group_semantics.py.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -232,7 +231,11 @@ def test_auto_commit_sends_only_stored_offsets(admin: AdminClient, bootstrap: st
         poll_until([consumer], lambda: len(records) >= 10, "10 records", records)
         consumer.store_offsets(records=records[:4])  # "processed" the first four
         poll_until([consumer], lambda: consumer.committed([tp])[tp] == 4, "offset 4 committed")
-        time.sleep(0.3)  # several auto-commit intervals: nothing beyond the stored offset
+        # Several auto commits run meanwhile: none sends anything beyond the stored offset.
+        assert consumer._coordinator is not None  # private: its schedule of auto commits
+        membership = consumer._coordinator.membership
+        started = membership.auto_commits_started
+        wait_for(lambda: membership.auto_commits_started >= started + 3, "three more auto commits")
         assert consumer.committed([tp]) == {tp: 4}
         with pytest.raises(IllegalStateError, match="not assigned"):
             consumer.store_offsets({TopicPartition(topic, 5): 1})

@@ -46,6 +46,7 @@ from fjord.client import (
 from fjord.errors import CommitFailedError, FjordError
 from fjord.local.cluster import LocalCluster
 from fjord.testing.waiting import wait_for
+from tests.helpers.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -777,6 +778,17 @@ def rebalances_started(cluster: LocalCluster, coordinator: str, group: str) -> f
     return 0.0
 
 
+def heartbeats_received(cluster: LocalCluster, coordinator: str) -> float:
+    """Heartbeat calls the coordinator at address ``coordinator`` has answered (its
+    ``fjord_rpc_server_requests_total``, every group and status)."""
+    coordinator_id = next(i for i, a in cluster.coordinator_addresses.items() if a == coordinator)
+    return metric_value(
+        cluster.metrics_address("coordinator", coordinator_id),
+        "fjord_rpc_server_requests_total",
+        method="fjord.v1.Coordinator/Heartbeat",
+    )
+
+
 def test_static_member_restart_gets_its_partitions_back_without_rebalance(
     local_cluster: LocalCluster,
     bootstrap: str,
@@ -820,7 +832,11 @@ def test_static_member_restart_gets_its_partitions_back_without_rebalance(
     # No rebalance (so the generation did not change): the coordinator started none, and the
     # other member was never asked to revoke or given a new assignment.
     assert rebalances_started(local_cluster, described.coordinator, group) == rebalances_before
-    time.sleep(HEARTBEAT_INTERVAL_MS * 3 / 1000)  # a rebalance would reach it on a heartbeat
+    # A rebalance would reach the other member on a heartbeat: let the two members send three
+    # rounds of them.
+    answered = heartbeats_received(local_cluster, described.coordinator)
+    wait_for(lambda: heartbeats_received(local_cluster, described.coordinator) >= answered + 6,
+             "three more heartbeats of each member", WAIT_S)
     assert len(other.event_list()) == events_before
     assert rebalances_started(local_cluster, described.coordinator, group) == rebalances_before
     other.check()

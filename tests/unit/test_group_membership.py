@@ -373,7 +373,9 @@ def test_waiting_inside_poll_counts_as_polling() -> None:
 def test_auto_commit_deadlines() -> None:
     m = GroupMembership(config(), 0)
     assert not m.auto_commit_due(AUTO_COMMIT_MS - 1) and m.auto_commit_due(AUTO_COMMIT_MS)
+    assert m.auto_commits_started == 0
     m.auto_commit_scheduled(AUTO_COMMIT_MS + 7)
+    assert m.auto_commits_started == 1
     assert not m.auto_commit_due(2 * AUTO_COMMIT_MS + 6)
     assert m.auto_commit_due(2 * AUTO_COMMIT_MS + 7)
     off = GroupMembership(config(auto_commit_ms=None), 0)

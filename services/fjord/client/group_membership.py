@@ -214,6 +214,9 @@ class GroupMembership:
             if config.auto_commit_interval_ms is not None
             else None
         )
+        #: Auto commits started so far, each an interval after the previous one, whether or not
+        #: it had an offset to send (what a caller waits on to know that some ran).
+        self.auto_commits_started = 0
         self._next_metadata_ms = now_ms
         self._lost: tuple[TopicPartition, ...] = ()
 
@@ -580,6 +583,7 @@ class GroupMembership:
         interval = self.config.auto_commit_interval_ms
         if interval is not None:
             self._next_auto_commit_ms = now_ms + interval
+            self.auto_commits_started += 1
 
     # -- timers -----------------------------------------------------------------------------
 
