@@ -10,7 +10,6 @@ import shutil
 import socket
 import struct
 import subprocess
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -106,12 +105,15 @@ def ck_assignment(consumer: CKConsumer) -> set[tuple[str, int]]:
 
 def poll_until(consumers: list[Callable[[], None]], done: Callable[[], bool], what: str) -> None:
     """Poll every consumer in turn (one thread, short polls) until ``done()``."""
-    deadline = time.monotonic() + WAIT_S
-    while not done():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+
+    def polled_until_done() -> bool:
+        if done():
+            return True
         for poll in consumers:
             poll()
+        return False
+
+    wait_for(polled_until_done, what, WAIT_S, interval=0)
 
 
 def group_of_two_reads_everything(
