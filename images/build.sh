@@ -43,7 +43,8 @@ case $what in
         if pullable docker.io/apache/spark:4.0.0; then
             echo "build: Spark entrypoint from apache/spark:4.0.0 (official)"
         else
-            buildah bud --quiet --isolation chroot -t "$local_spark" images/spark-standin >/dev/null
+            buildah inspect --type image "$local_spark" >/dev/null 2>&1 \
+                || buildah bud --quiet --isolation chroot -t "$local_spark" images/spark-standin >/dev/null
             echo "build: Spark entrypoint from $local_spark (apache/spark:4.0.0 cannot be pulled here)"
             args+=(--build-arg "SPARK_IMAGE=$local_spark")
         fi
@@ -62,6 +63,7 @@ if [ -n "${PIP_CERT:-}" ] && [ -s "$PIP_CERT" ]; then
 fi
 
 previous=$(buildah images --quiet --no-trunc "$tag" 2>/dev/null || true)
+containers_before=$(buildah containers --quiet --notruncate | sort)
 start=$(date +%s)
 # No --layers: buildah 1.28 (bookworm) then finds a cached stage's files missing for
 # `RUN --mount=type=bind,from=builder` ("couldn't find .../merged/wheels"), so every build
@@ -70,6 +72,10 @@ buildah bud --isolation chroot -f "$dockerfile" -t "$tag" "${args[@]}" . \
     >"$cache/$what-build.log" 2>&1 \
     || { tail -30 "$cache/$what-build.log"; echo "build: $tag failed (log: $cache/$what-build.log)"; exit 1; }
 echo "build: $tag in $(( $(date +%s) - start )) s (log: $cache/$what-build.log)"
+# buildah 1.28 leaves the working container of a stage that is only a `COPY --from` source
+# (spark-official) behind, mounted: remove the containers this build created.
+comm -13 <(echo "$containers_before") <(buildah containers --quiet --notruncate | sort) \
+    | xargs -r buildah rm >/dev/null
 # The image this build replaced, now untagged, would only take disk space.
 current=$(buildah images --quiet --no-trunc "$tag")
 if [ -n "$previous" ] && [ "$previous" != "$current" ]; then
