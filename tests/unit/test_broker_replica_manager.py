@@ -697,3 +697,55 @@ def test_damaged_follower_truncates_and_counts_the_repair_when_caught_up(env: En
         assert manager.repairs == {} and manager.repairs_done == 1
 
     run(scenario())
+
+
+def test_follower_reports_a_batch_that_failed_its_check_once(env: Env) -> None:
+    from fjord.broker.replication import FollowerTarget
+    from fjord.records.header import stamp_batch
+
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((2, BROKER), leader=2)]))
+        rotten = bytearray(batch(2))
+        stamp_batch(rotten, 0, 0, 0)
+        rotten[-1] ^= 0xFF
+        target = FollowerTarget(2, 0)
+        answer = broker_pb2.FetchPartitionResponse(partition=0, high_watermark=2,
+                                                   records=bytes(rotten))
+        result = manager.on_follower_fetch_response(("t", 0), target, answer)
+        assert result.error is not None and "CRC" in str(result.error)
+        first = manager.follower_position(("t", 0), target)
+        assert first is not None and first.damaged_at_fetch_offset and first.fetch_offset == 0
+        again = manager.follower_position(("t", 0), target)
+        assert again is not None and not again.damaged_at_fetch_offset  # said once
+
+    run(scenario())
+
+
+def test_leader_told_of_a_bad_batch_checks_its_copy_and_hands_over(env: Env) -> None:
+    from fjord.broker.replication import FollowerPosition, build_fetch_request
+    from fjord.cluster.replication_config import ReplicationSettings
+
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
+        for _ in range(4):
+            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
+        # Rot after the write: the segment was verified when written, so reads trust it...
+        bad = _damage_stored_batch(manager, ("t", 0), 1)
+        manager.partitions[("t", 0)].log.segments[0].verified = True
+        sent = one_fetch(await manager.fetch(fetch_request("t", 0, bad, replica_id=2)))
+        assert sent.error.code == 0 and sent.records  # ...and the damaged batch goes out.
+        report = FollowerPosition("t", 0, bad, 0, 0, 0, damaged_at_fetch_offset=True)
+        request = build_fetch_request(2, -1, [report], ReplicationSettings())
+        answer = one_fetch(await manager.fetch(request))
+        # The leader checked its copy again, found the damage, and hands leadership over.
+        assert answer.error.code == ErrorCode.NOT_LEADER_OR_FOLLOWER.code and not answer.records
+        assert manager.damage_found == 1
+        (resign,) = manager.take_isr_requests()
+        assert resign.resign and resign.reason == "damage"
+
+    run(scenario())

@@ -167,3 +167,27 @@ def test_scrubber_settings_are_broker_keys_checked_by_name() -> None:
                      ("log.scrubber.backoff.ms", "soon"), ("log.scrubber.enable", "yes")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             validate_broker_config({key: bad})
+
+
+def test_partitions_recovered_after_an_unclean_stop_are_scrubbed_first(tmp_path: Path) -> None:
+    from fjord.broker.replica_manager import ReplicaManager
+    from fjord.broker.scrubber import Scrubber
+    from fjord.cluster.scrubber_config import ScrubberSettings
+    from fjord.storage import LogManager
+
+    logs = LogManager(tmp_path)
+    for topic in ("a", "z"):
+        plog = logs.get_or_create(topic, 0)
+        plog.append(make_batch([b"v"], 1000), 0)
+        plog.roll()
+        plog.append(make_batch([b"w"], 1001), 0)
+    logs.get_or_create("z", 0).abandon()  # a crash: no clean-shutdown marker
+    logs.close()
+    logs = LogManager(tmp_path)
+    try:
+        scrubber = Scrubber(ReplicaManager(1, logs), ScrubberSettings())
+        scrubber.prioritize_unclean(logs.logs())
+        closed = [SegmentRef(t, 0, 0, 10) for t in ("a", "z")]
+        assert scrubber.scheduler.next_segment(closed) == closed[1]
+    finally:
+        logs.close()

@@ -366,7 +366,7 @@ class PartitionLog:
         with self._lock:
             self._check_open()
             first = self.log_end_offset
-            self._maybe_roll_for(buf.nbytes, first, headers, now)
+            self._roll_for_append(buf.nbytes, first, headers, now)
             append_time = now if self.config.log_append_time else -1
             iovecs: list[bytes | bytearray | memoryview] = []
             placed: list[tuple[int, int, int, int]] = []
@@ -432,7 +432,7 @@ class PartitionLog:
                     )
                 expected = h.next_offset
             first = self.log_end_offset
-            self._maybe_roll_for(buf.nbytes, first, headers, now)
+            self._roll_for_append(buf.nbytes, first, headers, now)
             placed = [(pos, h.base_offset, h.max_timestamp, h.size) for pos, h in headers]
             try:
                 self.active_segment.append([buf], placed, expected, now)
@@ -491,6 +491,18 @@ class PartitionLog:
             headers.append((pos, h))
             pos += h.size
         return headers
+
+    def _roll_for_append(
+        self, size: int, first_offset: int, headers: list[tuple[int, BatchHeader]], now_ms: int
+    ) -> None:
+        """:meth:`_maybe_roll_for`, with a failed roll (a full disk: the sealed indexes or the
+        new segment's files cannot be written) raised as StorageError like a failed write, so
+        the broker answers KAFKA_STORAGE_ERROR and reports the disk instead of logging a
+        traceback per request. Nothing was appended; a later append rolls again."""
+        try:
+            self._maybe_roll_for(size, first_offset, headers, now_ms)
+        except OSError as e:
+            raise StorageError(f"rolling a new segment of {self.directory} failed: {e}") from e
 
     def _maybe_roll_for(
         self, size: int, first_offset: int, headers: list[tuple[int, BatchHeader]], now_ms: int
