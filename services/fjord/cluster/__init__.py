@@ -7,6 +7,7 @@
 - :mod:`~fjord.cluster.replication_config`: the brokers' ``replica.*`` settings.
 - :mod:`~fjord.cluster.defaults`: the defaults of those keys and the broker port.
 - :mod:`~fjord.cluster.reassignment_plan`: target replica lists for a cluster change.
+- :mod:`~fjord.cluster.values`: the value parsing the schemas share.
 
 The broker and the controller read these; the admin client, the operator, ``fjord local`` and
 the CLI use them to check or plan before they ask a server, without importing a service

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from fjord.cluster import defaults
 from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS, ReplicationSettings
 from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS, ScrubberSettings
+from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
 from fjord.storage.config import LogConfig
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
@@ -104,10 +105,4 @@ def topic_settings(
                 merged[key] = value
     log_config = LogConfig.from_dict(merged)
     raw_isr = merged.get("min.insync.replicas", str(defaults.DEFAULT_MIN_INSYNC_REPLICAS))
-    try:
-        min_isr = int(str(raw_isr).strip())
-    except ValueError:
-        raise ConfigError(f"min.insync.replicas: expected an integer, got {raw_isr!r}") from None
-    if min_isr < 1:
-        raise ConfigError(f"min.insync.replicas: {min_isr} is below the minimum 1")
-    return TopicSettings(log_config, min_isr)
+    return TopicSettings(log_config, positive_int("min.insync.replicas", raw_isr))

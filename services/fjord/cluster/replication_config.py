@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.errors import ConfigError
+from fjord.cluster.values import positive_int
 
 # --- defaults (Kafka's broker settings; every one can be set with ``fjord broker --config``) ---
 
@@ -69,11 +69,5 @@ class ReplicationSettings:
             if raw is None:
                 values[key] = default
                 continue
-            try:
-                value = int(str(raw).strip())
-            except ValueError:
-                raise ConfigError(f"{key}: expected an integer, got {raw!r}") from None
-            if value < 1:
-                raise ConfigError(f"{key}: {value} is below the minimum 1")
-            values[key] = value
+            values[key] = positive_int(key, raw)
         return cls(*values.values())

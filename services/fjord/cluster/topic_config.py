@@ -28,6 +28,7 @@ from fjord.cluster.defaults import (
 )
 from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS
 from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS
+from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 from fjord.topic_names import is_internal_topic
@@ -114,7 +115,7 @@ def validate_cluster_config(config: Mapping[str, str]) -> dict[str, str]:
     topic_part: dict[str, str] = {}
     for key, value in config.items():
         if key in CONTROLLER_CONFIG_KEYS:
-            _positive_int(key, value)
+            positive_int(key, value)
         elif key in TOPIC_CONFIG_KEYS:
             topic_part[key] = value
         else:
@@ -142,23 +143,13 @@ def split_cluster_config(config: Mapping[str, str]) -> tuple[dict[str, str], dic
     return controller, brokers
 
 
-def _positive_int(key: str, value: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-    if number < 1:
-        raise ConfigError(f"{key}: {number} is below the minimum 1")
-    return number
-
-
 def default_partitions(cluster_config: Mapping[str, str]) -> int:
     raw = cluster_config.get("num.partitions", str(NUM_PARTITIONS))
-    return _positive_int("num.partitions", raw)
+    return positive_int("num.partitions", raw)
 
 
 def default_replication_factor(cluster_config: Mapping[str, str]) -> int:
-    return _positive_int(
+    return positive_int(
         "default.replication.factor",
         cluster_config.get("default.replication.factor", str(DEFAULT_REPLICATION_FACTOR)),
     )
@@ -166,12 +157,12 @@ def default_replication_factor(cluster_config: Mapping[str, str]) -> int:
 
 def max_records_per_user_op(cluster_config: Mapping[str, str]) -> int:
     key = "max.records.per.user.op"
-    return _positive_int(key, cluster_config.get(key, str(MAX_RECORDS_PER_USER_OP)))
+    return positive_int(key, cluster_config.get(key, str(MAX_RECORDS_PER_USER_OP)))
 
 
 def max_broker_partitions(cluster_config: Mapping[str, str]) -> int:
     key = "max.broker.partitions"
-    return _positive_int(key, cluster_config.get(key, str(MAX_BROKER_PARTITIONS)))
+    return positive_int(key, cluster_config.get(key, str(MAX_BROKER_PARTITIONS)))
 
 
 @dataclass(frozen=True)
