@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -47,7 +48,7 @@ from fjord.cluster.broker_config import (
     validate_broker_config,
 )
 from fjord.cluster.scrubber_config import ScrubberSettings
-from fjord.errors import ConfigError
+from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.broker import BrokerKafkaHandlers
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
@@ -97,6 +98,61 @@ def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(expected))
     os.replace(tmp, path)
+
+
+#: Hidden files of a data dir (LogManager ignores dot entries): an exclusive lock held by the
+#: one broker process using the dir, and the incarnation of the last process that used it.
+LOCK_FILE = ".fjord-broker.lock"
+INCARNATION_FILE = ".fjord-incarnation"
+
+
+class DataDirLock:
+    """An exclusive ``flock`` on ``<data-dir>/.fjord-broker.lock``, held for the life of the
+    broker process (the kernel drops it when the process dies, also by SIGKILL). Two processes
+    never share a data directory: a second one fails at start naming the holder's pid. This is
+    what makes the incarnation recorded in the data dir a proof that the registration carrying
+    it belongs to a process that is gone (see :func:`record_incarnation`)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ConfigError(
+                f"data-dir: {self.path.parent} is in use by another broker process (pid "
+                f"{holder}); two processes must never share a data directory"
+            ) from exc
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+
+
+def record_incarnation(data_dir: Path, incarnation: str) -> str | None:
+    """Write ``incarnation`` as the data dir's current one and return the previous run's (None:
+    first run, or an unreadable file). Only call while holding the :class:`DataDirLock`: then
+    a registration carrying the returned incarnation belongs to a process that has stopped
+    using this data dir, and may be replaced at once."""
+    path = data_dir / INCARNATION_FILE
+    try:
+        previous: str | None = path.read_text().strip() or None
+    except OSError:
+        previous = None
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(incarnation)
+    os.replace(tmp, path)
+    return previous
 
 
 class MetadataApplier:
@@ -241,6 +297,9 @@ class BrokerServer:
         #: same incarnation is this process again (e.g. after etcd lost its lease), another one
         #: is a restart whose predecessor the controller must treat as gone.
         self.incarnation = uuid.uuid4().hex
+        #: The incarnation of the previous process on this data dir (None: none recorded).
+        self.previous_incarnation: str | None = None
+        self._lock = DataDirLock(options.data_dir)
         self._server: aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
@@ -255,7 +314,9 @@ class BrokerServer:
     async def start(self) -> None:
         opts = self.options
         opts.data_dir.mkdir(parents=True, exist_ok=True)
+        self._lock.acquire()
         check_data_dir_identity(opts.data_dir, opts.cluster_id, opts.broker_id)
+        self.previous_incarnation = record_incarnation(opts.data_dir, self.incarnation)
         default_log_config = topic_settings(opts.config, {}, {}).log_config
         # LogManager loads (and recovers) every partition at construction: a worker thread.
         self._logs = await asyncio.to_thread(LogManager, opts.data_dir, default_log_config)
@@ -422,6 +483,7 @@ class BrokerServer:
         if self._metrics_port is not None:
             stop_metrics_server(self._metrics_port)
             self._metrics_port = None
+        self._lock.release()
         log.info("broker %d stopped", self.options.broker_id)
 
     async def run_until_signalled(self) -> None:
@@ -462,9 +524,21 @@ class BrokerServer:
             self._registration().to_json(),
             self.options.lease_ttl_s,
             what=f"broker {broker_id} at {self.advertised_host}:{self.port}",
+            replaceable=self._own_registration,
         )
         self.broker_epoch = revision
         return revision
+
+    def _own_registration(self, value: bytes) -> bool:
+        """Whether a registration found under our id is this process's or its predecessor's
+        on this data dir (then it is replaced at once instead of waiting for its lease):
+        Kafka's incarnation id. Another process with our id, with another data dir, is never
+        replaced (it recorded another incarnation), and none can run on ours (the lock)."""
+        try:
+            found = BrokerRegistration.from_json(value).incarnation
+        except FjordError:
+            return False
+        return found is not None and found in (self.incarnation, self.previous_incarnation)
 
     async def _keep_lease_alive(self) -> None:
         """Refresh the lease three times per TTL.

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from enum import Enum
 
 import aetcd
@@ -26,11 +27,19 @@ async def register_under_lease(
     what: str,
     backoff_s: float = defaults.REGISTRATION_RETRY_BACKOFF_S,
     backoff_max_s: float = defaults.REGISTRATION_RETRY_BACKOFF_MAX_S,
+    replaceable: Callable[[bytes], bool] | None = None,
 ) -> tuple[int, int]:
     """Create ``key`` = ``value`` bound to a new lease of ``ttl_s`` seconds, only if the key is
     absent; retry (backoff doubling from ``backoff_s`` to ``backoff_max_s``) while it exists
     (another process, or a previous run whose lease has not expired) or etcd fails. Returns
-    (lease id, etcd revision of the registration). ``what`` names the process in logs."""
+    (lease id, etcd revision of the registration). ``what`` names the process in logs.
+
+    ``replaceable(existing value)``: True when the registration found is this process's own
+    previous run (the caller proves it, e.g. by the incarnation its data directory recorded
+    under an exclusive lock): it is deleted at once, guarded by its mod revision so that a
+    registration made meanwhile by anyone else is never touched, and the creation retried
+    without waiting for the old lease to expire. A registration of anyone else is never
+    replaced."""
     backoff = backoff_s
     while True:
         lease = None
@@ -45,6 +54,9 @@ async def register_under_lease(
                 revision = int(responses[0].response_put.header.revision)
                 log.info("%s registered (epoch %d)", what, revision)
                 return lease.id, revision
+            if replaceable is not None and await _take_back(etcd, key, replaceable, what):
+                await etcd.revoke_lease(lease.id)
+                continue
             log.warning(
                 "%s is already registered (another process, or a previous run whose lease has "
                 "not expired yet); retrying",
@@ -68,6 +80,29 @@ class LeaseStatus(Enum):
     HELD = "held"  # etcd renewed it
     UNREACHABLE = "unreachable"  # no answer: etcd is away, nothing is known about the lease
     GONE = "gone"  # etcd says it expired or was revoked: the registration no longer exists
+
+
+async def _take_back(
+    etcd: aetcd.Client, key: bytes, replaceable: Callable[[bytes], bool], what: str
+) -> bool:
+    """Delete the registration at ``key`` if ``replaceable`` says it is our own previous run's
+    and nobody changed it since we read it; True when it was deleted."""
+    found = await etcd.get(key)
+    if found is None or not replaceable(found.value):
+        return False
+    ok, _ = await etcd.transaction(
+        compare=[etcd.transactions.mod(key) == found.mod_revision],
+        success=[etcd.transactions.delete(key)],
+        failure=[],
+    )
+    if not ok:
+        return False
+    log.info("%s: took back the registration of its own previous run (epoch %d) without "
+             "waiting for its lease to expire", what, found.create_revision)
+    if found.lease:
+        with contextlib.suppress(Exception):
+            await etcd.revoke_lease(found.lease)
+    return True
 
 
 async def refresh_lease_once(etcd: aetcd.Client, lease_id: int | None, *, what: str) -> LeaseStatus:

@@ -18,7 +18,7 @@ Defaults (every one used by the chaos test and documented in docs/chaos.md):
   hit in-flight batches, few enough that the final read is quick on a shared 2-core machine.
 - ``DEFAULT_PARTITIONS`` (6): partitions of the chaos topic (each broker leads two).
 - ``KILL_DOWN_S`` ((0.2, 1.5) s): how long a killed broker stays down before its restart
-  (its new registration must wait for the old lease to expire anyway).
+  (it takes its own registration back at once, see docs/broker.md).
 - ``GAP_S`` ((0.3, 1.5) s): pause between two faults.
 - ``LEADER_TARGET_PROBABILITY`` (0.7): chance that a kill aims at "the leader of partition p"
   rather than at a broker picked by number.

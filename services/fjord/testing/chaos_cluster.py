@@ -48,7 +48,7 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.errors import ConfigError, FjordError, InvalidReplicationFactorError
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import ProcessStartError, log_tail
-from fjord.metadata import Keys
+from fjord.metadata import BrokerRegistration, Keys
 from fjord.testing.chaos import (
     DEFAULT_FAULT_SECONDS,
     DEFAULT_KEYS,
@@ -92,9 +92,9 @@ TOPIC_CHANGE_TIMEOUT_S = 30.0
 REPLICA_LAG_KEY = "replica.lag.time.max.ms"
 #: Its value in the chaos cluster: short, so that a frozen follower leaves the ISR quickly.
 CHAOS_REPLICA_LAG_MS = 3000
-#: The brokers' lease TTL in the chaos cluster (local default: 6 s). A killed broker can only
-#: register again once its old lease has expired, so the TTL bounds how fast kills can follow
-#: each other one at a time: 3 s fits 10+ kills, a freeze and a controller kill into ~65 s.
+#: The brokers' lease TTL in the chaos cluster (local default: 6 s): short, so that a frozen
+#: broker leaves the ISR quickly when it leads (its lease expires and the controller elects
+#: another). A killed broker takes its own registration back at once when it restarts.
 CHAOS_BROKER_LEASE_TTL_S = 3
 #: Kafka's default, assumed when the broker does not accept the key (noted in the output).
 KAFKA_REPLICA_LAG_MS = 30000
@@ -147,18 +147,29 @@ def partition_states(
     return None
 
 
-def broker_registration(cluster: LocalCluster, broker_id: int) -> int | None:
-    """The create revision (broker epoch) of ``broker_id``'s registration in etcd, or None
-    when it is not registered. Read through etcd's JSON gateway: a restarted broker answers
-    Metadata before its new registration exists (the old one lives until its lease expires),
-    so only the epoch tells that the restart has registered."""
+def registered_broker(cluster: LocalCluster, broker_id: int
+                      ) -> tuple[int, BrokerRegistration] | None:
+    """``broker_id``'s registration in etcd with its create revision (the broker epoch), or
+    None when it is not registered. Read through etcd's JSON gateway, so it works while the
+    brokers are busy restarting."""
     key = base64.b64encode(Keys(cluster.cluster_id).broker(broker_id).encode()).decode()
     request = urllib.request.Request(
         f"{cluster.etcd_url}/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST"
     )
     with urllib.request.urlopen(request, timeout=ETCD_REQUEST_TIMEOUT_S) as response:
         kvs = json.loads(response.read()).get("kvs") or []
-    return int(kvs[0]["create_revision"]) if kvs else None
+    if not kvs:
+        return None
+    value = base64.b64decode(kvs[0]["value"])
+    return int(kvs[0]["create_revision"]), BrokerRegistration.from_json(value)
+
+
+def broker_registration(cluster: LocalCluster, broker_id: int) -> int | None:
+    """The create revision (broker epoch) of ``broker_id``'s registration in etcd, or None
+    when it is not registered: a restarted broker answers Metadata before its new registration
+    exists, so only the epoch tells that the restart has registered."""
+    found = registered_broker(cluster, broker_id)
+    return None if found is None else found[0]
 
 
 def producer_state(producer: Producer) -> str:
