@@ -6,8 +6,9 @@ these groups; a new package fails :func:`test_every_package_has_a_place` until i
 - ``SHARED``: pure libraries every side may import (codecs, storage, metadata, the group
   protocol, the cluster's config schemas and planner, client configuration, serving helpers).
   They import only other shared packages, never a service or an application.
-- ``SERVICES``: one package per service: broker (with its Kafka-protocol listener, fjord.kafka),
-  controller, coordinator, the client library and the operator.
+- ``SERVICES``: one package per service: broker, controller, coordinator, the client library,
+  the operator, and the Kafka-protocol listener (fjord.kafka) that broker and coordinator
+  processes run.
 - ``APPLICATIONS``: what assembles services into processes and programs (the CLI, the local
   cluster launcher, the demo, the chaos harness, code generation, the Spark source and jobs). They
   may import anything.
@@ -15,8 +16,9 @@ these groups; a new package fails :func:`test_every_package_has_a_place` until i
 The rule between services: a module of a service package imports shared packages and its own
 package, and nothing of another service package (lazy imports inside functions count too),
 with exactly the edges in ``SERVICE_EDGES`` as exceptions. Those are of two kinds only: one
-process made of two packages (the broker and its Kafka listener), and a service that is itself
-a client of the cluster and so uses the public client library (the coordinator appends to
+process made of two packages (a broker or a coordinator and the Kafka listener it runs, whose
+handlers translate into that service's cores), and a service that is itself a client of the
+cluster and so uses the public client library (the coordinator appends to
 ``__consumer_offsets`` with it, the operator administers topics with it). Apart from those
 edges, nothing imports the broker, controller or coordinator but its own package and the
 applications: what two sides must agree on (a config schema, a default, a planner, a wire
