@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test kube
 
 all: test
 
@@ -29,7 +29,7 @@ demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
 ## test: lint, type checks and the whole test suite
-test: $(STAMP) java-check helm kcat lint typecheck
+test: $(STAMP) java-check helm kcat kube lint typecheck
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -108,9 +108,22 @@ image-deps:
 image-test: $(STAMP) image
 	$(PY) -m pytest -q -p no:cacheprovider tests/images/image_boot.py
 
+## kube: kube-apiserver and kube-controller-manager 1.20 for the real-API-server tests
+## (tests/k8s/test_operator_real_api.py), built once from Debian bookworm's `kubernetes` source
+## package with Debian's Go into .cache/kube (git-ignored; skipped when the binaries exist).
+## Several minutes and ~1.4 GB of memory the first time; log in .cache/kube.log.
+KUBE_DIR := .cache/kube
+kube:
+	@if [ -x $(KUBE_DIR)/bin/kube-apiserver ] && [ -x $(KUBE_DIR)/bin/kube-controller-manager ]; then :; else \
+		mkdir -p .cache && echo "make kube: building Kubernetes 1.20 into $(KUBE_DIR) (several minutes; log: .cache/kube.log)" \
+		&& { tests/k8s/kube/build.sh $(KUBE_DIR) >.cache/kube.log 2>&1 \
+		|| { tail -n 30 .cache/kube.log; echo "make kube failed (full log: .cache/kube.log)"; exit 1; }; } \
+		&& tail -n 3 .cache/kube.log; fi
+
 ## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
 proto: $(STAMP)
 	$(PY) -m fjord.tools.genproto
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	@echo "(the Kubernetes build cache .cache/kube is kept; rm -rf .cache to rebuild it)"

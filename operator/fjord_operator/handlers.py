@@ -283,6 +283,8 @@ class KubeApi:
         self._service_account_dir = Path(service_account_dir or SERVICE_ACCOUNT_DIR)
         self._login: KubeLogin | None = None
         self._client: Any = None
+        # apiVersion -> whether the server serves it, for OLDER_API_VERSIONS (asked once).
+        self._served: dict[str, bool] = {}
 
     def login(self) -> KubeLogin:
         """The operator's one login (fjord_operator.login), resolved on first use: kopf's
@@ -305,15 +307,50 @@ class KubeApi:
     @staticmethod
     def _resource_of(obj: Mapping[str, Any]) -> Any:
         # The class only (no instance: a bare {apiVersion, kind, metadata} fails validation for
-        # kinds with a required spec); the CRDs get generic classes (found by the e2e tests).
+        # kinds with a required spec); the CRDs and the older API versions lightkube's models
+        # lack get generic classes (found by the e2e tests).
         from lightkube.core.resource_registry import resource_registry
         from lightkube.generic_resource import create_namespaced_resource
 
         api_version, kind = str(obj["apiVersion"]), str(obj["kind"])
-        if api_version == s.API_VERSION and resource_registry.get(api_version, kind) is None:
-            plural = s.CLUSTER_PLURAL if kind == s.CLUSTER_KIND else s.TOPIC_PLURAL
-            create_namespaced_resource(s.GROUP, s.VERSION, kind, plural)
+        if resource_registry.get(api_version, kind) is None:
+            if api_version == s.API_VERSION:
+                plural = s.CLUSTER_PLURAL if kind == s.CLUSTER_KIND else s.TOPIC_PLURAL
+                create_namespaced_resource(s.GROUP, s.VERSION, kind, plural)
+            elif (api_version, kind) in GENERIC_PLURALS:
+                group, version = api_version.split("/")
+                create_namespaced_resource(group, version, kind, GENERIC_PLURALS[api_version, kind])
         return resource_registry.load(api_version, kind)
+
+    async def serves(self, api_version: str, kind: str, namespace: str) -> bool:
+        """Whether the server serves ``kind`` in ``api_version`` (asked once per process by
+        listing it: a served namespaced kind lists, possibly empty; an unserved one is 404)."""
+        if api_version not in self._served:
+            resource = self._resource_of({"apiVersion": api_version, "kind": kind})
+            try:
+                async for _ in self.client().list(resource, namespace=namespace, chunk_size=1):
+                    break
+                self._served[api_version] = True
+            except Exception as exc:
+                if http_status(exc) != 404:
+                    raise
+                self._served[api_version] = False
+                log.warning(
+                    "the Kubernetes API does not serve %s %s; using %s",
+                    api_version,
+                    kind,
+                    OLDER_API_VERSIONS[api_version, kind],
+                )
+        return self._served[api_version]
+
+    async def served_form(self, obj: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``obj`` in the API version the server serves (see :data:`OLDER_API_VERSIONS`)."""
+        key = (str(obj["apiVersion"]), str(obj["kind"]))
+        if key not in OLDER_API_VERSIONS:
+            return obj
+        if await self.serves(*key, obj["metadata"]["namespace"]):
+            return obj
+        return with_api_version(obj, OLDER_API_VERSIONS[key])
 
     async def get(self, api_version: str, kind: str, namespace: str, name: str) -> Any | None:
         """The live object as a dict, or None when it does not exist."""
@@ -334,6 +371,7 @@ class KubeApi:
         from lightkube import codecs
         from lightkube.types import PatchType
 
+        obj = await self.served_form(obj)
         meta = obj["metadata"]
         live = await self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
         if live is None:
@@ -355,6 +393,23 @@ class KubeApi:
             with contextlib.suppress(Exception):
                 await self._client.close()
             self._client = None
+
+
+#: Objects the operator writes in an API version that older servers lack, and the older version
+#: with the same fields those servers serve instead: PodDisruptionBudget is policy/v1 from
+#: Kubernetes 1.21, policy/v1beta1 before (so a 1.20 cluster still gets its budgets).
+OLDER_API_VERSIONS: dict[tuple[str, str], str] = {
+    ("policy/v1", "PodDisruptionBudget"): "policy/v1beta1",
+}
+#: Plurals of the older versions above, which lightkube's models do not include.
+GENERIC_PLURALS: dict[tuple[str, str], str] = {
+    ("policy/v1beta1", "PodDisruptionBudget"): "poddisruptionbudgets",
+}
+
+
+def with_api_version(obj: Mapping[str, Any], api_version: str) -> dict[str, Any]:
+    """A copy of ``obj`` declaring ``api_version`` (the fields are the same in both)."""
+    return {**obj, "apiVersion": api_version}
 
 
 def http_status(exc: BaseException) -> int | None:
@@ -660,6 +715,11 @@ def register(
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=s.GROUP)
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=s.GROUP)
         settings.posting.level = logging.WARNING
+        if rt.settings.namespaces:
+            # Exactly the named namespaces are served. kopf's scanning would list and watch every
+            # namespace, a cluster-wide right the chart does not grant: against a real API server
+            # kopf retried that for about a minute before the first reconciliation.
+            settings.scanning.disabled = True
 
     @kopf.on.login(registry=registry)
     def kube_login(**_: Any) -> kopf.ConnectionInfo:

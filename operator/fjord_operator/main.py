@@ -37,4 +37,8 @@ def run(settings: OperatorSettings | None = None) -> None:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # lightkube's HTTP client logs every request at INFO: one line per GET would bury the
+    # operator's own messages.
+    for name in ("httpx", "httpx2", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     asyncio.run(run_async(settings))
