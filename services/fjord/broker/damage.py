@@ -31,10 +31,19 @@ def damage_action(broker_id: int, leader: int, isr: Sequence[int]) -> DamageActi
 
 
 def no_healthy_copy_message(topic: str, partition: int, offset: int,
-                            resume_offset: int | None, broker_id: int, reason: str) -> str:
+                            resume_offset: int | None, broker_id: int, reason: str,
+                            *, others_down: bool = False) -> str:
     """What a consumer reading the damaged range of a partition without a healthy copy is told:
-    where, why, and the way forward."""
+    where, why, and the way forward. ``others_down``: other ISR members exist but none is live
+    to take over now."""
     past = str(resume_offset) if resume_offset is not None else "the next segment's base offset"
+    if others_down:
+        return (
+            f"{topic}-{partition}: the batch at offset {offset} is damaged on broker "
+            f"{broker_id} ({reason}) and no other in-sync replica is live to take over now; "
+            f"retry once one is back (leadership then moves to it), or seek past the damage "
+            f"to {past}"
+        )
     return (
         f"{topic}-{partition}: the batch at offset {offset} is damaged on broker {broker_id} "
         f"({reason}) and no other in-sync replica holds a healthy copy. The records from "

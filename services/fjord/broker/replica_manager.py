@@ -896,10 +896,14 @@ class ReplicaManager:
             return NotLeaderOrFollowerError(f"{key[0]}-{key[1]}: retry")
         action = damage_action(self.broker_id, partition.assignment.leader,
                                partition.assignment.isr)
-        if action is DamageAction.NO_HEALTHY_COPY:
+        refused = (key, partition.leader_epoch) in self._resign_refusals_logged
+        if action is DamageAction.NO_HEALTHY_COPY or refused:
+            # No other in-sync replica can take over (now): say so rather than let clients
+            # retry NOT_LEADER_OR_FOLLOWER against a leader that stays.
             return LogDamagedError(no_healthy_copy_message(
                 key[0], key[1], damage.offset, damage.resume_offset, self.broker_id,
-                damage.reason), offset=damage.offset)
+                damage.reason, others_down=action is not DamageAction.NO_HEALTHY_COPY),
+                offset=damage.offset)
         return NotLeaderOrFollowerError(
             f"{key[0]}-{key[1]}: broker {self.broker_id}'s copy is damaged at offset "
             f"{damage.offset}; leadership moves to a healthy in-sync replica"
