@@ -300,3 +300,85 @@ def test_read_task_times_out_clearly(bootstrap: str, new_topic: Any) -> None:
         view.close()
     with pytest.raises(KafkaTimeoutError, match="pollTimeoutMs=1500"):
         list(read_partition(task, arrow_schema(reader_schema(False))))
+
+
+# -- Kafka clients over the Kafka listener ------------------------------------------------------
+
+
+def by_partition_and_value(row: tuple[Any, ...]) -> tuple[int, bytes]:
+    """Rows (partition, key, value, ...) in a total order although keys may be null."""
+    return row[0], row[2]
+
+
+def test_kafka_client_records_read_by_spark_and_spark_records_read_by_kafka_clients(
+    spark: Any, bootstrap: str, new_topic: Any, local_cluster: Any
+) -> None:
+    """Byte for byte both ways (keys, null keys, binary values, headers with empty values,
+    timestamps): confluent-kafka writes over the Kafka listener, the fjord source reads; the
+    fjord sink writes, confluent-kafka reads over the Kafka listener."""
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import Producer as CKProducer
+    from confluent_kafka import TopicPartition as CKTopicPartition
+
+    kafka = local_cluster.kafka_bootstrap_servers
+    topic = new_topic(2)
+    producer = CKProducer({"bootstrap.servers": kafka, "acks": "all", "enable.idempotence": True,
+                           "compression.type": "lz4"})
+    sent = []
+    for i in range(60):
+        key = None if i % 10 == 0 else f"k{i}".encode()
+        value, headers = bytes(range(i, i + 40)), [("h", f"{i}".encode()), ("empty", b"")]
+        ts = 1_700_000_200_000 + i
+        producer.produce(topic, key=key, value=value, headers=headers, timestamp=ts,
+                         partition=i % 2)
+        sent.append((i % 2, key, value, headers, ts))
+    assert producer.flush(SPARK_WAIT_S) == 0
+
+    def spark_rows(name: str) -> list[tuple[Any, ...]]:
+        rows = reader(spark, bootstrap, subscribe=name, includeHeaders="true").load().collect()
+        return sorted(
+            ((r.partition, None if r.key is None else bytes(r.key), bytes(r.value),
+              [(h.key, bytes(h.value)) for h in r.headers],
+              round(r.timestamp.timestamp() * 1000))
+             for r in rows),
+            key=by_partition_and_value,
+        )
+
+    assert spark_rows(topic) == sorted(sent, key=by_partition_and_value)
+
+    back = new_topic(2)
+    data = [(f"s{i}".encode(), bytes(range(200, 200 + i % 50)), i % 2,
+             [("n", f"{i}".encode()), ("empty", b"")]) for i in range(40)]
+    spark.createDataFrame(
+        data, "key binary, value binary, partition int, "
+        "headers array<struct<key:string,value:binary>>",
+    ).write.format("fjord").option("bootstrap.servers", bootstrap).option(
+        "topic", back).mode("append").save()
+    consumer = CKConsumer({"bootstrap.servers": kafka, "group.id": "unused",
+                           "enable.auto.commit": False})
+    try:
+        consumer.assign([CKTopicPartition(back, p, 0) for p in (0, 1)])
+        read: list[Any] = []
+
+        def all_read() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None:
+                assert message.error() is None, message.error()
+                read.append(message)
+            return len(read) == len(data)
+
+        wait_for(all_read, "the Spark-written records over the Kafka listener", SPARK_WAIT_S)
+    finally:
+        consumer.close()
+    by_kafka = sorted(((m.partition(), m.key(), m.value(), m.headers(), m.timestamp()[1])
+                       for m in read), key=by_partition_and_value)
+    assert [row[:4] for row in by_kafka] == sorted(
+        ((p, k, v, h) for k, v, p, h in data), key=by_partition_and_value)
+    # The same records through the gRPC door: the same timestamps (and everything else).
+    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as native:
+        native.assign([TopicPartition(back, p) for p in (0, 1)])
+        records: list[Any] = []
+        wait_for(lambda: records.extend(native.poll(0.5)) or len(records) == len(data),
+                 "the Spark-written records over gRPC", SPARK_WAIT_S)
+    assert by_kafka == sorted(((r.partition, r.key, r.value, list(r.headers), r.timestamp)
+                               for r in records), key=by_partition_and_value)
