@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -33,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fjord.client import (
     AdminClient,
@@ -767,23 +765,22 @@ def test_eager_rebalance_pauses_every_partition(
 def rebalances_started(cluster: LocalCluster, coordinator: str, group: str) -> float:
     """The ``fjord_group_rebalances_total`` counter of ``group`` on the coordinator at address
     ``coordinator`` (its Prometheus /metrics)."""
+    return metric_value(
+        coordinator_metrics(cluster, coordinator), "fjord_group_rebalances_total", group=group
+    )
+
+
+def coordinator_metrics(cluster: LocalCluster, coordinator: str) -> str:
+    """The /metrics address of the coordinator serving gRPC at ``coordinator``."""
     coordinator_id = next(i for i, a in cluster.coordinator_addresses.items() if a == coordinator)
-    url = f"http://{cluster.metrics_address('coordinator', coordinator_id)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as response:
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == "fjord_group_rebalances_total" and sample.labels["group"] == group:
-                return float(sample.value)
-    return 0.0
+    return cluster.metrics_address("coordinator", coordinator_id)
 
 
 def heartbeats_received(cluster: LocalCluster, coordinator: str) -> float:
     """Heartbeat calls the coordinator at address ``coordinator`` has answered (its
     ``fjord_rpc_server_requests_total``, every group and status)."""
-    coordinator_id = next(i for i, a in cluster.coordinator_addresses.items() if a == coordinator)
     return metric_value(
-        cluster.metrics_address("coordinator", coordinator_id),
+        coordinator_metrics(cluster, coordinator),
         "fjord_rpc_server_requests_total",
         method="fjord.v1.Coordinator/Heartbeat",
     )
