@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.groups.defaults import (
     CONSUMER_HEARTBEAT_INTERVAL_MS,
@@ -25,8 +26,8 @@ from fjord.groups.defaults import (
     CONSUMER_SESSION_TIMEOUT_MS,
 )
 
-DEFAULT_BOOTSTRAP_PORT = 9092
-"""Port assumed for a bootstrap address given without one (Kafka's)."""
+DEFAULT_BOOTSTRAP_PORT = DEFAULT_BROKER_PORT
+"""Port assumed for a bootstrap address given without one: the brokers' default (Kafka's 9092)."""
 
 DEFAULT_BOOTSTRAP_SERVERS = f"localhost:{DEFAULT_BOOTSTRAP_PORT}"
 """The CLI's last resort when neither ``--bootstrap-server``, ``FJORD_BOOTSTRAP_SERVERS`` nor a

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.local import (
     ClusterStateError,
@@ -27,7 +28,6 @@ from fjord.local import (
 from fjord.local.cluster import pid_alive
 from fjord.local.defaults import (
     DATA_DIR_ENV_VAR,
-    DEFAULT_BROKER_PORT,
     DEFAULT_BROKERS,
     DEFAULT_COORDINATORS,
     DEFAULT_DATA_DIR,

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.demo.defaults import (
     CLUSTER_WATCH_INTERVAL_S,
     DEMO_BROKERS,
@@ -28,7 +29,7 @@ from fjord.demo.defaults import (
     SHIPMENTS_TOPIC,
 )
 from fjord.errors import ConfigError, FjordError, InvalidReplicationFactorError
-from fjord.local.defaults import DEFAULT_BROKER_PORT, DEFAULT_DATA_DIR
+from fjord.local.defaults import DEFAULT_DATA_DIR
 from fjord.observability import setup_tracing, shutdown_tracing
 
 

@@ -5,9 +5,10 @@
 - ``DATA_DIR_ENV_VAR`` (``FJORD_DATA_DIR``): names the data directory for every ``fjord local``
   and client command; without it they use the nearest ``.fjord`` holding a state file in the
   current directory or a parent (as git finds its repository), see ``fjord.local.find``.
-- ``DEFAULT_BROKER_PORT`` (9092, Kafka's): the first broker's port of ``fjord local up`` and
-  ``fjord quickstart`` when it and the next ports are free (brokers take consecutive ports);
-  otherwise they pick free ports and say so. ``--port`` chooses another first port.
+- The first broker's port of ``fjord local up`` and ``fjord quickstart`` is the brokers' default
+  (:data:`fjord.cluster.defaults.DEFAULT_BROKER_PORT`, 9092, Kafka's) when it and the next
+  ports are free (brokers take consecutive ports); otherwise they pick free ports and say so.
+  ``--port`` chooses another first port.
 - ``DEFAULT_BROKERS`` (3), ``DEFAULT_CONTROLLERS`` (2) and ``DEFAULT_COORDINATORS`` (2):
   processes ``fjord local up`` starts (coordinator ids start at 1).
 - ``DEFAULT_CLUSTER_ID`` (``local``): the cluster id, i.e. the etcd prefix ``/fjord/local/``.
@@ -32,7 +33,6 @@
 
 DEFAULT_DATA_DIR = ".fjord"
 DATA_DIR_ENV_VAR = "FJORD_DATA_DIR"
-DEFAULT_BROKER_PORT = 9092
 DEFAULT_BROKERS = 3
 DEFAULT_CONTROLLERS = 2
 DEFAULT_COORDINATORS = 2

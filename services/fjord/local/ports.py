@@ -12,7 +12,8 @@ import os
 import socket
 from pathlib import Path
 
-from fjord.local.defaults import DEFAULT_BROKER_PORT, LOOPBACK_HOST
+from fjord.cluster.defaults import DEFAULT_BROKER_PORT
+from fjord.local.defaults import LOOPBACK_HOST
 from fjord.local.etcd import ProcessStartError
 
 
