@@ -338,7 +338,7 @@ def _service(body: Mapping[str, Any], name: str, component: str, port: int, head
     cluster = body["metadata"]["name"]
     kafka = (
         [{"name": "kafka", "port": s.KAFKA_PORT, "targetPort": "kafka", "protocol": "TCP"}]
-        if component == "broker"
+        if component in ("broker", "coordinator")
         else []
     )
     spec: Obj = {
@@ -370,14 +370,28 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
         if component == "controller"
         else s.DEFAULT_COORDINATOR_REPLICAS
     )
+    # Coordinators are Kafka nodes too (FindCoordinator names their Kafka listener): they open
+    # one, advertised at the pod's IP, like the brokers'.
+    kafka = component == "coordinator"
     script = (
         f'exec fjord {command} --id "{_ID_FROM_UID}" --listen 0.0.0.0:{port} '
-        '--advertised-host "$POD_IP" ' + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
+        '--advertised-host "$POD_IP" '
+        + (
+            f"--listeners KAFKA://0.0.0.0:{s.KAFKA_PORT} "
+            f'--advertised-listeners "KAFKA://$POD_IP:{s.KAFKA_PORT}" '
+            if kafka
+            else ""
+        )
+        + _COMMON_FLAGS.format(metrics=s.METRICS_PORT)
+        + ' "$@"'
     )
     env = _env_from_fields(POD_UID="metadata.uid", POD_IP="status.podIP")
     # Controllers read the cluster's topic defaults and num.partitions/default.replication.factor.
     args = _config_args(config_parts(spec)[0]) if component == "controller" else []
-    container = _container(spec, component, script, args, port, part.get("resources"), env, name)
+    container = _container(
+        spec, component, script, args, port, part.get("resources"), env, name,
+        extra_ports=[_KAFKA_CONTAINER_PORT] if kafka else [],
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

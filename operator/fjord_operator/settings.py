@@ -43,9 +43,9 @@ FIELD_MANAGER = "fjord-operator"
 BROKER_PORT = DEFAULT_BROKER_PORT
 CONTROLLER_PORT = 9093
 COORDINATOR_PORT = 9094
-#: Kafka-protocol listener of brokers inside pods (``KAFKA://0.0.0.0:9095``, advertised as the
-#: pod's stable DNS name): Kafka clients bootstrap from ``<cluster>-broker.<ns>.svc:9095``.
-#: Not Kafka's 9092, which is the brokers' gRPC port here.
+#: Kafka-protocol listener of brokers and coordinators inside pods (``KAFKA://0.0.0.0:9095``,
+#: advertised as a broker pod's stable DNS name, a coordinator pod's IP): Kafka clients bootstrap
+#: from ``<cluster>-broker.<ns>.svc:9095``. Not Kafka's 9092, the brokers' gRPC port here.
 KAFKA_PORT = 9095
 #: Prometheus /metrics port on every pod (the ServiceMonitor selects the port named "metrics").
 METRICS_PORT = 9404

@@ -255,8 +255,9 @@ def test_the_charts_probes_answer(booted: Booted) -> None:
     for component, container in booted.containers.items():
         for probe in ("readinessProbe", "livenessProbe"):
             assert answers(component, container[probe], booted.ports[component]), component
-    # The broker's Kafka port (the Service's `kafka` port) accepts connections too.
-    assert answers("broker", {"tcpSocket": {"port": "kafka"}}, booted.ports["broker"])
+    # The Kafka ports (the Services' `kafka` port) accept connections too.
+    for component in ("broker", "coordinator"):
+        assert answers(component, {"tcpSocket": {"port": "kafka"}}, booted.ports[component])
 
 
 def test_clients_outside_produce_and_consume_through_the_image(booted: Booted) -> None:
@@ -276,23 +277,18 @@ def test_clients_outside_produce_and_consume_through_the_image(booted: Booted) -
     got = [value for _, value in read(booted, ["boot.events"], len(values))]
     assert sorted(got) == sorted(values)
 
-    from confluent_kafka import OFFSET_BEGINNING
     from confluent_kafka import Consumer as KafkaConsumer
     from confluent_kafka import Producer as KafkaProducer
-    from confluent_kafka import TopicPartition as KafkaPartition
 
     kafka = KafkaProducer({"bootstrap.servers": booted.kafka_bootstrap, "acks": "all"})
     for i in range(10):
         kafka.produce("boot.events", value=f"kafka-{i}".encode(), key=b"k")
     assert kafka.flush(30) == 0
-    # assign(), not subscribe(): the listener's group APIs are not this test's subject.
+    # A consumer group: FindCoordinator names the coordinator's Kafka listener (from the image).
     consumer = KafkaConsumer({"bootstrap.servers": booted.kafka_bootstrap, "group.id": "boot",
-                              "enable.auto.commit": False})
+                              "auto.offset.reset": "earliest"})
     try:
-        consumer.assign([
-            KafkaPartition("boot.events", p, OFFSET_BEGINNING)
-            for p in range(len(described.partitions))
-        ])
+        consumer.subscribe(["boot.events"])
         seen: list[bytes] = []
 
         def poll() -> bool:
@@ -302,6 +298,7 @@ def test_clients_outside_produce_and_consume_through_the_image(booted: Booted) -
             return len(seen) >= 110
 
         wait_for(poll, "110 records through the Kafka listener", interval=0)
+        consumer.commit(asynchronous=False)
     finally:
         consumer.close()
     assert sorted(seen) == sorted([*values, *(f"kafka-{i}".encode() for i in range(10))])

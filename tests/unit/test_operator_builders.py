@@ -170,6 +170,14 @@ def test_deployment_ids_come_from_the_pod_uid(tmp_path: Path) -> None:
         assert flag(argv, "--advertised-host") == "10.0.0.7"
         env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
         assert env == {"POD_UID": "metadata.uid", "POD_IP": "status.podIP"}
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        if component == "coordinator":  # a Kafka node: FindCoordinator names this listener
+            assert flag(argv, "--listeners") == "KAFKA://0.0.0.0:9095"
+            assert flag(argv, "--advertised-listeners") == "KAFKA://10.0.0.7:9095"
+            assert ports == {"grpc": 9094, "kafka": 9095, "metrics": 9404}
+        else:
+            assert "--listeners" not in argv
+            assert ports == {"grpc": 9093, "metrics": 9404}
 
 
 def test_deployments_replicas_defaults_and_resources() -> None:
@@ -206,6 +214,12 @@ def test_services_and_pdbs() -> None:
         }
     controller = objects[("Service", "fjord-controller")]["spec"]
     assert {p["name"]: p["port"] for p in controller["ports"]} == {"grpc": 9093, "metrics": 9404}
+    coordinator = objects[("Service", "fjord-coordinator-headless")]["spec"]
+    assert {p["name"]: p["port"] for p in coordinator["ports"]} == {
+        "grpc": 9094,
+        "kafka": 9095,
+        "metrics": 9404,
+    }
     for name in ("fjord-broker", "fjord-controller"):
         pdb = objects[("PodDisruptionBudget", name)]
         assert pdb["apiVersion"] == "policy/v1"
