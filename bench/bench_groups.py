@@ -62,7 +62,7 @@ from fjord.cli.perf_cmd import run_produce_perf
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import FjordError
 from fjord.local.cluster import LocalCluster
-from fjord.testing.chaos_cluster import wait_for
+from fjord.testing.waiting import seconds_until
 
 SECTION = "## groups"
 TOPIC = "bench-groups"
@@ -187,7 +187,7 @@ def bench_throughput(bootstrap: str, group: str, records: int
     """Start the members; returns them (still in the group) and each one's report at the
     moment the group had read ``records`` records."""
     members = [MemberProcess(bootstrap, group, f"member-{i}") for i in range(MEMBERS)]
-    if wait_for(lambda: sum(m.count() for m in members) >= records, WAIT_S) is None:
+    if seconds_until(lambda: sum(m.count() for m in members) >= records, WAIT_S) is None:
         raise RuntimeError(f"the group read {sum(m.count() for m in members)} of {records} "
                            f"records within {WAIT_S} s")
     return members, [m.report() for m in members]
@@ -206,7 +206,7 @@ def wait_committed_to_end(bootstrap: str, group: str) -> None:
             return all((c := committed.get(tp)) is not None and c.offset == ends[tp]
                        for tp in tps)
 
-        if wait_for(committed_to_end, WAIT_S) is None:
+        if seconds_until(committed_to_end, WAIT_S) is None:
             raise RuntimeError(f"committed offsets did not reach the log end within {WAIT_S} s")
 
 
@@ -218,7 +218,7 @@ def bench_joins(bootstrap: str, group: str, joins: int, heartbeat_interval_ms: i
     admin = AdminClient({"bootstrap.servers": bootstrap})
     try:
         for n in range(joins):
-            if wait_for(lambda: group_state(admin, group) == ("Stable", MEMBERS),
+            if seconds_until(lambda: group_state(admin, group) == ("Stable", MEMBERS),
                         WAIT_S) is None:
                 raise RuntimeError(f"group not Stable with {MEMBERS} members: "
                                    f"{group_state(admin, group)}")

@@ -53,7 +53,8 @@ from results_file import RESULTS, cpu_model
 from fjord.cli.perf_cmd import run_produce_perf
 from fjord.client import AdminClient, NewTopic, Producer
 from fjord.local.cluster import LocalCluster
-from fjord.testing.chaos_cluster import partition_states, wait_for
+from fjord.testing.chaos_cluster import partition_states
+from fjord.testing.waiting import seconds_until
 
 SECTION = "## replication"
 BLOCK_START = "<!-- bench_replication.py: start -->"
@@ -101,7 +102,7 @@ def fully_replicated(cluster: LocalCluster, topic: str, partitions: int) -> bool
 
 
 def wait_replicated(cluster: LocalCluster, topic: str, partitions: int) -> float:
-    took = wait_for(lambda: fully_replicated(cluster, topic, partitions), HEAL_TIMEOUT_S)
+    took = seconds_until(lambda: fully_replicated(cluster, topic, partitions), HEAL_TIMEOUT_S)
     if took is None:
         raise RuntimeError(f"{topic}: not fully replicated within {HEAL_TIMEOUT_S} s")
     return took
@@ -178,7 +179,7 @@ def bench_failover(cluster: LocalCluster, args: argparse.Namespace) -> list[floa
     gaps: list[float] = []
     try:
         for n in range(args.failovers):
-            wait_for(lambda: bool(acks), 30.0)  # writes flow before the kill
+            seconds_until(lambda: bool(acks), 30.0)  # writes flow before the kill
             states = partition_states(cluster, topic, cluster.broker_addresses) or {}
             leader = states[0].leader if 0 in states else -1
             if leader < 0:
@@ -190,7 +191,7 @@ def bench_failover(cluster: LocalCluster, args: argparse.Namespace) -> list[floa
                 with lock:
                     return any(sent >= k for sent, _ in acks[-2000:])
 
-            if wait_for(resumed, FAILOVER_TIMEOUT_S) is None:
+            if seconds_until(resumed, FAILOVER_TIMEOUT_S) is None:
                 raise RuntimeError(f"writes did not resume within {FAILOVER_TIMEOUT_S} s")
             with lock:
                 first = min(done for sent, done in acks if sent >= killed_at)
