@@ -68,7 +68,7 @@ from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
 from fjord.storage import LogManager
-from fjord.storage.disk_health import DiskCondition
+from fjord.storage.disk_health import DiskCondition, describe_os_error, is_out_of_space
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +128,13 @@ class DataDirLock:
                 f"data-dir: {self.path.parent} is in use by another broker process (pid "
                 f"{holder}); two processes must never share a data directory"
             ) from exc
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        except OSError as exc:  # the pid is only for the message above; a full disk may refuse
+            if not is_out_of_space(exc):
+                os.close(fd)
+                raise
         self._fd = fd
 
     def release(self) -> None:
@@ -150,7 +155,19 @@ def record_incarnation(data_dir: Path, incarnation: str) -> str | None:
     except OSError:
         previous = None
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(incarnation)
+    try:
+        tmp.write_text(incarnation)
+    except OSError as exc:
+        if not is_out_of_space(exc):
+            raise
+        # A full disk must not keep the broker from starting (docs/operations.md, "Disk
+        # full"). Still safe: the lock is held, so ``previous`` stopped using this data dir;
+        # the next start only cannot take this run's registration over at once (it waits for
+        # the lease instead).
+        tmp.unlink(missing_ok=True)
+        log.warning("cannot record this run's incarnation in %s (%s): the next restart "
+                    "waits for this run's lease", path, describe_os_error(exc))
+        return previous
     os.replace(tmp, path)
     return previous
 
