@@ -22,7 +22,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from fjord.cli.main import cli as cli_main
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.client.types import PartitionInfo
 from fjord.local import LocalCluster
@@ -169,6 +171,11 @@ def test_full_disk_hands_over_leadership_restarts_and_rejoins(cluster: LocalClus
         told = broker_log(cluster, FULL_BROKER)[log_start:]
         assert told.count("cannot be written: No space left on device (ENOSPC)") == 1, told
         assert "Traceback" not in told, told
+        shown = CliRunner().invoke(cli_main, [
+            "log-dirs", "describe", "--bootstrap-server", cluster.address("broker", 1),
+            "--broker", str(FULL_BROKER)])
+        assert shown.exit_code == 0, shown.output
+        assert "NOT WRITABLE (No space left on device (ENOSPC))" in shown.output, shown.output
 
         # Restarted on the full disk, it starts, registers and serves what it leads.
         cluster.kill("broker", FULL_BROKER, signal.SIGKILL)
