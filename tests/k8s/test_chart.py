@@ -331,8 +331,9 @@ def test_cluster_with_existing_etcd() -> None:
 
 def install_notes(*extra: str) -> str:
     """The NOTES a user sees after `helm install` (client-side dry run: no cluster needed)."""
-    result = helm("install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE,
-                  "--dry-run=client", *extra)
+    result = helm(
+        "install", RELEASE, str(CHART_DIR), "--namespace", NAMESPACE, "--dry-run=client", *extra
+    )
     assert result.returncode == 0, result.stderr
     return result.stdout.partition("NOTES:")[2]
 
@@ -344,10 +345,15 @@ def test_notes_tell_how_to_reach_the_kafka_and_grpc_listeners() -> None:
     from fjord_operator import settings as s
 
     notes = install_notes("--set", "cluster.enabled=true", "--set", "cluster.brokers.replicas=2")
-    body = {"metadata": {"name": "fjord", "namespace": NAMESPACE, "uid": "u"},
-            "spec": {"brokers": {"replicas": 2}, "etcd": {"managed": {}}}}
-    services = {o["metadata"]["name"]: o for o in builders.cluster_objects(body, 2)
-                if o["kind"] == "Service"}
+    body = {
+        "metadata": {"name": "fjord", "namespace": NAMESPACE, "uid": "u"},
+        "spec": {"brokers": {"replicas": 2}, "etcd": {"managed": {}}},
+    }
+    services = {
+        o["metadata"]["name"]: o
+        for o in builders.cluster_objects(body, 2)
+        if o["kind"] == "Service"
+    }
     ports = {p["name"]: p["port"] for p in services["fjord-broker"]["spec"]["ports"]}
     assert (ports["kafka"], ports["grpc"]) == (s.KAFKA_PORT, s.BROKER_PORT)
     service = f"fjord-broker.{NAMESPACE}.svc"

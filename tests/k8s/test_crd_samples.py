@@ -147,13 +147,19 @@ def test_valid_sample_passes_the_operators_own_validation(path: Path) -> None:
         assert error["status"] == "False", error["message"]
         kinds = {obj["kind"] for obj in plan.objects}
         assert {"ConfigMap", "StatefulSet", "Deployment", "Service"} <= kinds
-        (sts,) = [o for o in plan.objects if o["metadata"]["name"].endswith("-broker")
-                  and o["kind"] == "StatefulSet"]
+        (sts,) = [
+            o
+            for o in plan.objects
+            if o["metadata"]["name"].endswith("-broker") and o["kind"] == "StatefulSet"
+        ]
         assert sts["spec"]["replicas"] == spec["brokers"]["replicas"]
     else:
         assert topic_spec_problems(spec) == []
         decision = decide_topic(
-            spec["partitions"], spec["replicationFactor"], spec.get("config") or {}, None,
+            spec["partitions"],
+            spec["replicationFactor"],
+            spec.get("config") or {},
+            None,
             autoscaling_policy(spec),
         )
         assert decision.create and decision.partitions == spec["partitions"]

@@ -24,13 +24,9 @@ are rendered with `helm template` and applied with kubectl (tested below, too).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +42,7 @@ from tests.k8s.crd_validation import SAMPLES_DIR
 from tests.k8s.helm import NAMESPACE as RELEASE_NAMESPACE
 from tests.k8s.helm import helm, render_in
 from tests.k8s.kube.apiserver import OPERATOR_TOKEN_USER, RealKube
+from tests.k8s.kube.operator_process import running_operator
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -69,9 +66,7 @@ RBAC_KINDS = {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "Ro
 TOKEN_USER, CERT_USER = OPERATOR_TOKEN_USER, "fjord-operator-cert"
 CLUSTER = "fjord"
 
-OPERATOR_INTERVAL_S = "1"
 RECONCILE_TIMEOUT_S = 90.0
-OPERATOR_STOP_TIMEOUT_S = 15.0
 GC_TIMEOUT_S = 90.0
 
 
@@ -158,59 +153,6 @@ def user_logins(real_kube: RealKube, rendered_rbac: dict[str, dict[str, Any]]) -
 def admin(local_cluster: LocalCluster) -> Iterator[AdminClient]:
     with AdminClient({"bootstrap.servers": local_cluster.bootstrap_servers}) as client:
         yield client
-
-
-@contextmanager
-def running_operator(
-    kube: RealKube,
-    namespace: str,
-    workdir: Path,
-    *,
-    kubeconfig: Path | None = None,
-    service_account_dir: Path | None = None,
-) -> Iterator[Path]:
-    """`fjord operator` as a process watching ``namespace``, logged in with ``kubeconfig`` or
-    in-cluster from ``service_account_dir``; yields its log file. Stopped by process group."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "FJORD_OPERATOR_"))}
-    env["HOME"] = str(workdir)  # never the machine's ~/.kube/config
-    command = [
-        str(Path(sys.executable).parent / "fjord"),
-        "operator",
-        "--namespace",
-        namespace,
-        "--cluster-interval",
-        OPERATOR_INTERVAL_S,
-        "--topic-interval",
-        OPERATOR_INTERVAL_S,
-        "--retry-delay",
-        OPERATOR_INTERVAL_S,
-    ]
-    if kubeconfig is not None:
-        command += ["--kubeconfig", str(kubeconfig)]
-    if service_account_dir is not None:
-        env.update(kube.in_cluster_env())
-        env["FJORD_OPERATOR_SERVICE_ACCOUNT_DIR"] = str(service_account_dir)
-    log_path = workdir / "operator.log"
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
-    try:
-        yield log_path
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(OPERATOR_STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait(OPERATOR_STOP_TIMEOUT_S)
 
 
 def _cluster(namespace: str, local: LocalCluster) -> dict[str, Any]:
