@@ -5,13 +5,15 @@ What runs, from the images' own root filesystems (``buildah mount`` plus ``chroo
 image's user, with the image's environment and working directory, /dev and /proc bound in):
 
 - fjord/fjord:0.1.0: its ENTRYPOINT and CMD (``fjord --help``) through ``buildah run``; then a
-  controller, a broker and a coordinator, each started with the exact container command the
-  operator builds for a FjordCluster (fjord_operator.builders), plus the overrides a shared host
-  network needs (free loopback ports and advertised addresses instead of the pod's own).
-  etcd is the host's (the image holds none; the operator runs etcd's own image).
-- Outside the image: a Fjord client and a Kafka client (confluent-kafka) produce and consume
-  through that broker; the chart's probes (the builders' readiness and liveness probes) answer;
-  everything the broker wrote belongs to the image's non-root user.
+  controller, three brokers (each in its own container, as each pod has its own volume) and a
+  coordinator, each started with the exact container command the operator builds for a
+  FjordCluster (fjord_operator.builders), plus the overrides a shared host network needs (free
+  loopback ports and advertised addresses instead of the pod's own). etcd is the host's (the
+  image holds none; the operator runs etcd's own image).
+- Outside the image: a Fjord client and Kafka clients (confluent-kafka, a consumer group
+  included) produce and consume through those brokers; the chart's probes (the builders'
+  readiness and liveness probes) answer; everything the brokers wrote belongs to the image's
+  non-root user.
 - fjord/spark:0.1.0: the orders -> shipments job in ``local[2]`` through the image's entrypoint,
   as its non-root user, against that cluster.
 """
@@ -47,9 +49,11 @@ SPARK_TIMEOUT_S = 900
 CLUSTER = "boot"
 NAMESPACE = "images"
 #: The FjordCluster whose pods are booted: cluster defaults that must reach the controller.
+BROKERS = 3
 CLUSTER_CONFIG = {
     "num.partitions": "3",
-    "default.replication.factor": "1",
+    "default.replication.factor": "3",
+    "min.insync.replicas": "2",
     "retention.ms": "3600000",
 }
 
@@ -135,13 +139,16 @@ def fjord_root() -> Iterator[RootFs]:
 
 @dataclass
 class Booted:
-    """The cluster booted from the image: per component, its ports by the pod's port names."""
+    """The cluster booted from the image: per process (``controller``, ``broker-0``, ...,
+    ``coordinator``) its ports by the pod's port names, its container spec and its log; each
+    broker's root filesystem (its own container, as each pod has its own volume)."""
 
     bootstrap: str
     kafka_bootstrap: str
     ports: dict[str, dict[str, int]]
     containers: dict[str, dict[str, Any]]
     logs: dict[str, Path]
+    broker_roots: list[RootFs]
 
 
 def pod_body(etcd_url: str) -> dict[str, Any]:
@@ -150,7 +157,7 @@ def pod_body(etcd_url: str) -> dict[str, Any]:
         "kind": s.CLUSTER_KIND,
         "metadata": {"name": CLUSTER, "namespace": NAMESPACE, "uid": str(uuid.uuid4())},
         "spec": {
-            "brokers": {"replicas": 1, "config": dict(CLUSTER_CONFIG)},
+            "brokers": {"replicas": BROKERS, "config": dict(CLUSTER_CONFIG)},
             "etcd": {"endpoints": [etcd_url.removeprefix("http://")]},  # bare HOST:PORT
         },
     }
@@ -184,24 +191,38 @@ def booted(fjord_root: RootFs, tmp_path_factory: pytest.TempPathFactory) -> Iter
     base = tmp_path_factory.mktemp("image-boot")
     etcd = EtcdProcess(base / "etcd", base / "etcd.log", unsafe_no_fsync=True)
     etcd.start()
+    stack = contextlib.ExitStack()
     try:
         body = pod_body(etcd.url)
         objects = {
-            (o["kind"], o["metadata"]["name"]): o for o in builders.cluster_objects(body, 1)
+            (o["kind"], o["metadata"]["name"]): o
+            for o in builders.cluster_objects(body, BROKERS)
         }
         config_map = objects[("ConfigMap", builders.config_map_name(CLUSTER))]["data"]
         ports: dict[str, dict[str, int]] = {}
         containers: dict[str, dict[str, Any]] = {}
         logs: dict[str, Path] = {}
-        for kind, name, component in (
-            ("Deployment", builders.controller_name(CLUSTER), "controller"),
-            ("StatefulSet", builders.broker_name(CLUSTER), "broker"),
-            ("Deployment", builders.coordinator_name(CLUSTER), "coordinator"),
-        ):
+        broker_roots = [fjord_root] + [
+            stack.enter_context(mounted(FJORD_IMAGE)) for _ in range(BROKERS - 1)
+        ]
+        pods = [
+            ("Deployment", builders.controller_name(CLUSTER), "controller", fjord_root),
+            *(
+                ("StatefulSet", builders.broker_name(CLUSTER), f"broker-{i}", root)
+                for i, root in enumerate(broker_roots)
+            ),
+            ("Deployment", builders.coordinator_name(CLUSTER), "coordinator", fjord_root),
+        ]
+        for kind, name, component, root in pods:
             (container,) = objects[(kind, name)]["spec"]["template"]["spec"]["containers"]
             named = {p["name"]: free_port() for p in container["ports"]}
             # The pod's identity and the overrides a shared host network needs (last flag wins).
-            env = {"HOSTNAME": f"{name}-0", "POD_UID": str(uuid.uuid4()), "POD_IP": "127.0.0.1"}
+            ordinal = component.rpartition("-")[2] if component.startswith("broker") else "0"
+            env = {
+                "HOSTNAME": f"{name}-{ordinal}",
+                "POD_UID": str(uuid.uuid4()),
+                "POD_IP": "127.0.0.1",
+            }
             overrides = [
                 "--listen", f"127.0.0.1:{named['grpc']}",
                 "--metrics-port", str(named["metrics"]),
@@ -213,25 +234,26 @@ def booted(fjord_root: RootFs, tmp_path_factory: pytest.TempPathFactory) -> Iter
                     "--advertised-listeners", f"KAFKA://127.0.0.1:{named['kafka']}",
                 ]
             logs[component] = base / f"{component}.log"
-            fjord_root.spawn(
-                [*container["command"], *overrides], {**config_map, **env}, logs[component]
-            )
+            root.spawn([*container["command"], *overrides], {**config_map, **env}, logs[component])
             ports[component], containers[component] = named, container
         for component in containers:
             for probe in ("readinessProbe", "livenessProbe"):
                 wait_until_answers(component, containers[component][probe], ports[component],
                                    f"{component}'s {probe} from the image (log {logs[component]})")
         yield Booted(
-            f"127.0.0.1:{ports['broker']['grpc']}",
-            f"127.0.0.1:{ports['broker']['kafka']}",
+            f"127.0.0.1:{ports['broker-0']['grpc']}",
+            f"127.0.0.1:{ports['broker-0']['kafka']}",
             ports,
             containers,
             logs,
+            broker_roots,
         )
     finally:
-        for proc in reversed(fjord_root.processes):
-            stop_process(proc)
-        fjord_root.processes.clear()
+        for root in (fjord_root, *reversed(broker_roots)):
+            for proc in reversed(root.processes):
+                stop_process(proc)
+            root.processes.clear()
+        stack.close()
         etcd.stop()
 
 
@@ -256,7 +278,7 @@ def test_the_charts_probes_answer(booted: Booted) -> None:
         for probe in ("readinessProbe", "livenessProbe"):
             assert answers(component, container[probe], booted.ports[component]), component
     # The Kafka ports (the Services' `kafka` port) accept connections too.
-    for component in ("broker", "coordinator"):
+    for component in [*(f"broker-{i}" for i in range(BROKERS)), "coordinator"]:
         assert answers(component, {"tcpSocket": {"port": "kafka"}}, booted.ports[component])
 
 
@@ -268,8 +290,11 @@ def test_clients_outside_produce_and_consume_through_the_image(booted: Booted) -
             "boot.events described",
             retry_on=(FjordError,),
         )
-    # num.partitions of the FjordCluster's spec.brokers.config reached the controller.
+    # num.partitions / default.replication.factor of the FjordCluster's spec reached the
+    # controller; every partition has its replicas in sync on the three image-booted brokers.
     assert len(described.partitions) == int(CLUSTER_CONFIG["num.partitions"])
+    for partition in described.partitions:
+        assert sorted(partition.replicas) == list(range(BROKERS))
     values = [f"event-{i}".encode() for i in range(100)]
     with Producer({"bootstrap.servers": booted.bootstrap, "acks": "all"}) as producer:
         for future in [producer.send("boot.events", value=v, key=v) for v in values]:
@@ -304,15 +329,19 @@ def test_clients_outside_produce_and_consume_through_the_image(booted: Booted) -
     assert sorted(seen) == sorted([*values, *(f"kafka-{i}".encode() for i in range(10))])
 
 
-def test_the_non_root_user_owns_what_the_broker_wrote(fjord_root: RootFs, booted: Booted) -> None:
-    uid, gid = (int(x) for x in fjord_root.user.split(":"))
-    data = fjord_root.path / s.BROKER_DATA_DIR.lstrip("/")
-    written = list(data.rglob("*"))
-    assert any(p.name.endswith(".log") for p in written), written  # segments exist
-    wrong = [(str(p), p.stat().st_uid, p.stat().st_gid) for p in written
-             if (p.stat().st_uid, p.stat().st_gid) != (uid, gid)]
-    assert wrong == []
-    assert (data.stat().st_uid, oct(data.stat().st_mode & 0o777)) == (uid, "0o750")
+def test_the_non_root_user_owns_what_the_brokers_wrote(booted: Booted) -> None:
+    """Each broker's /var/lib/fjord (its own root filesystem) holds replicas of the topic, all
+    owned by the image's user; the directory keeps the image's mode."""
+    for root in booted.broker_roots:
+        uid, gid = (int(x) for x in root.user.split(":"))
+        data = root.path / s.BROKER_DATA_DIR.lstrip("/")
+        written = list(data.rglob("*"))
+        segments = [p for p in written if p.name.endswith(".log") and p.stat().st_size > 0]
+        assert any("boot.events" in str(p) for p in segments), written  # replicated data
+        wrong = [(str(p), p.stat().st_uid, p.stat().st_gid) for p in written
+                 if (p.stat().st_uid, p.stat().st_gid) != (uid, gid)]
+        assert wrong == []
+        assert (data.stat().st_uid, oct(data.stat().st_mode & 0o777)) == (uid, "0o750")
 
 
 @pytest.mark.timeout(SPARK_TIMEOUT_S + 120)
@@ -320,7 +349,7 @@ def test_spark_image_runs_a_job_in_local_mode_against_the_cluster(booted: Booted
     orders, shipments, dead = "boot.orders", "boot.shipments", "boot.orders.dlq"
     with AdminClient({"bootstrap.servers": booted.bootstrap}) as admin:
         admin.create_topics(
-            [NewTopic(orders, 2, 1), NewTopic(shipments, 2, 1), NewTopic(dead, 1, 1)]
+            [NewTopic(orders, 2, 3), NewTopic(shipments, 2, 3), NewTopic(dead, 1, 3)]
         )
     sent = {"o-1": ("SKU-BOOK", 2), "o-2": ("SKU-PHONE", 1), "o-3": ("SKU-NOT-STOCKED", 1)}
     with Producer({"bootstrap.servers": booted.bootstrap}) as producer:
