@@ -136,10 +136,11 @@ def render(args: argparse.Namespace, outage: ChaosResult, restarts: ChaosResult,
         f"- fast restart verdict: {verdict(restarts)}.",
         "- Targets: through a 60 s etcd outage acks=all writes and reads on existing leaders "
         "keep going (longest stall a fraction of a second; topic changes complete once etcd is "
-        "back); first acknowledged write after a restart within 3 s. The restart figure is "
-        "dominated by the broker's start-up (Python, log recovery) on a loaded 2-core machine: "
-        "the old lease no longer adds anything (the controller moves leadership the moment the "
-        "new process takes its registration back).",
+        "back); first acknowledged write after a restart within 3 s. The restarted process "
+        "deletes its previous run's registration first thing (before opening its logs), and "
+        "the controller moves that run's leadership at once: the old lease adds nothing any "
+        "more, what remains is the interpreter's start-up and the clients' retry, slow on "
+        "this loaded 2-core machine.",
         f"- Misses: {misses(outage, first_write)}.",
     ]
     return "\n".join(lines)

@@ -63,7 +63,12 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
-from fjord.metadata.registration import LeaseStatus, refresh_lease_once, register_under_lease
+from fjord.metadata.registration import (
+    LeaseStatus,
+    refresh_lease_once,
+    register_under_lease,
+    take_back_registration,
+)
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
@@ -334,6 +339,9 @@ class BrokerServer:
         self._lock.acquire()
         check_data_dir_identity(opts.data_dir, opts.cluster_id, opts.broker_id)
         self.previous_incarnation = record_incarnation(opts.data_dir, self.incarnation)
+        self._etcd = etcd_client(opts.etcd_url)
+        await self._etcd.connect()
+        await self._end_previous_run()
         default_log_config = topic_settings(opts.config, {}, {}).log_config
         # LogManager loads (and recovers) every partition at construction: a worker thread.
         self._logs = await asyncio.to_thread(LogManager, opts.data_dir, default_log_config)
@@ -349,8 +357,6 @@ class BrokerServer:
         )
         fetchers = self._fetchers
 
-        self._etcd = etcd_client(opts.etcd_url)
-        await self._etcd.connect()
         self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
         replicas = self.replicas
 
@@ -545,6 +551,23 @@ class BrokerServer:
         )
         self.broker_epoch = revision
         return revision
+
+    async def _end_previous_run(self) -> None:
+        """Delete the registration our previous run on this data dir left (killed: its lease
+        has not expired yet) first thing at start, before the logs are opened: the controller
+        moves that run's leadership to other ISR members at once, so writes resume while this
+        process is still starting instead of when it registers. Best effort: registering
+        later takes the registration back anyway."""
+        assert self._etcd is not None
+        broker_id = self.options.broker_id
+        try:
+            await take_back_registration(
+                self._etcd, self._keys.broker(broker_id).encode(), self._own_registration,
+                f"broker {broker_id}",
+            )
+        except Exception as exc:
+            log.warning("broker %d: could not check for its previous run's registration: %s",
+                        broker_id, exc)
 
     def _own_registration(self, value: bytes) -> bool:
         """Whether a registration found under our id is this process's or its predecessor's

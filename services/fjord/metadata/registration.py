@@ -54,7 +54,9 @@ async def register_under_lease(
                 revision = int(responses[0].response_put.header.revision)
                 log.info("%s registered (epoch %d)", what, revision)
                 return lease.id, revision
-            if replaceable is not None and await _take_back(etcd, key, replaceable, what):
+            if replaceable is not None and await take_back_registration(
+                etcd, key, replaceable, what
+            ):
                 await etcd.revoke_lease(lease.id)
                 continue
             log.warning(
@@ -82,7 +84,7 @@ class LeaseStatus(Enum):
     GONE = "gone"  # etcd says it expired or was revoked: the registration no longer exists
 
 
-async def _take_back(
+async def take_back_registration(
     etcd: aetcd.Client, key: bytes, replaceable: Callable[[bytes], bool], what: str
 ) -> bool:
     """Delete the registration at ``key`` if ``replaceable`` says it is our own previous run's
