@@ -481,6 +481,50 @@ def test_operator_logs_in_in_cluster_with_the_charts_service_account(
     _reconcile_and_delete_a_topic(real_kube, admin, IN_CLUSTER_NS, in_cluster_operator)
 
 
+def test_a_topic_grows_and_a_decrease_is_refused_in_status(
+    real_kube: RealKube, in_cluster_operator: Path, admin: AdminClient
+) -> None:
+    ns, name = IN_CLUSTER_NS, "growing"
+    topic_name = f"real-api.grow.{uuid.uuid4().hex[:8]}"
+    _apply(real_kube, _topic(ns, name, topic_name, partitions=2))
+    _wait(
+        lambda: _ready_topic(real_kube, ns, name), "Ready", in_cluster_operator, RECONCILE_TIMEOUT_S
+    )
+    patch = '{"spec": {"partitions": %d}}'
+    real_kube.kubectl("patch", "fjordtopic", name, "-n", ns, "--type=merge", "-p", patch % 4)
+    grown = _wait(
+        lambda: (o := _ready_topic(real_kube, ns, name)) and o["status"]["partitions"] == 4 and o,
+        "grown to 4 partitions",
+        in_cluster_operator,
+        RECONCILE_TIMEOUT_S,
+    )
+    assert grown["status"]["observedGeneration"] == 2
+    assert _fjord_partitions(admin, topic_name) == 4
+    real_kube.kubectl("patch", "fjordtopic", name, "-n", ns, "--type=merge", "-p", patch % 1)
+
+    def refused() -> dict[str, Any] | None:
+        obj = real_kube.get_json("fjordtopic", name, "-n", ns)
+        error = _condition(obj, "Error")
+        return obj if error is not None and error["status"] == "True" else None
+
+    obj = _wait(refused, "the decrease refused", in_cluster_operator, RECONCILE_TIMEOUT_S)
+    assert _condition(obj, "Error")["reason"] == "PartitionDecreaseRefused"  # type: ignore[index]
+    assert _condition(obj, "Ready")["status"] == "False"  # type: ignore[index]
+    assert obj["status"]["partitions"] == 4
+    assert _fjord_partitions(admin, topic_name) == 4
+    # kubectl shows the refusal in the READY column.
+    row = real_kube.kubectl("get", "fjt", name, "-n", ns, "--no-headers").stdout.split()
+    assert row[:5] == [name, CLUSTER, "1", "2", "False"]
+    real_kube.kubectl("delete", "fjordtopic", name, "-n", ns, "--wait=false")
+    _wait(
+        lambda: real_kube.get_json("fjordtopic", name, "-n", ns) is None,
+        "released",
+        in_cluster_operator,
+        RECONCILE_TIMEOUT_S,
+    )
+    assert _fjord_partitions(admin, topic_name) is None
+
+
 OWNED = [
     ("statefulset", f"{CLUSTER}-broker"),
     ("service", f"{CLUSTER}-broker"),
