@@ -18,6 +18,7 @@ from typing import Any
 from fjord.cluster.topic_config import split_cluster_config
 from fjord.errors import ConfigError
 from fjord.metadata import parse_etcd_endpoint
+from fjord.metadata.etcd import parse_etcd_url
 from fjord_operator import settings as s
 
 Obj = dict[str, Any]
@@ -115,9 +116,16 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
         problems.append("spec.etcd needs exactly one of endpoints or managed")
     for endpoint in etcd.get("endpoints") or ():
         try:
-            parse_etcd_endpoint(str(endpoint))
+            tls, _, _ = parse_etcd_url(str(endpoint))
         except ConfigError as exc:
             problems.append(f"spec.etcd.endpoints: {exc}")
+            continue
+        if tls:
+            # The operator does not put certificates into pods yet (issue 16, Kubernetes).
+            problems.append(
+                f"spec.etcd.endpoints: {endpoint!r}: https endpoints are not supported by the "
+                "operator yet; expected an endpoint like http://HOST:PORT"
+            )
     if has_managed and (etcd.get("managed") or {}).get("replicas", 1) not in (1, 3):
         problems.append("spec.etcd.managed.replicas must be 1 or 3")
     for where, storage in (

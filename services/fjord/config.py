@@ -25,6 +25,7 @@ from fjord.groups.defaults import (
     CONSUMER_MAX_POLL_INTERVAL_MS,
     CONSUMER_SESSION_TIMEOUT_MS,
 )
+from fjord.security import ClientSecurity
 
 DEFAULT_BOOTSTRAP_PORT = DEFAULT_BROKER_PORT
 """Port assumed for a bootstrap address given without one: the brokers' default (Kafka's 9092)."""
@@ -155,6 +156,16 @@ _COMMON = (
     ConfigDef("request.timeout.ms", 30000, _int(1), "Longest wait for one request's answer."),
     ConfigDef("retry.backoff.ms", 100, _int(0), "Pause before retrying a failed request."),
     ConfigDef("metadata.max.age.ms", 300000, _int(0), "Refresh metadata at least this often."),
+    # Security (Kafka's names; validated together by fjord.security.ClientSecurity).
+    ConfigDef("security.protocol", "PLAINTEXT", _string, "PLAINTEXT or SSL (TLS)."),
+    ConfigDef("ssl.ca.location", None, _optional_string, "PEM CA certificates to trust."),
+    ConfigDef("ssl.certificate.location", None, _optional_string, "PEM client certificate."),
+    ConfigDef("ssl.key.location", None, _optional_string, "PEM private key of that certificate."),
+    ConfigDef("ssl.key.password", None, _optional_string, "Refused: keys must be unencrypted."),
+    ConfigDef(
+        "ssl.endpoint.identification.algorithm", "https", _string,
+        "https: the server's certificate must name the host dialled (the only choice).",
+    ),
 )
 
 _PRODUCER = (
@@ -347,6 +358,8 @@ def parse_config(definitions: Mapping[str, ConfigDef], raw: Mapping[str, Any]) -
             values[name] = None
         else:
             values[name] = definition.parse(name, definition.default)
+    if "security.protocol" in definitions:
+        ClientSecurity.from_config(values)  # SecurityConfigError names the key
     return ClientConfig(values)
 
 

@@ -81,6 +81,7 @@ class ErrorCode(Enum):
     FETCH_SESSION_ID_NOT_FOUND = (70, True)
     LISTENER_NOT_FOUND = (72, True)
     UNSUPPORTED_ENDPOINT_TYPE = (115, False)
+    CLUSTER_AUTHORIZATION_FAILED = (31, False)
 
     @property
     def code(self) -> int:
@@ -220,6 +221,13 @@ def error_for_code(code: ErrorCode, message: str = "") -> FjordError:
     """The exception instance a client raises for an error code received from a server."""
     cls = _CLASS_BY_CODE.get(code, FjordError)
     return cls(message, code=code)
+
+
+@register_error_class
+class ClusterAuthorizationError(FjordError):
+    """The caller lacks the cluster service identity an inter-broker request needs."""
+
+    code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
 
 # Broker request errors (Kafka's names). Clients refresh metadata and retry the retriable ones.

@@ -13,6 +13,8 @@ from collections.abc import Awaitable, Callable
 from grpc import aio
 
 from fjord.errors import ConfigError
+from fjord.security import ServiceSecurity
+from fjord.tls import bind_port
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +39,15 @@ def parse_listen(address: str, default_port: int) -> tuple[str, int]:
     return host, port
 
 
-def bind_insecure_port(server: aio.Server, host: str, port: int) -> int:
-    """Bind ``server`` to ``host:port`` (port 0: a free one); returns the bound port. Raises
-    ConfigError naming the address when it cannot be bound."""
+def bind_grpc_port(
+    server: aio.Server, host: str, port: int, security: ServiceSecurity | None = None
+) -> int:
+    """Bind ``server`` to ``host:port`` (port 0: a free one), with TLS when ``security`` is
+    given (plaintext otherwise); returns the bound port. Raises ConfigError naming the address
+    when it cannot be bound, or the key of a TLS file that cannot be read."""
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        bound = server.add_insecure_port(address)
+        bound = bind_port(server, address, security)
     except RuntimeError as exc:  # newer grpc raises instead of returning 0
         raise ConfigError(f"listen: cannot bind {address}: {exc}") from exc
     if bound == 0:

@@ -21,7 +21,7 @@ from fjord.cli.broker_cmd import broker
         (["--listen", "127.0.0.1:http"], "listen"),
         (["--lease-ttl", "0"], "lease-ttl"),
         (["--cluster-id", "a/b"], "cluster-id"),
-        (["--etcd", "https://etcd:2379"], "etcd"),
+        (["--etcd", "https://etcd"], "etcd"),
     ],
 )
 def test_bad_options_fail_fast(tmp_path: Path, extra: list[str], message: str) -> None:

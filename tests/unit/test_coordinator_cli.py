@@ -27,7 +27,7 @@ from fjord.errors import ConfigError
         (["--lease-ttl", "0"], "lease-ttl"),
         (["--lag-refresh-interval", "0"], "lag-refresh-interval"),
         (["--cluster-id", "a/b"], "cluster-id"),
-        (["--etcd", "https://etcd:2379"], "etcd"),
+        (["--etcd", "https://etcd"], "etcd"),
     ],
 )
 def test_bad_options_fail_fast(extra: list[str], message: str) -> None:

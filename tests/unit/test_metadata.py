@@ -313,14 +313,21 @@ def test_incremental_apply_equals_snapshot_of_final_state(ops, batch) -> None:  
 @pytest.mark.parametrize(
     ("url", "expected"),
     [("http://127.0.0.1:2379", ("127.0.0.1", 2379)), ("etcd.local:1", ("etcd.local", 1)),
-     ("http://[::1]:2379/", ("::1", 2379))],
+     ("http://[::1]:2379/", ("::1", 2379)), ("https://etcd:2379", ("etcd", 2379))],
 )
 def test_parse_etcd_endpoint(url: str, expected: tuple[str, int]) -> None:
     assert parse_etcd_endpoint(url) == expected
 
 
+def test_etcd_endpoint_scheme_says_tls() -> None:
+    from fjord.metadata.etcd import parse_etcd_url
+
+    assert parse_etcd_url("https://etcd:2379") == (True, "etcd", 2379)
+    assert parse_etcd_url("etcd:2379") == (False, "etcd", 2379)
+
+
 @pytest.mark.parametrize(
-    "url", ["https://h:1", "http://h", "http://h:x", "http://h:1/path", "http://:1", "ftp://h:1"]
+    "url", ["https://h", "http://h", "http://h:x", "http://h:1/path", "http://:1", "ftp://h:1"]
 )
 def test_bad_etcd_endpoint_names_etcd(url: str) -> None:
     with pytest.raises(ConfigError, match="etcd"):

@@ -28,6 +28,7 @@ from fjord.errors import (
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.groups.offsets_topic import group_partition
 from fjord.metadata import CoordinatorRegistration, MetadataImage
+from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +110,7 @@ class OffsetsTopicCreator:
         if self._channel is None or address != self._address:
             if self._channel is not None:
                 await self._channel.close()
-            self._channel, self._address = grpc.aio.insecure_channel(address), address
+            self._channel, self._address = open_channel(address), address
         stub = controller_pb2_grpc.ControllerStub(self._channel)
         request = controller_pb2.CreateTopicsRequest(
             topics=[

@@ -21,6 +21,7 @@ from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication import FollowerTarget, build_fetch_request, group_by_source
+from fjord.tls import open_channel
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class SourceFetcher:
             return None
         if self._channel is None or address != self._channel_address:
             await self.close_channel()
-            self._channel = aio.insecure_channel(
+            self._channel = open_channel(
                 address,
                 options=[
                     ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),

@@ -20,6 +20,7 @@ from fjord.broker.partition import PartitionAssignment
 from fjord.broker.replica_manager import IsrChangeRequest, ReplicaManager
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage
+from fjord.tls import open_channel
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -63,7 +64,7 @@ class AlterPartitionSender:
         address = controller.registration.address
         if self._channel is None or address != self._address:
             await self.close()
-            self._channel = aio.insecure_channel(address)
+            self._channel = open_channel(address)
             self._address = address
         return controller_pb2_grpc.ControllerStub(self._channel)
 

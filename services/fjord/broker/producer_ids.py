@@ -20,6 +20,7 @@ from fjord._proto import controller_pb2, controller_pb2_grpc
 from fjord.broker import defaults
 from fjord.errors import ErrorCode, FjordError, error_code_from_number, error_for_code
 from fjord.metadata import MetadataImage
+from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class ProducerIdAllocator:
         address = active.registration.address
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(
+            channel = self._channels[address] = open_channel(
                 address, options=self._channel_options
             )
         stub = controller_pb2_grpc.ControllerStub(channel)

@@ -71,9 +71,11 @@ from fjord.metadata.registration import (
 )
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
-from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
+from fjord.security import ServiceSecurity
+from fjord.serving import advertised_host, bind_grpc_port, run_until_signalled
 from fjord.storage import LogManager
 from fjord.storage.disk_health import DiskCondition, describe_os_error, is_out_of_space
+from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
 
 log = logging.getLogger(__name__)
 
@@ -244,8 +246,14 @@ class BrokerOptions:
     #: ``kafka_advertised``: the (host, port) Kafka clients are told (port 0: the bound one).
     kafka_listener: tuple[str, int] | None = None
     kafka_advertised: tuple[str, int] | None = None
+    #: TLS for every listener and every connection this broker opens (None: plaintext);
+    #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
+    security: ServiceSecurity | None = None
+    kafka_tls: bool = False
 
     def __post_init__(self) -> None:
+        if self.kafka_tls and self.security is None:
+            raise ConfigError("listeners: an SSL:// listener needs --security-config")
         if self.broker_id < 0:
             raise ConfigError(f"id: broker id must be >= 0, got {self.broker_id}")
         if self.broker_id >= COORDINATOR_NODE_ID_BASE:
@@ -339,6 +347,7 @@ class BrokerServer:
         self._lock.acquire()
         check_data_dir_identity(opts.data_dir, opts.cluster_id, opts.broker_id)
         self.previous_incarnation = record_incarnation(opts.data_dir, self.incarnation)
+        use_service_security(opts.security)
         self._etcd = etcd_client(opts.etcd_url)
         await self._etcd.connect()
         await self._end_previous_run()
@@ -383,9 +392,12 @@ class BrokerServer:
         servicer = BrokerServicer(
             replicas, lambda: self._image(), self._producer_ids, self._offsets_topic,
             self.describe_log_dirs,
+            cluster_action=ClusterActionGuard.for_service(opts.security),
         )
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._server)
-        self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
+        self.port = bind_grpc_port(
+            self._server, opts.listen_host, opts.listen_port, opts.security
+        )
         await self._server.start()
         if opts.kafka_listener is not None:
             self._forwarder = ControllerForwarder(self._image)
@@ -398,12 +410,17 @@ class BrokerServer:
             )
             host, port = opts.kafka_listener
             self._kafka = KafkaListener(
-                handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka"
+                handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka",
+                ssl_context=(
+                    server_ssl_context(opts.security)
+                    if opts.kafka_tls and opts.security else None
+                ),
             )
             try:
                 await self._kafka.start()
             except OSError as exc:
-                raise ConfigError(f"listeners: cannot bind KAFKA://{host}:{port}: {exc}") from exc
+                door = "SSL" if opts.kafka_tls else "KAFKA"
+                raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
 
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)

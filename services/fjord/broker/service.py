@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from grpc import aio
 
-from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
 from fjord.broker.metadata_view import MetadataResponder
 from fjord.broker.producer_ids import ProducerIdAllocator
@@ -19,6 +19,24 @@ from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
+from fjord.tls import ClusterActionGuard
+
+_CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
+    code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
+    message="inter-broker request refused: the caller lacks the cluster service identity",
+)
+
+
+def refused_produce(request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    """CLUSTER_AUTHORIZATION_FAILED for every partition of ``request`` (nothing written)."""
+    response = broker_pb2.ProduceResponse()
+    for topic in request.topics:
+        out = response.topics.add(name=topic.name)
+        for p in topic.partitions:
+            out.partitions.add(
+                partition=p.partition, error=_CLUSTER_AUTHORIZATION_FAILED, base_offset=-1
+            )
+    return response
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
@@ -36,8 +54,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         producer_ids: ProducerIdAllocator | None = None,
         offsets_topic: OffsetsTopicCreator | None = None,
         log_dirs: Callable[[], broker_pb2.DescribeLogDirsResponse] | None = None,
+        cluster_action: ClusterActionGuard | None = None,
     ) -> None:
         self._replicas = replicas
+        #: Inter-broker requests (a follower's Fetch, a coordinator's __consumer_offsets
+        #: append) need the cluster service identity when this guard is enforced.
+        self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
         self._log_dirs = log_dirs
         self._image = image
         self._producer_ids = producer_ids
@@ -47,11 +69,19 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: aio.ServicerContext
     ) -> broker_pb2.ProduceResponse:
+        if any(t.name == OFFSETS_TOPIC for t in request.topics) and not (
+            self._cluster_action.allows(context, f"Produce to {OFFSETS_TOPIC}")
+        ):
+            return refused_produce(request)
         return await self._replicas.produce(request)
 
     async def Fetch(
         self, request: broker_pb2.FetchRequest, context: aio.ServicerContext
     ) -> broker_pb2.FetchResponse:
+        if request.replica_id >= 0 and not self._cluster_action.allows(
+            context, f"follower Fetch (replica_id {request.replica_id})"
+        ):
+            return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
         return await self._replicas.fetch(request)
 
     async def ListOffsets(

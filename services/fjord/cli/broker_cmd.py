@@ -10,9 +10,10 @@ import click
 
 from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer
+from fjord.cli.security_options import load_service_security, security_config_option
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import resolve_listeners
+from fjord.kafka.listeners import kafka_listener_uses_tls, resolve_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
 
@@ -52,7 +53,11 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     required=True,
     help="Directory of this broker's partition logs.",
 )
-@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option(
+    "--etcd", "etcd_url", required=True,
+    help="etcd endpoint, http://HOST:PORT, or https://HOST:PORT (TLS with this service's "
+    "--security-config certificate).",
+)
 @click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
 @click.option("--rack", default=None, help="Rack (or zone) of this broker, for replica spread.")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
@@ -75,6 +80,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Seconds of the etcd lease that keeps this broker registered.",
 )
+@security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def broker(
     broker_id: int,
@@ -89,6 +95,7 @@ def broker(
     config_items: tuple[str, ...],
     advertised_host: str | None,
     lease_ttl: int,
+    security_config: str | None,
     log_level: str,
 ) -> None:
     """Run a broker: host partition replicas, serve Produce/Fetch/ListOffsets/Metadata."""
@@ -114,6 +121,8 @@ def broker(
             lease_ttl_s=lease_ttl,
             kafka_listener=kafka,
             kafka_advertised=kafka_advertised,
+            security=load_service_security(security_config),
+            kafka_tls=kafka_listener_uses_tls(listeners),
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

@@ -23,6 +23,7 @@ from fjord.config import (
     parse_host_port,
 )
 from fjord.errors import ConfigError, FjordError
+from fjord.security import parse_properties
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -40,8 +41,36 @@ CONNECT_PROBE_TIMEOUT_S = 3.0
 address counts as unreachable (a refused connection fails at once)."""
 
 
+COMMAND_CONFIG_META = "fjord.command_config"
+
+
+def _store_command_config(ctx: click.Context, _param: click.Parameter, path: str | None) -> None:
+    if path is None:
+        return
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {path}: {exc.strerror or exc}", param_hint="--command-config"
+        ) from exc
+    try:
+        ctx.meta[COMMAND_CONFIG_META] = parse_properties(text, path)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--command-config") from exc
+
+
+def command_config() -> dict[str, str]:
+    """The client properties of ``--command-config FILE`` (Kafka's tools' option: e.g.
+    ``security.protocol=SSL`` and the ``ssl.*`` files), {} without one. Every client the
+    command builds starts from them; the command's own flags win."""
+    ctx = click.get_current_context(silent=True)
+    return dict(ctx.meta.get(COMMAND_CONFIG_META, {})) if ctx is not None else {}
+
+
 def admin_client_config(bootstrap_server: str | None) -> dict[str, Any]:
     return {
+        **command_config(),
         "bootstrap.servers": bootstrap_for_command(bootstrap_server),
         "default.api.timeout.ms": CLI_API_TIMEOUT_MS,
     }
@@ -140,6 +169,17 @@ def bootstrap_for_command(option: str | None) -> str:
 
 
 def bootstrap_option(fn: F) -> F:
+    """``--bootstrap-server`` and ``--command-config FILE`` (read with :func:`command_config`)."""
+    fn = click.option(
+        "--command-config",
+        default=None,
+        metavar="FILE",
+        expose_value=False,
+        is_eager=True,
+        callback=_store_command_config,
+        help="Client properties file, as Kafka's tools take it (security.protocol=SSL, "
+        "ssl.ca.location, ssl.certificate.location, ssl.key.location, ...).",
+    )(fn)
     return click.option(
         "--bootstrap-server",
         "bootstrap_server",

@@ -19,6 +19,7 @@ import click
 from fjord.cli.client_common import (
     bootstrap_for_command,
     bootstrap_option,
+    command_config,
     friendly_errors,
     parse_pairs,
 )
@@ -97,6 +98,7 @@ def produce(
     parse_key = _true(props, "parse.key")
     separator = props.get("key.separator", "\t")
     config: dict[str, Any] = {
+        **command_config(),
         "bootstrap.servers": bootstrap_for_command(bootstrap_server),
         "max.block.ms": _CONSOLE_MAX_BLOCK_MS,
         "linger.ms": 5,
@@ -273,6 +275,7 @@ def consume(
             from_beginning = True
     bootstrap = bootstrap_for_command(bootstrap_server)
     config: dict[str, Any] = {
+        **command_config(),
         "bootstrap.servers": bootstrap,
         "auto.offset.reset": "earliest" if from_beginning else "latest",
     }
@@ -370,7 +373,7 @@ def _group_id(option: str | None, from_property: str | None) -> str | None:
 
 def _without_leader(bootstrap: str, topic: str, partitions: list[int]) -> list[int]:
     """Which of ``partitions`` of ``topic`` have no leader now, as the metadata says."""
-    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+    with AdminClient({**command_config(), "bootstrap.servers": bootstrap}) as admin:
         (described,) = admin.describe_topics([topic])
     wanted = set(partitions)
     return sorted(p.partition for p in described.partitions

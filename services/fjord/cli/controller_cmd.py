@@ -8,6 +8,7 @@ import logging
 import click
 
 from fjord.cli.client_common import parse_pairs
+from fjord.cli.security_options import load_service_security, security_config_option
 from fjord.cluster.topic_config import validate_cluster_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
@@ -22,7 +23,11 @@ from fjord.metadata import parse_etcd_endpoint
 @click.command("controller")
 @click.option("--id", "controller_id", type=int, required=True, help="Controller id, unique.")
 @click.option("--listen", required=True, help="HOST:PORT to serve gRPC on (port 0: any free).")
-@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option(
+    "--etcd", "etcd_url", required=True,
+    help="etcd endpoint, http://HOST:PORT, or https://HOST:PORT (TLS with this service's "
+    "--security-config certificate).",
+)
 @click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option(
@@ -56,6 +61,7 @@ from fjord.metadata import parse_etcd_endpoint
     help="Cluster default, Kafka's names (num.partitions=12, default.replication.factor=3, "
     "min.insync.replicas=2, retention.ms=...); etcd's cluster-config overrides it key by key.",
 )
+@security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def controller(
     controller_id: int,
@@ -68,6 +74,7 @@ def controller(
     auto_leader_rebalance: bool,
     leader_imbalance_check_interval: float,
     config_items: tuple[str, ...],
+    security_config: str | None,
     log_level: str,
 ) -> None:
     """Run a controller: one active (leader lease in etcd), the others standby.
@@ -92,6 +99,7 @@ def controller(
         static_config = validate_cluster_config(parse_pairs(config_items, "--config"))
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
+    security = load_service_security(security_config)
     try:
         asyncio.run(
             run_controller(
@@ -100,6 +108,7 @@ def controller(
                 auto_leader_rebalance=auto_leader_rebalance,
                 leader_imbalance_check_interval_s=leader_imbalance_check_interval,
                 static_config=static_config,
+                security=security,
             )
         )
     except OSError as exc:

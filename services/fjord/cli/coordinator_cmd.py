@@ -7,10 +7,11 @@ import logging
 
 import click
 
+from fjord.cli.security_options import load_service_security, security_config_option
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import resolve_listeners
+from fjord.kafka.listeners import kafka_listener_uses_tls, resolve_listeners
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
 
@@ -44,7 +45,11 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     help="NAME://HOST:PORT clients are told per listener (default: the listen address; "
     "port 0: the bound port). Only KAFKA is used; GRPC's host is --advertised-host.",
 )
-@click.option("--etcd", "etcd_url", required=True, help="etcd endpoint, http://HOST:PORT.")
+@click.option(
+    "--etcd", "etcd_url", required=True,
+    help="etcd endpoint, http://HOST:PORT, or https://HOST:PORT (TLS with this service's "
+    "--security-config certificate).",
+)
 @click.option("--cluster-id", required=True, help="Cluster id (etcd prefix /fjord/<id>/).")
 @click.option("--metrics-port", type=int, default=None, help="Serve Prometheus /metrics here.")
 @click.option(
@@ -73,6 +78,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     metavar="K=V",
     help="Coordinator setting (Kafka names): " + ", ".join(CONFIG_KEYS) + ".",
 )
+@security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def coordinator(
     coordinator_id: int,
@@ -86,6 +92,7 @@ def coordinator(
     lease_ttl: int,
     lag_refresh_interval: float,
     config_items: tuple[str, ...],
+    security_config: str | None,
     log_level: str,
 ) -> None:
     """Run a group coordinator: consumer groups and committed offsets of the
@@ -112,6 +119,8 @@ def coordinator(
             config=_parse_config(config_items),
             kafka_listener=kafka,
             kafka_advertised=kafka_advertised,
+            security=load_service_security(security_config),
+            kafka_tls=kafka_listener_uses_tls(listeners),
         )
         setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

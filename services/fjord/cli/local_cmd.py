@@ -82,6 +82,12 @@ def local() -> None:
     metavar="KEY=VALUE",
     help="Cluster-wide broker/topic default (Kafka names), e.g. min.insync.replicas=2.",
 )
+@click.option(
+    "--secure",
+    is_flag=True,
+    help="TLS with client certificates on every listener and on etcd: makes a CA and "
+    "certificates in DATA_DIR/tls and writes DATA_DIR/client.properties for clients.",
+)
 def up(
     data_dir: Path | None,
     brokers: int,
@@ -89,6 +95,7 @@ def up(
     port: int | None,
     detach: bool,
     config_items: tuple[str, ...],
+    secure: bool,
 ) -> None:
     """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
     foreground until Ctrl-C (or SIGTERM), then stops everything.
@@ -108,6 +115,7 @@ def up(
             coordinators=coordinators,
             broker_port=first_port,
             broker_port_fallback=port is None,
+            secure=secure,
         )
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
@@ -122,6 +130,14 @@ def up(
     coordinators_text = ", ".join(f"{i}={a}" for i, a in cluster.coordinator_addresses.items())
     click.echo(f"group coordinators: {coordinators_text or 'none'}")
     click.echo(f"etcd: {cluster.etcd_url}  data: {cluster.data_dir}")
+    if cluster.client_properties is not None:
+        props = cluster.client_properties
+        click.echo(f"secure: mutual TLS everywhere; client settings (User:admin) in {props}")
+        click.echo(f"  fjord topics list --command-config {props}")
+        click.echo(
+            "  Kafka clients: the same keys (security.protocol=SSL, ssl.ca.location, "
+            "ssl.certificate.location, ssl.key.location)"
+        )
     if detach:
         click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
         return

@@ -20,6 +20,7 @@ import click
 from fjord.cli.client_common import (
     bootstrap_for_command,
     bootstrap_option,
+    command_config,
     friendly_errors,
     parse_pairs,
 )
@@ -153,7 +154,9 @@ def perf_produce(
     """Measure producer throughput and latency."""
     if num_records <= 0 or record_size < 0:
         raise click.UsageError("--num-records must be > 0 and --record-size >= 0")
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap_for_command(bootstrap_server)}
+    config: dict[str, Any] = {
+        **command_config(), "bootstrap.servers": bootstrap_for_command(bootstrap_server)
+    }
     config.update(parse_pairs(props, "--producer-props"))
     producer = Producer(config)
     try:
@@ -191,7 +194,9 @@ def perf_consume(
     output: str,
 ) -> None:
     """Measure consumer throughput."""
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap_for_command(bootstrap_server)}
+    config: dict[str, Any] = {
+        **command_config(), "bootstrap.servers": bootstrap_for_command(bootstrap_server)
+    }
     config.update(parse_pairs(props, "--consumer-props"))
     consumer = Consumer(config)
     try:

@@ -67,6 +67,7 @@ from fjord.groups.lag import (
 )
 from fjord.groups.protocol import decode_assignment
 from fjord.groups.state import GroupState
+from fjord.security import ClientSecurity
 
 T = TypeVar("T")
 
@@ -303,6 +304,7 @@ class AdminClient:
             request_timeout_ms=cfg["request.timeout.ms"],
             service="admin",
             tracer_provider=tracer_provider,
+            security=ClientSecurity.from_config(cfg),
         )
         self._closed = False
         self._reader: Consumer | None = None

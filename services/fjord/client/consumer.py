@@ -62,6 +62,7 @@ from fjord.errors import (
     OffsetOutOfRangeError,
     error_for_code,
 )
+from fjord.security import ClientSecurity
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class Consumer:
             allow_auto_topic_creation=cfg["allow.auto.create.topics"],
             service="consumer",
             tracer_provider=tracer_provider,
+            security=ClientSecurity.from_config(cfg),
         )
         self._offsets = OffsetFetcher(state, self._network, cfg)
         self._fetcher = Fetcher(state, self._network, self._io, cfg, self._offsets)

@@ -34,6 +34,8 @@ from fjord.errors import (
     error_for_code,
 )
 from fjord.runtime import freeze_startup_objects
+from fjord.security import ClientSecurity
+from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -164,10 +166,15 @@ class Network:
         allow_auto_topic_creation: bool = False,
         service: str = "client",
         tracer_provider: Any | None = None,
+        security: ClientSecurity | None = None,
     ) -> None:
         self.bootstrap = [f"{h}:{p}" for h, p in bootstrap]
         self.interceptors = client_interceptors_if_enabled(service, tracer_provider)
         self.client_id = client_id
+        #: How channels dial: the client's TLS settings, else (plaintext settings, None) as
+        #: this process (fjord.tls.open_channel): plaintext in an application, the service's
+        #: own certificate inside a secured broker or coordinator (its internal clients).
+        self.security = security if security is not None and security.uses_tls else None
         self.request_timeout_s = request_timeout_ms / 1000
         self.allow_auto_topic_creation = allow_auto_topic_creation
         self.snapshot: ClusterSnapshot = EMPTY_SNAPSHOT
@@ -183,8 +190,9 @@ class Network:
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
         if channel is None:
-            channel = grpc.aio.insecure_channel(
+            channel = open_channel(
                 address,
+                self.security,
                 options=[
                     ("grpc.max_send_message_length", CHANNEL_MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", CHANNEL_MAX_MESSAGE_BYTES),

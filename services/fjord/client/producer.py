@@ -54,6 +54,7 @@ from fjord.errors import (
 )
 from fjord.records import Compression
 from fjord.records.builder import BatchBuilder
+from fjord.security import ClientSecurity
 from fjord.topic_names import validate_topic_name
 
 log = logging.getLogger(__name__)
@@ -372,6 +373,7 @@ class _ProducerBase:
             allow_auto_topic_creation=cfg["allow.auto.create.topics"],
             service="producer",
             tracer_provider=tracer_provider,
+            security=ClientSecurity.from_config(cfg),
         )
         # With tracing configured, records sent inside a span carry its traceparent header
         # (decided once here: the check is not free and send() is the hot path).

@@ -22,6 +22,7 @@ from fjord.controller.defaults import (
 from fjord.controller.planner import PartitionOutcome, ReassignmentRequest, TopicSpec
 from fjord.controller.service import ControllerService
 from fjord.errors import (
+    ClusterAuthorizationError,
     ErrorCode,
     FjordError,
     InvalidReplicaAssignmentError,
@@ -29,6 +30,8 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import etcd_client
+from fjord.security import ServiceSecurity
+from fjord.tls import ClusterActionGuard, bind_port, use_service_security
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -70,11 +73,22 @@ async def _topic_result(
     return controller_pb2.TopicResult(name=name, error=error_pb(error))
 
 
+def _refused(what: str) -> ClusterAuthorizationError:
+    return ClusterAuthorizationError(
+        f"{what} refused: the caller lacks the cluster service identity"
+    )
+
+
 class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     """Answers every RPC from the active controller; a standby answers NOT_CONTROLLER."""
 
-    def __init__(self, service: ControllerService) -> None:
+    def __init__(
+        self, service: ControllerService, cluster_action: ClusterActionGuard | None = None
+    ) -> None:
         self.service = service
+        #: AlterPartition and AllocateProducerIds come from brokers only: with an enforced
+        #: guard they need the cluster service identity.
+        self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
 
     async def CreateTopics(
         self, request: controller_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
@@ -203,6 +217,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.AlterPartitionRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AlterPartitionResponse:
         response = controller_pb2.AlterPartitionResponse()
+        if not self._cluster_action.allows(context, "AlterPartition"):
+            response.error.CopyFrom(error_pb(_refused("AlterPartition")))
+            return response
         try:
             items = [
                 (p.topic, p.partition, p.leader_epoch, p.partition_epoch, list(p.new_isr),
@@ -231,6 +248,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         self, request: controller_pb2.AllocateProducerIdsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AllocateProducerIdsResponse:
         response = controller_pb2.AllocateProducerIdsResponse()
+        if not self._cluster_action.allows(context, "AllocateProducerIds"):
+            response.error.CopyFrom(error_pb(_refused("AllocateProducerIds")))
+            return response
         try:
             first, count = await self.service.allocate_producer_ids(
                 request.broker_id, request.broker_epoch
@@ -324,9 +344,12 @@ async def run_controller(
     auto_leader_rebalance: bool = AUTO_LEADER_REBALANCE_ENABLE,
     leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
     static_config: Mapping[str, str] | None = None,
+    security: ServiceSecurity | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit.
-    ``static_config``: cluster defaults under etcd's cluster-config (``--config``)."""
+    ``static_config``: cluster defaults under etcd's cluster-config (``--config``);
+    ``security``: TLS on the listener and towards etcd (None: plaintext); with required client
+    authentication AlterPartition and AllocateProducerIds need the cluster service identity."""
     from fjord.observability import server_interceptors, start_metrics_server
 
     host = listen.rpartition(":")[0].strip("[]")
@@ -335,7 +358,7 @@ async def run_controller(
         interceptors=server_interceptors("controller"), options=[("grpc.so_reuseport", 0)]
     )
     try:
-        port = server.add_insecure_port(listen)
+        port = bind_port(server, listen, security)
     except RuntimeError as exc:
         raise OSError(f"cannot listen on {listen} (cannot bind: in use?)") from exc
     if metrics_port is not None:
@@ -343,6 +366,9 @@ async def run_controller(
     # A wildcard listen address is not something peers can dial: advertise loopback instead.
     wildcard = host in ("", "0.0.0.0", "::")
     public_host = advertised_host or ("127.0.0.1" if wildcard else host)
+    if port == 0:
+        raise OSError(f"cannot listen on {listen} (cannot bind: in use?)")
+    use_service_security(security)
     client = etcd_client(etcd_url)
     service = ControllerService(
         client, cluster_id, controller_id, public_host, port, lease_ttl_s,
@@ -350,7 +376,8 @@ async def run_controller(
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         static_config=static_config,
     )
-    controller_pb2_grpc.add_ControllerServicer_to_server(ControllerServicer(service), server)
+    servicer = ControllerServicer(service, ClusterActionGuard.for_service(security))
+    controller_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

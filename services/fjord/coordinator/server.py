@@ -53,7 +53,9 @@ from fjord.observability.metrics import (
     start_metrics_server,
     stop_metrics_server,
 )
-from fjord.serving import advertised_host, bind_insecure_port, run_until_signalled
+from fjord.security import ServiceSecurity
+from fjord.serving import advertised_host, bind_grpc_port, run_until_signalled
+from fjord.tls import server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -131,8 +133,14 @@ class CoordinatorOptions:
     #: ``kafka_advertised``: the (host, port) Kafka clients are told (port 0: the bound one).
     kafka_listener: tuple[str, int] | None = None
     kafka_advertised: tuple[str, int] | None = None
+    #: TLS for every listener and every connection this coordinator opens (None: plaintext);
+    #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
+    security: ServiceSecurity | None = None
+    kafka_tls: bool = False
 
     def __post_init__(self) -> None:
+        if self.kafka_tls and self.security is None:
+            raise ConfigError("listeners: an SSL:// listener needs --security-config")
         if self.coordinator_id < 0:
             raise ConfigError(f"id: coordinator id must be >= 0, got {self.coordinator_id}")
         if self.lease_ttl_s < 1:
@@ -199,6 +207,7 @@ class CoordinatorServer:
 
     async def start(self) -> None:
         opts = self.options
+        use_service_security(opts.security)
         self._etcd = etcd_client(opts.etcd_url)
         await self._etcd.connect()
         self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
@@ -211,7 +220,9 @@ class CoordinatorServer:
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(self.manager), self._server
         )
-        self.port = bind_insecure_port(self._server, opts.listen_host, opts.listen_port)
+        self.port = bind_grpc_port(
+            self._server, opts.listen_host, opts.listen_port, opts.security
+        )
         await self._server.start()
         if opts.kafka_listener is not None:
             host, port = opts.kafka_listener
@@ -223,11 +234,16 @@ class CoordinatorServer:
                 host,
                 port,
                 name=f"coordinator {opts.coordinator_id} kafka",
+                ssl_context=(
+                    server_ssl_context(opts.security)
+                    if opts.kafka_tls and opts.security else None
+                ),
             )
             try:
                 await self._kafka.start()
             except OSError as exc:
-                raise ConfigError(f"listeners: cannot bind KAFKA://{host}:{port}: {exc}") from exc
+                door = "SSL" if opts.kafka_tls else "KAFKA"
+                raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
 

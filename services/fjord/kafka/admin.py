@@ -44,6 +44,7 @@ from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
 from fjord.kafka.dispatch import Api, RequestContext
 from fjord.kafka.metadata import kafka_nodes, lowest_kafka_broker
 from fjord.metadata import MetadataImage
+from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class ControllerForwarder:
         address = active.registration.address
         channel = self._channels.get(address)
         if channel is None:
-            channel = self._channels[address] = grpc.aio.insecure_channel(address)
+            channel = self._channels[address] = open_channel(address)
         stub = controller_pb2_grpc.ControllerStub(channel)
         timeout = ADMIN_FORWARD_TIMEOUT_S + max(timeout_ms, 0) / 1000
         try:

@@ -10,6 +10,9 @@ from __future__ import annotations
 GRPC_LISTENER = "GRPC"
 #: Listener name of the Kafka-protocol door, as written in ``listeners``.
 KAFKA_LISTENER = "KAFKA"
+#: The Kafka-protocol door over TLS (``fjord.tls.server_ssl_context``): needs
+#: ``--security-config``. A process has at most one Kafka-protocol door, KAFKA or SSL.
+SSL_LISTENER = "SSL"
 
 #: Port of the Kafka listener when ``KAFKA://HOST`` names none (Kafka's own default).
 DEFAULT_KAFKA_PORT = 9092

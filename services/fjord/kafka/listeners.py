@@ -1,16 +1,19 @@
 """Kafka's ``listeners`` / ``advertised.listeners`` syntax: ``NAME://HOST:PORT[,NAME://HOST:PORT]``.
 
-Fjord knows two listener names (:mod:`fjord.kafka.defaults`): ``GRPC`` (the native door) and
-``KAFKA`` (the Kafka-protocol door). Pure parsing; ConfigError names the option.
+Fjord knows three listener names (:mod:`fjord.kafka.defaults`): ``GRPC`` (the native door,
+TLS when the process has ``--security-config``), ``KAFKA`` (the Kafka-protocol door) and ``SSL``
+(the Kafka-protocol door over TLS); at most one of KAFKA and SSL. Pure parsing; ConfigError
+names the option.
 """
 
 from __future__ import annotations
 
 from fjord.errors import ConfigError
-from fjord.kafka.defaults import DEFAULT_KAFKA_PORT, GRPC_LISTENER, KAFKA_LISTENER
+from fjord.kafka.defaults import DEFAULT_KAFKA_PORT, GRPC_LISTENER, KAFKA_LISTENER, SSL_LISTENER
 from fjord.serving import advertised_host, parse_listen
 
-KNOWN_LISTENERS = (GRPC_LISTENER, KAFKA_LISTENER)
+KNOWN_LISTENERS = (GRPC_LISTENER, KAFKA_LISTENER, SSL_LISTENER)
+_KAFKA_DOORS = (KAFKA_LISTENER, SSL_LISTENER)
 
 
 def parse_listeners(text: str, option: str = "listeners") -> dict[str, tuple[str, int]]:
@@ -36,7 +39,7 @@ def parse_listeners(text: str, option: str = "listeners") -> dict[str, tuple[str
             raise ConfigError(f"{option}: listener {name} named twice")
         host, colon, port_text = address.rpartition(":")
         if not colon or "]" in port_text:
-            if name != KAFKA_LISTENER:
+            if name not in _KAFKA_DOORS:
                 raise ConfigError(f"{option}: {name} listener needs a port, got {item!r}")
             host, port_text = address, str(DEFAULT_KAFKA_PORT)
         host = host.strip("[]") or "0.0.0.0"
@@ -81,4 +84,18 @@ def resolve_listeners(
         host, port = parse_listen(listen, default_grpc_port)
     else:
         host, port = parsed[GRPC_LISTENER]
-    return host, port, parsed.get(KAFKA_LISTENER), advertised.get(KAFKA_LISTENER)
+    kafka_advertised = _kafka_door(advertised, "advertised-listeners")
+    return host, port, _kafka_door(parsed, "listeners"), kafka_advertised
+
+
+def kafka_listener_uses_tls(listeners: str) -> bool:
+    """Whether the Kafka-protocol door in ``listeners`` is ``SSL://`` (TLS) rather than
+    ``KAFKA://`` (plaintext)."""
+    return SSL_LISTENER in parse_listeners(listeners)
+
+
+def _kafka_door(parsed: dict[str, tuple[str, int]], option: str) -> tuple[str, int] | None:
+    doors = [name for name in _KAFKA_DOORS if name in parsed]
+    if len(doors) > 1:
+        raise ConfigError(f"{option}: one Kafka-protocol listener, KAFKA:// or SSL://, not both")
+    return parsed[doors[0]] if doors else None

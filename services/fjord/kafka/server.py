@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
@@ -45,6 +46,7 @@ class KafkaListener:
         max_request_bytes: int = defaults.SOCKET_REQUEST_MAX_BYTES,
         idle_timeout_ms: int = defaults.CONNECTIONS_MAX_IDLE_MS,
         name: str = "kafka",
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._dispatcher = dispatcher
         self._host = host
@@ -52,13 +54,18 @@ class KafkaListener:
         self._max_request_bytes = max_request_bytes
         self._idle_timeout_s = idle_timeout_ms / 1000
         self._name = name
+        #: TLS for every connection (SSL:// listener) or None (KAFKA://, plaintext). A failed
+        #: handshake (garbage, an untrusted or expired certificate) closes that connection only.
+        self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (port 0 picks a free one)."""
         self._server = await asyncio.start_server(
-            self._serve, self._host, self.port, reuse_address=True, backlog=1024
+            self._serve, self._host, self.port, reuse_address=True, backlog=1024,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self._idle_timeout_s if self._ssl else None,
         )
         self.port = int(self._server.sockets[0].getsockname()[1])
         return self.port

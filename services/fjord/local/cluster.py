@@ -31,6 +31,7 @@ from fjord._proto import (
     coordinator_pb2_grpc,
 )
 from fjord.errors import ErrorCode
+from fjord.local.certs import LocalPki
 from fjord.local.defaults import (
     DEFAULT_BROKERS,
     DEFAULT_CLUSTER_ID,
@@ -60,6 +61,8 @@ from fjord.local.etcd import (
 )
 from fjord.local.ports import PortInUseError, check_ports_free, port_clash_message
 from fjord.metadata import ClusterConfig, Keys
+from fjord.security import ClientSecurity, parse_properties
+from fjord.tls import client_ssl_context, open_blocking_channel
 
 # The child command: the installed package's CLI, independent of PATH.
 _FJORD = [sys.executable, "-c", "from fjord.cli.main import main; main()"]
@@ -151,6 +154,7 @@ class LocalCluster:
         coordinator_config: Mapping[str, str] | None = None,
         broker_port: int = 0,
         broker_port_fallback: bool = False,
+        secure: bool = False,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -178,6 +182,11 @@ class LocalCluster:
         self.broker_port = broker_port
         # True: broker_port is only preferred (the default 9092); a clash means free ports.
         self.broker_port_fallback = broker_port_fallback
+        #: TLS with client certificates on every listener and towards etcd; the CA and
+        #: certificates live in ``<data_dir>/tls`` (fjord.local.certs), made by start().
+        self.secure = secure
+        self._pki: LocalPki | None = None
+        self._client_security: ClientSecurity | None = None
         self._owner = False  # True once start() may write the state file
         self.logs_dir = self.data_dir / "logs"
         self.state_path = self.data_dir / STATE_FILE
@@ -188,6 +197,10 @@ class LocalCluster:
             client_port=previous[0],
             peer_port=previous[1],
             unsafe_no_fsync=unsafe_etcd_no_fsync,
+            tls=(
+                (self.data_dir / "tls" / "etcd-0.pem", self.data_dir / "tls" / "ca.pem")
+                if secure else None
+            ),
         )
         self._children: dict[tuple[str, int], tuple[subprocess.Popen[bytes], str]] = {}
         self._argv: dict[tuple[str, int], tuple[str, ...]] = {}
@@ -210,7 +223,7 @@ class LocalCluster:
     def metrics_address(self, role: str, node_id: int) -> str:
         """``host:port`` where ``role`` ``node_id`` serves Prometheus ``/metrics``."""
         if role == "etcd":
-            return self.etcd_url.removeprefix("http://")
+            return _without_scheme(self.etcd_url)
         return f"{LOOPBACK_HOST}:{self._metrics_ports[(role, node_id)]}"
 
     @property
@@ -259,7 +272,7 @@ class LocalCluster:
         if self.etcd.process is not None:
             out.append(
                 ProcessInfo("etcd", 0, self.etcd.process.pid,
-                            self.etcd.url.removeprefix("http://"), str(self.etcd.log_path),
+                            _without_scheme(self.etcd.url), str(self.etcd.log_path),
                             self.metrics_address("etcd", 0), tuple(self.etcd.command))
             )
         for (role, node_id), (proc, address) in sorted(self._children.items()):
@@ -296,6 +309,10 @@ class LocalCluster:
         self._owner = True
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.logs_dir.mkdir(exist_ok=True)
+        if self.secure:
+            self._pki = LocalPki(self.data_dir)
+            self._pki.service_files("etcd", 0)
+            self._client_security = client_security_from_file(self._pki.client_properties())
         try:
             self.etcd.start(ETCD_START_TIMEOUT_S)
             self._write_state()
@@ -392,6 +409,7 @@ class LocalCluster:
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.controller_lease_ttl_s),
                 "--leader-imbalance-check-interval", str(LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S),
+                *self._security_args("controller", controller_id),
             ],
         )
         if wait:
@@ -409,10 +427,11 @@ class LocalCluster:
             broker_id,
             lambda address: [
                 "broker", "--id", str(broker_id), "--listen", address,
-                "--listeners", f"KAFKA://{LOOPBACK_HOST}:{kafka_port}",
+                "--listeners", f"{self._kafka_door}://{LOOPBACK_HOST}:{kafka_port}",
                 "--data-dir", str(data), "--etcd", self.etcd_url,
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
+                *self._security_args("broker", broker_id),
             ],
             self.broker_port + broker_id if self.broker_port else 0,
         )
@@ -429,13 +448,36 @@ class LocalCluster:
             coordinator_id,
             lambda address: [
                 "coordinator", "--id", str(coordinator_id), "--listen", address,
-                "--listeners", f"KAFKA://{LOOPBACK_HOST}:{kafka_port}",
+                "--listeners", f"{self._kafka_door}://{LOOPBACK_HOST}:{kafka_port}",
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
+                *self._security_args("coordinator", coordinator_id),
             ],
         )
         if wait:
             self._wait_coordinator_registered(coordinator_id)
+
+    @property
+    def _kafka_door(self) -> str:
+        return "SSL" if self.secure else "KAFKA"
+
+    def _security_args(self, role: str, node_id: int) -> list[str]:
+        if self._pki is None:
+            return []
+        _, properties = self._pki.service_files(role, node_id)
+        return ["--security-config", str(properties)]
+
+    @property
+    def client_properties(self) -> Path | None:
+        """``<data_dir>/client.properties`` of a secure cluster (None when plaintext)."""
+        return self.data_dir / "client.properties" if self.secure else None
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """What a client (fjord.client or confluent-kafka) needs besides bootstrap.servers:
+        {} for plaintext, the ``client.properties`` entries for a secure cluster."""
+        path = self.client_properties
+        return parse_properties(path.read_text()) if path is not None else {}
 
     def kill(self, role: str, node_id: int, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` (default SIGKILL) to a process and reap it."""
@@ -519,12 +561,13 @@ class LocalCluster:
             time.sleep(READY_POLL_INTERVAL_S)
 
     def describe_cluster(self, controller_id: int) -> controller_pb2.DescribeClusterResponse | None:
-        return probe_controller(self.address("controller", controller_id))
+        return probe_controller(self.address("controller", controller_id), self._client_security)
 
     def _wait_controller_serving(self, controller_id: int) -> None:
         address = self.address("controller", controller_id)
         self._wait_until(
-            "controller", controller_id, lambda: READY["controller"](address, controller_id),
+            "controller", controller_id,
+            lambda: READY["controller"](address, controller_id, self._client_security),
             "serving", PROCESS_START_TIMEOUT_S,
         )
 
@@ -552,21 +595,25 @@ class LocalCluster:
             time.sleep(READY_POLL_INTERVAL_S)
 
     def broker_metadata(self, broker_id: int) -> broker_pb2.MetadataResponse | None:
-        return probe_broker(self.address("broker", broker_id))
+        return probe_broker(self.address("broker", broker_id), self._client_security)
 
     def _wait_broker_ready(self, broker_id: int) -> None:
         address = self.address("broker", broker_id)
-        self._wait_until("broker", broker_id, lambda: READY["broker"](address, broker_id),
+        self._wait_until("broker", broker_id,
+                         lambda: READY["broker"](address, broker_id, self._client_security),
                          "registered and answering Metadata", PROCESS_START_TIMEOUT_S)
 
     def list_groups(self, coordinator_id: int) -> coordinator_pb2.ListGroupsResponse | None:
         """The coordinator's ListGroups answer (None when it does not answer)."""
-        return probe_coordinator(self.address("coordinator", coordinator_id))
+        return probe_coordinator(
+            self.address("coordinator", coordinator_id), self._client_security
+        )
 
     def _wait_coordinator_registered(self, coordinator_id: int) -> None:
         address = self.address("coordinator", coordinator_id)
         self._wait_until("coordinator", coordinator_id,
-                         lambda: READY["coordinator"](address, coordinator_id), "registered",
+                         lambda: READY["coordinator"](address, coordinator_id,
+                                                      self._client_security), "registered",
                          PROCESS_START_TIMEOUT_S)
 
     # -- etcd and state ----------------------------------------------------------------------
@@ -585,7 +632,9 @@ class LocalCluster:
         ]
         body = json.dumps({"compare": only_if_absent, "success": [put]}).encode()
         request = urllib.request.Request(f"{self.etcd_url}/v3/kv/txn", data=body, method="POST")
-        with urllib.request.urlopen(request, timeout=ETCD_START_TIMEOUT_S) as response:
+        with urllib.request.urlopen(
+            request, timeout=ETCD_START_TIMEOUT_S, context=self.etcd.ssl_context()
+        ) as response:
             response.read()
 
     def _previous_etcd_ports(self) -> tuple[int, int]:
@@ -606,6 +655,7 @@ class LocalCluster:
             "bootstrap_servers": self.bootstrap_servers,
             "kafka_bootstrap_servers": self.kafka_bootstrap_servers,
             "launcher_pid": None if self.detach or stopped else os.getpid(),
+            "client_properties": str(self.client_properties) if self.client_properties else None,
             # Once stopped, only a process that survived SIGKILL is still listed.
             "processes": [
                 asdict(p) for p in self.processes() if not stopped or pid_alive(p.pid)
@@ -614,11 +664,13 @@ class LocalCluster:
         _write_state_file(self.data_dir, state)
 
 
-def probe_controller(address: str) -> controller_pb2.DescribeClusterResponse | None:
+def probe_controller(
+    address: str, security: ClientSecurity | None = None
+) -> controller_pb2.DescribeClusterResponse | None:
     """The DescribeCluster answer of the controller at ``address`` (None when it does not
     answer within PROBE_TIMEOUT_S)."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_blocking_channel(address, security) as channel:
             stub = controller_pb2_grpc.ControllerStub(channel)
             request = controller_pb2.DescribeClusterRequest()
             return stub.DescribeCluster(request, timeout=PROBE_TIMEOUT_S)
@@ -626,10 +678,12 @@ def probe_controller(address: str) -> controller_pb2.DescribeClusterResponse | N
         return None
 
 
-def probe_broker(address: str) -> broker_pb2.MetadataResponse | None:
+def probe_broker(
+    address: str, security: ClientSecurity | None = None
+) -> broker_pb2.MetadataResponse | None:
     """The all-topics Metadata answer of the broker at ``address`` (None when none)."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_blocking_channel(address, security) as channel:
             stub = broker_pb2_grpc.BrokerStub(channel)
             request = broker_pb2.MetadataRequest(all_topics=True)
             return stub.Metadata(request, timeout=PROBE_TIMEOUT_S)
@@ -637,38 +691,50 @@ def probe_broker(address: str) -> broker_pb2.MetadataResponse | None:
         return None
 
 
-def probe_coordinator(address: str) -> coordinator_pb2.ListGroupsResponse | None:
+def probe_coordinator(
+    address: str, security: ClientSecurity | None = None
+) -> coordinator_pb2.ListGroupsResponse | None:
     """The ListGroups answer of the group coordinator at ``address`` (None when none)."""
     try:
-        with grpc.insecure_channel(address) as channel:
+        with open_blocking_channel(address, security) as channel:
             stub = coordinator_pb2_grpc.CoordinatorStub(channel)
             return stub.ListGroups(coordinator_pb2.ListGroupsRequest(), timeout=PROBE_TIMEOUT_S)
     except grpc.RpcError:
         return None
 
 
-def _etcd_healthy(address: str, _id: int) -> bool:
+def _without_scheme(url: str) -> str:
+    return url.partition("://")[2] or url
+
+
+def client_security_from_file(path: Path) -> ClientSecurity:
+    return ClientSecurity.from_config(parse_properties(path.read_text(), str(path)))
+
+
+def _etcd_healthy(address: str, _id: int, security: ClientSecurity | None) -> bool:
+    if security is not None and security.uses_tls:
+        return EtcdProcess.health_at(f"https://{address}", client_ssl_context(security))
     return EtcdProcess.health_at(f"http://{address}")
 
 
-def _controller_serving(address: str, _id: int) -> bool:
-    return probe_controller(address) is not None
+def _controller_serving(address: str, _id: int, security: ClientSecurity | None) -> bool:
+    return probe_controller(address, security) is not None
 
 
-def _broker_registered(address: str, broker_id: int) -> bool:
-    response = probe_broker(address)
+def _broker_registered(address: str, broker_id: int, security: ClientSecurity | None) -> bool:
+    response = probe_broker(address, security)
     return response is not None and any(b.id == broker_id for b in response.brokers)
 
 
-def _coordinator_registered(address: str, _id: int) -> bool:
+def _coordinator_registered(address: str, _id: int, security: ClientSecurity | None) -> bool:
     # A coordinator answers COORDINATOR_NOT_AVAILABLE until it is registered in etcd.
-    response = probe_coordinator(address)
+    response = probe_coordinator(address, security)
     return response is not None and response.error.code != ErrorCode.COORDINATOR_NOT_AVAILABLE.code
 
 
 #: Per role: is the process at (address, id) ready (the check :meth:`LocalCluster.start` and
 #: :func:`restart_dead_processes` wait for)?
-READY: dict[str, Callable[[str, int], bool]] = {
+READY: dict[str, Callable[[str, int, ClientSecurity | None], bool]] = {
     "etcd": _etcd_healthy,
     "controller": _controller_serving,
     "broker": _broker_registered,
@@ -702,6 +768,8 @@ def restart_dead_processes(
             f"the state file in {data_dir} does not record how its processes were started "
             "(written by an older fjord): run `fjord local down`, then `fjord local up`"
         )
+    properties = state.get("client_properties")
+    security = client_security_from_file(Path(properties)) if properties else None
     for p in sorted(dead, key=lambda p: (_ROLE_ORDER[p["role"]], p["id"])):
         port = int(p["address"].rpartition(":")[2])
         check_ports_free({f"{p['role']} {p['id']}": port})
@@ -713,7 +781,7 @@ def restart_dead_processes(
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )
         deadline = time.monotonic() + timeout
-        while not READY[p["role"]](p["address"], p["id"]):
+        while not READY[p["role"]](p["address"], p["id"], security):
             if proc.poll() is not None or time.monotonic() > deadline:
                 what = f"exited with {proc.returncode}" if proc.poll() is not None else (
                     f"not ready after {timeout} s")

@@ -13,6 +13,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import time
 import urllib.error
@@ -119,8 +120,12 @@ class EtcdProcess:
         client_port: int = 0,
         peer_port: int = 0,
         unsafe_no_fsync: bool = False,
+        tls: tuple[Path, Path] | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
+        #: (keystore PEM with certificate and key, CA PEM): serve clients over https with
+        #: client certificates required (the peer URL of this single member stays http).
+        self.tls = tls
         self.log_path = Path(log_path) if log_path else self.data_dir.parent / "etcd.log"
         self.client_port = client_port
         self.peer_port = peer_port
@@ -131,7 +136,8 @@ class EtcdProcess:
 
     @property
     def url(self) -> str:
-        return f"http://{LOOPBACK_HOST}:{self.client_port}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://{LOOPBACK_HOST}:{self.client_port}"
 
     @property
     def pid(self) -> int | None:
@@ -152,6 +158,10 @@ class EtcdProcess:
         ]
         if self.unsafe_no_fsync:
             cmd.append("--unsafe-no-fsync")
+        if self.tls:
+            keystore, ca = self.tls
+            cmd += [f"--cert-file={keystore}", f"--key-file={keystore}",
+                    f"--trusted-ca-file={ca}", "--client-cert-auth"]
         return cmd
 
     def start(self, timeout: float = ETCD_START_TIMEOUT_S) -> None:
@@ -200,14 +210,27 @@ class EtcdProcess:
                 )
             time.sleep(READY_POLL_INTERVAL_S)
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """How the launcher reaches an https etcd: its CA and the etcd's own certificate as
+        client certificate (None for http)."""
+        if not self.tls:
+            return None
+        keystore, ca = self.tls
+        context = ssl.create_default_context(cafile=str(ca))
+        context.load_cert_chain(str(keystore))
+        return context
+
     def healthy(self) -> bool:
-        return self.health_at(self.url)
+        return self.health_at(self.url, self.ssl_context())
 
     @staticmethod
-    def health_at(url: str) -> bool:
-        """Whether the etcd at ``url`` (``http://host:port``) reports itself healthy."""
+    def health_at(url: str, context: ssl.SSLContext | None = None) -> bool:
+        """Whether the etcd at ``url`` (``http://`` or, with ``context``, ``https://``
+        host:port) reports itself healthy."""
         try:
-            with urllib.request.urlopen(f"{url}/health", timeout=PROBE_TIMEOUT_S) as resp:
+            with urllib.request.urlopen(
+                f"{url}/health", timeout=PROBE_TIMEOUT_S, context=context
+            ) as resp:
                 return bool(json.load(resp).get("health") == "true")
         except (OSError, urllib.error.URLError, ValueError):
             return False

@@ -1,36 +1,93 @@
 """Connecting to etcd: endpoint parsing and client construction (the only place that builds
-an ``aetcd.Client``, so every component gets the same timeouts)."""
+an ``aetcd.Client``, so every component gets the same timeouts and the same TLS)."""
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlsplit
 
 import aetcd
+import grpc
+from aetcd import rpc, watcher
 
 from fjord.errors import ConfigError
 from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
+from fjord.security import ClientSecurity, SecurityProtocol, TlsFiles
 
 
-def parse_etcd_endpoint(url: str) -> tuple[str, int]:
-    """``http://host:port`` (or bare ``host:port``) to ``(host, port)``.
-
-    Raises :class:`~fjord.errors.ConfigError` naming ``etcd`` for anything else (TLS endpoints
-    are not supported yet, so ``https`` is refused rather than silently used in clear text).
-    """
+def parse_etcd_url(url: str) -> tuple[bool, str, int]:
+    """``http://host:port``, ``https://host:port`` or bare ``host:port`` (http, as etcd's own
+    clients read it) to ``(tls, host, port)``. ConfigError names ``etcd`` for anything else."""
     text = url if "://" in url else f"http://{url}"
     parts = urlsplit(text)
     try:
         port = parts.port
     except ValueError as exc:
         raise ConfigError(f"etcd: invalid port in endpoint {url!r}") from exc
-    if parts.scheme != "http" or not parts.hostname or port is None:
-        raise ConfigError(f"etcd: expected an endpoint like http://HOST:PORT, got {url!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname or port is None:
+        raise ConfigError(
+            f"etcd: expected an endpoint like http://HOST:PORT or https://HOST:PORT, got {url!r}"
+        )
     if parts.path not in ("", "/"):
         raise ConfigError(f"etcd: endpoint {url!r} must not have a path")
-    return parts.hostname, port
+    return parts.scheme == "https", parts.hostname, port
 
 
-def etcd_client(url: str, timeout_s: float = ETCD_REQUEST_TIMEOUT_S) -> aetcd.Client:
-    """An (unconnected) etcd client for ``url``; every unary call is bounded by ``timeout_s``."""
-    host, port = parse_etcd_endpoint(url)
-    return aetcd.Client(host=host, port=port, timeout=timeout_s)
+def parse_etcd_endpoint(url: str) -> tuple[str, int]:
+    """``(host, port)`` of an etcd endpoint (see :func:`parse_etcd_url`)."""
+    _, host, port = parse_etcd_url(url)
+    return host, port
+
+
+class _TlsEtcdClient(aetcd.Client):
+    """aetcd's client over a TLS channel (aetcd 1.x only dials in plaintext): the same stubs
+    and watcher as ``aetcd.Client.connect`` sets up, on a ``grpc.aio.secure_channel``."""
+
+    def __init__(self, host: str, port: int, timeout: float, credentials: grpc.ChannelCredentials):
+        super().__init__(host=host, port=port, timeout=timeout)
+        self._credentials = credentials
+
+    async def connect(self) -> None:
+        if self._connected.is_set():
+            return
+        if self._is_connecting:  # type: ignore[has-type]  # another task is connecting: wait for it, as aetcd does
+            await asyncio.wait_for(self._connected.wait(), self._connect_wait_timeout)
+            return
+        try:
+            self._is_connecting = True
+            self.channel = grpc.aio.secure_channel(
+                f"{self._host}:{self._port}", self._credentials, options=list(self._options.items())
+            )
+            self.kvstub = rpc.KVStub(self.channel)
+            self.clusterstub = rpc.ClusterStub(self.channel)
+            self.leasestub = rpc.LeaseStub(self.channel)
+            self.maintenancestub = rpc.MaintenanceStub(self.channel)
+            self._watcher = watcher.Watcher(
+                rpc.WatchStub(self.channel), timeout=self._timeout, metadata=self.metadata
+            )
+            self._connected.set()
+        finally:
+            self._is_connecting = False
+
+
+def etcd_client(
+    url: str,
+    timeout_s: float = ETCD_REQUEST_TIMEOUT_S,
+    security: ClientSecurity | None = None,
+) -> aetcd.Client:
+    """An (unconnected) etcd client for ``url``; every unary call is bounded by ``timeout_s``.
+
+    ``https://`` endpoints are dialled with TLS: ``security``'s CA and client certificate
+    (default: this process's, i.e. a secured service's keystore and truststore; else the
+    system's roots and no client certificate). ``http://`` is plaintext whatever ``security``
+    says."""
+    tls, host, port = parse_etcd_url(url)
+    if not tls:
+        return aetcd.Client(host=host, port=port, timeout=timeout_s)
+    from fjord.tls import channel_credentials, process_client_security
+
+    security = security or process_client_security()
+    if not security.uses_tls:
+        security = ClientSecurity(SecurityProtocol.SSL, TlsFiles())
+    assert security.tls is not None
+    return _TlsEtcdClient(host, port, timeout_s, channel_credentials(security.tls))
