@@ -118,8 +118,12 @@ def render(args: argparse.Namespace, outage: ChaosResult, restarts: ChaosResult,
     ]
     for name, value in outage.figures:
         before = ""
-        if "write stall" in name:
-            before = "writes stopped after 5.3 s for the rest of a 30 s outage (28 s)"
+        if "topic created" in name:
+            before = "3.49 s"
+        elif "read stall" in name:
+            before = "28.03 s (nothing new to read)"
+        elif "write stall" in name:
+            before = "28.03 s of a 30 s outage (same harness on e270913, before the change)"
         lines.append(f"| etcd SIGSTOP {outage_s} s | {name} | {value:.2f} s | {before} |")
     registered = restarts.figure("fast restart: registered again")
     first_write = restarts.figure("fast restart: first acknowledged write")
