@@ -138,3 +138,61 @@ def test_a_thousand_connections_at_once_are_all_served() -> None:
                 writer.close()
 
     run(scenario)
+
+
+def test_produce_requests_overlap_in_order_and_others_wait_for_them() -> None:
+    """Consecutive Produce requests of one connection run concurrently, start in arrival
+    order (so their appends keep it) and are answered in that order; any other request starts
+    only after every earlier one is answered."""
+    from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+
+    started: list[tuple[int, int]] = []  # (api key, correlation id)
+    running = 0
+    most_at_once = 0
+
+    async def produce(request: Any, ctx: RequestContext) -> Any:
+        nonlocal running, most_at_once
+        started.append((0, ctx.correlation_id))
+        running += 1
+        most_at_once = max(most_at_once, running)
+        await asyncio.sleep(0.05 * (4 - ctx.correlation_id))  # the first finishes last
+        running -= 1
+        return ProduceResponse[9](throttle_time_ms=0, responses=[])
+
+    async def metadata(request: Any, ctx: RequestContext) -> Any:
+        started.append((3, ctx.correlation_id))
+        assert running == 0  # every Produce before it is done
+        from kafka.protocol.metadata.metadata import MetadataResponse
+
+        return MetadataResponse[12](throttle_time_ms=0, brokers=[], cluster_id="c",
+                                    controller_id=-1, topics=[])
+
+    def frame(request: Any, correlation_id: int, version: int) -> bytes:
+        request.with_header(correlation_id=correlation_id, client_id="t")
+        return bytes(request.encode(version=version, header=True, framed=True))
+
+    async def scenario() -> None:
+        dispatcher = KafkaDispatcher([Api(0, 3, 12, ProduceRequest, produce),
+                                      Api(3, 0, 12, MetadataRequest, metadata)])
+        listener = KafkaListener(dispatcher, "127.0.0.1", 0, name="test")
+        port = await listener.start()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            produce_request = ProduceRequest[9](transactional_id=None, acks=1, timeout_ms=1000,
+                                                topic_data=[])
+            writer.write(b"".join(frame(produce_request, i, 9) for i in (1, 2, 3))
+                         + frame(MetadataRequest[12](topics=None,
+                                                     allow_auto_topic_creation=False), 4, 12))
+            order = []
+            for _ in range(4):
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                body = await reader.readexactly(size)
+                order.append(struct.unpack(">i", body[:4])[0])
+            assert order == [1, 2, 3, 4]
+            writer.close()
+        finally:
+            await listener.stop()
+
+    run(scenario)
+    assert started == [(0, 1), (0, 2), (0, 3), (3, 4)]
+    assert most_at_once == 3

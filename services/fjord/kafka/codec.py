@@ -71,14 +71,15 @@ def decode_request(frame: bytes | memoryview, request_class: Any, version: int) 
         ) from exc
 
 
-def encode_response(response: Any, correlation_id: int, version: int) -> bytes:
+def encode_response(response: Any, correlation_id: int, version: int) -> bytearray:
     """A complete response frame (size prefix, response header, body) for ``response``, which
     must have been built at ``version`` (``ResponseClass[version](...)``): kafka-python cannot
-    re-version a message that has a response header."""
+    re-version a message that has a response header. The encoder's own buffer slice is
+    returned as is (no copy: a Fetch answer carries megabytes of records)."""
     if version != response.API_VERSION:
         raise ValueError(f"response built at v{response.API_VERSION}, expected v{version}")
     response.with_header(correlation_id=correlation_id)
-    return bytes(response.encode(header=True, framed=True))
+    return response.encode(header=True, framed=True)
 
 
 def topic_uuid(topic_id: str) -> uuid.UUID:

@@ -78,7 +78,7 @@ class Api:
 class Reply:
     """Send ``frame`` (None: nothing to send) and keep reading."""
 
-    frame: bytes | None
+    frame: bytes | bytearray | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +86,15 @@ class Close:
     """Close the connection; ``reason`` is logged."""
 
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A decoded request waiting for its handler (:meth:`KafkaDispatcher.run`)."""
+
+    api: Api
+    request: Any
+    context: RequestContext
 
 
 class KafkaDispatcher:
@@ -116,8 +125,10 @@ class KafkaDispatcher:
             throttle_time_ms=0,
         )
 
-    async def dispatch(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close:
-        """Handle one request frame (size prefix excluded) that arrived from ``client_host``."""
+    def prepare(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close | Call:
+        """Decode one request frame (size prefix excluded) that arrived from ``client_host``,
+        without running its handler: the answer when the dispatcher gives it itself
+        (ApiVersions, or a Close), else the :class:`Call` to :meth:`run`."""
         try:
             prefix = peek_prefix(frame)
         except MalformedFrameError as exc:
@@ -151,7 +162,19 @@ class KafkaDispatcher:
         context = RequestContext(
             key, version, prefix.correlation_id, header.client_id, client_host
         )
-        response = await api.handler(request, context)
+        return Call(api, request, context)
+
+    async def run(self, call: Call) -> Reply:
+        """Run a prepared request's handler and encode its response."""
+        response = await call.api.handler(call.request, call.context)
         if response is None:
             return Reply(None)
-        return Reply(encode_response(response, prefix.correlation_id, version))
+        context = call.context
+        return Reply(encode_response(response, context.correlation_id, context.api_version))
+
+    async def dispatch(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close:
+        """Handle one request frame (size prefix excluded) that arrived from ``client_host``."""
+        prepared = self.prepare(frame, client_host)
+        if isinstance(prepared, Call):
+            return await self.run(prepared)
+        return prepared

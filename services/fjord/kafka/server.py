@@ -1,8 +1,9 @@
 """The Kafka listener's asyncio-streams shell: sockets in, frames to the dispatcher, frames out.
 
-Per connection, Kafka's way: requests are read and answered one at a time, in order (a Kafka
-broker mutes a connection while one of its requests is in progress), so responses always go
-out in request order. A frame whose size prefix is negative or above
+Per connection, responses always go out in request order, Kafka's way. A Kafka broker also
+handles one request per connection at a time (it mutes the connection meanwhile); here
+consecutive Produce requests overlap (see PIPELINED_API_KEYS) and every other request waits for
+all earlier ones. A frame whose size prefix is negative or above
 ``socket.request.max.bytes`` closes the connection before anything is read; a connection that
 completes no request within ``connections.max.idle.ms`` (also one that sent half a frame and
 stalled) is closed. Each such close is logged; the listener and every other connection go on.
@@ -18,7 +19,7 @@ import ssl
 
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
-from fjord.kafka.dispatch import Close, KafkaDispatcher
+from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,19 @@ class KafkaListener:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
     ) -> str:
         """Serve requests until the client closes (returns "") or must be cut off (returns
-        the reason)."""
+        the reason). Answers go out in request order (a separate task writes them); see
+        :class:`_Pipeline` for which requests overlap."""
+        pipeline = _Pipeline(writer)
+        try:
+            reason = await self._read_requests(reader, host, pipeline)
+            await pipeline.finish()  # every earlier request answered before the close
+        finally:
+            pipeline.abort()
+        return reason
+
+    async def _read_requests(
+        self, reader: asyncio.StreamReader, host: str, pipeline: _Pipeline
+    ) -> str:
         while True:
             try:
                 async with asyncio.timeout(self._idle_timeout_s):
@@ -134,9 +147,99 @@ class KafkaListener:
                     f"no complete request for {self._idle_timeout_s:g} s "
                     "(connections.max.idle.ms)"
                 )
-            outcome = await self._dispatcher.dispatch(frame, host)
-            if isinstance(outcome, Close):
-                return outcome.reason
-            if outcome.frame is not None:
-                writer.write(outcome.frame)
-                await writer.drain()
+            prepared = self._dispatcher.prepare(frame, host)
+            if isinstance(prepared, Close):
+                return prepared.reason
+            if isinstance(prepared, Reply):
+                done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+                done.set_result(prepared)
+                await pipeline.add(done, overlaps=False)
+                continue
+            overlaps = prepared.api.key in PIPELINED_API_KEYS
+            await pipeline.wait_turn(overlaps)
+            await pipeline.add(
+                asyncio.ensure_future(self._dispatcher.run(prepared)), overlaps=overlaps
+            )
+
+
+#: Requests that may overlap on one connection: Produce only. A Kafka broker handles one
+#: request per connection at a time; Fjord lets consecutive Produce requests overlap (up to
+#: MAX_IN_FLIGHT_PRODUCE), because their appends still happen in arrival order (each handler
+#: appends before it first suspends, and handlers start in arrival order) and only the waits
+#: for acks overlap. Without it one connection's throughput is one batch per round trip of
+#: the whole append path. Every other request waits until all earlier ones are answered.
+PIPELINED_API_KEYS = frozenset({0})
+MAX_IN_FLIGHT_PRODUCE = 16
+
+
+class _Pipeline:
+    """One connection's requests in flight and the task that writes their answers in order.
+
+    Invariants: answers are written in the order the requests were read; a request that may
+    not overlap starts only once every earlier one is written; at most MAX_IN_FLIGHT_PRODUCE
+    answers are outstanding; a handler that fails ends the connection (its exception is
+    raised by :meth:`finish` or :meth:`add`, after the answers before it were written).
+    """
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self._writer = writer
+        self._answers: asyncio.Queue[asyncio.Future[Reply] | None] = asyncio.Queue()
+        self._outstanding = 0
+        self._progress = asyncio.Event()
+        self._writer_task = asyncio.ensure_future(self._write_answers())
+
+    async def wait_turn(self, overlaps: bool) -> None:
+        limit = MAX_IN_FLIGHT_PRODUCE if overlaps else 1
+        while self._outstanding >= limit or (not overlaps and self._outstanding):
+            self._check_writer()
+            self._progress.clear()
+            progress = asyncio.ensure_future(self._progress.wait())
+            try:
+                await asyncio.wait(
+                    [progress, self._writer_task], return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                progress.cancel()
+        self._check_writer()
+
+    async def add(self, answer: asyncio.Future[Reply], overlaps: bool) -> None:
+        self._check_writer()
+        self._outstanding += 1
+        self._answers.put_nowait(answer)
+        if not overlaps:
+            await self.wait_turn(False)  # Kafka's order: nothing overlaps this request
+
+    async def finish(self) -> None:
+        """Write every queued answer, then stop the writer (re-raising its failure)."""
+        self._answers.put_nowait(None)
+        await self._writer_task
+
+    def abort(self) -> None:
+        self._writer_task.cancel()
+        while not self._answers.empty():
+            answer = self._answers.get_nowait()
+            if answer is not None:
+                answer.cancel()
+
+    def _check_writer(self) -> None:
+        if self._writer_task.done():
+            self._writer_task.result()  # raises the handler's or the socket's error
+            raise ConnectionError("the connection's writer stopped")
+
+    async def _write_answers(self) -> None:
+        try:
+            while True:
+                answer = await self._answers.get()
+                if answer is None:
+                    return
+                reply = await answer
+                if reply.frame is not None:
+                    self._writer.write(reply.frame)
+                    await self._writer.drain()
+                self._outstanding -= 1
+                self._progress.set()
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._writer.close()  # the reader sees the end at once; finish() raises this
+            raise
