@@ -146,6 +146,17 @@ def test_consume_as_a_group_member(bootstrap: str) -> None:
     assert view["members"] == [] and view["rows"][0]["current_offset"] == 10
 
 
+def test_consume_timeout_with_a_group_counts_from_joining(bootstrap: str) -> None:
+    """``consume --group G --timeout-ms`` shorter than joining the group takes (here the
+    shared cluster's 300 ms initial rebalance delay alone is longer) still reads what is
+    there: time spent joining is not time without records."""
+    topic = new_topic(bootstrap)
+    ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, input="a\nb\n"))
+    result = run("consume", "--bootstrap-server", bootstrap, "--topic", topic, "--group",
+                 f"fh-join-{uuid.uuid4().hex[:8]}", "--from-beginning", "--timeout-ms", "200")
+    assert consumed_values(result) == ["a", "b"]
+
+
 def test_produce_confirms_partition_and_offset(bootstrap: str) -> None:
     topic = new_topic(bootstrap, partitions=2)
     out = ok(run("produce", "--bootstrap-server", bootstrap, "--topic", topic, "--partition",

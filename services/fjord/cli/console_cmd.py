@@ -222,7 +222,12 @@ def record_json(record: ConsumerRecord) -> dict[str, Any]:
 @click.option("--from-beginning", is_flag=True, help="Start at the earliest offset.")
 @click.option("--offset", default=None, help="earliest, latest or an offset (needs --partition).")
 @click.option("--max-messages", type=int, default=None, help="Exit after this many records.")
-@click.option("--timeout-ms", type=int, default=None, help="Exit after this long without records.")
+@click.option(
+    "--timeout-ms",
+    type=int,
+    default=None,
+    help="Exit after this long without records (with --group: counted from joining the group).",
+)
 @click.option("--property", "properties", multiple=True, metavar="K=V", help="print.key, ...")
 @click.option(
     "--consumer-property", "consumer_properties", multiple=True, metavar="K=V", help="Any config."
@@ -304,10 +309,11 @@ def consume(
                 err=True,
             )
         tps = [TopicPartition(topic, p) for p in numbers]
+        joined = [group is None]  # set by the first rebalance (an empty assignment too)
         if group is not None:
             # Each assigned partition starts at the group's committed offset, else at
             # auto.offset.reset (--from-beginning: earliest), as in Kafka.
-            consumer.subscribe([topic])
+            consumer.subscribe([topic], on_assign=lambda _c, _tps: joined.__setitem__(0, True))
         else:
             consumer.assign(tps)
             if start_offset is not None:
@@ -321,18 +327,30 @@ def consume(
                 for tp in tps:
                     if tp.partition not in leaderless:
                         consumer.position(tp)
-        idle_deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        # --timeout-ms counts time without records once records can come: joining a group
+        # (a rebalance delay, other members) is not idleness, but is bounded on its own.
+        idle_s = None if timeout_ms is None else timeout_ms / 1000
+        idle_deadline: float | None = None
+        join_deadline = time.monotonic() + GROUP_JOIN_WAIT_S
         while max_messages is None or count < max_messages:
             wait = 1.0
-            if idle_deadline is not None:
-                wait = idle_deadline - time.monotonic()
+            now = time.monotonic()
+            if idle_s is not None and not joined[0] and now > join_deadline:
+                raise click.ClickException(
+                    f"REQUEST_TIMED_OUT: did not join group {group!r} within "
+                    f"{GROUP_JOIN_WAIT_S:.0f} s (see `fjord groups describe --group {group}`)"
+                )
+            if idle_s is not None and joined[0]:
+                if idle_deadline is None:
+                    idle_deadline = now + idle_s
+                wait = idle_deadline - now
                 if wait <= 0:
                     break
             records = consumer.poll(min(wait, 1.0))
             if not records:
                 continue
-            if idle_deadline is not None:
-                idle_deadline = time.monotonic() + timeout_ms / 1000  # type: ignore[operator]
+            if idle_s is not None:
+                idle_deadline = time.monotonic() + idle_s
             if max_messages is not None:
                 records = records[: max_messages - count]
             out = []
@@ -359,6 +377,11 @@ def consume(
                 f"LEADER_NOT_AVAILABLE: {names} had no leader the whole time; nothing was read "
                 "from it (see `fjord topics describe`)"
             )
+
+
+#: How long ``consume --group --timeout-ms`` waits to join its group before giving up (Kafka's
+#: default.api.timeout.ms).
+GROUP_JOIN_WAIT_S = 60.0
 
 
 def _group_id(option: str | None, from_property: str | None) -> str | None:
