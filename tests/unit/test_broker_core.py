@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 
 from fjord._proto import broker_pb2
 from fjord.broker.fetch import FetchSlot, assemble_fetch
-from fjord.broker.metadata_view import MetadataResponder, build_metadata_response
 from fjord.broker.partition import (
     Partition,
     PartitionAssignment,
@@ -43,6 +42,7 @@ from fjord.metadata import (
     PartitionState,
     TopicRecord,
 )
+from fjord.metadata.view import MetadataResponder, build_metadata_response
 from fjord.records import BatchBuilder, crc32c, stamp_batch
 from fjord.records.header import CRC_START
 from fjord.storage import LogConfig, PartitionLog

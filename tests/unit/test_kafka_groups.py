@@ -35,11 +35,11 @@ from kafka.protocol.consumer.group import (
 )
 
 from fjord.coordinator.group import GroupConfig
+from fjord.coordinator.kafka_groups import GroupKafkaHandlers
 from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode
 from fjord.groups.offsets_topic import group_partition
 from fjord.kafka.dispatch import KafkaDispatcher, Reply
-from fjord.kafka.groups import GroupKafkaHandlers
 from tests.helpers.offsets_log import Log
 
 GROUP = "payments"

@@ -4,25 +4,24 @@ Every top-level package of ``fjord`` (and the other source roots' packages) is i
 these groups; a new package fails :func:`test_every_package_has_a_place` until it is given one:
 
 - ``SHARED``: pure libraries every side may import (codecs, storage, metadata, the group
-  protocol, the cluster's config schemas and planner, client configuration, serving helpers).
-  They import only other shared packages, never a service or an application.
-- ``SERVICES``: one package per service: broker, controller, coordinator, the client library,
-  the operator, and the Kafka-protocol listener (fjord.kafka) that broker and coordinator
-  processes run.
+  protocol, the cluster's config schemas and planner, client configuration, serving helpers,
+  the Kafka protocol's framing, dispatch and the APIs every Kafka door answers alike). They
+  import only other shared packages, never a service or an application.
+- ``SERVICES``: one package per service: broker, controller, coordinator, the client library
+  and the operator.
 - ``APPLICATIONS``: what assembles services into processes and programs (the CLI, the local
   cluster launcher, the demo, the chaos harness, code generation, the Spark source and jobs). They
   may import anything.
 
 The rule between services: a module of a service package imports shared packages and its own
 package, and nothing of another service package (lazy imports inside functions count too),
-with exactly the edges in ``SERVICE_EDGES`` as exceptions. Those are of two kinds only: one
-process made of two packages (a broker or a coordinator and the Kafka listener it runs, whose
-handlers translate into that service's cores), and a service that is itself a client of the
-cluster and so uses the public client library (the coordinator appends to
-``__consumer_offsets`` with it, the operator administers topics with it). Apart from those
-edges, nothing imports the broker, controller or coordinator but its own package and the
-applications: what two sides must agree on (a config schema, a default, a planner, a wire
-format) lives in a shared package.
+with exactly the edges in ``SERVICE_EDGES`` as exceptions: a service that is itself a client of
+the cluster uses the public client library (the coordinator appends to ``__consumer_offsets``
+with it, the operator administers topics with it). Since shared packages import no service,
+no service reaches another through them either: nothing imports the broker, controller or
+coordinator but its own package and the applications. What two sides must agree on (a config
+schema, a default, a planner, a wire format, a Kafka API both doors answer) lives in a shared
+package.
 
 ``fjord.groups`` is stricter still: it imports only ``fjord.errors``, ``fjord.records`` and
 ``fjord.topic_partition``.
@@ -62,11 +61,11 @@ SHARED = {
     "fjord.cluster",
     "fjord.security",
     "fjord.tls",
+    "fjord.kafka",
 }
 
 SERVICES = {
     "fjord.broker",
-    "fjord.kafka",
     "fjord.controller",
     "fjord.coordinator",
     "fjord.client",
@@ -85,13 +84,6 @@ APPLICATIONS = {
 
 #: The only imports from one service package into another.
 SERVICE_EDGES = {
-    # The Kafka-protocol listener runs inside the broker process: the broker's server starts it,
-    # and its handlers (fjord.kafka.broker) translate into the broker's own cores.
-    ("fjord.broker", "fjord.kafka"),
-    ("fjord.kafka", "fjord.broker"),
-    # ... and inside every group coordinator process, translating into its GroupManager.
-    ("fjord.coordinator", "fjord.kafka"),
-    ("fjord.kafka", "fjord.coordinator"),
     ("fjord.coordinator", "fjord.client"),
     ("fjord_operator", "fjord.client"),
 }

@@ -10,7 +10,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.broker.coordinator_lookup import locate_group_coordinator
 from fjord.cluster.topic_config import validate_topic_config
 from fjord.controller.defaults import (
     OFFSETS_TOPIC_CONFIG,
@@ -41,6 +40,7 @@ from fjord.metadata import (
     OffsetsOwner,
     TopicRecord,
 )
+from fjord.metadata.coordinator_lookup import locate_group_coordinator
 
 K = Keys("c1")
 

@@ -84,11 +84,6 @@ PRODUCER_SNAPSHOTS_RETAINED = 2
 #: answers COORDINATOR_NOT_AVAILABLE (retriable).
 PRODUCER_ID_ALLOCATION_TIMEOUT_S = 10.0
 
-#: Seconds the broker waits for the controller's CreateTopics of ``__consumer_offsets`` (sent
-#: in the background on a FindCoordinator that finds no such topic; the FindCoordinator itself
-#: answers COORDINATOR_NOT_AVAILABLE at once and the client retries).
-OFFSETS_TOPIC_CREATE_TIMEOUT_S = 10.0
-
 #: New partition replicas are opened (directory, segment files, producer state) in a worker
 #: thread this many at a time, the event loop running in between, so a topic of thousands of
 #: partitions never stalls lease keep-alives or requests (issue 12). Creations of more than

@@ -26,10 +26,10 @@ from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.broker import defaults
-from fjord.broker.coordinator_lookup import OffsetsTopicCreator
 from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
+from fjord.broker.kafka_apis import BrokerKafkaHandlers
 from fjord.broker.partition import Partition
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.producer_state import (
@@ -50,7 +50,6 @@ from fjord.cluster.broker_config import (
 from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
-from fjord.kafka.broker import BrokerKafkaHandlers
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.groups import FindCoordinatorHandler
 from fjord.kafka.listeners import advertised_kafka_address
@@ -63,6 +62,7 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
+from fjord.metadata.coordinator_lookup import OffsetsTopicCreator
 from fjord.metadata.registration import (
     LeaseStatus,
     refresh_lease_once,

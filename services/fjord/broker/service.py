@@ -11,14 +11,14 @@ from collections.abc import Callable
 from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
-from fjord.broker.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
-from fjord.broker.metadata_view import MetadataResponder
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
+from fjord.metadata.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
+from fjord.metadata.view import MetadataResponder
 from fjord.tls import ClusterActionGuard
 
 _CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
@@ -125,7 +125,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return response
         return self._log_dirs()
 
-    # --- shared with the Kafka listener (fjord.kafka.broker) ------------------------------------
+    # --- shared with the Kafka listener (fjord.broker.kafka_apis) ------------------------------
 
     def metadata(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
         """The Metadata answer from the newest applied image (all-topics answers cached)."""

@@ -29,11 +29,11 @@ from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_partitions
 from fjord.coordinator.group import GroupConfig
+from fjord.coordinator.kafka_apis import CoordinatorKafkaApis
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
 from fjord.errors import ConfigError, ErrorCode, error_code_from_number, error_for_code
 from fjord.groups.defaults import OFFSETS_TOPIC
-from fjord.kafka.coordinator import CoordinatorKafkaApis
 from fjord.kafka.listeners import advertised_kafka_address
 from fjord.kafka.server import KafkaListener
 from fjord.metadata import (

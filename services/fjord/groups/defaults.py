@@ -15,6 +15,12 @@ OFFSETS_TOPIC_PARTITIONS = 50
 #: Name of the internal topic holding group metadata and committed offsets.
 OFFSETS_TOPIC = "__consumer_offsets"
 
+#: Seconds a door answering FindCoordinator (a broker, a coordinator's Kafka listener) waits
+#: for the controller's CreateTopics of ``__consumer_offsets`` (sent in the background on a
+#: FindCoordinator that finds no such topic; the FindCoordinator itself answers
+#: COORDINATOR_NOT_AVAILABLE at once and the client retries).
+OFFSETS_TOPIC_CREATE_TIMEOUT_S = 10.0
+
 # --- consumer side (the client's defaults; the coordinator only sees what members send) ------
 
 #: ``session.timeout.ms`` (consumer, Kafka 3.0+).

@@ -1,18 +1,20 @@
-"""The broker's Kafka admin handlers.
+"""The Kafka admin handlers of every Kafka door (brokers and coordinators).
 
 A Fjord controller speaks only gRPC, so a broker is the Kafka clients' ``controller_id`` and
 forwards the requests that change cluster metadata (CreateTopics, DeleteTopics,
 CreatePartitions, AlterConfigs, IncrementalAlterConfigs) to the active controller's gRPC API,
 as a KRaft broker forwards them to its controller quorum (KIP-590). What a Kafka broker answers
 from its own metadata (DescribeConfigs, DescribeCluster) and its own partitions (DeleteRecords,
-OffsetForLeaderEpoch) is answered here from the broker's image and ReplicaManager.
+OffsetForLeaderEpoch) is answered here from the node's image and, on a broker, its replicas
+(:class:`LeaderReplicas`, the broker's ReplicaManager); a coordinator serves the cluster APIs
+only.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
@@ -36,7 +38,6 @@ from kafka.protocol.admin.topics import (
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
-from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.topic_config import describe_broker_config, describe_topic_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
@@ -106,13 +107,23 @@ def _message(text: str) -> str | None:
     return text or None
 
 
+class LeaderReplicas(Protocol):
+    """What the partition-maintenance APIs need of a broker's replicas (its ReplicaManager)."""
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int: ...
+
+    def offset_for_leader_epoch(
+        self, topic: str, partition: int, current_leader_epoch: int, leader_epoch: int
+    ) -> tuple[int, int]: ...
+
+
 class BrokerAdminHandlers:
     """Kafka admin and partition-maintenance APIs of one broker (see the module docstring)."""
 
     def __init__(
         self,
         broker_id: int,
-        replicas: ReplicaManager | None,
+        replicas: LeaderReplicas | None,
         image: Callable[[], MetadataImage],
         broker_config: Mapping[str, str],
         forwarder: ControllerForwarder,
@@ -137,7 +148,7 @@ class BrokerAdminHandlers:
             Api(60, 0, 1, DescribeClusterRequest, self.describe_cluster),
         ]
 
-    def _leader_replicas(self) -> ReplicaManager:
+    def _leader_replicas(self) -> LeaderReplicas:
         """Partition APIs are registered on brokers only (a coordinator leads nothing)."""
         assert self._replicas is not None
         return self._replicas

@@ -1,4 +1,6 @@
-"""Cluster metadata: the etcd key schema, its JSON values, a pure image and a watcher.
+"""Cluster metadata: the etcd key schema, its JSON values, a pure image and a watcher; the
+answers every door derives from the image alike (:mod:`fjord.metadata.view`: Metadata;
+:mod:`fjord.metadata.coordinator_lookup`: FindCoordinator).
 
 The controller is the only writer of metadata keys (brokers write only their own
 registration); everything else learns the cluster's state through :class:`MetadataWatcher`.

@@ -24,7 +24,7 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.protocol.producer.transaction import InitProducerIdRequest, InitProducerIdResponse
+from kafka.protocol.producer.transaction import InitProducerIdRequest
 
 from fjord._proto import broker_pb2
 from fjord.broker.replica_manager import ReplicaManager
@@ -41,13 +41,17 @@ from fjord.kafka.groups import (
     list_no_groups,
 )
 from fjord.kafka.metadata import KafkaMetadata
+from fjord.kafka.producer_ids import (
+    INIT_PRODUCER_ID_VERSIONS,
+    init_producer_id_pb,
+    init_producer_id_response,
+)
 from fjord.metadata import MetadataImage
 
 #: Kafka's "no session" fetch session id (Fjord creates no fetch sessions: every fetch is a
 #: full fetch).
 NO_FETCH_SESSION = 0
 FETCH_SESSION_ID_NOT_FOUND = ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code
-INIT_PRODUCER_ID_VERSIONS = (0, 5)
 
 
 class BrokerKafkaHandlers:
@@ -248,19 +252,3 @@ class BrokerKafkaHandlers:
     async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
         answer = await self._servicer.init_producer_id(init_producer_id_pb(request))
         return init_producer_id_response(answer, ctx.api_version)
-
-
-def init_producer_id_pb(request: Any) -> broker_pb2.InitProducerIdRequest:
-    return broker_pb2.InitProducerIdRequest(
-        transactional_id=request.transactional_id or "",
-        transaction_timeout_ms=request.transaction_timeout_ms,
-    )
-
-
-def init_producer_id_response(answer: broker_pb2.InitProducerIdResponse, version: int) -> Any:
-    return InitProducerIdResponse[version](
-        throttle_time_ms=0,
-        error_code=answer.error.code,
-        producer_id=answer.producer_id,
-        producer_epoch=answer.producer_epoch,
-    )

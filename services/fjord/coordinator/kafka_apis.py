@@ -21,21 +21,22 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
-from fjord.broker.coordinator_lookup import OffsetsTopicCreator
-from fjord.broker.metadata_view import MetadataResponder
+from fjord.coordinator.kafka_groups import GroupKafkaHandlers
 from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
-from fjord.kafka.broker import (
+from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
+from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+from fjord.kafka.groups import FIND_COORDINATOR_VERSIONS, FindCoordinatorHandler
+from fjord.kafka.metadata import KafkaMetadata, coordinator_node_id, lowest_kafka_broker
+from fjord.kafka.producer_ids import (
     INIT_PRODUCER_ID_VERSIONS,
     init_producer_id_pb,
     init_producer_id_response,
 )
-from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
-from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
-from fjord.kafka.groups import FIND_COORDINATOR_VERSIONS, FindCoordinatorHandler, GroupKafkaHandlers
-from fjord.kafka.metadata import KafkaMetadata, coordinator_node_id, lowest_kafka_broker
 from fjord.metadata import MetadataImage
+from fjord.metadata.coordinator_lookup import OffsetsTopicCreator
+from fjord.metadata.view import MetadataResponder
 
 #: Metadata versions a coordinator serves (the brokers' range).
 METADATA_VERSIONS = (0, 12)

@@ -1,4 +1,5 @@
-"""FindCoordinator on the broker: which group coordinator serves a group.
+"""FindCoordinator, shared by every door that answers it (a broker's gRPC and Kafka listeners, a
+group coordinator's Kafka listener): which group coordinator serves a group.
 
 :func:`locate_group_coordinator` is the pure core (metadata image in, coordinator or typed error
 out). :class:`OffsetsTopicCreator` is the shell that asks the active controller to create
@@ -17,7 +18,6 @@ from dataclasses import dataclass
 import grpc
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
-from fjord.broker import defaults
 from fjord.errors import (
     CoordinatorNotAvailableError,
     ErrorCode,
@@ -25,7 +25,7 @@ from fjord.errors import (
     InvalidRequestError,
     error_code_from_number,
 )
-from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_CREATE_TIMEOUT_S
 from fjord.groups.offsets_topic import group_partition
 from fjord.metadata import CoordinatorRegistration, MetadataImage
 from fjord.tls import open_channel
@@ -121,7 +121,7 @@ class OffsetsTopicCreator:
         )
         try:
             response = await stub.CreateTopics(
-                request, timeout=defaults.OFFSETS_TOPIC_CREATE_TIMEOUT_S
+                request, timeout=OFFSETS_TOPIC_CREATE_TIMEOUT_S
             )
         except grpc.aio.AioRpcError as exc:
             log.warning(

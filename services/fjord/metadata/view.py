@@ -1,4 +1,5 @@
-"""The broker's answer to a Metadata request, built from a :class:`MetadataImage`.
+"""The answer to a Metadata request, built from a :class:`MetadataImage`: a broker's gRPC
+Metadata, and through the Kafka listener of brokers and coordinators alike.
 
 Pure: image in, protobuf out. The all-topics answer is cached per image revision by the caller
 (:class:`MetadataResponder`), because clients ask for it on every refresh.
