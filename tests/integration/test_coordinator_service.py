@@ -591,6 +591,84 @@ def test_killed_coordinator_partition_is_replayed_by_the_other(
     asyncio.run(scenario())
 
 
+def test_kafka_client_group_survives_its_coordinator_sigkill(
+    failover_cluster: LocalCluster,
+) -> None:
+    """A confluent-kafka group member (Kafka protocol end to end) whose coordinator is
+    SIGKILLed: librdkafka finds the new coordinator through FindCoordinator (its Kafka
+    listener), the membership and the committed offsets survive, and later commits land."""
+    from confluent_kafka import Consumer as CKConsumer
+    from confluent_kafka import KafkaException
+    from confluent_kafka import Producer as CKProducer
+    from confluent_kafka import TopicPartition as CKTopicPartition
+
+    from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
+
+    cluster = failover_cluster
+    kafka = cluster.kafka_bootstrap_servers
+    topic = new_topic(cluster.bootstrap_servers, 2)
+    group_id = f"g2-kafka-{uuid.uuid4().hex[:8]}"
+    producer = CKProducer({"bootstrap.servers": kafka, "acks": "all"})
+
+    def produce(values: range) -> None:
+        for i in values:
+            producer.produce(topic, value=f"v{i}".encode(), partition=i % 2)
+        assert producer.flush(WAIT_S) == 0
+
+    consumer = CKConsumer({
+        "bootstrap.servers": kafka, "group.id": group_id, "auto.offset.reset": "earliest",
+        "enable.auto.commit": False, "session.timeout.ms": SESSION_MS,
+        "heartbeat.interval.ms": 500,
+    })
+    read: list[bytes] = []
+
+    def read_until(n: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while len(read) < n:
+            assert time.monotonic() < deadline, f"read {len(read)} of {n}"
+            message = consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                read.append(message.value())
+
+    def committed() -> int:
+        answer = consumer.committed([CKTopicPartition(topic, p) for p in (0, 1)],
+                                    timeout=WAIT_S)
+        return sum(tp.offset for tp in answer)
+
+    try:
+        consumer.subscribe([topic])
+        produce(range(20))
+        read_until(20)
+        consumer.commit(asynchronous=False)
+        assert committed() == 20
+        # Both coordinators are Kafka nodes of the cluster metadata.
+        nodes = consumer.list_topics(timeout=WAIT_S).brokers
+        assert sorted(n for n in nodes if n >= COORDINATOR_NODE_ID_BASE) == [
+            COORDINATOR_NODE_ID_BASE + c for c in sorted(cluster.coordinator_addresses)
+        ]
+        address = asyncio.run(find_coordinator(cluster.bootstrap_servers, group_id))
+        killed = coordinator_id_of(cluster, address)
+        cluster.kill("coordinator", killed)
+        produce(range(20, 40))
+        read_until(40)  # fetching never needed the coordinator
+        deadline = time.monotonic() + WAIT_S
+        while True:  # the commit succeeds once librdkafka found the new coordinator
+            try:
+                consumer.commit(asynchronous=False)
+                break
+            except KafkaException:
+                assert time.monotonic() < deadline, "no commit after the coordinator died"
+                consumer.poll(0.2)
+        assert committed() == 40
+        assert sorted(read) == sorted(f"v{i}".encode() for i in range(40))
+    finally:
+        consumer.close()
+        if cluster.process("coordinator", 1).poll() is not None:
+            cluster.start_coordinator(1)
+        if cluster.process("coordinator", 2).poll() is not None:
+            cluster.start_coordinator(2)
+
+
 async def offsets_owner(cluster: LocalCluster, partition: int) -> OffsetsOwner:
     """The ``offsets-owners/<partition>`` entry as etcd has it now."""
     async with etcd_client(cluster.etcd_url) as client:
