@@ -58,3 +58,59 @@ def test_unreadable_or_wrong_files_name_the_key(tmp_path: Path) -> None:
     bad = ServiceSecurity(str(tmp_path / "cert-only.pem"), str(tmp_path / "cert-only.pem"))
     with pytest.raises(ConfigError, match=r"ssl\.keystore\.location"):
         server_ssl_context(bad)
+
+
+def test_kafka_listener_over_tls_hands_handlers_the_principal(tmp_path: Path) -> None:
+    """An SSL:// listener (in-process, real sockets): a client certificate's principal reaches
+    the handler's RequestContext; the service certificate is the service identity."""
+    import asyncio
+    import ssl
+    import struct
+    from typing import Any
+
+    from kafka.protocol.metadata.metadata import MetadataRequest, MetadataResponse
+
+    from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+    from fjord.kafka.server import KafkaListener
+    from fjord.security import Principal
+    from fjord.tls import client_ssl_context
+
+    pki = LocalPki(tmp_path)
+    _, properties = pki.service_files("broker", 0)
+    service = ServiceSecurity.from_config(parse_properties(properties.read_text()))
+    client = ClientSecurity.from_config(parse_properties(pki.client_properties().read_text()))
+    seen: list[Principal] = []
+
+    async def handler(request: Any, ctx: RequestContext) -> Any:
+        seen.append(ctx.principal)
+        return MetadataResponse[0](brokers=[], topics=[])
+
+    async def scenario() -> None:
+        listener = KafkaListener(
+            KafkaDispatcher([Api(3, 0, 0, MetadataRequest, handler)]), "127.0.0.1", 0,
+            ssl_context=server_ssl_context(service),
+        )
+        port = await listener.start()
+        try:
+            for context in (client_ssl_context(client), _service_client_context(service)):
+                reader, writer = await asyncio.open_connection(
+                    "127.0.0.1", port, ssl=context, server_hostname="localhost"
+                )
+                request = MetadataRequest[0](topics=[])
+                request.with_header(correlation_id=7, client_id="t")
+                writer.write(bytes(request.encode(version=0, header=True, framed=True)))
+                size = struct.unpack(">i", await reader.readexactly(4))[0]
+                await reader.readexactly(size)
+                writer.close()
+                await writer.wait_closed()
+        finally:
+            await listener.stop()
+
+    def _service_client_context(security: ServiceSecurity) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=security.truststore)
+        context.load_cert_chain(security.keystore)
+        return context
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert [str(p) for p in seen] == ["User:admin", "User:broker-0"]
+    assert [p.is_service for p in seen] == [False, True]

@@ -30,6 +30,7 @@ from fjord.kafka.codec import (
     encode_response,
     peek_prefix,
 )
+from fjord.security import ANONYMOUS, Principal
 
 API_VERSIONS_KEY = 18
 #: ApiVersions versions this dispatcher answers.
@@ -47,6 +48,9 @@ class RequestContext:
     client_id: str | None
     #: Kafka's ``clientHost`` of the connection (``/127.0.0.1``; "" when unknown).
     client_host: str = ""
+    #: Who sent it: ``User:<CN>`` of the connection's verified client certificate (SSL://
+    #: doors), else ``User:ANONYMOUS`` (fjord.security.Principal; what ACLs will check).
+    principal: Principal = ANONYMOUS
 
 
 #: ``handler(request, context) -> response`` (a message of the response class at
@@ -125,7 +129,9 @@ class KafkaDispatcher:
             throttle_time_ms=0,
         )
 
-    def prepare(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close | Call:
+    def prepare(
+        self, frame: bytes | memoryview, client_host: str = "", principal: Principal = ANONYMOUS
+    ) -> Reply | Close | Call:
         """Decode one request frame (size prefix excluded) that arrived from ``client_host``,
         without running its handler: the answer when the dispatcher gives it itself
         (ApiVersions, or a Close), else the :class:`Call` to :meth:`run`."""
@@ -160,7 +166,7 @@ class KafkaDispatcher:
             return Close(str(exc))
         header = request.header
         context = RequestContext(
-            key, version, prefix.correlation_id, header.client_id, client_host
+            key, version, prefix.correlation_id, header.client_id, client_host, principal
         )
         return Call(api, request, context)
 

@@ -20,6 +20,8 @@ import ssl
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
 from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
+from fjord.security import ANONYMOUS, Principal
+from fjord.tls import ssl_peer_principal
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +98,8 @@ class KafkaListener:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            reason = await self._requests(reader, writer, client_host(peer))
+            principal = ssl_peer_principal(writer.get_extra_info("ssl_object"))
+            reason = await self._requests(reader, writer, client_host(peer), principal)
             if reason:
                 log.warning("%s listener: closing connection from %s: %s", self._name, peer, reason)
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -112,21 +115,25 @@ class KafkaListener:
                 await writer.wait_closed()
 
     async def _requests(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        host: str,
+        principal: Principal = ANONYMOUS,
     ) -> str:
         """Serve requests until the client closes (returns "") or must be cut off (returns
         the reason). Answers go out in request order (a separate task writes them); see
         :class:`_Pipeline` for which requests overlap."""
         pipeline = _Pipeline(writer)
         try:
-            reason = await self._read_requests(reader, host, pipeline)
+            reason = await self._read_requests(reader, host, principal, pipeline)
             await pipeline.finish()  # every earlier request answered before the close
         finally:
             pipeline.abort()
         return reason
 
     async def _read_requests(
-        self, reader: asyncio.StreamReader, host: str, pipeline: _Pipeline
+        self, reader: asyncio.StreamReader, host: str, principal: Principal, pipeline: _Pipeline
     ) -> str:
         while True:
             try:
@@ -147,7 +154,7 @@ class KafkaListener:
                     f"no complete request for {self._idle_timeout_s:g} s "
                     "(connections.max.idle.ms)"
                 )
-            prepared = self._dispatcher.prepare(frame, host)
+            prepared = self._dispatcher.prepare(frame, host, principal)
             if isinstance(prepared, Close):
                 return prepared.reason
             if isinstance(prepared, Reply):
