@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,6 +27,7 @@ from fjord.cli.main import cli as cli_main
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.client.types import PartitionInfo
 from fjord.local import LocalCluster
+from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -128,11 +128,7 @@ def fill(directory: Path) -> Path:
 
 
 def metric(cluster: LocalCluster, broker_id: int, name: str) -> float:
-    url = f"http://{cluster.metrics_address('broker', broker_id)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
+    return scrape_metric(cluster.metrics_address("broker", broker_id), name)
 
 
 def broker_log(cluster: LocalCluster, broker_id: int) -> str:

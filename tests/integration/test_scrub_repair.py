@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import signal
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +25,7 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.client.types import PartitionInfo
 from fjord.local import LocalCluster
 from fjord.testing.damage import FlippedBatch, flip_byte_in_batch, segment_files
+from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -54,11 +54,7 @@ def partition(admin: AdminClient, topic: str) -> PartitionInfo:
 
 
 def metric(cluster: LocalCluster, broker_id: int, name: str) -> float:
-    url = f"http://{cluster.metrics_address('broker', broker_id)}/metrics"
-    with urllib.request.urlopen(url, timeout=10) as reply:
-        text = reply.read().decode()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name) and not line.startswith("#"))
+    return scrape_metric(cluster.metrics_address("broker", broker_id), name)
 
 
 def damaged_topic(cluster: LocalCluster, admin: AdminClient) -> tuple[str, list[bytes]]:

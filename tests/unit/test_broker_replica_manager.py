@@ -630,6 +630,13 @@ def test_unwritable_disk_stops_following_and_reports_follower_append_errors(env:
     run(scenario())
 
 
+async def _led_with_batches(manager: ReplicaManager, cluster: Cluster, batches: int) -> None:
+    """Topic t, one partition led by this broker alone, holding ``batches`` batches of 2."""
+    await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
+    for _ in range(batches):
+        one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+
+
 def _damage_stored_batch(manager: ReplicaManager, key: tuple[str, int], batch_index: int) -> int:
     """Flip a byte inside the records of one stored batch and forget the segment was verified
     (as after a restart); returns the batch's base offset."""
@@ -653,9 +660,7 @@ def test_damaged_leader_serves_the_intact_prefix_then_hands_over(env: Env) -> No
     manager, cluster, _ = env
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
-        for _ in range(4):
-            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await _led_with_batches(manager, cluster, 4)
         # Now replicated: a second ISR member holds a healthy copy.
         await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
         bad = _damage_stored_batch(manager, ("t", 0), 2)
@@ -675,9 +680,7 @@ def test_damage_without_a_healthy_copy_names_offset_and_way_forward(env: Env) ->
     manager, cluster, _ = env
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
-        for _ in range(4):
-            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await _led_with_batches(manager, cluster, 4)
         bad = _damage_stored_batch(manager, ("t", 0), 1)
         one_fetch(await manager.fetch(fetch_request("t", 0, 0)))  # finds it
         out = one_fetch(await manager.fetch(fetch_request("t", 0, bad)))
@@ -698,9 +701,7 @@ def test_damaged_follower_truncates_and_counts_the_repair_when_caught_up(env: En
     manager, cluster, _ = env
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
-        for _ in range(3):
-            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await _led_with_batches(manager, cluster, 3)
         await manager.apply_metadata(cluster.topic("t", [leader_state((2, BROKER), leader=2,
                                                                       epoch=1)]))
         partition = manager.partitions[("t", 0)]
@@ -753,9 +754,7 @@ def test_leader_told_of_a_bad_batch_checks_its_copy_and_hands_over(env: Env) -> 
     manager, cluster, _ = env
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
-        for _ in range(4):
-            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await _led_with_batches(manager, cluster, 4)
         await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))
         # Rot after the write: the segment was verified when written, so reads trust it...
         bad = _damage_stored_batch(manager, ("t", 0), 1)
@@ -782,9 +781,7 @@ def test_scrubber_finding_damage_in_a_led_copy_hands_leadership_over(env: Env) -
     manager, cluster, _ = env
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER,))]))
-        for _ in range(4):
-            one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        await _led_with_batches(manager, cluster, 4)
         plog = manager.partitions[("t", 0)].log
         plog.roll()
         await manager.apply_metadata(cluster.topic("t", [leader_state((BROKER, 2))]))

@@ -176,6 +176,8 @@ class ReplicaManager:
         self.resign_requests: dict[TopicPartition, IsrChangeRequest] = {}
         self._resigning: dict[TopicPartition, int] = {}
         self._resign_refusals_logged: set[tuple[TopicPartition, int]] = set()
+        #: Resignations the controller refused because no other live ISR member could lead.
+        self._no_other_leader: set[tuple[TopicPartition, int]] = set()
         #: Damage handling: the damage offset already reported per partition, how a pending
         #: discovery was triggered (a follower's report), repairs under way (old log end, when
         #: they started in ms, the damage offset) and partitions whose leader must hear that
@@ -896,7 +898,7 @@ class ReplicaManager:
             return NotLeaderOrFollowerError(f"{key[0]}-{key[1]}: retry")
         action = damage_action(self.broker_id, partition.assignment.leader,
                                partition.assignment.isr)
-        refused = (key, partition.leader_epoch) in self._resign_refusals_logged
+        refused = (key, partition.leader_epoch) in self._no_other_leader
         if action is DamageAction.NO_HEALTHY_COPY or refused:
             # No other in-sync replica can take over (now): say so rather than let clients
             # retry NOT_LEADER_OR_FOLLOWER against a leader that stays.
@@ -1008,6 +1010,8 @@ class ReplicaManager:
                 self._wake_fetchers(key)
             return
         marker = (key, request.leader_epoch)
+        if error_code == ErrorCode.ELIGIBLE_LEADERS_NOT_AVAILABLE.code:
+            self._no_other_leader.add(marker)
         if marker not in self._resign_refusals_logged:
             self._resign_refusals_logged.add(marker)
             log.warning(

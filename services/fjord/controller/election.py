@@ -66,6 +66,23 @@ def on_liveness_change(
     return _changed(state, NO_LEADER, isr)
 
 
+def _check_leader_request(
+    state: PartitionState, broker_id: int, leader_epoch: int, partition_epoch: int
+) -> None:
+    """The fencing of a leader's request (AlterPartition): it must come from the current leader
+    in the current leader and partition epochs."""
+    if broker_id != state.leader:
+        raise NotLeaderOrFollowerError(f"broker {broker_id} is not the leader ({state.leader})")
+    if leader_epoch != state.leader_epoch:
+        raise FencedLeaderEpochError(
+            f"leader epoch {leader_epoch} is not the current {state.leader_epoch}"
+        )
+    if partition_epoch != state.partition_epoch:
+        raise InvalidUpdateVersionError(
+            f"partition epoch {partition_epoch} is not the current {state.partition_epoch}"
+        )
+
+
 def alter_isr(
     state: PartitionState,
     broker_id: int,
@@ -80,16 +97,7 @@ def alter_isr(
     epoch), InvalidUpdateVersionError (other partition epoch), InvalidRequestError (ISR without
     the leader, duplicates or non-replicas), IneligibleReplicaError (a new member not live).
     """
-    if broker_id != state.leader:
-        raise NotLeaderOrFollowerError(f"broker {broker_id} is not the leader ({state.leader})")
-    if leader_epoch != state.leader_epoch:
-        raise FencedLeaderEpochError(
-            f"leader epoch {leader_epoch} is not the current {state.leader_epoch}"
-        )
-    if partition_epoch != state.partition_epoch:
-        raise InvalidUpdateVersionError(
-            f"partition epoch {partition_epoch} is not the current {state.partition_epoch}"
-        )
+    _check_leader_request(state, broker_id, leader_epoch, partition_epoch)
     isr = tuple(new_isr)
     if len(set(isr)) != len(isr) or state.leader not in isr:
         raise InvalidRequestError("the new ISR must contain the leader once and no duplicates")
@@ -118,16 +126,7 @@ def resign_leadership(
     InvalidUpdateVersionError). Raises EligibleLeadersNotAvailableError when no other live ISR
     member exists: the partition keeps its leader rather than go offline.
     """
-    if broker_id != state.leader:
-        raise NotLeaderOrFollowerError(f"broker {broker_id} is not the leader ({state.leader})")
-    if leader_epoch != state.leader_epoch:
-        raise FencedLeaderEpochError(
-            f"leader epoch {leader_epoch} is not the current {state.leader_epoch}"
-        )
-    if partition_epoch != state.partition_epoch:
-        raise InvalidUpdateVersionError(
-            f"partition epoch {partition_epoch} is not the current {state.partition_epoch}"
-        )
+    _check_leader_request(state, broker_id, leader_epoch, partition_epoch)
     others = [r for r in state.replicas if r in state.isr and r != broker_id and r in live]
     if not others:
         raise EligibleLeadersNotAvailableError(

@@ -73,6 +73,7 @@ from fjord.testing.chaos import (
     verify_delivery,
 )
 from fjord.testing.damage import flip_byte_in_batch, segment_files
+from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import seconds_until
 
 HEAL_TIMEOUT_S = 30.0
@@ -650,14 +651,11 @@ class ChaosRunner:
 
     def _broker_metric(self, broker_id: int, name: str) -> float:
         """The sum of a broker's metric samples named ``name`` (0 when unreachable)."""
-        url = f"http://{self.cluster.metrics_address('broker', broker_id)}/metrics"
         try:
-            with urllib.request.urlopen(url, timeout=ETCD_REQUEST_TIMEOUT_S) as reply:
-                text = reply.read().decode()
+            return scrape_metric(self.cluster.metrics_address("broker", broker_id), name,
+                                 timeout=ETCD_REQUEST_TIMEOUT_S)
         except OSError:
             return 0.0
-        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith(name) and not line.startswith("#"))
 
     def _corrupt_segment(self, step: PlannedFault) -> None:
         """Stop the leader of the step's partition cleanly (SIGTERM), flip a byte inside a batch
