@@ -29,8 +29,9 @@ FORBIDDEN = {
 }
 
 
-#: The coordinator service's shell (gRPC, etcd, clients, event loop): not cores.
-SHELL = {"appender", "manager", "server", "service"}
+#: The coordinator service's shell (gRPC, etcd, clients, event loop, the Kafka listener's
+#: forwarding to brokers and the controller): not cores.
+SHELL = {"appender", "kafka_apis", "manager", "server", "service"}
 
 
 def test_group_modules_import_nothing_that_does_io():
