@@ -156,7 +156,7 @@ def test_scrubber_finds_damage_without_a_read_and_repairs(cluster: LocalCluster)
                 "--broker", str(DAMAGED)]
         shown = runner.invoke(cli_main, [*args, "--output", "json"])
         assert shown.exit_code == 0, shown.output
-        (described,) = json.loads(shown.output)
+        (described,) = json.loads(shown.stdout)  # warnings (stderr) are not JSON
         assert described["writable"] and described["scrub"]["enabled"]
         assert described["scrub"]["damage_found"] >= 1 and described["scrub"]["repairs_done"] >= 1
         (mine,) = [p for p in described["partitions"] if p["topic"] == topic]
