@@ -18,6 +18,7 @@ import socket
 import ssl
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -264,3 +265,36 @@ def test_garbage_in_a_tls_handshake_closes_only_that_connection(cluster: LocalCl
     create_topic(cluster, "tls-after-garbage", replication_factor=1)
     with Producer(client_config(cluster)) as producer:
         assert producer.send("tls-after-garbage", value=b"still serving").result(30).offset == 0
+
+
+def test_fjord_commands_take_kafkas_command_config(cluster: LocalCluster, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from fjord.cli.main import cli
+
+    props = str(cluster.client_properties)
+    bootstrap = ["--bootstrap-server", cluster.bootstrap_servers]
+
+    def run(*args: str, input: str | None = None) -> Any:
+        return CliRunner().invoke(cli, [*args, *bootstrap], input=input)
+
+    created = run("topics", "create", "--topic", "tls-cli", "--partitions", "1",
+                  "--replication-factor", "1", "--command-config", props)
+    assert created.exit_code == 0, created.output
+    produced = run("produce", "--topic", "tls-cli", "--command-config", props, input="one\ntwo\n")
+    assert produced.exit_code == 0, produced.output
+    consumed = run("consume", "--topic", "tls-cli", "--from-beginning", "--max-messages", "2",
+                   "--command-config", props)
+    assert consumed.exit_code == 0 and consumed.output.split()[:2] == ["one", "two"], (
+        consumed.output
+    )
+    listed = run("topics", "list", "--command-config", props)
+    assert "tls-cli" in listed.output
+    bad = tmp_path / "bad.properties"
+    bad.write_text("security.protocol=SASL_SSL\n")
+    refused = run("topics", "list", "--command-config", str(bad))
+    assert refused.exit_code != 0 and "security.protocol" in refused.output
+    broken = tmp_path / "broken.properties"
+    broken.write_text("no separator here\n")
+    unreadable = run("topics", "list", "--command-config", str(broken))
+    assert unreadable.exit_code == 2 and "line 1" in unreadable.output
