@@ -81,7 +81,10 @@ class ErrorCode(Enum):
     FETCH_SESSION_ID_NOT_FOUND = (70, True)
     LISTENER_NOT_FOUND = (72, True)
     UNSUPPORTED_ENDPOINT_TYPE = (115, False)
+    TOPIC_AUTHORIZATION_FAILED = (29, False)
+    GROUP_AUTHORIZATION_FAILED = (30, False)
     CLUSTER_AUTHORIZATION_FAILED = (31, False)
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False)
 
     @property
     def code(self) -> int:
@@ -228,6 +231,21 @@ class ClusterAuthorizationError(FjordError):
     """The caller lacks the cluster service identity an inter-broker request needs."""
 
     code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+
+
+@register_error_class
+class TopicAuthorizationError(FjordError):
+    """The caller's principal may not do this on the topic (an ACL denies it or none allows)."""
+
+    code = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+@register_error_class
+class GroupAuthorizationError(FjordError):
+    """The caller's principal may not do this on the consumer group."""
+
+    code = ErrorCode.GROUP_AUTHORIZATION_FAILED
+
 
 
 # Broker request errors (Kafka's names). Clients refresh metadata and retry the retriable ones.

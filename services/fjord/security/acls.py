@@ -1,0 +1,424 @@
+"""Kafka's ACL model and its authorizer, pure (no I/O): who (principal, host) may do what
+(operation) on which resource (type + name), as Kafka's ``StandardAuthorizer`` decides it.
+
+An :class:`AclBinding` is a :class:`ResourcePattern` (type, ``LITERAL`` or ``PREFIXED``, a name;
+the literal name ``*`` is the wildcard matching every resource of the type) plus an
+:class:`AccessControlEntry` (principal ``User:<name>`` or ``User:*``, host or ``*``, operation,
+``ALLOW``/``DENY``).
+
+:meth:`Authorizer.authorize` answers, in this order (Kafka's order):
+
+1. a principal in ``super.users`` (and the cluster's own service identity, which Kafka gets by
+   listing the brokers' principal in ``super.users``) is allowed everything;
+2. a ``DENY`` entry matching the resource, principal, host and operation (or ``ALL``) denies
+   (deny wins over any allow);
+3. an ``ALLOW`` entry matching them allows; operations imply others as in Kafka: ``READ``,
+   ``WRITE``, ``DELETE`` and ``ALTER`` allow ``DESCRIBE``; ``ALTER_CONFIGS`` allows
+   ``DESCRIBE_CONFIGS``; ``ALL`` allows every operation (and a ``DENY ALL`` denies every one);
+4. when no ACL at all matches the resource (for any principal),
+   ``allow.everyone.if.no.acl.found`` decides (default false);
+5. otherwise deny.
+
+The numeric codes of the enums are Kafka's wire codes (DescribeAcls etc.).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Self
+
+from fjord.errors import ConfigError, ErrorCode, FjordError
+from fjord.security.principal import Principal
+
+#: The name of the one Cluster resource (Kafka's ``kafka-cluster``).
+CLUSTER_RESOURCE_NAME = "kafka-cluster"
+#: The literal resource name and the host matching everything.
+WILDCARD = "*"
+#: The principal matching every principal in an ACL entry.
+WILDCARD_PRINCIPAL = "User:*"
+
+
+class AclError(FjordError):
+    """An ACL binding or filter that Kafka would refuse (INVALID_REQUEST), naming what."""
+
+    code = ErrorCode.INVALID_REQUEST
+
+
+class _Coded(Enum):
+    """An enum whose value is Kafka's wire code, parsed from Kafka's CLI/Java names."""
+
+    @property
+    def code(self) -> int:
+        return int(self.value)
+
+    def __lt__(self, other: object) -> bool:
+        # Bindings sort (describe answers are stable); within one enum, by wire code.
+        if not isinstance(other, type(self)):
+            return NotImplemented
+        return self.code < other.code
+
+    @classmethod
+    def from_code(cls, code: int) -> Self:
+        for member in cls:
+            if member.value == code:
+                return member
+        raise AclError(f"unknown {cls.__name__} code {code}")
+
+    @classmethod
+    def parse(cls, text: str) -> Self:
+        """``"Read"``, ``"READ"``, ``"DescribeConfigs"``, ``"describe_configs"``,
+        ``"transactional-id"`` all name members (kafka-acls.sh spellings)."""
+        wanted = text.replace("_", "").replace("-", "").lower()
+        for member in cls:
+            if member.name.replace("_", "").lower() == wanted:
+                return member
+        known = ", ".join(m.java_name for m in cls)
+        raise AclError(f"unknown {cls.__name__} {text!r} (known: {known})")
+
+    @property
+    def java_name(self) -> str:
+        """Kafka's display name: ``DescribeConfigs``, ``TransactionalId``."""
+        return "".join(part.capitalize() for part in self.name.split("_"))
+
+
+class ResourceType(_Coded):
+    ANY = 1
+    TOPIC = 2
+    GROUP = 3
+    CLUSTER = 4
+    TRANSACTIONAL_ID = 5
+
+
+class PatternType(_Coded):
+    ANY = 1
+    MATCH = 2
+    LITERAL = 3
+    PREFIXED = 4
+
+
+class AclOperation(_Coded):
+    ANY = 1
+    ALL = 2
+    READ = 3
+    WRITE = 4
+    CREATE = 5
+    DELETE = 6
+    ALTER = 7
+    DESCRIBE = 8
+    CLUSTER_ACTION = 9
+    DESCRIBE_CONFIGS = 10
+    ALTER_CONFIGS = 11
+    IDEMPOTENT_WRITE = 12
+
+
+class AclPermissionType(_Coded):
+    ANY = 1
+    DENY = 2
+    ALLOW = 3
+
+
+#: An ALLOW of any of these operations also allows the key (Kafka's implied operations).
+_IMPLIED_BY: Mapping[AclOperation, frozenset[AclOperation]] = {
+    AclOperation.DESCRIBE: frozenset(
+        {AclOperation.DESCRIBE, AclOperation.READ, AclOperation.WRITE, AclOperation.DELETE,
+         AclOperation.ALTER}
+    ),
+    AclOperation.DESCRIBE_CONFIGS: frozenset(
+        {AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+    ),
+}
+
+#: The operations kafka-acls.sh accepts per resource type (ALL is accepted for every type).
+VALID_OPERATIONS: Mapping[ResourceType, frozenset[AclOperation]] = {
+    ResourceType.TOPIC: frozenset({
+        AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DESCRIBE,
+        AclOperation.DELETE, AclOperation.ALTER, AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS, AclOperation.ALL,
+    }),
+    ResourceType.GROUP: frozenset({
+        AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE, AclOperation.ALL,
+    }),
+    ResourceType.CLUSTER: frozenset({
+        AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
+        AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
+        AclOperation.DESCRIBE, AclOperation.ALL,
+    }),
+    ResourceType.TRANSACTIONAL_ID: frozenset({
+        AclOperation.DESCRIBE, AclOperation.WRITE, AclOperation.ALL,
+    }),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A concrete resource a request acts on (what :meth:`Authorizer.authorize` is asked)."""
+
+    resource_type: ResourceType
+    name: str
+
+    @classmethod
+    def topic(cls, name: str) -> Resource:
+        return cls(ResourceType.TOPIC, name)
+
+    @classmethod
+    def group(cls, name: str) -> Resource:
+        return cls(ResourceType.GROUP, name)
+
+    @classmethod
+    def cluster(cls) -> Resource:
+        return cls(ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME)
+
+    def __str__(self) -> str:
+        return f"{self.resource_type.java_name}:{self.name}"
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ResourcePattern:
+    """Which resources an ACL covers: a LITERAL name (``*``: all of the type) or a PREFIXED one.
+
+    Invariant (checked): a concrete type (not ANY), LITERAL or PREFIXED, a non-empty name.
+    """
+
+    resource_type: ResourceType
+    name: str
+    pattern_type: PatternType = PatternType.LITERAL
+
+    def __post_init__(self) -> None:
+        if self.resource_type is ResourceType.ANY:
+            raise AclError("an ACL's resource type must be concrete, not ANY")
+        if self.pattern_type not in (PatternType.LITERAL, PatternType.PREFIXED):
+            raise AclError(
+                f"an ACL's pattern type must be LITERAL or PREFIXED, not {self.pattern_type.name}"
+            )
+        if not self.name:
+            raise AclError("an ACL's resource name must not be empty")
+
+    def matches(self, resource: Resource) -> bool:
+        """Whether this pattern covers ``resource`` (Kafka's matching)."""
+        if resource.resource_type is not self.resource_type:
+            return False
+        if self.pattern_type is PatternType.PREFIXED:
+            return resource.name.startswith(self.name)
+        return self.name == WILDCARD or self.name == resource.name
+
+    def __str__(self) -> str:
+        return (
+            f"ResourcePattern(resourceType={self.resource_type.name}, name={self.name}, "
+            f"patternType={self.pattern_type.name})"
+        )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AccessControlEntry:
+    """Who (``principal`` text, ``User:*`` for everyone; ``host`` or ``*``) is allowed or
+    denied ``operation``. Invariant (checked): concrete operation and permission, a principal
+    of the form ``User:<name>``, a non-empty host."""
+
+    principal: str
+    host: str
+    operation: AclOperation
+    permission: AclPermissionType
+
+    def __post_init__(self) -> None:
+        if self.operation is AclOperation.ANY:
+            raise AclError("an ACL's operation must be concrete, not ANY")
+        if self.permission is AclPermissionType.ANY:
+            raise AclError("an ACL's permission type must be ALLOW or DENY, not ANY")
+        if self.principal != WILDCARD_PRINCIPAL:
+            try:
+                Principal.parse(self.principal)
+            except ConfigError as exc:
+                raise AclError(str(exc)) from None
+        if not self.host:
+            raise AclError("an ACL's host must not be empty (use * for any host)")
+
+    def matches_who(self, principal: str, host: str) -> bool:
+        return (self.principal in (principal, WILDCARD_PRINCIPAL)) and (
+            self.host in (host, WILDCARD)
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"(principal={self.principal}, host={self.host}, operation="
+            f"{self.operation.name}, permissionType={self.permission.name})"
+        )
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class AclBinding:
+    """One ACL: a resource pattern and an entry. Invariant (checked): the operation is one
+    kafka-acls.sh accepts for the resource type, and a Cluster pattern is the literal
+    ``kafka-cluster``."""
+
+    pattern: ResourcePattern
+    entry: AccessControlEntry
+
+    def __post_init__(self) -> None:
+        kind = self.pattern.resource_type
+        if self.entry.operation not in VALID_OPERATIONS[kind]:
+            allowed = ", ".join(sorted(op.java_name for op in VALID_OPERATIONS[kind]))
+            raise AclError(
+                f"{kind.java_name} does not take operation {self.entry.operation.java_name} "
+                f"(it takes {allowed})"
+            )
+        if kind is ResourceType.CLUSTER and (
+            self.pattern.pattern_type is not PatternType.LITERAL
+            or self.pattern.name != CLUSTER_RESOURCE_NAME
+        ):
+            raise AclError(f"the Cluster resource is the literal name {CLUSTER_RESOURCE_NAME!r}")
+
+    def to_dict(self) -> dict[str, str]:
+        return {
+            "resource_type": self.pattern.resource_type.name,
+            "pattern_type": self.pattern.pattern_type.name,
+            "name": self.pattern.name,
+            "principal": self.entry.principal,
+            "host": self.entry.host,
+            "operation": self.entry.operation.name,
+            "permission": self.entry.permission.name,
+        }
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, object]) -> AclBinding:
+        """Inverse of :meth:`to_dict`; AclError naming the field for a bad value."""
+        def field(name: str) -> str:
+            value = obj.get(name)
+            if not isinstance(value, str):
+                raise AclError(f"ACL field {name!r}: expected a string, got {value!r}")
+            return value
+
+        return cls(
+            ResourcePattern(
+                ResourceType.parse(field("resource_type")),
+                field("name"),
+                PatternType.parse(field("pattern_type")),
+            ),
+            AccessControlEntry(
+                field("principal"),
+                field("host"),
+                AclOperation.parse(field("operation")),
+                AclPermissionType.parse(field("permission")),
+            ),
+        )
+
+    def __str__(self) -> str:
+        return f"{self.pattern} {self.entry}"
+
+
+@dataclass(frozen=True, slots=True)
+class AclBindingFilter:
+    """Which bindings DescribeAcls/DeleteAcls select (Kafka's ``AclBindingFilter``).
+
+    ``None`` fields and ANY match everything. ``pattern_type`` MATCH selects every pattern that
+    covers the resource named ``name`` (literal, the ``*`` wildcard and prefixes of it), as
+    kafka-acls.sh ``--resource-pattern-type match``; MATCH needs a name.
+    """
+
+    resource_type: ResourceType = ResourceType.ANY
+    name: str | None = None
+    pattern_type: PatternType = PatternType.ANY
+    principal: str | None = None
+    host: str | None = None
+    operation: AclOperation = AclOperation.ANY
+    permission: AclPermissionType = AclPermissionType.ANY
+
+    def __post_init__(self) -> None:
+        if self.pattern_type is PatternType.MATCH and self.name is None:
+            raise AclError("pattern type MATCH needs a resource name")
+
+    def matches(self, binding: AclBinding) -> bool:
+        pattern, entry = binding.pattern, binding.entry
+        if self.resource_type not in (ResourceType.ANY, pattern.resource_type):
+            return False
+        if self.pattern_type is PatternType.MATCH:
+            assert self.name is not None
+            if not pattern.matches(Resource(pattern.resource_type, self.name)):
+                return False
+        else:
+            if self.pattern_type not in (PatternType.ANY, pattern.pattern_type):
+                return False
+            if self.name is not None and self.name != pattern.name:
+                return False
+        if self.principal is not None and self.principal != entry.principal:
+            return False
+        if self.host is not None and self.host != entry.host:
+            return False
+        if self.operation not in (AclOperation.ANY, entry.operation):
+            return False
+        return self.permission in (AclPermissionType.ANY, entry.permission)
+
+
+MATCH_ALL = AclBindingFilter()
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizerSettings:
+    """``super.users`` (principal texts, ``User:alice;User:bob`` in Kafka's property) and
+    ``allow.everyone.if.no.acl.found`` (default false)."""
+
+    super_users: frozenset[str] = frozenset()
+    allow_everyone_if_no_acl_found: bool = False
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, str]) -> AuthorizerSettings:
+        """From Kafka's property names; AclError naming the property for a bad value."""
+        raw = config.get("super.users", "")
+        users = frozenset(u.strip() for u in raw.split(";") if u.strip())
+        for user in users:
+            try:
+                Principal.parse(user)
+            except ConfigError as exc:
+                raise AclError(f"super.users: {exc}") from None
+        flag = config.get("allow.everyone.if.no.acl.found", "false").strip().lower()
+        if flag not in ("true", "false"):
+            raise AclError(f"allow.everyone.if.no.acl.found: expected true or false, got {flag!r}")
+        return cls(users, flag == "true")
+
+
+class Authorizer:
+    """Answers ``authorize(principal, host, operation, resource)`` from a fixed set of
+    bindings (a new Authorizer per ACL change; instances are immutable and cheap to query).
+
+    Invariant: the answer depends only on the bindings, the settings and the arguments; DENY
+    always wins over ALLOW; super users and the cluster service identity are always allowed.
+    """
+
+    def __init__(
+        self, bindings: Iterable[AclBinding] = (), settings: AuthorizerSettings | None = None
+    ) -> None:
+        self.settings = settings or AuthorizerSettings()
+        self.bindings: frozenset[AclBinding] = frozenset(bindings)
+        self._by_type: dict[ResourceType, list[AclBinding]] = {}
+        for binding in sorted(self.bindings):
+            self._by_type.setdefault(binding.pattern.resource_type, []).append(binding)
+
+    def authorize(
+        self, principal: Principal, host: str, operation: AclOperation, resource: Resource
+    ) -> bool:
+        if principal.is_service or str(principal) in self.settings.super_users:
+            return True
+        who = str(principal)
+        allowed_by = _IMPLIED_BY.get(operation, frozenset({operation}))
+        any_for_resource = False
+        allowed = False
+        for binding in self._by_type.get(resource.resource_type, ()):
+            if not binding.pattern.matches(resource):
+                continue
+            any_for_resource = True
+            entry = binding.entry
+            if not entry.matches_who(who, host):
+                continue
+            if entry.permission is AclPermissionType.DENY:
+                if entry.operation in (operation, AclOperation.ALL):
+                    return False
+            elif entry.operation is AclOperation.ALL or entry.operation in allowed_by:
+                allowed = True
+        if allowed:
+            return True
+        return not any_for_resource and self.settings.allow_everyone_if_no_acl_found
+
+    def describe(self, selector: AclBindingFilter = MATCH_ALL) -> list[AclBinding]:
+        """The bindings ``selector`` matches, sorted."""
+        return sorted(b for b in self.bindings if selector.matches(b))

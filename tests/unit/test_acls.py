@@ -1,0 +1,256 @@
+"""fjord.security.acls: Kafka's ACL model and StandardAuthorizer's decisions, as tables and
+properties (deny wins; super users always pass; prefixed patterns match by prefix)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from fjord.security import ANONYMOUS, Principal
+from fjord.security.acls import (
+    AccessControlEntry,
+    AclBinding,
+    AclBindingFilter,
+    AclError,
+    AclOperation,
+    AclPermissionType,
+    Authorizer,
+    AuthorizerSettings,
+    PatternType,
+    Resource,
+    ResourcePattern,
+    ResourceType,
+)
+
+ALICE = Principal("alice")
+BOB = Principal("bob")
+HOST = "10.0.0.1"
+ALLOW, DENY = AclPermissionType.ALLOW, AclPermissionType.DENY
+Op = AclOperation
+
+
+def acl(
+    kind: ResourceType,
+    name: str,
+    op: AclOperation,
+    permission: AclPermissionType = ALLOW,
+    principal: str = "User:alice",
+    host: str = "*",
+    pattern: PatternType = PatternType.LITERAL,
+) -> AclBinding:
+    return AclBinding(
+        ResourcePattern(kind, name, pattern), AccessControlEntry(principal, host, op, permission)
+    )
+
+
+def topic_acl(name: str, op: AclOperation, **kw: object) -> AclBinding:
+    return acl(ResourceType.TOPIC, name, op, **kw)  # type: ignore[arg-type]
+
+
+ORDERS = Resource.topic("orders")
+
+# (bindings, principal, host, operation, resource, expected)
+TABLE = [
+    pytest.param([], ALICE, HOST, Op.READ, ORDERS, False, id="no acl: denied by default"),
+    pytest.param([topic_acl("orders", Op.READ)], ALICE, HOST, Op.READ, ORDERS, True, id="allow"),
+    pytest.param([topic_acl("orders", Op.READ)], BOB, HOST, Op.READ, ORDERS, False,
+                 id="another principal"),
+    pytest.param([topic_acl("orders", Op.READ)], ALICE, HOST, Op.WRITE, ORDERS, False,
+                 id="another operation"),
+    pytest.param([topic_acl("orders", Op.READ)], ALICE, HOST, Op.DESCRIBE, ORDERS, True,
+                 id="read implies describe"),
+    pytest.param([topic_acl("orders", Op.WRITE)], ALICE, HOST, Op.DESCRIBE, ORDERS, True,
+                 id="write implies describe"),
+    pytest.param([topic_acl("orders", Op.DELETE)], ALICE, HOST, Op.DESCRIBE, ORDERS, True,
+                 id="delete implies describe"),
+    pytest.param([topic_acl("orders", Op.ALTER)], ALICE, HOST, Op.DESCRIBE, ORDERS, True,
+                 id="alter implies describe"),
+    pytest.param([topic_acl("orders", Op.CREATE)], ALICE, HOST, Op.DESCRIBE, ORDERS, False,
+                 id="create does not imply describe"),
+    pytest.param([topic_acl("orders", Op.DESCRIBE)], ALICE, HOST, Op.READ, ORDERS, False,
+                 id="describe implies nothing"),
+    pytest.param([topic_acl("orders", Op.ALTER_CONFIGS)], ALICE, HOST, Op.DESCRIBE_CONFIGS,
+                 ORDERS, True, id="alter configs implies describe configs"),
+    pytest.param([topic_acl("orders", Op.ALL)], ALICE, HOST, Op.DELETE, ORDERS, True,
+                 id="all allows everything"),
+    pytest.param([topic_acl("orders", Op.ALL), topic_acl("orders", Op.WRITE, permission=DENY)],
+                 ALICE, HOST, Op.WRITE, ORDERS, False, id="deny wins over allow all"),
+    pytest.param([topic_acl("orders", Op.READ), topic_acl("orders", Op.ALL, permission=DENY)],
+                 ALICE, HOST, Op.READ, ORDERS, False, id="deny all denies read"),
+    pytest.param([topic_acl("orders", Op.ALL), topic_acl("orders", Op.READ, permission=DENY)],
+                 ALICE, HOST, Op.DESCRIBE, ORDERS, True, id="deny read does not deny describe"),
+    pytest.param([topic_acl("*", Op.READ)], ALICE, HOST, Op.READ, ORDERS, True,
+                 id="wildcard resource"),
+    pytest.param([topic_acl("orders", Op.READ, principal="User:*")], BOB, HOST, Op.READ, ORDERS,
+                 True, id="wildcard principal"),
+    pytest.param([topic_acl("orders", Op.READ, host="10.0.0.2")], ALICE, HOST, Op.READ, ORDERS,
+                 False, id="another host"),
+    pytest.param([topic_acl("orders", Op.READ, host=HOST)], ALICE, HOST, Op.READ, ORDERS, True,
+                 id="the host"),
+    pytest.param([topic_acl("ord", Op.READ, pattern=PatternType.PREFIXED)], ALICE, HOST,
+                 Op.READ, ORDERS, True, id="prefixed match"),
+    pytest.param([topic_acl("ord", Op.READ)], ALICE, HOST, Op.READ, ORDERS, False,
+                 id="literal is not a prefix"),
+    pytest.param([topic_acl("orders-eu", Op.READ, pattern=PatternType.PREFIXED)], ALICE, HOST,
+                 Op.READ, ORDERS, False, id="longer prefix does not match"),
+    pytest.param([topic_acl("o", Op.ALL, pattern=PatternType.PREFIXED),
+                  topic_acl("orders", Op.WRITE, permission=DENY)],
+                 ALICE, HOST, Op.WRITE, ORDERS, False, id="literal deny beats prefixed allow"),
+    pytest.param([acl(ResourceType.GROUP, "orders", Op.READ)], ALICE, HOST, Op.READ, ORDERS,
+                 False, id="a group acl does not cover the topic"),
+    pytest.param([acl(ResourceType.CLUSTER, "kafka-cluster", Op.IDEMPOTENT_WRITE)], ALICE, HOST,
+                 Op.IDEMPOTENT_WRITE, Resource.cluster(), True, id="cluster idempotent write"),
+    pytest.param([topic_acl("orders", Op.READ)], ANONYMOUS, HOST, Op.READ, ORDERS, False,
+                 id="anonymous is nobody in particular"),
+    pytest.param([], Principal("broker-1", is_service=True), HOST, Op.CLUSTER_ACTION,
+                 Resource.cluster(), True, id="the service identity is a super user"),
+]
+
+
+@pytest.mark.parametrize("bindings, principal, host, operation, resource, expected", TABLE)
+def test_authorize_table(bindings, principal, host, operation, resource, expected):
+    assert Authorizer(bindings).authorize(principal, host, operation, resource) is expected
+
+
+def test_allow_everyone_if_no_acl_found_only_when_no_acl_covers_the_resource():
+    settings = AuthorizerSettings(allow_everyone_if_no_acl_found=True)
+    authorizer = Authorizer([topic_acl("orders", Op.READ)], settings)
+    assert authorizer.authorize(BOB, HOST, Op.WRITE, Resource.topic("other"))
+    # An ACL covers "orders" (for alice): bob is no longer let through by the default.
+    assert not authorizer.authorize(BOB, HOST, Op.READ, ORDERS)
+    prefixed = Authorizer(
+        [topic_acl("ord", Op.READ, pattern=PatternType.PREFIXED)], settings
+    )
+    assert not prefixed.authorize(BOB, HOST, Op.READ, ORDERS)
+
+
+def test_super_users_from_config():
+    settings = AuthorizerSettings.from_config(
+        {"super.users": "User:admin; User:ops", "allow.everyone.if.no.acl.found": "false"}
+    )
+    assert settings.super_users == {"User:admin", "User:ops"}
+    authorizer = Authorizer([topic_acl("orders", Op.ALL, principal="User:admin",
+                                       permission=DENY)], settings)
+    assert authorizer.authorize(Principal("admin"), HOST, Op.DELETE, ORDERS)
+    with pytest.raises(AclError, match=r"super\.users"):
+        AuthorizerSettings.from_config({"super.users": "Group:x"})
+    with pytest.raises(AclError, match=r"allow\.everyone"):
+        AuthorizerSettings.from_config({"allow.everyone.if.no.acl.found": "yes"})
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: topic_acl("orders", Op.CLUSTER_ACTION), "Topic does not take"),
+        (lambda: acl(ResourceType.GROUP, "g", Op.WRITE), "Group does not take"),
+        (lambda: acl(ResourceType.CLUSTER, "other", Op.ALTER), "kafka-cluster"),
+        (lambda: topic_acl("", Op.READ), "must not be empty"),
+        (lambda: topic_acl("orders", Op.ANY), "concrete"),
+        (lambda: topic_acl("orders", Op.READ, permission=AclPermissionType.ANY), "ALLOW or DENY"),
+        (lambda: topic_acl("orders", Op.READ, principal="alice"), "User:<name>"),
+        (lambda: topic_acl("orders", Op.READ, host=""), "host"),
+        (lambda: topic_acl("orders", Op.READ, pattern=PatternType.MATCH), "LITERAL or PREFIXED"),
+        (lambda: acl(ResourceType.ANY, "x", Op.READ), "concrete"),
+    ],
+)
+def test_invalid_bindings_are_refused_with_a_reason(make, message):
+    with pytest.raises(AclError, match=message):
+        make()
+
+
+def test_names_parse_in_kafka_spellings_and_codes_round_trip():
+    assert AclOperation.parse("DescribeConfigs") is Op.DESCRIBE_CONFIGS
+    assert AclOperation.parse("idempotent-write") is Op.IDEMPOTENT_WRITE
+    assert ResourceType.parse("TransactionalId") is ResourceType.TRANSACTIONAL_ID
+    assert Op.DESCRIBE_CONFIGS.java_name == "DescribeConfigs"
+    for enum in (ResourceType, PatternType, AclOperation, AclPermissionType):
+        for member in enum:
+            assert enum.from_code(member.code) is member
+    with pytest.raises(AclError, match="unknown AclOperation 'Fly'"):
+        AclOperation.parse("Fly")
+    with pytest.raises(AclError, match="code 99"):
+        AclOperation.from_code(99)
+
+
+def test_binding_dict_round_trip_and_bad_fields():
+    binding = topic_acl("ord", Op.READ, pattern=PatternType.PREFIXED, permission=DENY)
+    assert AclBinding.from_dict(binding.to_dict()) == binding
+    broken = {**binding.to_dict(), "operation": 3}
+    with pytest.raises(AclError, match="'operation'"):
+        AclBinding.from_dict(broken)
+
+
+def test_filters_select_as_kafka_describe_and_delete_do():
+    literal = topic_acl("orders", Op.READ)
+    prefixed = topic_acl("ord", Op.WRITE, pattern=PatternType.PREFIXED)
+    wildcard = topic_acl("*", Op.DESCRIBE, principal="User:bob")
+    group = acl(ResourceType.GROUP, "orders", Op.READ)
+    authorizer = Authorizer([literal, prefixed, wildcard, group])
+    assert authorizer.describe() == sorted([literal, prefixed, wildcard, group])
+    by_name = AclBindingFilter(ResourceType.TOPIC, "orders")
+    assert authorizer.describe(by_name) == [literal]
+    match = AclBindingFilter(ResourceType.TOPIC, "orders", PatternType.MATCH)
+    assert set(authorizer.describe(match)) == {literal, prefixed, wildcard}
+    assert authorizer.describe(AclBindingFilter(principal="User:bob")) == [wildcard]
+    assert authorizer.describe(AclBindingFilter(operation=Op.WRITE)) == [prefixed]
+    assert authorizer.describe(AclBindingFilter(pattern_type=PatternType.PREFIXED)) == [prefixed]
+    with pytest.raises(AclError, match="MATCH needs a resource name"):
+        AclBindingFilter(pattern_type=PatternType.MATCH)
+
+
+# --- properties ---------------------------------------------------------------------------------
+
+names = st.text(alphabet="abo-", min_size=1, max_size=6)
+principals = st.sampled_from(["User:alice", "User:bob", "User:*"])
+operations = st.sampled_from(sorted(VALID := [
+    Op.READ, Op.WRITE, Op.CREATE, Op.DESCRIBE, Op.DELETE, Op.ALTER, Op.DESCRIBE_CONFIGS,
+    Op.ALTER_CONFIGS, Op.ALL,
+], key=lambda o: o.code))
+bindings = st.builds(
+    lambda name, op, perm, who, host, pattern: topic_acl(
+        name, op, permission=perm, principal=who, host=host, pattern=pattern
+    ),
+    names, operations, st.sampled_from([ALLOW, DENY]), principals,
+    st.sampled_from(["*", HOST, "10.0.0.2"]), st.sampled_from([PatternType.LITERAL,
+                                                               PatternType.PREFIXED]),
+)
+asked = st.sampled_from([o for o in VALID if o is not Op.ALL])
+
+
+@given(st.lists(bindings, max_size=8), names, asked, st.sampled_from([ALICE, BOB]))
+def test_a_matching_deny_always_wins(acls, topic, operation, principal):
+    resource = Resource.topic(topic)
+    deny = topic_acl(topic, operation, permission=DENY, principal=str(principal))
+    assert not Authorizer([*acls, deny]).authorize(principal, HOST, operation, resource)
+
+
+@given(st.lists(bindings, max_size=8), names, asked, st.booleans())
+def test_a_super_user_is_always_allowed(acls, topic, operation, everyone):
+    settings = AuthorizerSettings(frozenset({"User:alice"}), everyone)
+    acls = [*acls, topic_acl(topic, Op.ALL, permission=DENY, principal="User:alice")]
+    assert Authorizer(acls, settings).authorize(ALICE, HOST, operation, Resource.topic(topic))
+
+
+@given(names, names, asked)
+def test_a_prefixed_allow_covers_exactly_the_names_it_prefixes(prefix, topic, operation):
+    authorizer = Authorizer([topic_acl(prefix, operation, pattern=PatternType.PREFIXED)])
+    expected = topic.startswith(prefix)
+    assert authorizer.authorize(ALICE, HOST, operation, Resource.topic(topic)) is expected
+
+
+@given(st.lists(bindings, max_size=8), names, asked, st.sampled_from([ALICE, BOB]))
+def test_adding_an_allow_never_turns_an_allow_into_a_deny(acls, topic, operation, principal):
+    resource = Resource.topic(topic)
+    before = Authorizer(acls).authorize(principal, HOST, operation, resource)
+    extra = topic_acl(topic, operation, principal=str(principal))
+    after = Authorizer([*acls, extra]).authorize(principal, HOST, operation, resource)
+    assert after or not before
+    # ... and the added allow does allow unless a deny matches.
+    denied = any(
+        b.entry.permission is DENY and b.pattern.matches(resource)
+        and b.entry.matches_who(str(principal), HOST)
+        and b.entry.operation in (operation, Op.ALL)
+        for b in acls
+    )
+    assert after is not denied
