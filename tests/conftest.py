@@ -7,7 +7,8 @@ tests/integration/conftest.py so that tests/integration and tests/spark share ON
   3 brokers, 2 group coordinators with ``group.initial.rebalance.delay.ms`` 300 instead of
   Kafka's 3000) in a temporary directory, shared by the whole session and stopped at the end.
   Tests must not stop its processes; tests that kill processes start their own cluster.
-- ``bootstrap``: the shared cluster's bootstrap servers (``host:port,host:port,...``).
+- ``bootstrap``: the shared cluster's bootstrap servers (``host:port,host:port,...``);
+  ``kafka_bootstrap``: its brokers' Kafka-protocol listeners, for Kafka clients.
 - ``no_global_instrumentation``: for one test, this process as if it had no global tracer
   provider and served no ``/metrics``, whatever earlier tests in the process installed.
 """
@@ -79,3 +80,8 @@ def no_global_instrumentation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OTEL_PYTHON_TRACER_PROVIDER", raising=False)
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", None)
     monkeypatch.setattr(metrics, "_servers", {})
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(local_cluster) -> str:  # type: ignore[no-untyped-def]
+    return str(local_cluster.kafka_bootstrap_servers)

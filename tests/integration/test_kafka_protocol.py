@@ -42,11 +42,6 @@ def new_name(prefix: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def kafka_bootstrap(local_cluster: Any) -> str:
-    return str(local_cluster.kafka_bootstrap_servers)
-
-
-@pytest.fixture(scope="module")
 def admin(bootstrap: str) -> Iterator[AdminClient]:
     client = AdminClient({"bootstrap.servers": bootstrap, "default.api.timeout.ms": 20000})
     yield client

@@ -53,7 +53,7 @@ from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.groups import FindCoordinatorHandler
 from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener
+from fjord.kafka.server import KafkaListener, open_kafka_listener
 from fjord.metadata import (
     BrokerRegistration,
     Keys,
@@ -408,19 +408,12 @@ class BrokerServer:
                 opts.broker_id, replicas, servicer, self._image, admin,
                 FindCoordinatorHandler(self._image, self._offsets_topic),
             )
-            host, port = opts.kafka_listener
-            self._kafka = KafkaListener(
-                handlers.dispatcher(), host, port, name=f"broker {opts.broker_id} kafka",
-                ssl_context=(
-                    server_ssl_context(opts.security)
-                    if opts.kafka_tls and opts.security else None
-                ),
+            self._kafka = await open_kafka_listener(
+                handlers.dispatcher(),
+                opts.kafka_listener,
+                server_ssl_context(opts.security) if opts.kafka_tls and opts.security else None,
+                name=f"broker {opts.broker_id} kafka",
             )
-            try:
-                await self._kafka.start()
-            except OSError as exc:
-                door = "SSL" if opts.kafka_tls else "KAFKA"
-                raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
 
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)

@@ -10,6 +10,7 @@ import click
 
 from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer
+from fjord.cli.listener_options import listener_options
 from fjord.cli.security_options import load_service_security, security_config_option
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
@@ -30,23 +31,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("broker")
 @click.option("--id", "broker_id", type=int, required=True, help="Broker id (>= 0), unique.")
-@click.option(
-    "--listen",
-    default=None,
-    help="HOST:PORT to serve gRPC on (port 0: any free); same as GRPC://HOST:PORT in --listeners.",
-)
-@click.option(
-    "--listeners",
-    default="",
-    help="Kafka-style NAME://HOST:PORT list: GRPC (native) and KAFKA (Kafka protocol, "
-    "e.g. KAFKA://0.0.0.0:9092). No KAFKA entry: no Kafka listener.",
-)
-@click.option(
-    "--advertised-listeners",
-    default="",
-    help="NAME://HOST:PORT clients are told per listener (default: the listen address; "
-    "port 0: the bound port). Only KAFKA is used; GRPC's host is --advertised-host.",
-)
+@listener_options
 @click.option(
     "--data-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -7,6 +7,7 @@ import logging
 
 import click
 
+from fjord.cli.listener_options import listener_options
 from fjord.cli.security_options import load_service_security, security_config_option
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
@@ -28,23 +29,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
 
 @click.command("coordinator")
 @click.option("--id", "coordinator_id", type=int, required=True, help="Coordinator id, unique.")
-@click.option(
-    "--listen",
-    default=None,
-    help="HOST:PORT to serve gRPC on (port 0: any free); same as GRPC://HOST:PORT in --listeners.",
-)
-@click.option(
-    "--listeners",
-    default="",
-    help="Kafka-style NAME://HOST:PORT list: GRPC (native) and KAFKA (Kafka protocol, "
-    "e.g. KAFKA://0.0.0.0:9092). No KAFKA entry: no Kafka listener.",
-)
-@click.option(
-    "--advertised-listeners",
-    default="",
-    help="NAME://HOST:PORT clients are told per listener (default: the listen address; "
-    "port 0: the bound port). Only KAFKA is used; GRPC's host is --advertised-host.",
-)
+@listener_options
 @click.option(
     "--etcd", "etcd_url", required=True,
     help="etcd endpoint, http://HOST:PORT, or https://HOST:PORT (TLS with this service's "

@@ -35,7 +35,7 @@ from fjord.coordinator.service import CoordinatorServicer
 from fjord.errors import ConfigError, ErrorCode, error_code_from_number, error_for_code
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener
+from fjord.kafka.server import KafkaListener, open_kafka_listener
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -225,25 +225,15 @@ class CoordinatorServer:
         )
         await self._server.start()
         if opts.kafka_listener is not None:
-            host, port = opts.kafka_listener
             self._kafka_apis = CoordinatorKafkaApis(
                 opts.coordinator_id, self.manager, self._image, self._network.broker
             )
-            self._kafka = KafkaListener(
+            self._kafka = await open_kafka_listener(
                 self._kafka_apis.dispatcher(),
-                host,
-                port,
+                opts.kafka_listener,
+                server_ssl_context(opts.security) if opts.kafka_tls and opts.security else None,
                 name=f"coordinator {opts.coordinator_id} kafka",
-                ssl_context=(
-                    server_ssl_context(opts.security)
-                    if opts.kafka_tls and opts.security else None
-                ),
             )
-            try:
-                await self._kafka.start()
-            except OSError as exc:
-                door = "SSL" if opts.kafka_tls else "KAFKA"
-                raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
 

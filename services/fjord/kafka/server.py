@@ -17,6 +17,7 @@ import logging
 import socket
 import ssl
 
+from fjord.errors import ConfigError
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
 from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
@@ -250,3 +251,21 @@ class _Pipeline:
         except BaseException:
             self._writer.close()  # the reader sees the end at once; finish() raises this
             raise
+
+
+async def open_kafka_listener(
+    dispatcher: KafkaDispatcher,
+    listener: tuple[str, int],
+    tls: ssl.SSLContext | None,
+    name: str,
+) -> KafkaListener:
+    """Start a process's Kafka-protocol door (``KAFKA://``, or ``SSL://`` with ``tls``); a
+    port that cannot be bound is a ConfigError naming the listener."""
+    host, port = listener
+    kafka = KafkaListener(dispatcher, host, port, name=name, ssl_context=tls)
+    try:
+        await kafka.start()
+    except OSError as exc:
+        door = "SSL" if tls is not None else "KAFKA"
+        raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
+    return kafka
