@@ -193,6 +193,8 @@ def test_non_leader_answers_not_leader_or_follower(
         ])
     ])
     with _connect(local_cluster.kafka_broker_addresses[others[0]]) as sock:
+        # Until its metadata has the topic, a broker says UNKNOWN_TOPIC_OR_PARTITION instead.
+        _wait_for_topic(sock, topic)
         response = _roundtrip(sock, request, ProduceResponse, 9)
     assert response.responses[0].partition_responses[0].error_code == 6  # NOT_LEADER_OR_FOLLOWER
 
