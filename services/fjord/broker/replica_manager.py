@@ -918,7 +918,15 @@ class ReplicaManager:
         if damage is None or partition.is_leader:
             return
         old_end = partition.log_end_offset
-        partition.truncate_to(damage.offset)
+        try:
+            partition.truncate_to(damage.offset)
+        except (OSError, FjordError) as exc:
+            # The truncation could not be made durable (a full disk): the damage stays known
+            # (reads of it are refused) and the next fetcher pass tries again.
+            if not self.report_write_error("truncation", exc):
+                log.warning("%s-%d: truncating the damaged copy at %d failed: %s", key[0],
+                            key[1], damage.offset, exc)
+            return
         started = self._clock_ms()
         previous = self.repairs.get(key)
         self.repairs[key] = (max(old_end, previous[0]) if previous else old_end,
@@ -1197,6 +1205,11 @@ class ReplicaManager:
         except StorageError as exc:
             return FollowerFetchResult(
                 error=exc, quiet=self.report_write_error("follower append", exc)
+            )
+        except OSError as exc:  # a checkpoint after a truncation could not be written
+            return FollowerFetchResult(
+                error=StorageError(f"{key[0]}-{key[1]}: {exc}"),
+                quiet=self.report_write_error("follower append", exc),
             )
         except FjordError as exc:
             return FollowerFetchResult(error=exc)

@@ -112,7 +112,11 @@ class Scrubber:
                 started = self._clock()
                 continue
             plog, segment = candidates[ref]
-            await self.verify(ref, plog, segment)
+            try:
+                await self.verify(ref, plog, segment)
+            except Exception:  # a bug must not end scrubbing; this segment waits a pass
+                log.exception("scrubbing %s-%d segment %d failed", ref.topic, ref.partition,
+                              ref.base_offset)
             self.scheduler.mark_verified(ref)
 
     async def verify(self, ref: SegmentRef, plog: PartitionLog, segment: LogSegment) -> bool:

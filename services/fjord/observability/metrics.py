@@ -118,8 +118,8 @@ BROKER_ISR_EXPANDS = Counter(
 BROKER_LOG_DIR_WRITE_ERRORS = Counter(
     "fjord_broker_log_dir_write_errors",
     "Writes to the broker's data directory that failed (disk full, I/O error), by operation "
-    "(append, follower append, index flush, high-watermark checkpoint, producer snapshot, "
-    "segment roll, retention, probe).",
+    "(append, follower append, log flush (segments and their index entries), high-watermark "
+    "checkpoint, producer snapshot, segment roll, retention, truncation, probe).",
     ["operation"],
 )
 BROKER_LOG_DIR_WRITABLE = Gauge(
