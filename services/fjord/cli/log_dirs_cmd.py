@@ -27,6 +27,9 @@ def _summary(d: LogDirDescription) -> str:
     state = "writable" if d.writable else f"NOT WRITABLE ({d.unwritable_reason})"
     if not s.enabled:
         scrub = "scrubber off"
+    elif s.passes_completed >= s.pass_number:
+        scrub = (f"scrub pass {s.pass_number} complete ({s.total_segments} closed segments, "
+                 f"{s.total_bytes} bytes verified), the next after log.scrubber.backoff.ms")
     else:
         scrub = (f"scrub pass {s.pass_number}: {s.progress:.0%} of {s.total_segments} closed "
                  f"segments ({s.verified_bytes}/{s.total_bytes} bytes), "
