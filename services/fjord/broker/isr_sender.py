@@ -43,10 +43,14 @@ class AlterPartitionSender:
         replicas: ReplicaManager,
         image: Callable[[], MetadataImage],
         broker_epoch: Callable[[], int],
+        on_stale_registration: Callable[[], None] | None = None,
     ) -> None:
+        """``on_stale_registration``: called when the controller answers STALE_BROKER_EPOCH
+        (our registration is not the current one: it expired, or a newer one exists)."""
         self._replicas = replicas
         self._image = image
         self._broker_epoch = broker_epoch
+        self._on_stale_registration = on_stale_registration
         self._channel: aio.Channel | None = None
         self._address: str | None = None
 
@@ -107,6 +111,9 @@ class AlterPartitionSender:
             self._fail_all(requests, f"AlterPartition call failed: {exc}")
             return False
         if response.error.code != 0:
+            if (response.error.code == ErrorCode.STALE_BROKER_EPOCH.code
+                    and self._on_stale_registration is not None):
+                self._on_stale_registration()
             self._fail_all(requests, f"AlterPartition refused: {response.error.message}")
             return False
         answers = {(p.topic, p.partition): p for p in response.partitions}

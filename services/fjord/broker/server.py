@@ -330,6 +330,8 @@ class BrokerServer:
         #: The incarnation of the previous process on this data dir (None: none recorded).
         self.previous_incarnation: str | None = None
         self._lock = DataDirLock(options.data_dir)
+        # Set when the controller said our registration is not current (STALE_BROKER_EPOCH).
+        self._registration_doubted = asyncio.Event()
         self._server: aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
@@ -422,7 +424,9 @@ class BrokerServer:
         self._spawn(self._keep_lease_alive(), "lease keep-alive")
         await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
         replication = replicas.replication
-        sender = AlterPartitionSender(replicas, self._image, lambda: self.broker_epoch)
+        sender = AlterPartitionSender(
+            replicas, self._image, lambda: self.broker_epoch, self._doubt_registration
+        )
         self._spawn(sender.run(), "AlterPartition sender")
         self._spawn(
             self._periodic(replication.lag_time_max_ms / 2000, self._check_isr_lag),
@@ -605,8 +609,13 @@ class BrokerServer:
         what = f"broker {self.options.broker_id}"
         unreachable_since: float | None = None
         while True:
-            await asyncio.sleep(interval)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._registration_doubted.wait(), interval)
+            self._registration_doubted.clear()
             status = await refresh_lease_once(self._etcd, self._lease_id, what=what)
+            if (status is LeaseStatus.HELD and self.replicas.fenced
+                    and not await self._registration_current()):
+                status = LeaseStatus.GONE
             if status is LeaseStatus.UNREACHABLE:
                 if unreachable_since is None:
                     unreachable_since = time.monotonic()
@@ -622,6 +631,9 @@ class BrokerServer:
             if status is LeaseStatus.HELD:
                 if away:
                     log.info("%s reached etcd again%s; its lease is still held", what, away)
+                if self.replicas.fenced:
+                    log.info("%s: its registration is current after all: unfenced", what)
+                    self.replicas.fenced = False
                 continue
             log.error("%s lost its etcd lease%s: fencing and re-registering", what, away)
             self.replicas.fenced = True
@@ -630,6 +642,31 @@ class BrokerServer:
             await self._wait_metadata_applied(revision)
             self.replicas.fenced = False
             log.info("%s re-registered (epoch %d): unfenced", what, revision)
+
+    def _doubt_registration(self) -> None:
+        """The controller answered STALE_BROKER_EPOCH: our registration expired (a leader cut
+        off from etcd while the controller is not: it may have elected other leaders) or
+        was replaced. Stop acting as a leader now (this also ends acks=0/1 writes a deposed
+        leader would take), and let the keep-alive check etcd at once: a registration that is
+        current after all (the controller's view lagged) lifts the fence again, a lost one is
+        registered anew, and while etcd cannot be reached the fence stays."""
+        assert self.replicas is not None
+        if not self.replicas.fenced:
+            log.warning("broker %d: the controller says its registration (epoch %d) is not "
+                        "current: fenced until etcd confirms or it registers again",
+                        self.options.broker_id, self.broker_epoch)
+        self.replicas.fenced = True
+        self._registration_doubted.set()
+
+    async def _registration_current(self) -> bool:
+        """Whether ``brokers/<id>`` still holds this process's registration (the lease being
+        alive says so unless someone deleted the key); True when etcd cannot say."""
+        assert self._etcd is not None
+        try:
+            found = await self._etcd.get(self._keys.broker(self.options.broker_id).encode())
+        except Exception:
+            return True
+        return found is not None and found.create_revision == self.broker_epoch
 
     async def _wait_metadata_applied(self, revision: int) -> None:
         """Wait until the applied metadata includes ``revision``, keeping the lease alive."""
