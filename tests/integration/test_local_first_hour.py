@@ -162,7 +162,7 @@ def test_data_dir_from_the_environment(
     monkeypatch.chdir(elsewhere)
     assert "no local cluster" in fjord("local", "status", check=False).output
     monkeypatch.setenv(DATA_DIR_ENV_VAR, str(project / ".fjord"))
-    status = json.loads(fjord("local", "status", "--output", "json").output)
+    status = json.loads(fjord("local", "status", "-o", "json").output)
     assert len(status["processes"]) == 6
     fjord("topics", "list")
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import click
 from tabulate import tabulate
 
+from fjord.cli.client_common import output_option
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.local import (
@@ -192,7 +193,7 @@ def _run_in_foreground(cluster: LocalCluster) -> None:
 
 @local.command("status")
 @_DATA_DIR
-@click.option("--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@output_option
 def status(data_dir: Path, output: str) -> None:
     """Show the processes of the local cluster in DATA_DIR (gRPC and /metrics addresses) and
     whether they are alive."""
