@@ -256,6 +256,62 @@ def test_delete_topic(cluster: LocalCluster, active: controller_pb2_grpc.Control
     assert snapshot(cluster).topic("gone") is None
 
 
+def test_acls_are_created_described_deleted_and_stored_in_etcd(
+    cluster: LocalCluster, active: controller_pb2_grpc.ControllerStub
+) -> None:
+    from fjord.cluster.acl_wire import binding_from_pb, binding_to_pb, filter_to_pb
+    from fjord.security.acls import (
+        AccessControlEntry,
+        AclBinding,
+        AclBindingFilter,
+        AclOperation,
+        AclPermissionType,
+        PatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    def binding(kind: ResourceType, name: str, op: AclOperation,
+                pattern: PatternType = PatternType.LITERAL) -> AclBinding:
+        return AclBinding(ResourcePattern(kind, name, pattern),
+                          AccessControlEntry("User:alice", "*", op, AclPermissionType.ALLOW))
+
+    read = binding(ResourceType.TOPIC, "orders", AclOperation.READ)
+    prefixed = binding(ResourceType.TOPIC, "ord", AclOperation.WRITE, PatternType.PREFIXED)
+    group = binding(ResourceType.GROUP, "team/billing", AclOperation.READ)
+    bad = binding_to_pb(read)
+    bad.operation = AclOperation.CLUSTER_ACTION.code  # Topic does not take ClusterAction
+    created = active.CreateAcls(controller_pb2.CreateAclsRequest(
+        creations=[binding_to_pb(read), bad, binding_to_pb(prefixed), binding_to_pb(group),
+                   binding_to_pb(read)]), timeout=WAIT_S)
+    codes = [r.code for r in created.results]
+    assert codes == [0, ErrorCode.INVALID_REQUEST.code, 0, 0, 0]
+    assert "ClusterAction" in created.results[1].message
+    # Stored by the controller in etcd, where every service's watcher sees them.
+    assert snapshot(cluster).acl_bindings() == sorted([read, prefixed, group])
+
+    def describe(selector: AclBindingFilter) -> list[AclBinding]:
+        response = active.DescribeAcls(
+            controller_pb2.DescribeAclsRequest(filter=filter_to_pb(selector)), timeout=WAIT_S
+        )
+        assert response.error.code == 0
+        return [binding_from_pb(b) for b in response.bindings]
+
+    assert describe(AclBindingFilter()) == sorted([read, prefixed, group])
+    assert describe(AclBindingFilter(ResourceType.TOPIC, "orders", PatternType.MATCH)) == \
+        sorted([read, prefixed])
+    bad_filter = filter_to_pb(AclBindingFilter())
+    bad_filter.operation = 99
+    deleted = active.DeleteAcls(controller_pb2.DeleteAclsRequest(filters=[
+        filter_to_pb(AclBindingFilter(ResourceType.TOPIC)), bad_filter]), timeout=WAIT_S)
+    assert [binding_from_pb(b) for b in deleted.results[0].deleted] == sorted([read, prefixed])
+    assert deleted.results[1].error.code == ErrorCode.INVALID_REQUEST.code
+    assert snapshot(cluster).acl_bindings() == [group]
+    active.DeleteAcls(controller_pb2.DeleteAclsRequest(
+        filters=[filter_to_pb(AclBindingFilter())]), timeout=WAIT_S)
+    assert snapshot(cluster).acls == {}
+
+
 def test_producer_id_blocks_are_disjoint_and_fenced_by_broker_epoch(
     cluster: LocalCluster, active: controller_pb2_grpc.ControllerStub
 ) -> None:

@@ -254,3 +254,38 @@ def test_adding_an_allow_never_turns_an_allow_into_a_deny(acls, topic, operation
         for b in acls
     )
     assert after is not denied
+
+
+def test_plans_of_create_and_delete():
+    from fjord.security.acls import plan_create_acls, plan_delete_acls
+
+    read = topic_acl("orders", Op.READ)
+    write = topic_acl("orders", Op.WRITE)
+    group = acl(ResourceType.GROUP, "billing", Op.READ)
+    table = plan_create_acls({}, [read, write, group, read])
+    assert table == {read.pattern: tuple(sorted([read.entry, write.entry])),
+                     group.pattern: (group.entry,)}
+    assert plan_create_acls(table, [read]) == {}  # existing: nothing changes, no error
+    changed, deleted = plan_delete_acls(
+        table, [AclBindingFilter(operation=Op.WRITE), AclBindingFilter(ResourceType.GROUP)]
+    )
+    assert deleted == [[write], [group]]
+    assert changed == {read.pattern: (read.entry,), group.pattern: ()}
+    assert plan_delete_acls(table, [AclBindingFilter(principal="User:zed")]) == ({}, [[]])
+
+
+@given(st.lists(bindings, max_size=10), st.lists(bindings, max_size=4))
+def test_create_then_delete_by_the_same_bindings_restores(existing, added):
+    from fjord.security.acls import plan_create_acls, plan_delete_acls
+
+    table = plan_create_acls({}, existing)
+    after = {**table, **plan_create_acls(table, added)}
+    assert set(Authorizer(b for p, es in after.items() for e in es
+                          for b in [AclBinding(p, e)]).bindings) == set(existing) | set(added)
+    exact = [AclBindingFilter(b.pattern.resource_type, b.pattern.name, b.pattern.pattern_type,
+                              b.entry.principal, b.entry.host, b.entry.operation,
+                              b.entry.permission) for b in added]
+    changed, _ = plan_delete_acls(after, exact)
+    final = {p: es for p, es in {**after, **changed}.items() if es}
+    left = {AclBinding(p, e) for p, es in final.items() for e in es}
+    assert left == set(existing) - set(added)

@@ -360,3 +360,40 @@ def test_coordinator_and_offsets_owner_keys_round_trip_through_the_image() -> No
     assert image.coordinators[3].id == 3  # the older image never changes
     with pytest.raises(InvalidMetadataError):
         OffsetsOwner.from_json(b'{"coordinator_id": "3", "coordinator_epoch": 1}')
+
+
+def test_acl_keys_encode_names_and_the_image_keeps_bindings() -> None:
+    from fjord.metadata import AclEntries
+    from fjord.security.acls import (
+        AccessControlEntry,
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        PatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    group = ResourcePattern(ResourceType.GROUP, "team/a b", PatternType.PREFIXED)
+    key = K.acl(group)
+    assert key == "/fjord/c1/acls/GROUP/PREFIXED/team%2Fa%20b"
+    assert K.parse(key) == ParsedKey(KeyKind.ACL, acl_pattern=group)
+    for bad in ("acls/GROUP/PREFIXED", "acls/NOPE/LITERAL/x", "acls/TOPIC/MATCH/x",
+                "acls/TOPIC/LITERAL/a/b", "acls/TOPIC/LITERAL/%61"):
+        assert K.parse(K.prefix + bad) is None, bad
+    read = AccessControlEntry("User:alice", "*", AclOperation.READ, AclPermissionType.ALLOW)
+    deny = AccessControlEntry("User:bob", "*", AclOperation.ALL, AclPermissionType.DENY)
+    entries = AclEntries((read, deny, read))
+    assert AclEntries.from_json(entries.to_json()) == AclEntries(tuple(sorted({read, deny})))
+    image = MetadataImage.empty(CID).apply([put(key, entries.to_json(), 3)])
+    assert image.acl_bindings() == sorted([AclBinding(group, read), AclBinding(group, deny)])
+    identity = image.acls_identity
+    assert image.apply([put(K.broker(1), BrokerRegistration(1, "h", 1).to_json(), 4)]
+                       ).acls_identity is identity
+    emptied = image.apply([put(key, AclEntries(()).to_json(), 5)])
+    assert emptied.acls == {} and emptied.acls_identity is not identity
+    assert image.apply([MetadataEvent.delete(key, 6)]).acl_bindings() == []
+    bad = b'{"entries": [{"principal": "alice", "host": "*", "operation": "READ", ' \
+          b'"permission": "ALLOW"}]}'
+    with pytest.raises(InvalidMetadataError, match="User:<name>"):
+        AclEntries.from_json(bad)

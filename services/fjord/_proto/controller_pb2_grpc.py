@@ -90,6 +90,21 @@ class ControllerStub:
                 request_serializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
                 _registered_method=True)
+        self.CreateAcls = channel.unary_unary(
+                '/fjord.v1.Controller/CreateAcls',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+                _registered_method=True)
+        self.DescribeAcls = channel.unary_unary(
+                '/fjord.v1.Controller/DescribeAcls',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+                _registered_method=True)
+        self.DeleteAcls = channel.unary_unary(
+                '/fjord.v1.Controller/DeleteAcls',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -162,6 +177,25 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateAcls(self, request, context):
+        """Kafka's ACLs (kept by the controller in etcd under acls/, watched by every service).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteAcls(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -219,6 +253,21 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.ElectLeaders,
                     request_deserializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.SerializeToString,
+            ),
+            'CreateAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateAcls,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.CreateAclsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.CreateAclsResponse.SerializeToString,
+            ),
+            'DescribeAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeAcls,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.DescribeAclsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.DescribeAclsResponse.SerializeToString,
+            ),
+            'DeleteAcls': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteAcls,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -518,6 +567,87 @@ class Controller:
             '/fjord.v1.Controller/ElectLeaders',
             fjord_dot_v1_dot_controller__pb2.ElectLeadersRequest.SerializeToString,
             fjord_dot_v1_dot_controller__pb2.ElectLeadersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/CreateAcls',
+            fjord_dot_v1_dot_controller__pb2.CreateAclsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.CreateAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/DescribeAcls',
+            fjord_dot_v1_dot_controller__pb2.DescribeAclsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.DescribeAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteAcls(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/DeleteAcls',
+            fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
             options,
             channel_credentials,
             insecure,

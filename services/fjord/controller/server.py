@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from fjord._proto import broker_pb2, common_pb2, controller_pb2, controller_pb2_grpc
+from fjord.cluster.acl_wire import binding_from_pb, binding_to_pb, filter_from_pb
 from fjord.cluster.topic_config import describe_topic_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
@@ -317,6 +318,64 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             response.error.CopyFrom(error_pb(exc))
             return response
         response.results.extend(_partition_errors(outcomes))
+        return response
+
+    # --- ACLs -----------------------------------------------------------------------------
+
+    async def CreateAcls(
+        self, request: controller_pb2.CreateAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.CreateAclsResponse:
+        """Each creation is checked on its own (a bad one gets its INVALID_REQUEST and is not
+        written); the valid ones are written together."""
+        errors: list[BaseException | None] = []
+        valid = []
+        for creation in request.creations:
+            try:
+                valid.append(binding_from_pb(creation))
+                errors.append(None)
+            except FjordError as exc:
+                errors.append(exc)
+        if valid:
+            try:
+                await self.service.create_acls(valid)
+            except Exception as exc:
+                errors = [error or exc for error in errors]
+        return controller_pb2.CreateAclsResponse(results=[error_pb(e) for e in errors])
+
+    async def DescribeAcls(
+        self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DescribeAclsResponse:
+        response = controller_pb2.DescribeAclsResponse()
+        try:
+            found = self.service.describe_acls(filter_from_pb(request.filter))
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        response.bindings.extend(binding_to_pb(b) for b in found)
+        return response
+
+    async def DeleteAcls(
+        self, request: controller_pb2.DeleteAclsRequest, context: grpc.aio.ServicerContext
+    ) -> controller_pb2.DeleteAclsResponse:
+        """A filter that does not parse gets INVALID_REQUEST and deletes nothing; the others
+        are applied together."""
+        response = controller_pb2.DeleteAclsResponse()
+        parsed: list[tuple[int, Any]] = []
+        results = [controller_pb2.DeleteAclsFilterResult() for _ in request.filters]
+        for index, message in enumerate(request.filters):
+            try:
+                parsed.append((index, filter_from_pb(message)))
+            except FjordError as exc:
+                results[index].error.CopyFrom(error_pb(exc))
+        if parsed:
+            try:
+                deleted = await self.service.delete_acls([f for _, f in parsed])
+                for (index, _), bindings in zip(parsed, deleted, strict=True):
+                    results[index].deleted.extend(binding_to_pb(b) for b in bindings)
+            except Exception as exc:
+                for index, _ in parsed:
+                    results[index].error.CopyFrom(error_pb(exc))
+        response.results.extend(results)
         return response
 
 

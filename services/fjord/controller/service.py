@@ -66,7 +66,16 @@ from fjord.metadata import (
     TopicRecord,
 )
 from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
+from fjord.metadata.schema import AclEntries
 from fjord.observability import set_active_controller, set_offline_partitions
+from fjord.security.acls import (
+    AccessControlEntry,
+    AclBinding,
+    AclBindingFilter,
+    ResourcePattern,
+    plan_create_acls,
+    plan_delete_acls,
+)
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -513,6 +522,37 @@ class ControllerService:
             if not validate_only and record != self.image.topic(name):
                 await self._write([put_op(self.keys.topic(name), record.to_json())])
             return record
+
+    def _acl_ops(
+        self, changed: Mapping[ResourcePattern, tuple[AccessControlEntry, ...]]
+    ) -> list[rpc.RequestOp]:
+        return [
+            put_op(self.keys.acl(pattern), AclEntries(entries).to_json())
+            if entries else delete_op(self.keys.acl(pattern))
+            for pattern, entries in sorted(changed.items())
+        ]
+
+    async def create_acls(self, bindings: list[AclBinding]) -> None:
+        """Add ``bindings`` (existing ones are kept as they are) in fenced txns; every broker
+        and coordinator sees them once its watcher applies the revision."""
+        async with self._write_lock:
+            self.require_active()
+            changed = plan_create_acls(self.image.acls, bindings)
+            if changed:
+                await self._write(self._acl_ops(changed))
+
+    def describe_acls(self, selector: AclBindingFilter) -> list[AclBinding]:
+        self.require_active()
+        return [b for b in self.image.acl_bindings() if selector.matches(b)]
+
+    async def delete_acls(self, filters: list[AclBindingFilter]) -> list[list[AclBinding]]:
+        """Delete what ``filters`` match; per filter, the bindings it deleted."""
+        async with self._write_lock:
+            self.require_active()
+            changed, deleted = plan_delete_acls(self.image.acls, filters)
+            if changed:
+                await self._write(self._acl_ops(changed))
+            return deleted
 
     def _check_broker_epoch(self, broker_id: int, broker_epoch: int) -> None:
         current = self.image.broker_epoch(broker_id)

@@ -17,6 +17,7 @@ from fjord.metadata.image import (
 from fjord.metadata.schema import (
     NO_LEADER,
     ROOT_PREFIX,
+    AclEntries,
     BrokerRegistration,
     ClusterConfig,
     ControllerRegistration,
@@ -35,6 +36,7 @@ from fjord.metadata.watcher import MetadataWatcher
 __all__ = [
     "NO_LEADER",
     "ROOT_PREFIX",
+    "AclEntries",
     "ActiveController",
     "BrokerRegistration",
     "ClusterConfig",

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from fjord.metadata.schema import (
+    AclEntries,
     BrokerRegistration,
     ClusterConfig,
     ControllerRegistration,
@@ -27,6 +28,7 @@ from fjord.metadata.schema import (
     ProducerIdBlock,
     TopicRecord,
 )
+from fjord.security.acls import AccessControlEntry, AclBinding, AclError, ResourcePattern
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ class MetadataImage:
     """
 
     __slots__ = (
+        "_acls",
         "_broker_epochs",
         "_brokers",
         "_cluster_config",
@@ -123,6 +126,9 @@ class MetadataImage:
         self._coordinators: dict[int, CoordinatorRegistration] = {}
         self._coordinator_epochs: dict[int, int] = {}
         self._offsets_owners: dict[int, OffsetsOwner] = {}
+        # Replaced (never mutated) when an ACL key changes, so its identity tells a cache
+        # (fjord.security.access) whether the ACLs changed between two images.
+        self._acls: dict[ResourcePattern, tuple[AccessControlEntry, ...]] = {}
 
     @classmethod
     def empty(cls, cluster_id: str) -> MetadataImage:
@@ -166,6 +172,7 @@ class MetadataImage:
         other._coordinators = dict(self._coordinators)
         other._coordinator_epochs = dict(self._coordinator_epochs)
         other._offsets_owners = dict(self._offsets_owners)
+        other._acls = self._acls
         return other
 
     def apply(self, events: Iterable[MetadataEvent], revision: int | None = None) -> MetadataImage:
@@ -243,6 +250,12 @@ class MetadataImage:
             _put_or_pop(self._coordinator_epochs, ident, create_revision if value else None)
         elif kind is KeyKind.OFFSETS_OWNER:
             _put_or_pop(self._offsets_owners, partition, value)
+        elif kind is KeyKind.ACL:
+            assert parsed.acl_pattern is not None
+            acls = dict(self._acls)
+            entries = value.entries if value else ()
+            _put_or_pop(acls, parsed.acl_pattern, entries or None)
+            self._acls = acls
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -333,6 +346,28 @@ class MetadataImage:
     def offsets_owner(self, partition: int) -> OffsetsOwner | None:
         return self._offsets_owners.get(partition)
 
+    @property
+    def acls(self) -> Mapping[ResourcePattern, tuple[AccessControlEntry, ...]]:
+        """The ACL entries by resource pattern (patterns without entries are absent)."""
+        return _frozen(self._acls)
+
+    @property
+    def acls_identity(self) -> object:
+        """Changes exactly when :attr:`acls` may have changed (cache key for authorizers)."""
+        return self._acls
+
+    def acl_bindings(self) -> list[AclBinding]:
+        """Every ACL binding, sorted. Bindings that are no longer valid (an operation the
+        resource type does not take) are dropped with a warning."""
+        out = []
+        for pattern, entries in self._acls.items():
+            for entry in entries:
+                try:
+                    out.append(AclBinding(pattern, entry))
+                except AclError as exc:
+                    log.warning("ignoring invalid ACL %s %s: %s", pattern, entry, exc)
+        return sorted(out)
+
     def __repr__(self) -> str:
         return (
             f"MetadataImage(cluster={self.cluster_id!r}, revision={self.revision}, "
@@ -357,6 +392,7 @@ _DECODERS = {
     KeyKind.PRODUCER_IDS: ProducerIdBlock.from_json,
     KeyKind.COORDINATOR: CoordinatorRegistration.from_json,
     KeyKind.OFFSETS_OWNER: OffsetsOwner.from_json,
+    KeyKind.ACL: AclEntries.from_json,
 }
 
 

@@ -20,6 +20,11 @@ key (relative to the cluster prefix)   value
                                        coordinator's epoch
 ``offsets-owners/<p>``                 :class:`OffsetsOwner`: which coordinator serves the
                                        groups of ``__consumer_offsets`` partition ``p``
+``acls/<Type>/<Pattern>/<name>``       :class:`AclEntries`: the ACL entries of one resource
+                                       pattern (``TOPIC``/``GROUP``/``CLUSTER``/
+                                       ``TRANSACTIONAL_ID``, ``LITERAL``/``PREFIXED``, the
+                                       name percent-encoded: group names may hold ``/``), as
+                                       Kafka's ``/kafka-acl/<Type>/<name>`` znodes
 =====================================  ==========================================================
 
 Topic names never contain ``/`` (see :mod:`fjord.controller.topics`), so the partition keys
@@ -33,8 +38,18 @@ import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+from urllib.parse import quote, unquote
 
 from fjord.errors import ErrorCode, FjordError
+from fjord.security.acls import (
+    AccessControlEntry,
+    AclError,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
+)
 
 ROOT_PREFIX = "/fjord/"
 
@@ -359,6 +374,42 @@ class ProducerIdBlock:
         return cls(_int(_load_object(raw, what), "next", what))
 
 
+@dataclass(frozen=True)
+class AclEntries:
+    """The ACL entries of one resource pattern: ``{"entries": [{"principal", "host",
+    "operation", "permission"}, ...]}`` (Kafka's enum names). Invariant: sorted, no
+    duplicates (the controller writes them so; decoding normalises)."""
+
+    entries: tuple[AccessControlEntry, ...]
+
+    def to_json(self) -> bytes:
+        return _dump({"entries": [
+            {"principal": e.principal, "host": e.host, "operation": e.operation.name,
+             "permission": e.permission.name}
+            for e in sorted(set(self.entries))
+        ]})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> AclEntries:
+        what = "acl entries"
+        items = _load_object(raw, what).get("entries")
+        if not isinstance(items, list):
+            raise InvalidMetadataError(f"{what}: 'entries' must be a list")
+        entries = []
+        for item in items:
+            if not isinstance(item, dict):
+                raise InvalidMetadataError(f"{what}: each entry must be an object")
+            try:
+                entries.append(AccessControlEntry(
+                    _str(item, "principal", what), _str(item, "host", what),
+                    AclOperation.parse(_str(item, "operation", what)),
+                    AclPermissionType.parse(_str(item, "permission", what)),
+                ))
+            except AclError as exc:
+                raise InvalidMetadataError(f"{what}: {exc}") from None
+        return cls(tuple(sorted(set(entries))))
+
+
 class KeyKind(Enum):
     """What a key under the cluster prefix holds."""
 
@@ -371,6 +422,7 @@ class KeyKind(Enum):
     PRODUCER_IDS = "producer-ids"
     COORDINATOR = "coordinators"
     OFFSETS_OWNER = "offsets-owners"
+    ACL = "acls"
 
 
 @dataclass(frozen=True)
@@ -382,6 +434,7 @@ class ParsedKey:
     id: int | None = None
     topic: str | None = None
     partition: int | None = None
+    acl_pattern: ResourcePattern | None = None
 
 
 _ID_KINDS = {
@@ -460,6 +513,15 @@ class Keys:
     def offsets_owner(self, partition: int) -> str:
         return f"{self.offsets_owners_prefix}{partition}"
 
+    @property
+    def acls_prefix(self) -> str:
+        return self.prefix + "acls/"
+
+    def acl(self, pattern: ResourcePattern) -> str:
+        """The key of ``pattern``'s entries (the name percent-encoded, so it holds no ``/``)."""
+        name = quote(pattern.name, safe="")
+        return f"{self.acls_prefix}{pattern.resource_type.name}/{pattern.pattern_type.name}/{name}"
+
     def parse(self, key: str) -> ParsedKey | None:
         """The kind and parts of ``key``; ``None`` for keys outside this schema (ignored)."""
         if not key.startswith(self.prefix):
@@ -482,6 +544,9 @@ class Keys:
             if partition is None:
                 return None
             return ParsedKey(KeyKind.OFFSETS_OWNER, partition=partition)
+        if head == "acls":
+            pattern = _parse_acl_pattern(tail)
+            return ParsedKey(KeyKind.ACL, acl_pattern=pattern) if pattern else None
         if head == "topics" and tail:
             name, slash, part = tail.partition("/")
             if not name:
@@ -493,3 +558,18 @@ class Keys:
                 return None
             return ParsedKey(KeyKind.PARTITION, topic=name, partition=partition)
         return None
+
+
+def _parse_acl_pattern(text: str) -> ResourcePattern | None:
+    kind, _, rest = text.partition("/")
+    pattern, _, name = rest.partition("/")
+    if not name or "/" in name:
+        return None
+    try:
+        parsed = ResourcePattern(
+            ResourceType[kind], unquote(name, errors="strict"), PatternType[pattern]
+        )
+    except (KeyError, AclError, UnicodeDecodeError):
+        return None
+    # One key per pattern: only the canonical encoding parses.
+    return parsed if quote(parsed.name, safe="") == name else None

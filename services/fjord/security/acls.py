@@ -422,3 +422,50 @@ class Authorizer:
     def describe(self, selector: AclBindingFilter = MATCH_ALL) -> list[AclBinding]:
         """The bindings ``selector`` matches, sorted."""
         return sorted(b for b in self.bindings if selector.matches(b))
+
+
+AclTable = Mapping[ResourcePattern, tuple[AccessControlEntry, ...]]
+
+
+def plan_create_acls(
+    current: AclTable, bindings: Iterable[AclBinding]
+) -> dict[ResourcePattern, tuple[AccessControlEntry, ...]]:
+    """The patterns whose entries change when ``bindings`` are added, with their new sorted
+    entries. Adding a binding that exists already changes nothing (Kafka: not an error)."""
+    changed: dict[ResourcePattern, set[AccessControlEntry]] = {}
+    for binding in bindings:
+        entries = changed.get(binding.pattern)
+        if entries is None:
+            entries = changed[binding.pattern] = set(current.get(binding.pattern, ()))
+        entries.add(binding.entry)
+    return {
+        pattern: tuple(sorted(entries))
+        for pattern, entries in changed.items()
+        if tuple(sorted(entries)) != tuple(sorted(current.get(pattern, ())))
+    }
+
+
+def plan_delete_acls(
+    current: AclTable, filters: Iterable[AclBindingFilter]
+) -> tuple[dict[ResourcePattern, tuple[AccessControlEntry, ...]], list[list[AclBinding]]]:
+    """What deleting by ``filters`` does: the patterns whose entries change (an empty tuple:
+    the pattern goes) and, per filter in order, the bindings it deletes (sorted; a binding two
+    filters match is reported under both, as Kafka does)."""
+    remaining = {pattern: set(entries) for pattern, entries in current.items()}
+    per_filter: list[list[AclBinding]] = []
+    for selector in filters:
+        matched = sorted(
+            AclBinding(pattern, entry)
+            for pattern, entries in current.items()
+            for entry in entries
+            if selector.matches(AclBinding(pattern, entry))
+        )
+        for binding in matched:
+            remaining[binding.pattern].discard(binding.entry)
+        per_filter.append(matched)
+    changed = {
+        pattern: tuple(sorted(entries))
+        for pattern, entries in remaining.items()
+        if len(entries) != len(current[pattern])
+    }
+    return changed, per_filter
