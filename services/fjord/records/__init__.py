@@ -6,7 +6,7 @@ Build with :class:`BatchBuilder` (append records, then ``build()``); read with
 :mod:`fjord.records.header`.
 """
 
-from fjord.records.builder import BatchBuilder, record_size_upper_bound
+from fjord.records.builder import BatchBuilder, rebuild_batch, record_size_upper_bound
 from fjord.records.codecs import compress, compression_by_name, decompress
 from fjord.records.header import (
     BATCH_HEADER_SIZE,
@@ -52,6 +52,7 @@ __all__ = [
     "iter_batches",
     "parse_header",
     "read_batches",
+    "rebuild_batch",
     "record_size_upper_bound",
     "stamp_batch",
     "validate_batch",

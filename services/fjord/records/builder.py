@@ -8,6 +8,8 @@ from fjord.errors import InvalidRecordError, UnsupportedCompressionError
 from fjord.records.codecs import compress
 from fjord.records.defaults import DEFAULT_BATCH_SIZE
 from fjord.records.header import (
+    ATTR_COMPRESSION_MASK,
+    ATTR_DELETE_HORIZON,
     ATTR_TIMESTAMP_TYPE,
     ATTR_TRANSACTIONAL,
     BATCH_HEADER_SIZE,
@@ -19,6 +21,7 @@ from fjord.records.header import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
     NO_SEQUENCE,
+    BatchHeader,
     Compression,
     TimestampType,
     crc32c,
@@ -311,3 +314,89 @@ class BatchBuilder:
         self._built = bytes(header) + records
         self._parts = []
         return self._built
+
+
+def _encode_record_at(
+    timestamp_delta: int,
+    offset_delta: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[tuple[str, bytes | None]],
+) -> bytes:
+    """One record (length varint first) with the given deltas: what :meth:`BatchBuilder.append`
+    writes, for a record whose offset delta is not its position in the batch."""
+    body = b"".join(
+        (
+            _ATTRIBUTES,
+            encode_zigzag(timestamp_delta),
+            encode_zigzag(offset_delta),
+            _NULL_LENGTH if key is None else encode_zigzag(len(key)) + key,
+            _NULL_LENGTH if value is None else encode_zigzag(len(value)) + value,
+            _encode_headers(headers) if headers else _NO_HEADERS,
+        )
+    )
+    return encode_zigzag(len(body)) + body
+
+
+def rebuild_batch(
+    original: BatchHeader,
+    kept: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+) -> bytes:
+    """A new RecordBatch v2 holding ``kept`` (``(offset, timestamp, key, value, headers)``
+    tuples, a subset of ``original``'s records in order): Kafka's cleaner output for one batch.
+
+    Invariants: base offset, last offset delta, partition leader epoch, producer id / epoch /
+    base sequence, codec, timestamp type and the transactional and control bits are
+    ``original``'s, so offsets (with gaps), the producer's last sequence and the batch's place
+    in the log are unchanged; every kept record keeps its absolute offset (offset delta =
+    offset - base offset) and its timestamp. ``record_count`` is ``len(kept)``; with nothing kept
+    the batch is header-only (Kafka's empty batch that preserves producer state), its base and
+    max timestamps the original's max timestamp,
+    its codec none. The CRC is computed anew.
+    """
+    base = original.base_offset
+    if kept:
+        base_timestamp = kept[0][1]
+        if original.timestamp_type == TimestampType.LOG_APPEND_TIME:
+            max_timestamp = original.max_timestamp
+        else:
+            max_timestamp = max(record[1] for record in kept)
+    else:
+        base_timestamp = max_timestamp = original.max_timestamp
+    parts = []
+    previous = -1
+    for offset, timestamp, key, value, headers in kept:
+        delta = offset - base
+        if not previous < delta <= original.last_offset_delta:
+            raise InvalidRecordError(
+                f"kept record at offset {offset} is outside batch {base}..{original.last_offset} "
+                "or out of order"
+            )
+        previous = delta
+        parts.append(_encode_record_at(timestamp - base_timestamp, delta, key, value, headers))
+    records = b"".join(parts)
+    attributes = original.attributes & ~ATTR_DELETE_HORIZON
+    if not kept:  # Kafka's empty header is uncompressed: there is nothing to decompress
+        attributes &= ~ATTR_COMPRESSION_MASK
+    elif original.compression != Compression.NONE:
+        records = compress(original.compression, records)
+    header = bytearray(
+        HEADER_STRUCT.pack(
+            base,
+            BATCH_HEADER_SIZE - LOG_OVERHEAD + len(records),
+            original.partition_leader_epoch,
+            MAGIC_V2,
+            0,
+            attributes,
+            original.last_offset_delta,
+            base_timestamp,
+            max_timestamp,
+            original.producer_id,
+            original.producer_epoch,
+            original.base_sequence,
+            len(kept),
+        )
+    )
+    crc = crc32c(memoryview(header)[CRC_START:])
+    write_crc(header, crc32c(records, crc))
+    return bytes(header) + records

@@ -1,0 +1,223 @@
+"""Log compaction, pure: which records of a log's cleanable section survive a clean (Kafka's
+LogCleaner rules), over bytes the storage layer passes in. No file is opened here.
+
+Terms (Kafka's): the log from its start to the *first dirty offset* (the cleaner checkpoint)
+is the *clean* section, already compacted: each key appears there once at most. From the first
+dirty offset to the *cleanable end* is the *dirty* section: what this clean compacts. The
+cleanable end is a segment boundary at or before the active segment's base (the active
+segment is never touched), earlier when ``min.compaction.lag.ms`` holds segments back. After a
+clean the whole range ``[log start, cleanable end)`` is clean and the checkpoint moves to the
+cleanable end.
+
+A clean is two passes: :func:`build_offset_map` over the dirty section gives each key's last
+offset there; :func:`clean_segment` then rewrites each segment of ``[log start, cleanable
+end)`` keeping a record iff
+
+- it has a key (a keyless record cannot be compacted; the produce path refuses them on a
+  compacted topic, as Kafka does, so only records written before the topic became compacted
+  can meet this rule: they are dropped, as Kafka's cleaner drops them, and counted), and
+- it is the last record of its key (its offset is at least the key's offset in the map; a key
+  absent from the map lives only in the clean section, where it is already unique), and
+- it is not a tombstone (null value) whose segment's tombstone horizon has passed: tombstones
+  stay ``delete.retention.ms`` after the segment's largest timestamp
+  (:func:`tombstones_expired`), so consumers that read within that time see the delete.
+
+Batches: a batch whose records all survive is copied byte for byte; one that lost some is
+re-encoded by :func:`fjord.records.rebuild_batch` with the same base offset, last offset delta,
+producer id / epoch / base sequence and attributes (offsets keep their gaps; the producer's
+last sequence is unchanged). A batch that lost every record disappears, except the last batch
+of a producer id in the whole log, which stays as a header-only batch (record count 0) so the
+producer's sequence state survives (Kafka's ``RETAIN_EMPTY``). Control batches (transaction
+markers) are kept as they are: Fjord has no transactions yet, so none exist to expire.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fjord.records.builder import rebuild_batch
+from fjord.records.header import NO_PRODUCER_ID, BatchHeader, Buffer
+from fjord.records.reader import RecordBatch, decode_record_tuples, read_batches
+
+
+def build_offset_map(sections: Iterable[Buffer], start: int, end: int) -> dict[bytes, int]:
+    """Each key's last offset among the data records with offsets in ``[start, end)`` of
+    ``sections`` (whole batches back to back, in offset order; batches outside the range are
+    skipped, control batches and keyless records ignored). Every batch read is CRC-checked."""
+    offsets: dict[bytes, int] = {}
+    for section in sections:
+        for batch in read_batches(section):
+            header = batch.header
+            if header.is_control or header.last_offset < start or header.base_offset >= end:
+                continue
+            for offset, _, key, _, _ in _raw_tuples(batch.header, batch.raw):
+                if key is not None and start <= offset < end:
+                    offsets[key] = offset
+    return offsets
+
+
+def last_batch_of_each_producer(headers: Iterable[BatchHeader]) -> dict[int, int]:
+    """Producer id → last offset of its last batch, over headers in log order (the whole log:
+    the cleaner must keep that batch, even emptied, for the producer's sequence state)."""
+    last: dict[int, int] = {}
+    for header in headers:
+        if header.producer_id != NO_PRODUCER_ID:
+            last[header.producer_id] = header.last_offset
+    return last
+
+
+def tombstones_expired(segment_max_timestamp: int, delete_retention_ms: int, now_ms: int) -> bool:
+    """True when the tombstones of a segment whose largest timestamp is
+    ``segment_max_timestamp`` have been kept ``delete.retention.ms`` and may be dropped."""
+    return segment_max_timestamp + delete_retention_ms <= now_ms
+
+
+@dataclass(frozen=True, slots=True)
+class CleanedSegment:
+    """What :func:`clean_segment` made of one segment's bytes. ``data`` holds whole, CRC-valid
+    RecordBatch v2 batches in offset order (possibly none)."""
+
+    data: bytes
+    records_read: int
+    records_kept: int
+    tombstones_dropped: int
+    keyless_dropped: int
+    max_timestamp: int
+    """Largest max timestamp of the kept batches, -1 when none is kept."""
+
+
+def clean_segment(
+    data: Buffer,
+    offset_map: Mapping[bytes, int],
+    *,
+    cleanable_end: int,
+    drop_tombstones: bool,
+    producer_last_offsets: Mapping[int, int],
+) -> CleanedSegment:
+    """Rewrite one segment's bytes by the rules in the module docstring. Batches that start at
+    or after ``cleanable_end`` are copied untouched. Raises
+    :class:`~fjord.errors.CorruptRecordError` for a damaged batch (nothing is written then)."""
+    out: list[bytes] = []
+    read = kept_count = tombstones = keyless = 0
+    max_timestamp = -1
+    for batch in read_batches(data):
+        header = batch.header
+        read += header.record_count
+        if header.is_control or header.base_offset >= cleanable_end:
+            out.append(bytes(batch.raw))
+            kept_count += header.record_count
+            max_timestamp = max(max_timestamp, header.max_timestamp)
+            continue
+        records = _raw_tuples(header, batch.raw)
+        kept = []
+        for record in records:
+            offset, _, key, value, _ = record
+            if key is None:
+                keyless += 1
+            elif offset < offset_map.get(key, -1):
+                pass
+            elif value is None and drop_tombstones:
+                tombstones += 1
+            else:
+                kept.append(record)
+        if len(kept) == len(records):
+            out.append(bytes(batch.raw))
+        elif kept or _holds_producer_state(header, producer_last_offsets):
+            out.append(rebuild_batch(header, kept))
+        else:
+            continue
+        kept_count += len(kept)
+        max_timestamp = max(max_timestamp, header.max_timestamp)
+    return CleanedSegment(b"".join(out), read, kept_count, tombstones, keyless, max_timestamp)
+
+
+def _holds_producer_state(header: BatchHeader, producer_last_offsets: Mapping[int, int]) -> bool:
+    return header.producer_id != NO_PRODUCER_ID and (
+        producer_last_offsets.get(header.producer_id) == header.last_offset
+    )
+
+
+def _raw_tuples(
+    header: BatchHeader, raw: memoryview
+) -> list[tuple[int, int, bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...]]]:
+    """The batch's records with their own timestamps (not a LOG_APPEND_TIME batch's max
+    timestamp, which readers substitute): what a rewrite must carry over."""
+    section = RecordBatch(raw).records_section()
+    return decode_record_tuples(
+        section, header.base_offset, header.base_timestamp, header.record_count,
+        header.last_offset_delta,
+    )
+
+
+# ---- choosing what to clean --------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentInfo:
+    """What the choice of a cleanable range needs of one closed segment."""
+
+    base_offset: int
+    next_offset: int
+    size: int
+    max_timestamp: int
+
+
+def cleanable_end(
+    closed: Sequence[SegmentInfo], active_base: int, now_ms: int, min_compaction_lag_ms: int
+) -> int:
+    """Kafka's first uncleanable offset: the active segment's base, or the base of the first
+    closed segment holding a record younger than ``min.compaction.lag.ms`` (segments in offset
+    order)."""
+    for segment in closed:
+        if min_compaction_lag_ms > 0 and segment.max_timestamp > now_ms - min_compaction_lag_ms:
+            return segment.base_offset
+    return active_base
+
+
+@dataclass(frozen=True, slots=True)
+class DirtyState:
+    """The cleaner's view of one log: bytes before and after the first dirty offset in the
+    cleanable range, and the dirty ratio Kafka compares with ``min.cleanable.dirty.ratio``."""
+
+    clean_bytes: int
+    dirty_bytes: int
+    first_dirty_offset: int
+    cleanable_end: int
+    oldest_dirty_timestamp: int
+    """Smallest max timestamp among the dirty segments, -1 when none (for max.compaction.lag)."""
+
+    @property
+    def dirty_ratio(self) -> float:
+        total = self.clean_bytes + self.dirty_bytes
+        return self.dirty_bytes / total if total else 0.0
+
+
+def dirty_state(closed: Sequence[SegmentInfo], first_dirty: int, end: int) -> DirtyState:
+    """Bytes of the closed segments before ``first_dirty`` (clean) and in ``[first_dirty, end)``
+    (dirty). Segment granularity: a segment counts as dirty when it holds any offset at or after
+    ``first_dirty``."""
+    clean = dirty = 0
+    oldest = -1
+    for segment in closed:
+        if segment.base_offset >= end:
+            break
+        if segment.next_offset <= first_dirty:
+            clean += segment.size
+        else:
+            dirty += segment.size
+            if segment.max_timestamp >= 0 and (oldest < 0 or segment.max_timestamp < oldest):
+                oldest = segment.max_timestamp
+    return DirtyState(clean, dirty, first_dirty, end, oldest)
+
+
+def should_clean(
+    state: DirtyState, min_dirty_ratio: float, max_compaction_lag_ms: int, now_ms: int
+) -> bool:
+    """Kafka's rule: something is dirty and the ratio reaches ``min.cleanable.dirty.ratio``, or
+    a dirty record is older than ``max.compaction.lag.ms`` (then the ratio does not matter)."""
+    if state.dirty_bytes == 0 or state.first_dirty_offset >= state.cleanable_end:
+        return False
+    if state.dirty_ratio >= min_dirty_ratio:
+        return True
+    return 0 <= state.oldest_dirty_timestamp <= now_ms - max_compaction_lag_ms
