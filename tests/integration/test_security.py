@@ -45,6 +45,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         unsafe_etcd_no_fsync=True,
         coordinator_config={"group.initial.rebalance.delay.ms": "100"},
         secure=True,
+        # The forged-fetch test stops a follower (SIGSTOP) for a moment: on a loaded machine
+        # that moment must not cost the follower its registration or its ISR place, or the
+        # high watermark would move for that reason instead of the one tested.
+        broker_lease_ttl_s=30,
+        config={"replica.lag.time.max.ms": "30000"},
     )
     local.start()
     try:
@@ -200,6 +205,7 @@ def test_a_client_certificate_cannot_act_as_a_broker(cluster: LocalCluster) -> N
     acks_one = Producer(client_config(cluster, acks=1))
     follower_process = cluster.process("broker", follower)
     try:
+        acks_one.partitions_for(topic)  # connected, metadata known: a short stop below
         high_watermark = consumer.end_offsets([tp])[tp]
         assert high_watermark == 1
         # The follower stops fetching (SIGSTOP, shorter than its lease and the ISR lag bound):
