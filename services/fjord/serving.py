@@ -13,8 +13,10 @@ from collections.abc import Awaitable, Callable
 from grpc import aio
 
 from fjord.errors import ConfigError
+from fjord.observability.metrics import record_authorization_denial
 from fjord.security import ServiceSecurity
-from fjord.tls import bind_port
+from fjord.security.acls import AccessControl, AuthorizerSettings, Caller
+from fjord.tls import bind_port, grpc_peer_principal
 
 log = logging.getLogger(__name__)
 
@@ -85,3 +87,26 @@ async def run_until_signalled(
             task.cancel()
         await asyncio.gather(starting, stopping, return_exceptions=True)
         await stop()
+
+
+def grpc_peer_host(context: aio.ServicerContext) -> str:
+    """The caller's address from gRPC's peer string (``ipv4:127.0.0.1:5`` -> ``127.0.0.1``,
+    ``ipv6:[::1]:5`` -> ``::1``; "" when unknown): what an ACL's host is compared with."""
+    peer = context.peer() or ""
+    kind, _, rest = peer.partition(":")
+    if kind in ("ipv4", "ipv6"):
+        host = rest.rpartition(":")[0].replace("%5B", "[").replace("%5D", "]")
+        return host.strip("[]")
+    return ""
+
+
+def grpc_caller(context: aio.ServicerContext) -> Caller:
+    """Who made a gRPC call: the principal of its verified client certificate (ANONYMOUS in
+    plaintext) and its address; what every gRPC door hands the ACL checks."""
+    return Caller(grpc_peer_principal(context), grpc_peer_host(context))
+
+
+def access_control(settings: AuthorizerSettings | None) -> AccessControl:
+    """A service process's authorization (off for None), its denials counted in
+    ``fjord_authorization_denials``."""
+    return AccessControl(settings, record_authorization_denial)

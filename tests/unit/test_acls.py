@@ -289,3 +289,63 @@ def test_create_then_delete_by_the_same_bindings_restores(existing, added):
     final = {p: es for p, es in {**after, **changed}.items() if es}
     left = {AclBinding(p, e) for p, es in final.items() for e in es}
     assert left == set(existing) - set(added)
+
+
+def test_authorize_some_as_kafkas_authorize_by_resource_type():
+    some = Authorizer([topic_acl("orders", Op.WRITE)])
+    assert some.authorize_some(ALICE, HOST, Op.WRITE, ResourceType.TOPIC)
+    assert not some.authorize_some(BOB, HOST, Op.WRITE, ResourceType.TOPIC)
+    assert not some.authorize_some(ALICE, HOST, Op.WRITE, ResourceType.GROUP)
+    shadowed = Authorizer([topic_acl("orders", Op.WRITE),
+                           topic_acl("ord", Op.ALL, permission=DENY,
+                                     pattern=PatternType.PREFIXED)])
+    assert not shadowed.authorize_some(ALICE, HOST, Op.WRITE, ResourceType.TOPIC)
+    wildcard_deny = Authorizer([topic_acl("x", Op.WRITE, pattern=PatternType.PREFIXED),
+                                topic_acl("*", Op.WRITE, permission=DENY)])
+    assert not wildcard_deny.authorize_some(ALICE, HOST, Op.WRITE, ResourceType.TOPIC)
+    other_deny = Authorizer([topic_acl("orders", Op.WRITE),
+                             topic_acl("payments", Op.WRITE, permission=DENY)])
+    assert other_deny.authorize_some(ALICE, HOST, Op.WRITE, ResourceType.TOPIC)
+
+
+def test_access_control_off_allows_and_on_counts_denials_and_raises_typed_errors():
+    from fjord.errors import GroupAuthorizationError, TopicAuthorizationError
+    from fjord.security.acls import NO_AUTHORIZATION, AccessControl, Caller
+
+    class Source:
+        def __init__(self, bindings):
+            self.acls_identity = object()
+            self._bindings = bindings
+
+        def acl_bindings(self):
+            return self._bindings
+
+    source = Source([topic_acl("orders", Op.READ)])
+    alice, bob = Caller(ALICE, HOST), Caller(BOB, HOST)
+    assert NO_AUTHORIZATION.allows(source, bob, Op.WRITE, ORDERS)
+    denials = []
+    access = AccessControl(AuthorizerSettings(), lambda op, kind: denials.append((op, kind)))
+    assert access.allows(source, alice, Op.READ, ORDERS)
+    with pytest.raises(TopicAuthorizationError, match="User:bob is not authorized to Read"):
+        access.require(source, bob, Op.READ, ORDERS)
+    with pytest.raises(GroupAuthorizationError):
+        access.require(source, bob, Op.READ, Resource.group("g"))
+    assert not access.allows(source, bob, Op.DESCRIBE, ORDERS, count=False)
+    assert denials == [(Op.READ, ResourceType.TOPIC), (Op.READ, ResourceType.GROUP)]
+    source._bindings = []  # same identity: the cached authorizer is kept
+    assert access.allows(source, alice, Op.READ, ORDERS)
+    source.acls_identity = object()
+    assert not access.allows(source, alice, Op.READ, ORDERS)
+
+
+def test_service_config_switches_authorization_on():
+    assert AuthorizerSettings.from_service_config({}) is None
+    on = AuthorizerSettings.from_service_config({
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        "super.users": "User:admin",
+    })
+    assert on == AuthorizerSettings(frozenset({"User:admin"}), False)
+    with pytest.raises(AclError, match="unknown authorizer"):
+        AuthorizerSettings.from_service_config({"authorizer.class.name": "x.Y"})
+    with pytest.raises(AclError, match="without authorizer"):
+        AuthorizerSettings.from_service_config({"super.users": "User:admin"})

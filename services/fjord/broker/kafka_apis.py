@@ -116,7 +116,7 @@ class BrokerKafkaHandlers:
             pb_topic = pb.topics.add(name=topic.name)
             for p in topic.partition_data:
                 pb_topic.partitions.add(partition=p.index, records=p.records or b"")
-        answer = await self._replicas.produce(pb)
+        answer = await self._servicer.produce(ctx.caller, pb)
         if request.acks == 0:
             return None
         cls = ProduceResponse[ctx.api_version]
@@ -178,7 +178,7 @@ class BrokerKafkaHandlers:
                     current_leader_epoch=p.current_leader_epoch if version >= 9 else -1,
                     last_fetched_epoch=-1,
                 )
-        answer = await self._replicas.fetch(pb)
+        answer = await self._servicer.fetch(ctx.caller, pb)
         top_error = answer.error.code
         responses = []
         for t in answer.topics:
@@ -223,7 +223,7 @@ class BrokerKafkaHandlers:
                     timestamp=p.timestamp,
                     current_leader_epoch=p.current_leader_epoch if version >= 4 else -1,
                 )
-        answer = self._replicas.list_offsets(pb)
+        answer = self._servicer.list_offsets(ctx.caller, pb)
         cls = ListOffsetsResponse[version]
         topic_cls = cls.ListOffsetsTopicResponse
         part_cls = topic_cls.ListOffsetsPartitionResponse
@@ -250,5 +250,5 @@ class BrokerKafkaHandlers:
     # --- InitProducerId -------------------------------------------------------------------------
 
     async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
-        answer = await self._servicer.init_producer_id(init_producer_id_pb(request))
+        answer = await self._servicer.init_producer_id(init_producer_id_pb(request), ctx.caller)
         return init_producer_id_response(answer, ctx.api_version)

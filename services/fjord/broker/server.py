@@ -72,7 +72,13 @@ from fjord.metadata.registration import (
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.security import ServiceSecurity
-from fjord.serving import advertised_host, bind_grpc_port, run_until_signalled
+from fjord.security.acls import AuthorizerSettings
+from fjord.serving import (
+    access_control,
+    advertised_host,
+    bind_grpc_port,
+    run_until_signalled,
+)
 from fjord.storage import LogManager
 from fjord.storage.disk_health import DiskCondition, describe_os_error, is_out_of_space
 from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
@@ -250,6 +256,8 @@ class BrokerOptions:
     #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
     security: ServiceSecurity | None = None
     kafka_tls: bool = False
+    #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
+    authorization: AuthorizerSettings | None = None
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
@@ -391,10 +399,12 @@ class BrokerServer:
                 ("grpc.so_reuseport", 0),
             ],
         )
+        access = access_control(opts.authorization)
         servicer = BrokerServicer(
             replicas, lambda: self._image(), self._producer_ids, self._offsets_topic,
             self.describe_log_dirs,
             cluster_action=ClusterActionGuard.for_service(opts.security),
+            access=access,
         )
         broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._server)
         self.port = bind_grpc_port(
@@ -408,7 +418,7 @@ class BrokerServer:
             )
             handlers = BrokerKafkaHandlers(
                 opts.broker_id, replicas, servicer, self._image, admin,
-                FindCoordinatorHandler(self._image, self._offsets_topic),
+                FindCoordinatorHandler(self._image, self._offsets_topic, access),
             )
             self._kafka = await open_kafka_listener(
                 handlers.dispatcher(),

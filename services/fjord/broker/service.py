@@ -11,6 +11,7 @@ from collections.abc import Callable
 from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
+from fjord.broker.authorization import BrokerAuthorization
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.topic_config import describe_broker_config
@@ -19,6 +20,8 @@ from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.metadata.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
 from fjord.metadata.view import MetadataResponder
+from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
+from fjord.serving import grpc_caller
 from fjord.tls import ClusterActionGuard
 
 _CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
@@ -55,8 +58,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         offsets_topic: OffsetsTopicCreator | None = None,
         log_dirs: Callable[[], broker_pb2.DescribeLogDirsResponse] | None = None,
         cluster_action: ClusterActionGuard | None = None,
+        access: AccessControl = NO_AUTHORIZATION,
     ) -> None:
         self._replicas = replicas
+        #: The ACL checks of both doors (this servicer's and the Kafka listener's handlers,
+        #: which call the shared methods below with their caller).
+        self.authorization = BrokerAuthorization(image, access)
         #: Inter-broker requests (a follower's Fetch, a coordinator's __consumer_offsets
         #: append) need the cluster service identity when this guard is enforced.
         self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
@@ -73,7 +80,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             self._cluster_action.allows(context, f"Produce to {OFFSETS_TOPIC}")
         ):
             return refused_produce(request)
-        return await self._replicas.produce(request)
+        return await self.produce(grpc_caller(context), request)
 
     async def Fetch(
         self, request: broker_pb2.FetchRequest, context: aio.ServicerContext
@@ -82,27 +89,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             context, f"follower Fetch (replica_id {request.replica_id})"
         ):
             return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
-        return await self._replicas.fetch(request)
+        return await self.fetch(grpc_caller(context), request)
 
     async def ListOffsets(
         self, request: broker_pb2.ListOffsetsRequest, context: aio.ServicerContext
     ) -> broker_pb2.ListOffsetsResponse:
-        return self._replicas.list_offsets(request)
+        return self.list_offsets(grpc_caller(context), request)
 
     async def Metadata(
         self, request: broker_pb2.MetadataRequest, context: aio.ServicerContext
     ) -> broker_pb2.MetadataResponse:
-        return self.metadata(request)
+        return self.metadata(request, grpc_caller(context))
 
     async def InitProducerId(
         self, request: broker_pb2.InitProducerIdRequest, context: aio.ServicerContext
     ) -> broker_pb2.InitProducerIdResponse:
-        return await self.init_producer_id(request)
+        return await self.init_producer_id(request, grpc_caller(context))
 
     async def FindCoordinator(
         self, request: broker_pb2.FindCoordinatorRequest, context: aio.ServicerContext
     ) -> broker_pb2.FindCoordinatorResponse:
-        return self.find_coordinator(request)
+        return self.find_coordinator(request, grpc_caller(context))
 
     async def DescribeConfigs(
         self, request: broker_pb2.DescribeBrokerConfigsRequest, context: aio.ServicerContext
@@ -125,17 +132,75 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return response
         return self._log_dirs()
 
-    # --- shared with the Kafka listener (fjord.broker.kafka_apis) ------------------------------
+    # --- shared with the Kafka listener (fjord.broker.kafka_apis): every ACL check is here ---
 
-    def metadata(self, request: broker_pb2.MetadataRequest) -> broker_pb2.MetadataResponse:
-        """The Metadata answer from the newest applied image (all-topics answers cached)."""
-        return self._metadata.respond(self._image(), request)
+    async def produce(
+        self, caller: Caller, request: broker_pb2.ProduceRequest
+    ) -> broker_pb2.ProduceResponse:
+        """Append what ``caller`` may write (Write on the topic); refused topics are answered
+        TOPIC_AUTHORIZATION_FAILED and nothing of them is appended."""
+        gate = self.authorization
+        allowed, refused = gate.split_topics(caller, AclOperation.WRITE, request)
+        response = (
+            await self._replicas.produce(allowed) if allowed.topics or not refused
+            else broker_pb2.ProduceResponse()
+        )
+        gate.refuse_produce(caller, refused, response)
+        return response
+
+    async def fetch(
+        self, caller: Caller, request: broker_pb2.FetchRequest
+    ) -> broker_pb2.FetchResponse:
+        """A follower's fetch needs ClusterAction on the cluster, a consumer's Read on each
+        topic (refused topics: TOPIC_AUTHORIZATION_FAILED, nothing read)."""
+        gate = self.authorization
+        if request.replica_id >= 0:
+            if not gate.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
+                return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
+            return await self._replicas.fetch(request)
+        allowed, refused = gate.split_topics(caller, AclOperation.READ, request)
+        response = (
+            await self._replicas.fetch(allowed) if allowed.topics or not refused
+            else broker_pb2.FetchResponse()
+        )
+        gate.refuse_fetch(caller, refused, response)
+        return response
+
+    def list_offsets(
+        self, caller: Caller, request: broker_pb2.ListOffsetsRequest
+    ) -> broker_pb2.ListOffsetsResponse:
+        """Offsets of the topics ``caller`` may describe (others TOPIC_AUTHORIZATION_FAILED)."""
+        gate = self.authorization
+        allowed, refused = gate.split_topics(caller, AclOperation.DESCRIBE, request)
+        response = (
+            self._replicas.list_offsets(allowed) if allowed.topics or not refused
+            else broker_pb2.ListOffsetsResponse()
+        )
+        gate.refuse_list_offsets(caller, refused, response)
+        return response
+
+    def metadata(
+        self, request: broker_pb2.MetadataRequest, caller: Caller
+    ) -> broker_pb2.MetadataResponse:
+        """The Metadata answer from the newest applied image (all-topics answers cached),
+        without the topics ``caller`` may not describe."""
+        response = self._metadata.respond(self._image(), request)
+        return self.authorization.filter_metadata(caller, request, response)
 
     async def init_producer_id(
-        self, request: broker_pb2.InitProducerIdRequest
+        self, request: broker_pb2.InitProducerIdRequest, caller: Caller
     ) -> broker_pb2.InitProducerIdResponse:
-        """A new producer id and epoch 0; transactional ids are refused."""
+        """A new producer id and epoch 0 for a caller with IdempotentWrite on the cluster (or
+        Write on some topic); transactional ids are refused."""
         response = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+        if not request.transactional_id and not (
+            self.authorization.allows_idempotent_producer(caller)
+        ):
+            response.error.code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code
+            response.error.message = (
+                f"{caller.principal} is not authorized to IdempotentWrite the cluster"
+            )
+            return response
         try:
             if request.transactional_id:
                 raise InvalidRequestError(
@@ -154,13 +219,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return response
 
     def find_coordinator(
-        self, request: broker_pb2.FindCoordinatorRequest
+        self, request: broker_pb2.FindCoordinatorRequest, caller: Caller
     ) -> broker_pb2.FindCoordinatorResponse:
-        """The coordinator of a group (id and gRPC address); the first lookup while
-        ``__consumer_offsets`` does not exist asks the controller to create it."""
+        """The coordinator of a group (id and gRPC address) for a caller with Describe on the
+        group; the first lookup while ``__consumer_offsets`` does not exist asks the controller
+        to create it."""
         response = broker_pb2.FindCoordinatorResponse(partition=-1)
         image = self._image()
         try:
+            if request.key_type == 0:
+                self.authorization.require(caller, AclOperation.DESCRIBE,
+                                           Resource.group(request.key))
             found = locate_group_coordinator(image, request.key, request.key_type)
         except FjordError as exc:
             if (

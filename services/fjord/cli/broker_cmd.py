@@ -11,7 +11,11 @@ import click
 from fjord.broker import defaults
 from fjord.broker.server import BrokerOptions, BrokerServer
 from fjord.cli.listener_options import listener_options
-from fjord.cli.security_options import load_service_security, security_config_option
+from fjord.cli.security_options import (
+    load_authorization,
+    load_service_security,
+    security_config_option,
+)
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.kafka.listeners import kafka_listener_uses_tls, resolve_listeners
@@ -107,6 +111,7 @@ def broker(
             kafka_listener=kafka,
             kafka_advertised=kafka_advertised,
             security=load_service_security(security_config),
+            authorization=load_authorization(security_config),
             kafka_tls=kafka_listener_uses_tls(listeners),
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default

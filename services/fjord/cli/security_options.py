@@ -9,8 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
-from fjord.errors import ConfigError
+from fjord.errors import ConfigError, FjordError
 from fjord.security import ServiceSecurity, parse_properties
+from fjord.security.acls import AuthorizerSettings
 from fjord.tls import load_tls, server_ssl_context
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -47,3 +48,19 @@ def load_service_security(path: str | None) -> ServiceSecurity | None:
     except ConfigError as exc:
         raise click.UsageError(f"--security-config {path}: {exc}") from exc
     return security
+
+
+def load_authorization(path: str | None) -> AuthorizerSettings | None:
+    """The ACL authorization of ``--security-config`` (Kafka's ``authorizer.class.name``,
+    ``super.users``, ``allow.everyone.if.no.acl.found``); None: off (also without a file)."""
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return AuthorizerSettings.from_service_config(parse_properties(f.read(), path))
+    except OSError as exc:
+        raise click.BadParameter(
+            f"cannot read {path}: {exc.strerror or exc}", param_hint="--security-config"
+        ) from exc
+    except FjordError as exc:
+        raise click.UsageError(f"--security-config {path}: {exc}") from exc

@@ -93,7 +93,7 @@ class CoordinatorKafkaApis:
         self._offsets_topic = OffsetsTopicCreator(image)
         responder = MetadataResponder()
         metadata = KafkaMetadata(
-            image, lambda request: responder.respond(image(), request), lowest_kafka_broker
+            image, lambda request, caller: responder.respond(image(), request), lowest_kafka_broker
         )
         admin = BrokerAdminHandlers(
             coordinator_node_id(coordinator_id), None, image, {}, self._forwarder

@@ -31,6 +31,7 @@ from fjord.kafka.codec import (
     peek_prefix,
 )
 from fjord.security import ANONYMOUS, Principal
+from fjord.security.acls import Caller
 
 API_VERSIONS_KEY = 18
 #: ApiVersions versions this dispatcher answers.
@@ -51,6 +52,11 @@ class RequestContext:
     #: Who sent it: ``User:<CN>`` of the connection's verified client certificate (SSL://
     #: doors), else ``User:ANONYMOUS`` (fjord.security.Principal; what ACLs will check).
     principal: Principal = ANONYMOUS
+
+    @property
+    def caller(self) -> Caller:
+        """Principal and address (without Kafka's ``/``) for the ACL checks."""
+        return Caller(self.principal, self.client_host.lstrip("/"))
 
 
 #: ``handler(request, context) -> response`` (a message of the response class at

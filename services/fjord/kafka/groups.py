@@ -19,6 +19,14 @@ from fjord.kafka.dispatch import RequestContext
 from fjord.kafka.metadata import coordinator_node_id
 from fjord.metadata import MetadataImage
 from fjord.metadata.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
+from fjord.security.acls import (
+    NO_AUTHORIZATION,
+    AccessControl,
+    AclOperation,
+    Caller,
+    Resource,
+    denial_error,
+)
 
 # Versions served (each tested with a raw request; clients negotiate within them).
 FIND_COORDINATOR_VERSIONS = (0, 6)
@@ -46,14 +54,26 @@ class FindCoordinatorHandler:
     """
 
     def __init__(
-        self, image: Callable[[], MetadataImage], creator: OffsetsTopicCreator | None = None
+        self,
+        image: Callable[[], MetadataImage],
+        creator: OffsetsTopicCreator | None = None,
+        access: AccessControl = NO_AUTHORIZATION,
     ) -> None:
         self._image = image
         self._creator = creator
+        self._access = access
 
-    def locate(self, key: str, key_type: int) -> tuple[ErrorCode, str, int, str, int]:
-        """(error, message, node id, host, port) for one key."""
+    def locate(
+        self, key: str, key_type: int, caller: Caller | None = None
+    ) -> tuple[ErrorCode, str, int, str, int]:
+        """(error, message, node id, host, port) for one key; a group ``caller`` may not
+        describe is GROUP_AUTHORIZATION_FAILED."""
         image = self._image()
+        if key_type == 0 and caller is not None:
+            group = Resource.group(key)
+            if not self._access.allows(image, caller, AclOperation.DESCRIBE, group):
+                denied = denial_error(AclOperation.DESCRIBE, group, caller)
+                return denied.code, str(denied), -1, "", -1
         try:
             found = locate_group_coordinator(image, key, key_type)
         except FjordError as exc:
@@ -88,7 +108,7 @@ class FindCoordinatorHandler:
         if version >= 4:
             coordinators = []
             for key in request.coordinator_keys:
-                error, message, node, host, port = self.locate(key, key_type)
+                error, message, node, host, port = self.locate(key, key_type, ctx.caller)
                 coordinators.append(
                     cls.Coordinator(
                         key=key,
@@ -100,7 +120,7 @@ class FindCoordinatorHandler:
                     )
                 )
             return cls(throttle_time_ms=0, coordinators=coordinators)
-        error, message, node, host, port = self.locate(request.key, key_type)
+        error, message, node, host, port = self.locate(request.key, key_type, ctx.caller)
         return cls(
             throttle_time_ms=0,
             error_code=error.code,

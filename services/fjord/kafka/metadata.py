@@ -21,6 +21,7 @@ from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.dispatch import RequestContext
 from fjord.metadata import MetadataImage
+from fjord.security.acls import Caller
 
 LISTENER_NOT_FOUND = ErrorCode.LISTENER_NOT_FOUND.code
 
@@ -58,7 +59,7 @@ class KafkaMetadata:
     def __init__(
         self,
         image: Callable[[], MetadataImage],
-        respond: Callable[[broker_pb2.MetadataRequest], broker_pb2.MetadataResponse],
+        respond: Callable[[broker_pb2.MetadataRequest, Caller], broker_pb2.MetadataResponse],
         controller_id: Callable[[MetadataImage], int],
     ) -> None:
         self._image = image
@@ -69,10 +70,11 @@ class KafkaMetadata:
         version = ctx.api_version
         names = request.topics
         if names is None or (version == 0 and not names):  # v0: empty list means all
-            pb = self._respond(broker_pb2.MetadataRequest(all_topics=True))
+            pb = self._respond(broker_pb2.MetadataRequest(all_topics=True), ctx.caller)
         else:
             pb = self._respond(
-                broker_pb2.MetadataRequest(topics=[t.name for t in names if t.name is not None])
+                broker_pb2.MetadataRequest(topics=[t.name for t in names if t.name is not None]),
+                ctx.caller,
             )
         image = self._image()
         kafka_brokers = {

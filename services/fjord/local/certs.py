@@ -26,6 +26,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from fjord.security import SERVICE_IDENTITY_OU
+from fjord.security.acls import AUTHORIZER_CLASS_NAMES
 
 #: How long certificates made here are valid: a local cluster is for development.
 LOCAL_CERT_VALIDITY = datetime.timedelta(days=365)
@@ -161,21 +162,31 @@ class LocalPki:
     def ca_path(self) -> Path:
         return self.directory / "ca.pem"
 
-    def service_files(self, role: str, node_id: int) -> tuple[Path, Path]:
+    def service_files(
+        self, role: str, node_id: int, authorization: bool = False
+    ) -> tuple[Path, Path]:
         """(keystore PEM, ``--security-config`` file) of ``role`` ``node_id``; made when
-        missing."""
+        missing. ``authorization``: the file also switches Kafka's ACL authorizer on, with the
+        client certificate's ``User:admin`` as the one super user (rewritten each time, so a
+        restart follows the flag)."""
         name = f"{role}-{node_id}"
         keystore = self.directory / f"{name}.pem"
         properties = self.directory / f"{name}.properties"
         if not keystore.exists():
             cert, key = self.ca.issue(name, organizational_unit=SERVICE_IDENTITY_OU)
             write_private(keystore, cert + key)
-        if not properties.exists():
-            properties.write_text(
-                f"ssl.keystore.location={keystore}\n"
-                f"ssl.truststore.location={self.ca_path}\n"
-                "ssl.client.auth=required\n"
+        text = (
+            f"ssl.keystore.location={keystore}\n"
+            f"ssl.truststore.location={self.ca_path}\n"
+            "ssl.client.auth=required\n"
+        )
+        if authorization:
+            text += (
+                f"authorizer.class.name={AUTHORIZER_CLASS_NAMES[0]}\n"
+                f"super.users=User:{CLIENT_CN}\n"
             )
+        if not properties.exists() or properties.read_text() != text:
+            properties.write_text(text)
         return keystore, properties
 
     def client_properties(self) -> Path:

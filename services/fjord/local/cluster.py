@@ -155,6 +155,7 @@ class LocalCluster:
         broker_port: int = 0,
         broker_port_fallback: bool = False,
         secure: bool = False,
+        authorization: bool = False,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -185,6 +186,11 @@ class LocalCluster:
         #: TLS with client certificates on every listener and towards etcd; the CA and
         #: certificates live in ``<data_dir>/tls`` (fjord.local.certs), made by start().
         self.secure = secure
+        if authorization and not secure:
+            raise ValueError("authorization needs secure=True (principals come from certificates)")
+        #: Kafka's ACL authorizer on in every service, User:admin (client.properties) the
+        #: super user; everyone else needs ACLs.
+        self.authorization = authorization
         self._pki: LocalPki | None = None
         self._client_security: ClientSecurity | None = None
         self._owner = False  # True once start() may write the state file
@@ -464,7 +470,7 @@ class LocalCluster:
     def _security_args(self, role: str, node_id: int) -> list[str]:
         if self._pki is None:
             return []
-        _, properties = self._pki.service_files(role, node_id)
+        _, properties = self._pki.service_files(role, node_id, self.authorization)
         return ["--security-config", str(properties)]
 
     @property

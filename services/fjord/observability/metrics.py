@@ -40,6 +40,7 @@ from prometheus_client import (
 from fjord import __version__
 from fjord.errors import ConfigError
 from fjord.observability.defaults import METRICS_HOST, METRICS_HOST_ENV, RPC_LATENCY_BUCKETS_S
+from fjord.security.acls import AclOperation, ResourceType
 
 # The ``*_created`` timestamp series double the size of a scrape and no dashboard uses them.
 disable_created_metrics()
@@ -207,6 +208,20 @@ GROUP_COUNT = Gauge(
 
 
 # --- Helpers --------------------------------------------------------------------------------
+
+# --- Authorization (every service with authorizer.class.name set) ------------------------------
+
+AUTHORIZATION_DENIALS = Counter(
+    "fjord_authorization_denials",
+    "Requests (or parts of one: a topic, a group) refused by the ACL authorizer, by operation "
+    "and resource type (TOPIC/GROUP/CLUSTER_AUTHORIZATION_FAILED answers).",
+    ["operation", "resource_type"],
+)
+
+
+def record_authorization_denial(operation: AclOperation, resource_type: ResourceType) -> None:
+    """One denial (``operation``/``resource_type``: fjord.security.acls enums)."""
+    AUTHORIZATION_DENIALS.labels(operation.java_name, resource_type.java_name).inc()
 
 
 def record_bytes_in(topic: str, num_bytes: int, num_records: int = 0) -> None:

@@ -24,13 +24,23 @@ The numeric codes of the enums are Kafka's wire codes (DescribeAcls etc.).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Self
+from typing import Protocol, Self
 
-from fjord.errors import ConfigError, ErrorCode, FjordError
-from fjord.security.principal import Principal
+from fjord.errors import (
+    ClusterAuthorizationError,
+    ConfigError,
+    ErrorCode,
+    FjordError,
+    GroupAuthorizationError,
+    TopicAuthorizationError,
+)
+from fjord.security.principal import ANONYMOUS, Principal
+
+log = logging.getLogger(__name__)
 
 #: The name of the one Cluster resource (Kafka's ``kafka-cluster``).
 CLUSTER_RESOURCE_NAME = "kafka-cluster"
@@ -353,6 +363,17 @@ class AclBindingFilter:
 MATCH_ALL = AclBindingFilter()
 
 
+#: A service's authorization settings (Kafka's server.properties names), read from its
+#: ``--security-config`` file beside the ``ssl.*`` keys.
+AUTHORIZER_KEYS = ("authorizer.class.name", "super.users", "allow.everyone.if.no.acl.found")
+#: ``authorizer.class.name`` values that switch authorization on: Kafka's two ACL authorizers
+#: (KRaft's and ZooKeeper's), which decide alike; Fjord runs its own implementation for both.
+AUTHORIZER_CLASS_NAMES = (
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "kafka.security.authorizer.AclAuthorizer",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class AuthorizerSettings:
     """``super.users`` (principal texts, ``User:alice;User:bob`` in Kafka's property) and
@@ -360,6 +381,24 @@ class AuthorizerSettings:
 
     super_users: frozenset[str] = frozenset()
     allow_everyone_if_no_acl_found: bool = False
+
+    @classmethod
+    def from_service_config(cls, config: Mapping[str, str]) -> AuthorizerSettings | None:
+        """The authorization of a service's properties: None (off, Kafka's default) unless
+        ``authorizer.class.name`` names an ACL authorizer. AclError naming the property for
+        a bad value, also for ``super.users`` given while authorization is off."""
+        name = config.get("authorizer.class.name", "").strip()
+        if not name:
+            for key in ("super.users", "allow.everyone.if.no.acl.found"):
+                if config.get(key, "").strip():
+                    raise AclError(f"{key}: has no effect without authorizer.class.name")
+            return None
+        if name not in AUTHORIZER_CLASS_NAMES:
+            raise AclError(
+                f"authorizer.class.name: unknown authorizer {name!r} (known: "
+                f"{', '.join(AUTHORIZER_CLASS_NAMES)})"
+            )
+        return cls.from_config(config)
 
     @classmethod
     def from_config(cls, config: Mapping[str, str]) -> AuthorizerSettings:
@@ -419,9 +458,151 @@ class Authorizer:
             return True
         return not any_for_resource and self.settings.allow_everyone_if_no_acl_found
 
+    def authorize_some(
+        self, principal: Principal, host: str, operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool:
+        """Kafka's ``authorizeByResourceType``: whether ``principal`` may ``operation`` at
+        least one resource of ``resource_type``: an ALLOW whose pattern no DENY of the same
+        principal covers (a DENY on the literal ``*`` covers everything)."""
+        if principal.is_service or str(principal) in self.settings.super_users:
+            return True
+        who = str(principal)
+        bindings = self._by_type.get(resource_type, [])
+        if not bindings:
+            return self.settings.allow_everyone_if_no_acl_found
+        allowed_by = _IMPLIED_BY.get(operation, frozenset({operation}))
+        denies = [
+            b.pattern for b in bindings
+            if b.entry.permission is AclPermissionType.DENY and b.entry.matches_who(who, host)
+            and b.entry.operation in (operation, AclOperation.ALL)
+        ]
+        for binding in bindings:
+            entry = binding.entry
+            if entry.permission is not AclPermissionType.ALLOW or not entry.matches_who(who, host):
+                continue
+            if entry.operation is not AclOperation.ALL and entry.operation not in allowed_by:
+                continue
+            if not any(_covers(deny, binding.pattern) for deny in denies):
+                return True
+        return False
+
     def describe(self, selector: AclBindingFilter = MATCH_ALL) -> list[AclBinding]:
         """The bindings ``selector`` matches, sorted."""
         return sorted(b for b in self.bindings if selector.matches(b))
+
+
+def _covers(deny: ResourcePattern, allow: ResourcePattern) -> bool:
+    """Whether a DENY on ``deny`` refuses every resource an ALLOW on ``allow`` covers."""
+    if deny.pattern_type is PatternType.LITERAL:
+        if deny.name == WILDCARD:
+            return True
+        return allow.pattern_type is PatternType.LITERAL and allow.name == deny.name
+    return allow.name.startswith(deny.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who sent a request: its principal and the address it came from (no Kafka ``/``)."""
+
+    principal: Principal = ANONYMOUS
+    host: str = ""
+
+
+class AclSource(Protocol):
+    """Where a process's current ACLs are (its newest :class:`~fjord.metadata.MetadataImage`)."""
+
+    @property
+    def acls_identity(self) -> object: ...
+
+    def acl_bindings(self) -> list[AclBinding]: ...
+
+
+_DENIAL_ERRORS: Mapping[ResourceType, Callable[[str], FjordError]] = {
+    ResourceType.TOPIC: TopicAuthorizationError,
+    ResourceType.GROUP: GroupAuthorizationError,
+    ResourceType.CLUSTER: ClusterAuthorizationError,
+    ResourceType.TRANSACTIONAL_ID: lambda message: FjordError(
+        message, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    ),
+}
+
+
+def denial_error(operation: AclOperation, resource: Resource, caller: Caller) -> FjordError:
+    """The typed error of a denial: TOPIC_/GROUP_/CLUSTER_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    by resource type, naming what was refused (never which ACL refused it)."""
+    return _DENIAL_ERRORS[resource.resource_type](
+        f"{caller.principal} is not authorized to {operation.java_name} {resource}"
+    )
+
+
+class AccessControl:
+    """One process's authorization: off (``settings`` None: every request passes, Kafka
+    without an authorizer) or an :class:`Authorizer` over the newest ACLs of an
+    :class:`AclSource`, rebuilt only when the ACLs change.
+
+    Invariant: every denial is reported to ``on_denied(operation, resource_type)`` (the
+    denials metric) exactly once per refused check.
+    """
+
+    def __init__(
+        self,
+        settings: AuthorizerSettings | None,
+        on_denied: Callable[[AclOperation, ResourceType], None] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._on_denied = on_denied
+        self._cached: tuple[object, Authorizer] | None = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.settings is not None
+
+    def _authorizer(self, source: AclSource) -> Authorizer:
+        identity = source.acls_identity
+        if self._cached is None or self._cached[0] is not identity:
+            self._cached = (identity, Authorizer(source.acl_bindings(), self.settings))
+        return self._cached[1]
+
+    def allows(
+        self, source: AclSource, caller: Caller, operation: AclOperation, resource: Resource,
+        *, count: bool = True,
+    ) -> bool:
+        """Whether ``caller`` may ``operation`` ``resource``; ``count=False`` for checks whose
+        refusal is not an error (Metadata hiding topics, ListGroups filtering)."""
+        if self.settings is None:
+            return True
+        if self._authorizer(source).authorize(caller.principal, caller.host, operation, resource):
+            return True
+        if count:
+            log.info("denied %s %s to %s from %s", operation.java_name, resource,
+                     caller.principal, caller.host or "?")
+            if self._on_denied is not None:
+                self._on_denied(operation, resource.resource_type)
+        return False
+
+    def allows_some(
+        self, source: AclSource, caller: Caller, operation: AclOperation,
+        resource_type: ResourceType,
+    ) -> bool:
+        """:meth:`Authorizer.authorize_some` (never counted: callers decide what a refusal
+        means)."""
+        if self.settings is None:
+            return True
+        return self._authorizer(source).authorize_some(
+            caller.principal, caller.host, operation, resource_type
+        )
+
+    def require(
+        self, source: AclSource, caller: Caller, operation: AclOperation, resource: Resource
+    ) -> None:
+        """Raise the typed denial error unless :meth:`allows`."""
+        if not self.allows(source, caller, operation, resource):
+            raise denial_error(operation, resource, caller)
+
+
+#: Authorization off: what every process has unless its security config switches it on.
+NO_AUTHORIZATION = AccessControl(None)
 
 
 AclTable = Mapping[ResourcePattern, tuple[AccessControlEntry, ...]]

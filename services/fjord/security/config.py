@@ -32,6 +32,10 @@ keys with the PEM keystore type (files, not inline PEM):
 ``ssl.key.password``
 ====================================  ======================================================
 
+The same file may switch authorization on with Kafka's ``authorizer.class.name``,
+``super.users`` and ``allow.everyone.if.no.acl.found`` (read by
+:meth:`fjord.security.acls.AuthorizerSettings.from_service_config`).
+
 Every error is a :class:`SecurityConfigError` naming the key.
 """
 
@@ -165,9 +169,11 @@ class ServiceSecurity:
     def from_config(cls, config: Mapping[str, object]) -> ServiceSecurity:
         """A service's ``--security-config`` entries (every key must be known). Raises
         SecurityConfigError naming the key."""
+        from fjord.security.acls import AUTHORIZER_KEYS  # read by AuthorizerSettings
+
         for key in config:
-            if key not in SERVICE_SECURITY_KEYS:
-                known = ", ".join(SERVICE_SECURITY_KEYS)
+            if key not in SERVICE_SECURITY_KEYS and key not in AUTHORIZER_KEYS:
+                known = ", ".join((*SERVICE_SECURITY_KEYS, *AUTHORIZER_KEYS))
                 raise SecurityConfigError(key, f"unknown service security setting (known: {known})")
         for key in ("ssl.keystore.password", "ssl.key.password"):
             if config.get(key) not in (None, ""):
