@@ -94,14 +94,18 @@ def clean_segment(
     cleanable_end: int,
     drop_tombstones: bool,
     producer_last_offsets: Mapping[int, int],
+    retain_last_batch: bool = False,
 ) -> CleanedSegment:
     """Rewrite one segment's bytes by the rules in the module docstring. Batches that start at
-    or after ``cleanable_end`` are copied untouched. Raises
+    or after ``cleanable_end`` are copied untouched. ``retain_last_batch``: the segment's last
+    batch stays (emptied when none of its records survives), so the cleaned segment still ends
+    at the same offset and segments stay contiguous (the storage layer's invariant). Raises
     :class:`~fjord.errors.CorruptRecordError` for a damaged batch (nothing is written then)."""
     out: list[bytes] = []
     read = kept_count = tombstones = keyless = 0
     max_timestamp = -1
-    for batch in read_batches(data):
+    batches = list(read_batches(data))
+    for index, batch in enumerate(batches):
         header = batch.header
         read += header.record_count
         if header.is_control or header.base_offset >= cleanable_end:
@@ -123,7 +127,8 @@ def clean_segment(
                 kept.append(record)
         if len(kept) == len(records):
             out.append(bytes(batch.raw))
-        elif kept or _holds_producer_state(header, producer_last_offsets):
+        elif (kept or _holds_producer_state(header, producer_last_offsets)
+              or (retain_last_batch and index == len(batches) - 1)):
             out.append(rebuild_batch(header, kept))
         else:
             continue

@@ -36,6 +36,12 @@ from fjord.storage.epoch import LeaderEpochCache
 from fjord.storage.index import MAX_RELATIVE_OFFSET
 from fjord.storage.scrub import LogDamage, check_batches
 from fjord.storage.segment import NO_TIMESTAMP, LogSegment
+from fjord.storage.swap import (
+    CleanerCheckpoint,
+    read_cleaner_checkpoint,
+    recover_interrupted_clean,
+    write_cleaner_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +108,8 @@ class PartitionLog:
         .clean-shutdown                 present only while the log is cleanly closed
 
     Invariants:
-      * segments are sorted by base offset, contiguous (each starts where the previous ends),
+      * segments are sorted by base offset, contiguous (each starts where the previous ends;
+        within a segment offsets may have gaps after compaction, see fjord.storage.cleaner),
         only the last one (the active segment) is appended to; there is always one;
       * ``log_start_offset <= log_end_offset``, the log start lies in the first segment;
       * ``recovery_point <= log_end_offset`` and every byte and index entry below the recovery
@@ -164,6 +171,9 @@ class PartitionLog:
         clean = (d / defaults.CLEAN_SHUTDOWN_MARKER).exists()
         for leftover in d.glob("*.tmp"):
             leftover.unlink()
+        if recover_interrupted_clean(d) is not None:
+            clean = False  # replaced segments need their indexes rebuilt and checked
+        gaps_below = read_cleaner_checkpoint(d).gaps_below
         bases = []
         for entry in d.iterdir():
             name = entry.name
@@ -196,6 +206,7 @@ class PartitionLog:
                 now_ms,
                 create=False,
             )
+            segment.may_have_gaps = base < gaps_below
             if self._segments and base != self._segments[-1].next_offset:
                 # A gap or overlap: the previous segment was cut by recovery. Nothing after
                 # the cut can be trusted to be contiguous, so it goes.
@@ -415,8 +426,9 @@ class PartitionLog:
         self, batches: bytes | bytearray | memoryview, now_ms: int | None = None
     ) -> AppendInfo:
         """Append batches copied from the leader, keeping their stamped offsets and leader
-        epochs. The first must start at the log end and each at the end of the previous;
-        the epoch cache learns every batch's partition leader epoch."""
+        epochs. Each must start at or after the end of the previous one (the first at or after
+        the log end): the leader's compacted segments have gaps, which the follower keeps. The
+        epoch cache learns every batch's partition leader epoch."""
         now = wall_clock_ms() if now_ms is None else now_ms
         buf = memoryview(batches).cast("B")
         headers = self._validate(buf, leader=False)
@@ -424,15 +436,17 @@ class PartitionLog:
             self._check_open()
             expected = self.log_end_offset
             for _, h in headers:
-                if h.base_offset != expected:
+                if h.base_offset < expected:
                     raise InvalidRecordError(
                         f"follower append to {self.directory}: batch has base offset "
-                        f"{h.base_offset}, expected {expected} (log end offset "
+                        f"{h.base_offset}, expected {expected} or later (log end offset "
                         f"{self.log_end_offset})"
                     )
                 expected = h.next_offset
             first = self.log_end_offset
             self._roll_for_append(buf.nbytes, first, headers, now)
+            if expected - first != sum(h.last_offset_delta + 1 for _, h in headers):
+                self._note_gaps_below(expected)
             placed = [(pos, h.base_offset, h.max_timestamp, h.size) for pos, h in headers]
             try:
                 self.active_segment.append([buf], placed, expected, now)
@@ -457,6 +471,17 @@ class PartitionLog:
                 len(headers),
                 buf.nbytes,
             )
+
+    def _note_gaps_below(self, offset: int) -> None:
+        """A follower append with offset gaps (compacted batches from the leader): make it
+        durable that the active segment may have gaps before they are written, so recovery
+        does not cut them as damage."""
+        checkpoint = read_cleaner_checkpoint(self.directory)
+        if checkpoint.gaps_below < offset:
+            write_cleaner_checkpoint(
+                self.directory, CleanerCheckpoint(checkpoint.first_dirty, offset)
+            )
+        self.active_segment.may_have_gaps = True
 
     def _go_offline_if_inconsistent(self) -> None:
         """After a failed write that could not be cut back, the file no longer matches the
@@ -597,7 +622,8 @@ class PartitionLog:
                 return data
             # Not verified in this process yet (loaded from disk, not scrubbed): never serve a
             # damaged batch; serve the intact ones before it.
-            check = check_batches(data, first.base_offset, final=True)
+            check = check_batches(data, first.base_offset, final=True,
+                                  allow_gaps=segment.may_have_gaps)
             if check.damage is None:
                 return data
             self.note_damage(check.damage)

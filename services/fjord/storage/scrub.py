@@ -54,11 +54,15 @@ class BatchCheck:
     damage: LogDamage | None = None
 
 
-def check_batches(buf: bytes | memoryview, expected_offset: int, *, final: bool) -> BatchCheck:
+def check_batches(
+    buf: bytes | memoryview, expected_offset: int, *, final: bool, allow_gaps: bool = False
+) -> BatchCheck:
     """Check the stored batches at the start of ``buf``: header, length, CRC-32C, and that each
     starts at ``expected_offset`` (the base offset and length are outside the CRC, so a flip
-    there only shows as a gap or overlap). ``final``: ``buf`` reaches the end of the segment,
-    so a batch cut off by its end is damage, not a reason to read more.
+    there only shows as a gap or overlap; ``allow_gaps``: at or after it, for a segment the
+    cleaner compacted, where gaps are normal and only an overlap shows). ``final``:
+    ``buf`` reaches the end of the segment, so a batch cut off by its end is damage, not a
+    reason to read more.
 
     Pure; never decodes records. The damaged batch's framing is trusted for ``resume_offset``
     only when its header parses, its length fits, and the batch after it starts exactly where it
@@ -76,9 +80,9 @@ def check_batches(buf: bytes | memoryview, expected_offset: int, *, final: bool)
             if not final and "truncated batch" in str(exc):
                 break  # a whole batch needs more bytes than this chunk holds
             return BatchCheck(pos, offset, LogDamage(offset, None, str(exc)))
-        if header.base_offset != offset:
+        if header.base_offset < offset or (not allow_gaps and header.base_offset != offset):
             reason = (f"batch at position {pos} starts at offset {header.base_offset}, "
-                      f"expected {offset}")
+                      f"expected {offset} or later")
             return BatchCheck(pos, offset, LogDamage(offset, None, reason))
         try:
             check_crc(view, pos, header)

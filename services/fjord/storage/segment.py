@@ -41,8 +41,10 @@ class LogSegment:
     On-disk format of ``.log``: RecordBatch v2 batches back to back, exactly as produced (with
     base offset and partition leader epoch stamped), nothing else: no segment header or footer.
 
-    Invariants: the batches are contiguous in offsets, the first starts at ``base_offset`` (an
-    empty segment has ``next_offset == base_offset``), ``size`` is the file length and ends at a
+    Invariants: the batches are contiguous in offsets, the first starts at ``base_offset``
+    (unless ``may_have_gaps``: the log cleaner dropped batches, so offsets only increase; it
+    always keeps a segment's last batch, so the segment still ends where it ended; an empty
+    segment has ``next_offset == base_offset``), ``size`` is the file length and ends at a
     batch boundary, ``max_timestamp`` is the largest batch max timestamp in the file (-1 when
     empty) and every offset index entry names a batch start. A segment knows nothing of other
     segments; the :class:`~fjord.storage.log.PartitionLog` owns those rules.
@@ -79,6 +81,10 @@ class LogSegment:
         #: are checked), recovered, or scrubbed. Reads of an unverified segment check the CRCs
         #: of what they return (see PartitionLog.read) until the scrubber has verified it.
         self.verified = False
+        #: The log cleaner may have rewritten this segment (or a follower copied a compacted
+        #: one): offsets may have gaps between batches. Otherwise a gap is damage (a flipped
+        #: base offset, which the CRC does not cover).
+        self.may_have_gaps = False
 
     # ---- opening -------------------------------------------------------------------------
 
@@ -124,7 +130,8 @@ class LogSegment:
             headers = list(self.iter_headers(position, self.size))
         except CorruptRecordError:
             return False
-        if headers and headers[0][1].base_offset != offset:
+        first = headers[0][1].base_offset if headers else offset
+        if first < offset or (position and first != offset):  # see locate
             return self._rebuild_indexes()
         self.max_timestamp = self.time_index.last_timestamp
         if self.time_index.timestamps:
@@ -159,7 +166,7 @@ class LogSegment:
         self.bytes_since_index_entry = 0
         try:
             for pos, header in self.iter_headers(0, self.size):
-                if header.base_offset != self.next_offset:
+                if not self._follows(header.base_offset):
                     return False
                 self._index_batch(pos, header.base_offset, header.max_timestamp, header.size)
                 self.next_offset = header.next_offset
@@ -170,8 +177,14 @@ class LogSegment:
         self._init_roll_clock()
         return True
 
+    def _follows(self, base_offset: int) -> bool:
+        """Whether a batch at ``base_offset`` may come next (see ``may_have_gaps``)."""
+        if self.may_have_gaps:
+            return base_offset >= self.next_offset
+        return base_offset == self.next_offset
+
     def recover(self, on_batch: Callable[[BatchHeader], object]) -> int:
-        """Validate every batch (length, CRC, contiguous offsets from ``base_offset``), rebuild
+        """Validate every batch (length, CRC, offsets increasing from ``base_offset``), rebuild
         both indexes, and cut the file at the first bad byte. Returns the bytes cut off."""
         self.offset_index.clear()
         self.time_index.clear()
@@ -196,7 +209,7 @@ class LogSegment:
                 validate_batch(buf, rel)
             except CorruptRecordError:
                 break
-            if header.base_offset != self.next_offset:
+            if not self._follows(header.base_offset):
                 break
             on_batch(header)
             self._index_batch(pos, header.base_offset, header.max_timestamp, header.size)
@@ -294,7 +307,10 @@ class LogSegment:
             first = True
             try:
                 for pos, header in self.iter_headers(position, self.size):
-                    if first and header.base_offset != entry_offset:
+                    # An entry names a batch start; position 0 (no entry) is the segment's first
+                    # batch, which starts after the base offset when the cleaner dropped some.
+                    if first and (header.base_offset < entry_offset
+                                  or (position and header.base_offset != entry_offset)):
                         raise CorruptRecordError("index entry does not name a batch start")
                     first = False
                     if header.next_offset > offset:
