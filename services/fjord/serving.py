@@ -14,7 +14,7 @@ from grpc import aio
 
 from fjord.errors import ConfigError
 from fjord.observability.metrics import record_authorization_denial
-from fjord.security import ServiceSecurity
+from fjord.security import Principal, ServiceSecurity
 from fjord.security.acls import AccessControl, AuthorizerSettings, Caller
 from fjord.tls import bind_port, grpc_peer_principal
 
@@ -104,6 +104,39 @@ def grpc_caller(context: aio.ServicerContext) -> Caller:
     """Who made a gRPC call: the principal of its verified client certificate (ANONYMOUS in
     plaintext) and its address; what every gRPC door hands the ACL checks."""
     return Caller(grpc_peer_principal(context), grpc_peer_host(context))
+
+
+#: gRPC metadata a Fjord service adds when it forwards a client's request (the Kafka listener's
+#: admin requests to the controller): the client's principal and address, as Kafka's Envelope
+#: (KIP-590). Honoured only from the cluster service identity.
+FORWARDED_PRINCIPAL = "fjord-forwarded-principal"
+FORWARDED_HOST = "fjord-forwarded-host"
+
+
+def forwarding_metadata(caller: Caller) -> tuple[tuple[str, str], ...]:
+    """The metadata that makes the receiving service check ``caller`` instead of us."""
+    return ((FORWARDED_PRINCIPAL, str(caller.principal)), (FORWARDED_HOST, caller.host))
+
+
+def grpc_caller_or_forwarded(context: aio.ServicerContext) -> Caller:
+    """:func:`grpc_caller`, except that a call from the cluster service identity carrying
+    :data:`FORWARDED_PRINCIPAL` is the forwarded client's (whose ACLs then apply). A client
+    certificate that sends the header is still itself: only services may forward."""
+    direct = grpc_caller(context)
+    if not direct.principal.is_service:
+        return direct
+    sent = dict(context.invocation_metadata() or ())
+    principal = sent.get(FORWARDED_PRINCIPAL)
+    if not isinstance(principal, str) or not principal:
+        return direct
+    try:
+        forwarded = Principal.parse(principal)
+    except ConfigError:
+        log.warning("ignoring malformed %s %r from %s", FORWARDED_PRINCIPAL, principal,
+                    direct.principal)
+        return direct
+    host = sent.get(FORWARDED_HOST)
+    return Caller(forwarded, host if isinstance(host, str) else "")
 
 
 def access_control(settings: AuthorizerSettings | None) -> AccessControl:

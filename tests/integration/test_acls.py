@@ -198,3 +198,61 @@ def test_metadata_hides_what_the_principal_may_not_describe(
     wait_for(lambda: visible() == ["orders"], "bob sees only orders (Read implies Describe)")
     named = stub.Metadata(broker_pb2.MetadataRequest(topics=["orders", "secret"]), timeout=10)
     assert {t.name: t.error.code for t in named.topics} == {"orders": 0, "secret": TOPIC_DENIED}
+
+
+def create_topic_code(cluster: LocalCluster, security: ClientSecurity, name: str,
+                      metadata: tuple[tuple[str, str], ...] = ()) -> int:
+    address = cluster.address("controller", cluster.wait_active_controller(30))
+    stub = controller_pb2_grpc.ControllerStub(open_blocking_channel(address, security))
+    request = controller_pb2.CreateTopicsRequest(topics=[controller_pb2.CreatableTopic(
+        name=name, num_partitions=1, replication_factor=1)], validate_only=True)
+    return int(stub.CreateTopics(request, timeout=15, metadata=metadata).results[0].error.code)
+
+
+def test_create_topics_needs_create_and_a_client_cannot_forward_as_another(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    assert create_topic_code(cluster, principals["bob"], "bob-new") == TOPIC_DENIED
+    # Only the cluster's services may forward a client's request: a client certificate that
+    # claims to forward for the super user is still itself.
+    forged = (("fjord-forwarded-principal", "User:admin"), ("fjord-forwarded-host", "x"))
+    assert create_topic_code(cluster, principals["bob"], "bob-new", forged) == TOPIC_DENIED
+    add_acls(cluster, acl(ResourceType.TOPIC, "bob-", Op.CREATE, "bob",
+                          pattern=PatternType.PREFIXED))
+    assert create_topic_code(cluster, principals["bob"], "bob-new") == 0
+    assert create_topic_code(cluster, principals["bob"], "other") == TOPIC_DENIED
+
+
+def test_the_kafka_listener_forwards_admin_requests_for_the_client(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+    from confluent_kafka.admin import NewTopic as KafkaNewTopic
+
+    def kafka_conf(security: ClientSecurity) -> dict[str, object]:
+        assert security.tls is not None
+        return {"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                "security.protocol": "SSL", "ssl.ca.location": security.tls.ca,
+                "ssl.certificate.location": security.tls.certificate,
+                "ssl.key.location": security.tls.key}
+
+    def create(security: ClientSecurity, name: str) -> int:
+        admin = KafkaAdmin(kafka_conf(security))  # kept: its futures die with it
+        futures = admin.create_topics(
+            [KafkaNewTopic(name, 1, 1)], operation_timeout=10, request_timeout=15)
+        try:
+            futures[name].result(20)
+        except confluent_kafka.KafkaException as exc:
+            return int(exc.args[0].code())
+        return 0
+
+    # The broker forwards CreateTopics to the controller as the Kafka client, not as itself.
+    assert create(principals["alice"], "kafka-made") == TOPIC_DENIED
+    assert create(principals["admin"], "kafka-made") == 0
+    producer = confluent_kafka.Producer(kafka_conf(principals["alice"]))
+    errors: list[int] = []
+    producer.produce("kafka-made", b"v", on_delivery=lambda err, _: errors.append(
+        err.code() if err else 0))
+    producer.flush(20)
+    assert errors == [TOPIC_DENIED]

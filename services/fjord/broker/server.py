@@ -414,7 +414,7 @@ class BrokerServer:
         if opts.kafka_listener is not None:
             self._forwarder = ControllerForwarder(self._image)
             admin = BrokerAdminHandlers(
-                opts.broker_id, replicas, self._image, opts.config, self._forwarder
+                opts.broker_id, replicas, self._image, opts.config, self._forwarder, access
             )
             handlers = BrokerKafkaHandlers(
                 opts.broker_id, replicas, servicer, self._image, admin,

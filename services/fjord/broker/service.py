@@ -115,6 +115,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.DescribeBrokerConfigsRequest, context: aio.ServicerContext
     ) -> broker_pb2.DescribeBrokerConfigsResponse:
         response = broker_pb2.DescribeBrokerConfigsResponse(broker_id=self._replicas.broker_id)
+        caller = grpc_caller(context)
+        if not self.authorization.allows(caller, AclOperation.DESCRIBE_CONFIGS,
+                                         Resource.cluster()):
+            # The message has no error field: an unauthorized caller sees no entries.
+            return response
         for entry in describe_broker_config(
             self._replicas.static_config, self._image().cluster_config
         ):
@@ -125,6 +130,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def DescribeLogDirs(
         self, request: broker_pb2.DescribeLogDirsRequest, context: aio.ServicerContext
     ) -> broker_pb2.DescribeLogDirsResponse:
+        if not self.authorization.allows(grpc_caller(context), AclOperation.DESCRIBE,
+                                         Resource.cluster()):
+            return broker_pb2.DescribeLogDirsResponse(error=common_pb2.Error(
+                code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
+                message="not authorized to Describe the cluster",
+            ))
         if self._log_dirs is None:
             response = broker_pb2.DescribeLogDirsResponse()
             response.error.code = ErrorCode.UNKNOWN_SERVER_ERROR.code
@@ -156,7 +167,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         gate = self.authorization
         if request.replica_id >= 0:
             if not gate.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
-                return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
+                return broker_pb2.FetchResponse(error=common_pb2.Error(
+                    code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
+                    message=f"{caller.principal} is not authorized to ClusterAction the cluster",
+                ))
             return await self._replicas.fetch(request)
         allowed, refused = gate.split_topics(caller, AclOperation.READ, request)
         response = (

@@ -8,7 +8,11 @@ import logging
 import click
 
 from fjord.cli.client_common import parse_pairs
-from fjord.cli.security_options import load_service_security, security_config_option
+from fjord.cli.security_options import (
+    load_authorization,
+    load_service_security,
+    security_config_option,
+)
 from fjord.cluster.topic_config import validate_cluster_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
@@ -109,6 +113,7 @@ def controller(
                 leader_imbalance_check_interval_s=leader_imbalance_check_interval,
                 static_config=static_config,
                 security=security,
+                authorization=load_authorization(security_config),
             )
         )
     except OSError as exc:

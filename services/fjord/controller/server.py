@@ -32,6 +32,15 @@ from fjord.errors import (
 )
 from fjord.metadata import etcd_client
 from fjord.security import ServiceSecurity
+from fjord.security.acls import (
+    NO_AUTHORIZATION,
+    AccessControl,
+    AclOperation,
+    AuthorizerSettings,
+    Caller,
+    Resource,
+)
+from fjord.serving import access_control, grpc_caller_or_forwarded
 from fjord.tls import ClusterActionGuard, bind_port, use_service_security
 from fjord.topic_partition import TopicPartition
 
@@ -84,20 +93,57 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     """Answers every RPC from the active controller; a standby answers NOT_CONTROLLER."""
 
     def __init__(
-        self, service: ControllerService, cluster_action: ClusterActionGuard | None = None
+        self,
+        service: ControllerService,
+        cluster_action: ClusterActionGuard | None = None,
+        access: AccessControl = NO_AUTHORIZATION,
     ) -> None:
         self.service = service
+        #: Kafka's ACL checks of the admin RPCs, for the caller or the Kafka client a service
+        #: forwarded the request for (grpc_caller_or_forwarded), over the controller's image.
+        self._access = access
         #: AlterPartition and AllocateProducerIds come from brokers only: with an enforced
         #: guard they need the cluster service identity.
         self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
 
+    def _require(self, caller: Caller, operation: AclOperation, resource: Resource) -> None:
+        """Raise the typed denial (TOPIC_/CLUSTER_AUTHORIZATION_FAILED) unless allowed."""
+        self._access.require(self.service.image, caller, operation, resource)
+
+    def _require_cluster(
+        self, context: grpc.aio.ServicerContext, operation: AclOperation
+    ) -> None:
+        self._require(grpc_caller_or_forwarded(context), operation, Resource.cluster())
+
+    def _may_create(self, caller: Caller, topic: str) -> None:
+        """Kafka's CreateTopics rule: Create on the cluster, else Create on the topic."""
+        image = self.service.image
+        if self._access.allows(image, caller, AclOperation.CREATE, Resource.cluster(),
+                               count=False):
+            return
+        self._require(caller, AclOperation.CREATE, Resource.topic(topic))
+
+    def _topic_action(
+        self, caller: Caller, operation: AclOperation, topic: str,
+        action: Callable[..., Awaitable[object]],
+    ) -> Callable[..., Awaitable[object]]:
+        """``action`` preceded by the ACL check of ``operation`` on ``topic``."""
+
+        async def checked(*args: Any) -> object:
+            self._require(caller, operation, Resource.topic(topic))
+            return await action(*args)
+
+        return checked
+
     async def CreateTopics(
         self, request: controller_pb2.CreateTopicsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.CreateTopicsResponse:
+        caller = grpc_caller_or_forwarded(context)
         results = []
         for topic in request.topics:
             result = controller_pb2.CreateTopicResult(name=topic.name)
             try:
+                self._may_create(caller, topic.name)
                 spec = TopicSpec(
                     topic.name,
                     topic.num_partitions,
@@ -117,17 +163,24 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DeleteTopics(
         self, request: controller_pb2.DeleteTopicsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DeleteTopicsResponse:
+        caller = grpc_caller_or_forwarded(context)
         results = [
-            await _topic_result(name, self.service.delete_topic, name) for name in request.names
+            await _topic_result(name, self._topic_action(
+                caller, AclOperation.DELETE, name, self.service.delete_topic), name)
+            for name in request.names
         ]
         return controller_pb2.DeleteTopicsResponse(results=results)
 
     async def CreatePartitions(
         self, request: controller_pb2.CreatePartitionsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.CreatePartitionsResponse:
+        caller = grpc_caller_or_forwarded(context)
         results = [
             await _topic_result(
-                topic.name, self._create_partitions, topic, request.validate_only
+                topic.name,
+                self._topic_action(caller, AclOperation.ALTER, topic.name,
+                                   self._create_partitions),
+                topic, request.validate_only,
             )
             for topic in request.topics
         ]
@@ -143,9 +196,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def AlterConfigs(
         self, request: controller_pb2.AlterConfigsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.AlterConfigsResponse:
+        caller = grpc_caller_or_forwarded(context)
         results = [
             await _topic_result(
-                topic.name, self.service.alter_configs,
+                topic.name,
+                self._topic_action(caller, AclOperation.ALTER_CONFIGS, topic.name,
+                                   self.service.alter_configs),
                 topic.name, dict(topic.set), list(topic.delete), request.validate_only,
             )
             for topic in request.topics
@@ -155,11 +211,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     async def DescribeConfigs(
         self, request: controller_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext
     ) -> controller_pb2.DescribeConfigsResponse:
+        caller = grpc_caller_or_forwarded(context)
         results = []
         for name in request.topics:
             out = controller_pb2.TopicConfigs(name=name)
             try:
                 self.service.require_active()
+                self._require(caller, AclOperation.DESCRIBE_CONFIGS, Resource.topic(name))
                 image = self.service.image
                 record = image.topic(name)
                 if record is None:
@@ -222,6 +280,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             response.error.CopyFrom(error_pb(_refused("AlterPartition")))
             return response
         try:
+            self._require_cluster(context, AclOperation.CLUSTER_ACTION)
             items = [
                 (p.topic, p.partition, p.leader_epoch, p.partition_epoch, list(p.new_isr),
                  p.resign)
@@ -253,6 +312,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             response.error.CopyFrom(error_pb(_refused("AllocateProducerIds")))
             return response
         try:
+            self._require_cluster(context, AclOperation.CLUSTER_ACTION)
             first, count = await self.service.allocate_producer_ids(
                 request.broker_id, request.broker_epoch
             )
@@ -269,6 +329,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     ) -> controller_pb2.AlterPartitionReassignmentsResponse:
         response = controller_pb2.AlterPartitionReassignmentsResponse()
         try:
+            self._require_cluster(context, AclOperation.ALTER)
             outcomes = await self.service.alter_partition_reassignments(
                 [
                     ReassignmentRequest(
@@ -291,6 +352,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         response = controller_pb2.ListPartitionReassignmentsResponse()
         wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
         try:
+            self._require_cluster(context, AclOperation.DESCRIBE)
             ongoing = self.service.list_partition_reassignments(wanted)
         except Exception as exc:
             response.error.CopyFrom(error_pb(exc))
@@ -313,6 +375,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         response = controller_pb2.ElectLeadersResponse()
         wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions] or None
         try:
+            self._require_cluster(context, AclOperation.ALTER)
             outcomes = await self.service.elect_leaders(request.election_type, wanted)
         except Exception as exc:
             response.error.CopyFrom(error_pb(exc))
@@ -327,6 +390,12 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     ) -> controller_pb2.CreateAclsResponse:
         """Each creation is checked on its own (a bad one gets its INVALID_REQUEST and is not
         written); the valid ones are written together."""
+        try:
+            self._require_cluster(context, AclOperation.ALTER)
+        except FjordError as exc:
+            return controller_pb2.CreateAclsResponse(
+                results=[error_pb(exc) for _ in request.creations]
+            )
         errors: list[BaseException | None] = []
         valid = []
         for creation in request.creations:
@@ -347,6 +416,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
     ) -> controller_pb2.DescribeAclsResponse:
         response = controller_pb2.DescribeAclsResponse()
         try:
+            self._require_cluster(context, AclOperation.DESCRIBE)
             found = self.service.describe_acls(filter_from_pb(request.filter))
         except Exception as exc:
             response.error.CopyFrom(error_pb(exc))
@@ -362,6 +432,13 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         response = controller_pb2.DeleteAclsResponse()
         parsed: list[tuple[int, Any]] = []
         results = [controller_pb2.DeleteAclsFilterResult() for _ in request.filters]
+        try:
+            self._require_cluster(context, AclOperation.ALTER)
+        except FjordError as exc:
+            for result in results:
+                result.error.CopyFrom(error_pb(exc))
+            response.results.extend(results)
+            return response
         for index, message in enumerate(request.filters):
             try:
                 parsed.append((index, filter_from_pb(message)))
@@ -404,6 +481,7 @@ async def run_controller(
     leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
     static_config: Mapping[str, str] | None = None,
     security: ServiceSecurity | None = None,
+    authorization: AuthorizerSettings | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit.
     ``static_config``: cluster defaults under etcd's cluster-config (``--config``);
@@ -435,7 +513,9 @@ async def run_controller(
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         static_config=static_config,
     )
-    servicer = ControllerServicer(service, ClusterActionGuard.for_service(security))
+    servicer = ControllerServicer(
+        service, ClusterActionGuard.for_service(security), access_control(authorization)
+    )
     controller_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -45,6 +45,15 @@ from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
 from fjord.kafka.dispatch import Api, RequestContext
 from fjord.kafka.metadata import kafka_nodes, lowest_kafka_broker
 from fjord.metadata import MetadataImage
+from fjord.security.acls import (
+    NO_AUTHORIZATION,
+    AccessControl,
+    AclOperation,
+    Caller,
+    Resource,
+    denial_error,
+)
+from fjord.serving import forwarding_metadata
 from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
@@ -75,7 +84,11 @@ class ControllerForwarder:
         self._image = image
         self._channels: dict[str, grpc.aio.Channel] = {}
 
-    async def call(self, method: str, request: Any, timeout_ms: int = 0) -> Any:
+    async def call(
+        self, method: str, request: Any, timeout_ms: int = 0, caller: Caller | None = None
+    ) -> Any:
+        """``caller``: the Kafka client the request is forwarded for; the controller checks
+        its ACLs (forwarding_metadata), not this service's."""
         active = self._image().controller
         if active is None:
             raise NoController("no active controller")
@@ -86,7 +99,8 @@ class ControllerForwarder:
         stub = controller_pb2_grpc.ControllerStub(channel)
         timeout = ADMIN_FORWARD_TIMEOUT_S + max(timeout_ms, 0) / 1000
         try:
-            return await getattr(stub, method)(request, timeout=timeout)
+            metadata = forwarding_metadata(caller) if caller is not None else None
+            return await getattr(stub, method)(request, timeout=timeout, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             if exc.code() is grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise FjordError(
@@ -127,7 +141,12 @@ class BrokerAdminHandlers:
         image: Callable[[], MetadataImage],
         broker_config: Mapping[str, str],
         forwarder: ControllerForwarder,
+        access: AccessControl = NO_AUTHORIZATION,
     ) -> None:
+        #: ACL checks of what is answered here (DescribeConfigs, DeleteRecords,
+        #: OffsetForLeaderEpoch); forwarded requests are checked by the controller for the
+        #: client (ControllerForwarder.call's caller).
+        self._access = access
         self._broker_id = broker_id
         self._replicas = replicas
         self._image = image
@@ -175,7 +194,7 @@ class BrokerAdminHandlers:
                     partition=assignment.partition_index, broker_ids=assignment.broker_ids
                 )
         try:
-            answer = await self._forwarder.call("CreateTopics", pb, request.timeout_ms)
+            answer = await self._forwarder.call("CreateTopics", pb, request.timeout_ms, ctx.caller)
             results = [
                 result_cls(
                     name=r.name,
@@ -216,7 +235,7 @@ class BrokerAdminHandlers:
         names = list(request.topic_names)
         pb = controller_pb2.DeleteTopicsRequest(names=names, timeout_ms=request.timeout_ms)
         try:
-            answer = await self._forwarder.call("DeleteTopics", pb, request.timeout_ms)
+            answer = await self._forwarder.call("DeleteTopics", pb, request.timeout_ms, ctx.caller)
             pairs = [(r.name, r.error.code, r.error.message) for r in answer.results]
         except FjordError as exc:
             pairs = [(n, exc.code.code, str(exc)) for n in names]
@@ -240,7 +259,9 @@ class BrokerAdminHandlers:
             for i, assignment in enumerate(topic.assignments or []):
                 out.assignments.add(partition=existing + i, broker_ids=assignment.broker_ids)
         try:
-            answer = await self._forwarder.call("CreatePartitions", pb, request.timeout_ms)
+            answer = await self._forwarder.call(
+                "CreatePartitions", pb, request.timeout_ms, ctx.caller
+            )
             pairs = [(r.name, r.error.code, r.error.message) for r in answer.results]
         except FjordError as exc:
             pairs = [(t.name, exc.code.code, str(exc)) for t in request.topics]
@@ -263,7 +284,7 @@ class BrokerAdminHandlers:
             current = record.config if record is not None else {}
             changes.append((resource, new, [k for k in current if k not in new]))
         return await self._alter(AlterConfigsResponse[ctx.api_version], changes,
-                                 bool(request.validate_only))
+                                 bool(request.validate_only), ctx.caller)
 
     async def incremental_alter_configs(self, request: Any, ctx: RequestContext) -> Any:
         """SET and DELETE per key; APPEND/SUBTRACT (list-valued keys) are refused with
@@ -285,13 +306,14 @@ class BrokerAdminHandlers:
                         "(SET and DELETE are)"
                     )
             changes.append((resource, new, delete))
-        return await self._alter(cls, changes, bool(request.validate_only), refused)
+        return await self._alter(cls, changes, bool(request.validate_only), ctx.caller, refused)
 
     async def _alter(
         self,
         cls: Any,
         changes: list[tuple[Any, dict[str, str], list[str]]],
         validate_only: bool,
+        caller: Caller,
         refused: Mapping[int, str] | None = None,
     ) -> Any:
         refused = dict(refused or {})
@@ -311,7 +333,7 @@ class BrokerAdminHandlers:
                 forwarded.append(i)
         if forwarded:
             try:
-                answer = await self._forwarder.call("AlterConfigs", pb)
+                answer = await self._forwarder.call("AlterConfigs", pb, caller=caller)
                 for i, result in zip(forwarded, answer.results, strict=True):
                     outcome[i] = (result.error.code, result.error.message)
             except FjordError as exc:
@@ -342,7 +364,14 @@ class BrokerAdminHandlers:
         for resource in request.resources:
             error, message = 0, ""
             entries: list[tuple[str, str, str]] = []
-            if resource.resource_type == TOPIC_RESOURCE:
+            target = (
+                Resource.topic(resource.resource_name)
+                if resource.resource_type == TOPIC_RESOURCE else Resource.cluster()
+            )
+            if not self._access.allows(image, ctx.caller, AclOperation.DESCRIBE_CONFIGS, target):
+                denied = denial_error(AclOperation.DESCRIBE_CONFIGS, target, ctx.caller)
+                error, message = denied.code.code, str(denied)
+            elif resource.resource_type == TOPIC_RESOURCE:
                 record = image.topic(resource.resource_name)
                 if record is None:
                     error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION.code
@@ -429,6 +458,8 @@ class BrokerAdminHandlers:
             parts = []
             for p in topic.partitions:
                 try:
+                    self._access.require(self._image(), ctx.caller, AclOperation.DELETE,
+                                         Resource.topic(topic.name))
                     low = self._leader_replicas().delete_records(
                         topic.name, p.partition_index, p.offset
                     )
@@ -449,6 +480,8 @@ class BrokerAdminHandlers:
             parts = []
             for p in topic.partitions:
                 try:
+                    self._access.require(self._image(), ctx.caller, AclOperation.DESCRIBE,
+                                         Resource.topic(topic.topic))
                     epoch, end = self._leader_replicas().offset_for_leader_epoch(
                         topic.topic, p.partition, p.current_leader_epoch, p.leader_epoch
                     )
