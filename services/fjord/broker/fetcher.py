@@ -37,7 +37,9 @@ class SourceFetcher:
     Invariants: at most one Fetch in flight; a partition is in ``targets`` exactly while the
     last applied metadata says this broker follows it on ``source_id`` in that leader epoch; a
     partition whose answer was an error is skipped until its backoff deadline (or until a
-    metadata change replaces its target).
+    metadata change replaces its target). Once :meth:`stop` began, the task sends no further
+    Fetch and applies no further answer, and it ends at its next await even when the
+    cancellation itself is lost (see :meth:`stop`).
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class SourceFetcher:
         self._channel: aio.Channel | None = None
         self._channel_address: str | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     def set_targets(self, targets: dict[TopicPartition, FollowerTarget]) -> None:
         if targets == self.targets:
@@ -75,11 +78,28 @@ class SourceFetcher:
         self._task.set_name(f"replica fetcher from broker {self.source_id}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
-            self._task = None
+        """End the task and close the channel; returns once the task has ended.
+
+        The stop flag ends the task, the cancellation only hurries it: a cancellation can be
+        lost. grpc.aio answers the cancel of a unary call whose failure has just arrived with
+        that failure (``_invoke`` swallows the CancelledError and the call raises its
+        RpcError), and Python 3.11's ``asyncio.wait_for`` returns the inner result when the
+        cancel arrives as it completes. A task that outlived its cancel would keep this await,
+        and the metadata applier that called it, waiting forever: the broker stopped applying
+        metadata (issue 12's chaos run with seed 81365904). With the flag, every path of
+        :meth:`_run` returns at its next check, and the wake-up event makes a pause end at once.
+        """
+        self._stopping = True
+        self.targets = {}
+        self._changed.set()
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            # asyncio.wait, not ``await task``: a cancel of our caller stays our caller's.
+            await asyncio.wait({task})
+            if not task.cancelled() and task.exception() is not None:
+                log.error("replica fetcher from broker %d failed", self.source_id,
+                          exc_info=task.exception())
         await self.close_channel()
 
     async def close_channel(self) -> None:
@@ -115,7 +135,7 @@ class SourceFetcher:
         loop = asyncio.get_running_loop()
         settings = self._replicas.replication
         backoff_s = settings.fetch_backoff_ms / 1000
-        while True:
+        while not self._stopping:
             self._changed.clear()  # a change from here on wakes the next pause at once
             now = loop.time()
             positions = []
@@ -145,6 +165,8 @@ class SourceFetcher:
             except asyncio.CancelledError:
                 raise
             except grpc.RpcError as exc:
+                if self._stopping:  # possibly our own cancel, turned into the call's error
+                    return
                 log.info(
                     "fetch from broker %d failed (%s); retrying in %.2f s",
                     self.source_id,
@@ -154,6 +176,8 @@ class SourceFetcher:
                 await self.close_channel()
                 await self._pause(backoff_s)
                 continue
+            if self._stopping:  # the answer arrived as the stop began: apply nothing of it
+                return
             if response.error.code != 0:
                 log.warning(
                     "fetch from broker %d refused: %s", self.source_id, response.error.message
