@@ -439,8 +439,8 @@ def test_topic_is_created_grown_refused_and_deleted(
 def test_invalid_topic_config_is_refused_in_status(
     api: ApiServer, admin: AdminClient, fjord_cluster: dict[str, Any]
 ) -> None:
-    # Fjord has no log compaction: the broker's typed error shows in status, nothing is created.
-    api.create("fjordtopics", NAMESPACE, _topic("compacted", 1, 1, {"cleanup.policy": "compact"}))
+    # A codec Fjord does not know: the broker's typed error shows in status, nothing is created.
+    api.create("fjordtopics", NAMESPACE, _topic("compacted", 1, 1, {"compression.type": "brotli"}))
     wait_for(
         lambda: _condition_reason(api, "fjordtopics", "compacted", "Error") == "InvalidConfig",
         "the invalid config to be refused",

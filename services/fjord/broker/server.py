@@ -30,6 +30,7 @@ from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
 from fjord.broker.kafka_apis import BrokerKafkaHandlers
+from fjord.broker.log_cleaner import LogCleaner
 from fjord.broker.partition import Partition
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.producer_state import (
@@ -47,6 +48,7 @@ from fjord.cluster.broker_config import (
     topic_settings,
     validate_broker_config,
 )
+from fjord.cluster.cleaner_config import CleanerSettings
 from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
@@ -324,6 +326,7 @@ class BrokerServer:
         self._logs: LogManager | None = None
         self.replicas: ReplicaManager | None = None
         self.scrubber: Scrubber | None = None
+        self.cleaner: LogCleaner | None = None
         self._producer_ids = ProducerIdAllocator(options.broker_id, lambda: self._image())
         self._offsets_topic = OffsetsTopicCreator(lambda: self._image())
         self._fetchers: ReplicaFetcherManager | None = None
@@ -371,6 +374,7 @@ class BrokerServer:
         self.replicas.on_write_error = self.disk.report
         self.scrubber = Scrubber(self.replicas, ScrubberSettings.from_config(opts.config))
         self.scrubber.prioritize_unclean(self._logs.logs())
+        self.cleaner = LogCleaner(self.replicas, CleanerSettings.from_config(opts.config))
         self._fetchers = ReplicaFetcherManager(
             self.replicas, self._broker_address, lambda: self.broker_epoch
         )
@@ -467,6 +471,7 @@ class BrokerServer:
         )
         self._spawn(self.disk.run(), "data directory probe")
         self._spawn(self.scrubber.run(), "scrubber")
+        self._spawn(self.cleaner.run(), "log cleaner")
         self._spawn(
             self._periodic(
                 defaults.PRODUCER_ID_EXPIRATION_CHECK_INTERVAL_S, self._expire_producers

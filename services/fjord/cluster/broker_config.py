@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fjord.cluster import defaults
+from fjord.cluster.cleaner_config import CLEANER_CONFIG_DEFAULTS, CleanerSettings
 from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS, ReplicationSettings
 from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS, ScrubberSettings
 from fjord.cluster.values import positive_int
@@ -24,7 +25,7 @@ TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
 #: Broker-only keys accepted by ``fjord broker --config`` besides topic defaults.
 BROKER_ONLY_KEYS = frozenset(
     {"auto.create.topics.enable", "log.retention.check.interval.ms", *REPLICATION_CONFIG_DEFAULTS,
-     *SCRUBBER_CONFIG_DEFAULTS}
+     *SCRUBBER_CONFIG_DEFAULTS, *CLEANER_CONFIG_DEFAULTS}
 )
 
 #: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
@@ -86,6 +87,7 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
     topic_settings(out, {}, {})  # validates every topic default now, naming the bad key
     ReplicationSettings.from_config(out)  # replica.* settings, naming the bad key
     ScrubberSettings.from_config(out)  # log.scrubber.* settings
+    CleanerSettings.from_config(out)  # log.cleaner.* settings
     retention_check_interval_s(out)
     return out
 

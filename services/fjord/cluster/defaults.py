@@ -55,11 +55,8 @@ MAX_BROKER_PARTITIONS = 1000
 # Defaults of the topic configs that neither storage (fjord.storage.defaults) nor the broker
 # (min.insync.replicas, above) define; Kafka's values. Shown by DescribeConfigs.
 OTHER_TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
-    "cleanup.policy": "delete",
     "compression.type": "producer",
     "unclean.leader.election.enable": "false",
     "message.timestamp.difference.max.ms": str(2**63 - 1),
     "preallocate": "false",
-    "min.compaction.lag.ms": "0",
-    "delete.retention.ms": str(24 * 3600 * 1000),
 }

@@ -16,6 +16,7 @@ from fjord.cluster.broker_config import (
     topic_settings,
     validate_broker_config,
 )
+from fjord.cluster.cleaner_config import CLEANER_CONFIG_DEFAULTS
 from fjord.cluster.defaults import (
     AUTO_CREATE_TOPICS_ENABLE,
     DEFAULT_MIN_INSYNC_REPLICAS,
@@ -45,14 +46,11 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 _CHOICES = {
-    # Fjord has no log cleaner (yet): "compact" would silently keep everything, so it is refused.
-    "cleanup.policy": ("delete",),
     "compression.type": ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
     "unclean.leader.election.enable": ("true", "false"),
     "preallocate": ("true", "false"),
 }
-_NON_NEGATIVE_INTS = ("message.timestamp.difference.max.ms", "min.compaction.lag.ms",
-                      "delete.retention.ms")
+_NON_NEGATIVE_INTS = ("message.timestamp.difference.max.ms",)
 
 assert set(TOPIC_CONFIG_DEFAULTS) == set(TOPIC_CONFIG_KEYS), "every topic key needs a default"
 
@@ -200,6 +198,7 @@ BROKER_ONLY_DEFAULTS: dict[str, str] = {
     "log.retention.check.interval.ms": str(RETENTION_CHECK_INTERVAL_MS),
     **{k: str(v) for k, v in REPLICATION_CONFIG_DEFAULTS.items()},
     **SCRUBBER_CONFIG_DEFAULTS,
+    **CLEANER_CONFIG_DEFAULTS,
 }
 
 assert set(BROKER_ONLY_DEFAULTS) == set(BROKER_ONLY_KEYS), "every broker key needs a default"

@@ -52,13 +52,14 @@ LEADER_IMBALANCE_CHECK_INTERVAL_S = 300.0
 # - ``offsets.topic.replication.factor`` (3): capped at the number of live brokers when the
 #   topic is created (Kafka refuses instead; a one-broker ``fjord local`` must still work).
 # - ``offsets.topic.segment.bytes`` (100 MiB).
-# Kafka compacts the topic (cleanup.policy=compact); Fjord has no log cleaner, so it keeps the
-# whole log instead (retention.ms = retention.bytes = -1): nothing a group committed is ever
-# deleted by retention, and a coordinator replays the whole partition on takeover.
+# - ``cleanup.policy`` = compact, as Kafka: the brokers' log cleaners keep the last record of
+#   each group and offset key (tombstones until delete.retention.ms), so a coordinator that
+#   takes a partition over replays only what is live. Retention never deletes (compact alone).
 OFFSETS_TOPIC_REPLICATION_FACTOR = 3
 OFFSETS_TOPIC_SEGMENT_BYTES = 100 * 1024 * 1024
 OFFSETS_TOPIC_CONFIG: dict[str, str] = {
     "segment.bytes": str(OFFSETS_TOPIC_SEGMENT_BYTES),
+    "cleanup.policy": "compact",
     "retention.ms": "-1",
     "retention.bytes": "-1",
 }

@@ -156,6 +156,31 @@ BROKER_SCRUB_PASS_PROGRESS = Gauge(
     "fjord_broker_scrub_pass_progress",
     "Fraction (0..1) of the closed segments' bytes verified in the current scrub pass.",
 )
+BROKER_CLEANER_BYTES_READ = Counter(
+    "fjord_broker_cleaner_bytes_read",
+    "Bytes of closed segments the log cleaner rewrote (the segments it cleaned).",
+)
+BROKER_CLEANER_BYTES_WRITTEN = Counter(
+    "fjord_broker_cleaner_bytes_written",
+    "Bytes of cleaned segments the log cleaner wrote.",
+)
+BROKER_CLEANER_RECORDS_REMOVED = Counter(
+    "fjord_broker_cleaner_records_removed",
+    "Records the log cleaner removed (older values, expired tombstones, keyless records).",
+)
+BROKER_CLEANER_CLEANS = Counter(
+    "fjord_broker_cleaner_cleans",
+    "Cleans completed, by outcome (cleaned, skipped: the log changed meanwhile, failed).",
+    ["outcome"],
+)
+BROKER_CLEANER_MAX_DIRTY_RATIO = Gauge(
+    "fjord_broker_cleaner_max_dirty_ratio",
+    "The largest dirty ratio among this broker's compacted logs at the cleaner's last look.",
+)
+BROKER_CLEANER_LAST_CLEAN_SECONDS = Gauge(
+    "fjord_broker_cleaner_last_clean_seconds",
+    "How long the log cleaner's last clean took.",
+)
 BROKER_LOG_DAMAGE_FOUND = Counter(
     "fjord_broker_log_damage_found",
     "Damaged batches found in this broker's own copies, by how (scrub: the background scrubber; "
@@ -279,6 +304,20 @@ def set_scrub_progress(fraction: float, pass_completed: bool = False) -> None:
     BROKER_SCRUB_PASS_PROGRESS.set(fraction)
     if pass_completed:
         BROKER_SCRUB_PASSES.inc()
+
+
+def record_clean(outcome: str, bytes_read: int = 0, bytes_written: int = 0,
+                 records_removed: int = 0, seconds: float | None = None) -> None:
+    BROKER_CLEANER_CLEANS.labels(outcome).inc()
+    BROKER_CLEANER_BYTES_READ.inc(bytes_read)
+    BROKER_CLEANER_BYTES_WRITTEN.inc(bytes_written)
+    BROKER_CLEANER_RECORDS_REMOVED.inc(records_removed)
+    if seconds is not None:
+        BROKER_CLEANER_LAST_CLEAN_SECONDS.set(seconds)
+
+
+def set_cleaner_max_dirty_ratio(ratio: float) -> None:
+    BROKER_CLEANER_MAX_DIRTY_RATIO.set(ratio)
 
 
 def record_log_damage(source: str) -> None:

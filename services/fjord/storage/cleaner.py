@@ -105,11 +105,14 @@ def _infos(segments: list[LogSegment]) -> list[SegmentInfo]:
     return [SegmentInfo(s.base_offset, s.next_offset, s.size, s.max_timestamp) for s in segments]
 
 
-def log_dirty_state(log: PartitionLog, now_ms: int, min_compaction_lag_ms: int) -> DirtyState:
-    """The cleaner's view of ``log`` now (cheap: segment metadata only)."""
+def log_dirty_state(
+    log: PartitionLog, now_ms: int, min_compaction_lag_ms: int, high_watermark: int | None = None
+) -> DirtyState:
+    """The cleaner's view of ``log`` now (cheap: segment metadata and the checkpoint file)."""
     segments = log.segments
     closed = _infos(segments[:-1])
-    end = cleanable_end(closed, segments[-1].base_offset, now_ms, min_compaction_lag_ms)
+    end = cleanable_end(closed, segments[-1].base_offset, now_ms, min_compaction_lag_ms,
+                        high_watermark)
     first_dirty = max(read_first_dirty_offset(log.directory), segments[0].base_offset)
     return dirty_state(closed, first_dirty, end)
 
@@ -120,10 +123,12 @@ def clean_log(
     now_ms: int,
     delete_retention_ms: int,
     min_compaction_lag_ms: int = 0,
+    high_watermark: int | None = None,
     throttle: Callable[[int], None] = _no_throttle,
     on_step: StepHook = _no_step,
 ) -> CleanStats | None:
-    """Compact ``log`` up to its cleanable end (see the module docstring). Returns None when
+    """Compact ``log`` up to its cleanable end (see the module docstring; never past the
+    segment holding ``high_watermark``, when given). Returns None when
     there was nothing to clean or the log changed under the clean (truncation, retention,
     close): nothing is changed then. ``throttle(n)`` is called before ``n`` bytes are read
     (the cleaner's I/O limit). Raises :class:`~fjord.errors.CorruptRecordError` for a damaged
@@ -136,7 +141,8 @@ def clean_log(
         segments = list(log._segments)
         generation = log._generation
     closed = segments[:-1]
-    end = cleanable_end(_infos(closed), segments[-1].base_offset, now_ms, min_compaction_lag_ms)
+    end = cleanable_end(_infos(closed), segments[-1].base_offset, now_ms, min_compaction_lag_ms,
+                        high_watermark)
     first_dirty = max(read_first_dirty_offset(directory), segments[0].base_offset)
     if first_dirty >= end:
         return None

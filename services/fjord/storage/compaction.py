@@ -169,13 +169,20 @@ class SegmentInfo:
 
 
 def cleanable_end(
-    closed: Sequence[SegmentInfo], active_base: int, now_ms: int, min_compaction_lag_ms: int
+    closed: Sequence[SegmentInfo],
+    active_base: int,
+    now_ms: int,
+    min_compaction_lag_ms: int,
+    max_offset: int | None = None,
 ) -> int:
     """Kafka's first uncleanable offset: the active segment's base, or the base of the first
-    closed segment holding a record younger than ``min.compaction.lag.ms`` (segments in offset
-    order)."""
+    closed segment holding a record younger than ``min.compaction.lag.ms`` or at or above
+    ``max_offset`` (the high watermark: a record that may still be truncated away must not make
+    an older one of its key disappear). Segments in offset order."""
     for segment in closed:
         if min_compaction_lag_ms > 0 and segment.max_timestamp > now_ms - min_compaction_lag_ms:
+            return segment.base_offset
+        if max_offset is not None and segment.next_offset > max_offset:
             return segment.base_offset
     return active_base
 

@@ -41,7 +41,24 @@ MAX_MESSAGE_BYTES: Final = 1024 * 1024 + 12
 MESSAGE_TIMESTAMP_TYPE: Final = "CreateTime"
 """message.timestamp.type: CreateTime (keep the producer's) or LogAppendTime (the broker's)."""
 
-DEFAULT_LOG_CONFIG: Final[dict[str, int | str]] = {
+CLEANUP_POLICY: Final = "delete"
+"""cleanup.policy: delete (retention), compact (the log cleaner keeps the last record of each
+key), or both ("compact,delete")."""
+
+MIN_CLEANABLE_DIRTY_RATIO: Final = 0.5
+"""min.cleanable.dirty.ratio: clean a compacted log once half its cleanable bytes are dirty."""
+
+MIN_COMPACTION_LAG_MS: Final = 0
+"""min.compaction.lag.ms: a record stays uncompacted at least this long."""
+
+MAX_COMPACTION_LAG_MS: Final = LONG_MAX
+"""max.compaction.lag.ms: a dirty record older than this makes the log cleanable whatever its
+dirty ratio."""
+
+DELETE_RETENTION_MS: Final = 24 * 3600 * 1000
+"""delete.retention.ms: tombstones stay this long after their segment's largest timestamp."""
+
+DEFAULT_LOG_CONFIG: Final[dict[str, int | str | float]] = {
     "segment.bytes": SEGMENT_BYTES,
     "segment.ms": SEGMENT_MS,
     "segment.index.bytes": SEGMENT_INDEX_BYTES,
@@ -52,20 +69,22 @@ DEFAULT_LOG_CONFIG: Final[dict[str, int | str]] = {
     "flush.ms": FLUSH_MS,
     "max.message.bytes": MAX_MESSAGE_BYTES,
     "message.timestamp.type": MESSAGE_TIMESTAMP_TYPE,
+    "cleanup.policy": CLEANUP_POLICY,
+    "min.cleanable.dirty.ratio": MIN_CLEANABLE_DIRTY_RATIO,
+    "min.compaction.lag.ms": MIN_COMPACTION_LAG_MS,
+    "max.compaction.lag.ms": MAX_COMPACTION_LAG_MS,
+    "delete.retention.ms": DELETE_RETENTION_MS,
 }
 
 OTHER_TOPIC_CONFIG_KEYS: Final = frozenset(
     {
-        # Kafka topic configs that other components own (replication, clients, cleaner);
+        # Kafka topic configs that other components own (replication, clients);
         # LogConfig.from_dict accepts and ignores them so a topic's whole config can be passed.
-        "cleanup.policy",
         "compression.type",
         "min.insync.replicas",
         "unclean.leader.election.enable",
         "message.timestamp.difference.max.ms",
         "preallocate",
-        "min.compaction.lag.ms",
-        "delete.retention.ms",
     }
 )
 

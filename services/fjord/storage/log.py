@@ -28,6 +28,7 @@ from fjord.records.header import (
     stamped_prefix,
     validate_batch,
 )
+from fjord.records.reader import RecordBatch
 from fjord.storage import defaults
 from fjord.storage.checkpoint import read_text, sync_directory, sync_file, write_atomically
 from fjord.storage.config import LogConfig
@@ -515,7 +516,22 @@ class PartitionLog:
                 )
             headers.append((pos, h))
             pos += h.size
+        if leader and self.config.compact:
+            self._refuse_keyless(buf, headers)
         return headers
+
+    def _refuse_keyless(self, buf: memoryview, headers: list[tuple[int, BatchHeader]]) -> None:
+        """Kafka's rule for a compacted topic: a record without a key cannot be compacted, so
+        the produce is refused (INVALID_RECORD). The one place the log decodes records."""
+        for pos, h in headers:
+            if h.is_control:
+                continue
+            for offset_delta, (_, _, key, _, _) in enumerate(RecordBatch(buf, pos).record_tuples()):
+                if key is None:
+                    raise InvalidRecordError(
+                        f"compacted topic {self.directory.name} cannot accept a record without "
+                        f"a key (record {offset_delta} of the batch at position {pos})"
+                    )
 
     def _roll_for_append(
         self, size: int, first_offset: int, headers: list[tuple[int, BatchHeader]], now_ms: int
@@ -764,10 +780,13 @@ class PartitionLog:
     def apply_retention(self, now_ms: int | None = None, max_offset: int | None = None) -> int:
         """Delete the oldest whole segments that retention.ms or retention.bytes condemn (never
         the active one, none holding offsets at or above ``max_offset``, the high watermark);
-        moves the log start offset. Returns how many segments were deleted."""
+        moves the log start offset. Returns how many segments were deleted. Nothing when the
+        cleanup.policy lacks delete (a compacted topic keeps every live key)."""
         now = wall_clock_ms() if now_ms is None else now_ms
         with self._lock:
             self._check_open()
+            if not self.config.delete:
+                return 0
             retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
             excess = self.size_in_bytes - retention_bytes if retention_bytes >= 0 else -1
             deleted = 0

@@ -1,0 +1,120 @@
+"""Log compaction with a real broker (issue 17): a compacted topic with small segments, many
+updates to few keys and some tombstones; the broker's log cleaner (its own worker thread)
+compacts it in the background, and a consumer from offset 0 then sees the last value of each
+key once, the tombstoned keys gone after delete.retention.ms. A record without a key is refused
+on produce (INVALID_RECORD), as Kafka refuses it.
+
+Private one-broker cluster (a cleaner backoff of 200 ms is not a setting to share)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.errors import InvalidRecordError
+from fjord.local import LocalCluster
+from fjord.testing.metrics_probe import scrape_metric
+from fjord.testing.waiting import wait_for
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 45.0
+KEYS = 20
+UPDATES = 30
+TOMBSTONED = 5
+FILLERS = 120  # unique keys written last: they fill the active segment and roll the others
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        tmp_path_factory.mktemp("compaction"), brokers=1, controllers=1, coordinators=0,
+        cluster_id="compaction", unsafe_etcd_no_fsync=True,
+        config={"log.cleaner.backoff.ms": "200"},
+    )
+    c.start()
+    yield c
+    c.stop()
+
+
+Read = list[tuple[int, bytes, bytes | None]]
+
+
+def read_all(cluster: LocalCluster, topic: str, last_offset: int) -> Read:
+    with Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                   "auto.offset.reset": "earliest"}) as consumer:
+        consumer.assign([TopicPartition(topic, 0)])
+        got: Read = []
+        wait_for(lambda: got.extend((r.offset, r.key or b"", r.value) for r in consumer.poll(0.2))
+                 or (bool(got) and got[-1][0] >= last_offset), f"offset {last_offset}", WAIT_S)
+    return got
+
+
+def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
+    cluster: LocalCluster,
+) -> None:
+    topic = f"c-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 1, {
+            "cleanup.policy": "compact", "segment.bytes": "2048",
+            "min.cleanable.dirty.ratio": "0.01", "delete.retention.ms": "2000",
+        })])
+    expected: dict[bytes, bytes | None] = {}
+    with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
+                   "linger.ms": 0}) as producer:
+        keyless = producer.send(topic, value=b"no key", partition=0)
+        with pytest.raises(InvalidRecordError, match="without a key"):
+            keyless.result(WAIT_S)
+        for update in range(UPDATES):
+            for k in range(KEYS):
+                key, value = b"key-%d" % k, b"value-%d-%d" % (k, update)
+                producer.send(topic, key=key, value=value, partition=0)
+                expected[key] = value
+        for k in range(TOMBSTONED):
+            producer.send(topic, key=b"key-%d" % k, value=None, partition=0)
+            expected[b"key-%d" % k] = None
+        last_offset = fill(producer, topic, expected, FILLERS)
+    produced = KEYS * UPDATES + TOMBSTONED + FILLERS
+    assert last_offset == produced - 1
+
+    def compacted_to(want: dict[bytes, bytes | None], last: int) -> bool:
+        got = read_all(cluster, topic, last)
+        keys = [key for _, key, _ in got]
+        offsets = [offset for offset, _, _ in got]
+        return (len(keys) == len(set(keys)) and offsets == sorted(offsets)
+                and {k: v for _, k, v in got} == want)
+
+    # The first clean: each key once with its last value; the tombstones are still there (a
+    # consumer reading within delete.retention.ms must see the deletes).
+    wait_for(lambda: compacted_to(expected, last_offset),
+             "each key once with its last value, tombstones kept", WAIT_S)
+    metrics = cluster.metrics_address("broker", 0)
+    assert scrape_metric(metrics, 'fjord_broker_cleaner_cleans_total{outcome="cleaned"}') >= 1
+    assert scrape_metric(metrics, "fjord_broker_cleaner_records_removed_total") >= KEYS * (
+        UPDATES - 1)
+    # A later clean (it needs dirty data, as in Kafka: more writes) after delete.retention.ms
+    # (2 s past the tombstones' segment) drops them: the deleted keys are gone.
+    for k in range(TOMBSTONED):
+        del expected[b"key-%d" % k]
+    with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
+                   "linger.ms": 0}) as producer:
+
+        def tombstones_gone() -> bool:
+            return compacted_to(expected, fill(producer, topic, expected, 40))
+
+        wait_for(tombstones_gone, "tombstoned keys gone", WAIT_S)
+
+
+def fill(producer: Producer, topic: str, expected: dict[bytes, bytes | None], count: int) -> int:
+    """Write ``count`` records with new unique keys (dirty data that also rolls segments);
+    returns the last offset."""
+    futures = []
+    for _ in range(count):
+        key, value = b"filler-%s" % uuid.uuid4().hex.encode(), b"f" * 20
+        futures.append(producer.send(topic, key=key, value=value, partition=0))
+        expected[key] = value
+    producer.flush(WAIT_S)
+    return int(futures[-1].result(0).offset)
