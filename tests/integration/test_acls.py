@@ -59,7 +59,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     try:
         with AdminClient(admin_config(local)) as admin:
             admin.create_topics([NewTopic(t, 1, 1) for t in
-                                 ("orders", "payments", "pay-eu", "secret")])
+                                 ("orders", "payments", "pay-eu", "secret", "ledger")])
         yield local
     finally:
         local.stop()
@@ -256,3 +256,39 @@ def test_the_kafka_listener_forwards_admin_requests_for_the_client(
         err.code() if err else 0))
     producer.flush(20)
     assert errors == [TOPIC_DENIED]
+
+
+def test_a_consumer_group_needs_read_on_the_group_and_the_topic(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    with Producer(admin_config(cluster)) as producer:
+        producer.send("ledger", value=b"entry").result(30)
+    add_acls(cluster, acl(ResourceType.TOPIC, "ledger", Op.READ, "alice"))
+    tls = principals["alice"].tls
+    assert tls is not None
+    consumer = confluent_kafka.Consumer({
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SSL",
+        "ssl.ca.location": tls.ca, "ssl.certificate.location": tls.certificate,
+        "ssl.key.location": tls.key, "group.id": "billing", "auto.offset.reset": "earliest",
+    })
+    try:
+        consumer.subscribe(["ledger"])
+        seen: list[int | bytes] = []
+
+        def poll_until(wanted: Callable[[int | bytes], bool]) -> bool:
+            message = consumer.poll(0.5)
+            if message is not None:
+                error = message.error()
+                seen.append(error.code() if error else message.value())
+            return any(wanted(s) for s in seen)
+
+        wait_for(lambda: poll_until(lambda s: s == GROUP_DENIED),
+                 "GROUP_AUTHORIZATION_FAILED without Read on the group")
+        add_acls(cluster, acl(ResourceType.GROUP, "bill", Op.READ, "alice",
+                              pattern=PatternType.PREFIXED))
+        wait_for(lambda: poll_until(lambda s: s == b"entry"),
+                 "the record once alice may read the group (prefixed bill*)")
+        consumer.commit(asynchronous=False)
+    finally:
+        consumer.close()

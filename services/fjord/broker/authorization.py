@@ -18,13 +18,13 @@ from typing import Any
 from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage
+from fjord.metadata.view import hide_undescribable_topics
 from fjord.security.acls import (
     NO_AUTHORIZATION,
     AccessControl,
     AclOperation,
     Caller,
     Resource,
-    ResourceType,
 )
 
 TOPIC_DENIED = ErrorCode.TOPIC_AUTHORIZATION_FAILED
@@ -118,41 +118,7 @@ class BrokerAuthorization:
         self, caller: Caller, request: broker_pb2.MetadataRequest,
         response: broker_pb2.MetadataResponse,
     ) -> broker_pb2.MetadataResponse:
-        """``response`` without the topics ``caller`` may not describe: left out of an
-        all-topics answer (not counted as denials, as Kafka), TOPIC_AUTHORIZATION_FAILED when
-        named. A new message when anything changes (cached answers are never mutated)."""
-        if not self.enabled:
-            return response
-        keep: list[common_pb2.TopicMetadata] = []
-        changed = False
-        for topic in response.topics:
-            if self.allows(caller, AclOperation.DESCRIBE, Resource.topic(topic.name),
-                           count=not request.all_topics):
-                keep.append(topic)
-                continue
-            changed = True
-            if not request.all_topics:
-                keep.append(common_pb2.TopicMetadata(
-                    name=topic.name, error=_denied(caller, AclOperation.DESCRIBE, topic.name)
-                ))
-        if not changed:
-            return response
-        out = broker_pb2.MetadataResponse()
-        out.CopyFrom(response)
-        del out.topics[:]
-        out.topics.extend(keep)
-        return out
+        return hide_undescribable_topics(self.access, self._image(), caller, request, response)
 
     def allows_idempotent_producer(self, caller: Caller) -> bool:
-        """IdempotentWrite on the cluster, or Write on at least one topic (KIP-679)."""
-        if not self.enabled:
-            return True
-        image = self._image()
-        cluster = Resource.cluster()
-        if self.access.allows(image, caller, AclOperation.IDEMPOTENT_WRITE, cluster,
-                              count=False):
-            return True
-        if self.access.allows_some(image, caller, AclOperation.WRITE, ResourceType.TOPIC):
-            return True
-        # Counted once as the cluster denial Kafka reports.
-        return self.allows(caller, AclOperation.IDEMPOTENT_WRITE, cluster)
+        return self.access.allows_idempotent_producer(self._image(), caller)

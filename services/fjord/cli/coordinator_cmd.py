@@ -8,7 +8,11 @@ import logging
 import click
 
 from fjord.cli.listener_options import listener_options
-from fjord.cli.security_options import load_service_security, security_config_option
+from fjord.cli.security_options import (
+    load_authorization,
+    load_service_security,
+    security_config_option,
+)
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
@@ -105,6 +109,7 @@ def coordinator(
             kafka_listener=kafka,
             kafka_advertised=kafka_advertised,
             security=load_service_security(security_config),
+            authorization=load_authorization(security_config),
             kafka_tls=kafka_listener_uses_tls(listeners),
         )
         setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default

@@ -21,8 +21,8 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.coordinator.authorization import AuthorizedGroups
 from fjord.coordinator.kafka_groups import GroupKafkaHandlers
-from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
@@ -36,7 +36,8 @@ from fjord.kafka.producer_ids import (
 )
 from fjord.metadata import MetadataImage
 from fjord.metadata.coordinator_lookup import OffsetsTopicCreator
-from fjord.metadata.view import MetadataResponder
+from fjord.metadata.view import MetadataResponder, hide_undescribable_topics
+from fjord.security.acls import NO_AUTHORIZATION, AccessControl, Caller
 
 #: Metadata versions a coordinator serves (the brokers' range).
 METADATA_VERSIONS = (0, 12)
@@ -53,13 +54,25 @@ class ProducerIdForwarder:
         self,
         image: Callable[[], MetadataImage],
         broker_stub: Callable[[str], broker_pb2_grpc.BrokerStub],
+        access: AccessControl = NO_AUTHORIZATION,
     ) -> None:
         self._image = image
         self._broker_stub = broker_stub
+        self._access = access
         self._next = 0
 
     async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
         pb = init_producer_id_pb(request)
+        if not pb.transactional_id and not self._access.allows_idempotent_producer(
+            self._image(), ctx.caller
+        ):
+            # Checked here: the broker sees this coordinator's service identity, not the client.
+            refused = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
+            refused.error.code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code
+            refused.error.message = (
+                f"{ctx.caller.principal} is not authorized to IdempotentWrite the cluster"
+            )
+            return init_producer_id_response(refused, ctx.api_version)
         brokers = [b.address for _, b in sorted(self._image().brokers.items())]
         for i in range(len(brokers)):
             address = brokers[(self._next + i) % len(brokers)]
@@ -85,21 +98,28 @@ class CoordinatorKafkaApis:
     def __init__(
         self,
         coordinator_id: int,
-        manager: GroupManager,
+        groups: AuthorizedGroups,
         image: Callable[[], MetadataImage],
         broker_stub: Callable[[str], broker_pb2_grpc.BrokerStub],
     ) -> None:
+        access = groups.access
         self._forwarder = ControllerForwarder(image)
         self._offsets_topic = OffsetsTopicCreator(image)
         responder = MetadataResponder()
-        metadata = KafkaMetadata(
-            image, lambda request, caller: responder.respond(image(), request), lowest_kafka_broker
-        )
+
+        def respond(
+            request: broker_pb2.MetadataRequest, caller: Caller
+        ) -> broker_pb2.MetadataResponse:
+            current = image()
+            answer = responder.respond(current, request)
+            return hide_undescribable_topics(access, current, caller, request, answer)
+
+        metadata = KafkaMetadata(image, respond, lowest_kafka_broker)
         admin = BrokerAdminHandlers(
-            coordinator_node_id(coordinator_id), None, image, {}, self._forwarder
+            coordinator_node_id(coordinator_id), None, image, {}, self._forwarder, access
         )
-        producer_ids = ProducerIdForwarder(image, broker_stub)
-        finder = FindCoordinatorHandler(image, self._offsets_topic)
+        producer_ids = ProducerIdForwarder(image, broker_stub, access)
+        finder = FindCoordinatorHandler(image, self._offsets_topic, access)
         self.apis = [
             Api(3, *METADATA_VERSIONS, MetadataRequest, metadata.metadata),
             Api(10, *FIND_COORDINATOR_VERSIONS, FindCoordinatorRequest, finder.find_coordinator),
@@ -107,7 +127,7 @@ class CoordinatorKafkaApis:
                 22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, producer_ids.init_producer_id
             ),
             *admin.cluster_apis(),
-            *GroupKafkaHandlers(manager).apis(),
+            *GroupKafkaHandlers(groups).apis(),
         ]
 
     def dispatcher(self) -> KafkaDispatcher:

@@ -42,6 +42,7 @@ from kafka.protocol.consumer.group import (
     SyncGroupResponse,
 )
 
+from fjord.coordinator.authorization import AuthorizedGroups, CallerGroups
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode, FjordError
@@ -91,8 +92,15 @@ class GroupKafkaHandlers:
     field); nothing is decided here that the manager or its state machines decide for gRPC.
     """
 
-    def __init__(self, manager: GroupManager) -> None:
-        self._manager = manager
+    def __init__(self, groups: GroupManager | AuthorizedGroups) -> None:
+        #: Every request reaches the manager through its caller's ACL-checked view.
+        self._groups = (
+            groups if isinstance(groups, AuthorizedGroups) else AuthorizedGroups(groups)
+        )
+
+    def _as(self, ctx: RequestContext) -> CallerGroups:
+        """The manager as this request's caller may use it."""
+        return self._groups.for_caller(ctx.caller)
 
     def apis(self) -> list[Api]:
         return [
@@ -139,7 +147,7 @@ class GroupKafkaHandlers:
         session_timeout_ms = request.session_timeout_ms
         rebalance_timeout_ms = request.rebalance_timeout_ms if version >= 1 else 0
         try:
-            response = await self._manager.join_group(
+            response = await self._as(ctx).join_group(
                 request.group_id,
                 member_id=request.member_id,
                 group_instance_id=request.group_instance_id if version >= 5 else None,
@@ -192,7 +200,7 @@ class GroupKafkaHandlers:
         if len(assignments) != len(request.assignments):
             return answer(ErrorCode.INVALID_REQUEST)
         try:
-            response = await self._manager.sync_group(
+            response = await self._as(ctx).sync_group(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id,
@@ -209,7 +217,7 @@ class GroupKafkaHandlers:
 
     async def heartbeat(self, request: Any, ctx: RequestContext) -> Any:
         try:
-            error = self._manager.heartbeat(
+            error = self._as(ctx).heartbeat(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id,
@@ -229,7 +237,7 @@ class GroupKafkaHandlers:
         if not members:
             return cls(throttle_time_ms=0, error_code=ErrorCode.INVALID_REQUEST.code, members=[])
         try:
-            errors = self._manager.leave_group(request.group_id, members)
+            errors = self._as(ctx).leave_group(request.group_id, members)
         except Exception as exc:
             return cls(throttle_time_ms=0, error_code=error_of(exc).code, members=[])
         if version < 3:
@@ -260,7 +268,7 @@ class GroupKafkaHandlers:
                     p.committed_metadata or "",
                 )
         try:
-            errors = await self._manager.commit_offsets(
+            errors = await self._as(ctx).commit_offsets(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id_or_member_epoch,
@@ -284,11 +292,11 @@ class GroupKafkaHandlers:
         )
 
     def _fetch_group(
-        self, group_id: str, wanted: list[TopicPartition] | None
+        self, group_id: str, wanted: list[TopicPartition] | None, ctx: RequestContext
     ) -> tuple[ErrorCode, dict[str, list[tuple[int, int, int, str]]]]:
         """(group error, {topic: [(partition, offset, leader epoch, metadata)]})."""
         try:
-            found = self._manager.fetch_offsets(group_id, wanted)
+            found = self._as(ctx).fetch_offsets(group_id, wanted)
         except Exception as exc:
             return error_of(exc), {}
         by_topic: dict[str, list[tuple[int, int, int, str]]] = {}
@@ -308,7 +316,7 @@ class GroupKafkaHandlers:
             groups = []
             for group in request.groups:
                 wanted = _wanted(group.topics)
-                error, by_topic = self._fetch_group(group.group_id, wanted)
+                error, by_topic = self._fetch_group(group.group_id, wanted, ctx)
                 groups.append(
                     group_cls(
                         group_id=group.group_id,
@@ -327,7 +335,7 @@ class GroupKafkaHandlers:
         topic_cls = cls.OffsetFetchResponseTopic
         part_cls = topic_cls.OffsetFetchResponsePartition
         wanted = _wanted(request.topics)
-        error, by_topic = self._fetch_group(request.group_id, wanted)
+        error, by_topic = self._fetch_group(request.group_id, wanted, ctx)
         if error is not ErrorCode.NONE and version < 2 and wanted:
             # v1 has no group-level error: every partition asked for carries it.
             by_topic = {}
@@ -356,7 +364,7 @@ class GroupKafkaHandlers:
         out = []
         for group_id in request.groups:
             try:
-                d = self._manager.describe_group(group_id)
+                d = self._as(ctx).describe_group(group_id)
             except Exception as exc:
                 out.append(group_cls(error_code=error_of(exc).code, group_id=group_id,
                                      group_state="", protocol_type="", protocol_data="",
@@ -391,7 +399,7 @@ class GroupKafkaHandlers:
         if types and CLASSIC_GROUP_TYPE not in types:
             return cls(throttle_time_ms=0, error_code=0, groups=[])
         states = list(request.states_filter or ()) if version >= 4 else []
-        error, groups = self._manager.list_groups(states)
+        error, groups = self._as(ctx).list_groups(states)
         return cls(
             throttle_time_ms=0,
             error_code=error.code,
@@ -411,7 +419,7 @@ class GroupKafkaHandlers:
         results = []
         for group_id in request.groups_names:
             try:
-                error = await self._manager.delete_group(group_id)
+                error = await self._as(ctx).delete_group(group_id)
             except Exception as exc:
                 error = error_of(exc)
             results.append(cls.DeletableGroupResult(group_id=group_id, error_code=error.code))

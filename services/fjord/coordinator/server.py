@@ -28,6 +28,7 @@ from fjord._proto import broker_pb2, coordinator_pb2_grpc
 from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_partitions
+from fjord.coordinator.authorization import AuthorizedGroups
 from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.kafka_apis import CoordinatorKafkaApis
 from fjord.coordinator.manager import GroupManager
@@ -54,7 +55,8 @@ from fjord.observability.metrics import (
     stop_metrics_server,
 )
 from fjord.security import ServiceSecurity
-from fjord.serving import advertised_host, bind_grpc_port, run_until_signalled
+from fjord.security.acls import AuthorizerSettings
+from fjord.serving import access_control, advertised_host, bind_grpc_port, run_until_signalled
 from fjord.tls import server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
 
@@ -137,6 +139,8 @@ class CoordinatorOptions:
     #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
     security: ServiceSecurity | None = None
     kafka_tls: bool = False
+    #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
+    authorization: AuthorizerSettings | None = None
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
@@ -217,8 +221,11 @@ class CoordinatorServer:
         self._server = aio.server(
             interceptors=server_interceptors("coordinator"), options=[("grpc.so_reuseport", 0)]
         )
+        groups = AuthorizedGroups(
+            self.manager, self._image, access_control(opts.authorization)
+        )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-            CoordinatorServicer(self.manager), self._server
+            CoordinatorServicer(groups), self._server
         )
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
@@ -226,7 +233,7 @@ class CoordinatorServer:
         await self._server.start()
         if opts.kafka_listener is not None:
             self._kafka_apis = CoordinatorKafkaApis(
-                opts.coordinator_id, self.manager, self._image, self._network.broker
+                opts.coordinator_id, groups, self._image, self._network.broker
             )
             self._kafka = await open_kafka_listener(
                 self._kafka_apis.dispatcher(),

@@ -15,9 +15,11 @@ from typing import TypeVar
 from grpc import aio
 
 from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
+from fjord.coordinator.authorization import AuthorizedGroups, CallerGroups
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
+from fjord.serving import grpc_caller
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -81,8 +83,15 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     in their entries.
     """
 
-    def __init__(self, manager: GroupManager) -> None:
-        self._manager = manager
+    def __init__(self, groups: GroupManager | AuthorizedGroups) -> None:
+        #: Every request reaches the manager through its caller's ACL-checked view.
+        self._groups = (
+            groups if isinstance(groups, AuthorizedGroups) else AuthorizedGroups(groups)
+        )
+
+    def _as(self, context: aio.ServicerContext) -> CallerGroups:
+        """The manager as this call's caller may use it."""
+        return self._groups.for_caller(grpc_caller(context))
 
     async def JoinGroup(
         self, request: coordinator_pb2.JoinGroupRequest, context: aio.ServicerContext
@@ -100,7 +109,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     member_id=request.member_id,
                     generation_id=-1,
                 )
-            response = await self._manager.join_group(
+            response = await self._as(context).join_group(
                 request.group_id,
                 member_id=request.member_id,
                 group_instance_id=_optional(request.group_instance_id),
@@ -144,7 +153,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 if item.member_id in assignments:
                     raise InvalidRequestError(f"member {item.member_id!r} assigned twice")
                 assignments[item.member_id] = item.assignment
-            response = await self._manager.sync_group(
+            response = await self._as(context).sync_group(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id,
@@ -166,7 +175,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.HeartbeatRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.HeartbeatResponse:
         async def body() -> coordinator_pb2.HeartbeatResponse:
-            error = self._manager.heartbeat(
+            error = self._as(context).heartbeat(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id,
@@ -183,7 +192,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if not request.members:
                 raise InvalidRequestError("LeaveGroup names no member")
             members = [(m.member_id, _optional(m.group_instance_id)) for m in request.members]
-            errors = self._manager.leave_group(request.group_id, members)
+            errors = self._as(context).leave_group(request.group_id, members)
             return coordinator_pb2.LeaveGroupResponse(
                 error=error_pb(ErrorCode.NONE),
                 members=[
@@ -211,7 +220,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                     offsets[tp] = OffsetCommitRequestPartition(
                         p.committed_offset, p.committed_leader_epoch, p.committed_metadata
                     )
-            errors = await self._manager.commit_offsets(
+            errors = await self._as(context).commit_offsets(
                 request.group_id,
                 member_id=request.member_id,
                 generation_id=request.generation_id,
@@ -242,7 +251,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             wanted = [
                 TopicPartition(t.name, p) for t in request.topics for p in t.partitions
             ] or None
-            found = self._manager.fetch_offsets(request.group_id, wanted)
+            found = self._as(context).fetch_offsets(request.group_id, wanted)
             by_topic: dict[str, list[coordinator_pb2.OffsetFetchPartitionResponse]] = {}
             for (topic_name, partition), committed in found.items():
                 by_topic.setdefault(topic_name, []).append(
@@ -267,7 +276,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     async def ListGroups(
         self, request: coordinator_pb2.ListGroupsRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.ListGroupsResponse:
-        error, groups = self._manager.list_groups(list(request.states_filter))
+        error, groups = self._as(context).list_groups(list(request.states_filter))
         return coordinator_pb2.ListGroupsResponse(
             error=error_pb(error),
             groups=[
@@ -282,7 +291,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         out = []
         for group_id in request.group_ids:
             try:
-                description = self._manager.describe_group(group_id)
+                description = self._as(context).describe_group(group_id)
             except Exception as exc:
                 out.append(
                     coordinator_pb2.DescribedGroup(error=exception_pb(exc), group_id=group_id)
@@ -316,7 +325,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         results = []
         for group_id in request.group_ids:
             try:
-                error = error_pb(await self._manager.delete_group(group_id))
+                error = error_pb(await self._as(context).delete_group(group_id))
             except Exception as exc:
                 error = exception_pb(exc)
             results.append(coordinator_pb2.DeletableGroupResult(group_id=group_id, error=error))

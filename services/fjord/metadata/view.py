@@ -10,6 +10,7 @@ from __future__ import annotations
 from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage, PartitionState
+from fjord.security.acls import AccessControl, AclOperation, Caller, Resource
 from fjord.topic_names import is_internal_topic, topic_name_problem
 
 
@@ -112,3 +113,37 @@ class MetadataResponder:
             self._cached = build_metadata_response(image, request)
             self._cached_key = key
         return self._cached
+
+
+def hide_undescribable_topics(
+    access: AccessControl,
+    image: MetadataImage,
+    caller: Caller,
+    request: broker_pb2.MetadataRequest,
+    response: broker_pb2.MetadataResponse,
+) -> broker_pb2.MetadataResponse:
+    """``response`` without the topics ``caller`` may not Describe, as Kafka answers Metadata:
+    left out of an all-topics answer (not counted as denials), TOPIC_AUTHORIZATION_FAILED
+    when named. A new message when anything changes (cached answers are never mutated)."""
+    if not access.enabled:
+        return response
+    keep: list[common_pb2.TopicMetadata] = []
+    changed = False
+    for topic in response.topics:
+        if access.allows(image, caller, AclOperation.DESCRIBE, Resource.topic(topic.name),
+                         count=not request.all_topics):
+            keep.append(topic)
+            continue
+        changed = True
+        if not request.all_topics:
+            keep.append(common_pb2.TopicMetadata(name=topic.name, error=common_pb2.Error(
+                code=ErrorCode.TOPIC_AUTHORIZATION_FAILED.code,
+                message=f"{caller.principal} is not authorized to Describe topic {topic.name}",
+            )))
+    if not changed:
+        return response
+    out = broker_pb2.MetadataResponse()
+    out.CopyFrom(response)
+    del out.topics[:]
+    out.topics.extend(keep)
+    return out

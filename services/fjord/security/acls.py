@@ -593,6 +593,19 @@ class AccessControl:
             caller.principal, caller.host, operation, resource_type
         )
 
+    def allows_idempotent_producer(self, source: AclSource, caller: Caller) -> bool:
+        """InitProducerId without a transactional id: IdempotentWrite on the cluster, or Write
+        on at least one topic (Kafka 3, KIP-679); a refusal is counted once, as the cluster
+        IdempotentWrite denial Kafka reports."""
+        if self.settings is None:
+            return True
+        cluster = Resource.cluster()
+        if self.allows(source, caller, AclOperation.IDEMPOTENT_WRITE, cluster, count=False):
+            return True
+        if self.allows_some(source, caller, AclOperation.WRITE, ResourceType.TOPIC):
+            return True
+        return self.allows(source, caller, AclOperation.IDEMPOTENT_WRITE, cluster)
+
     def require(
         self, source: AclSource, caller: Caller, operation: AclOperation, resource: Resource
     ) -> None:
