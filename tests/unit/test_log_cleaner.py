@@ -195,3 +195,27 @@ def test_a_follower_copies_compacted_batches_and_keeps_them_through_a_crash(
     assert everything(reopened) == everything(leader)
     reopened.close()
     leader.close()
+
+
+def test_a_compacted_log_refuses_a_record_without_key_and_loses_nothing(tmp_path: Path) -> None:
+    from fjord.errors import InvalidRecordError
+
+    config = LogConfig.from_dict({"cleanup.policy": "compact"})
+    log = PartitionLog.open(tmp_path, config, now_ms=NOW)
+    fill(log, [(b"k", b"v")])
+    builder = BatchBuilder()
+    builder.append(NOW, b"k", b"with key")
+    builder.append(NOW, None, b"without")
+    with pytest.raises(InvalidRecordError, match="without a key"):
+        log.append(builder.build(), leader_epoch=0, now_ms=NOW)
+    assert everything(log) == [(0, b"k", b"v")]
+    log.close()
+
+
+def test_retention_deletes_nothing_without_the_delete_policy(tmp_path: Path) -> None:
+    config = LogConfig.from_dict({"cleanup.policy": "compact", "segment.bytes": "400",
+                                  "retention.ms": "1"})
+    log = PartitionLog.open(tmp_path, config, now_ms=NOW)
+    fill(log, [(b"k%d" % i, b"v") for i in range(40)])
+    assert log.apply_retention(now_ms=NOW * 10) == 0 and log.log_start_offset == 0
+    log.close()

@@ -56,3 +56,22 @@ def test_bad_values_raise_config_error_naming_the_key(raw: dict[str, object], ke
         LogConfig.from_dict(raw)
     assert key in str(info.value)
     assert info.value.code is ErrorCode.INVALID_CONFIG
+
+
+def test_cleanup_policy_and_compaction_settings() -> None:
+    assert LogConfig().cleanup_policy == "delete" and LogConfig().delete
+    for raw in ("compact,delete", "[delete, compact]", " Delete,COMPACT "):
+        config = LogConfig.from_dict({"cleanup.policy": raw})
+        assert config.cleanup_policy == "compact,delete" and config.compact and config.delete
+    compact = LogConfig.from_dict({"cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0.1",
+                                    "max.compaction.lag.ms": "60000"})
+    assert compact.compact and not compact.delete
+    assert (compact.min_cleanable_dirty_ratio, compact.max_compaction_lag_ms) == (0.1, 60000)
+    assert LogConfig.from_dict(compact.to_dict()) == compact
+    for bad in ({"cleanup.policy": "archive"}, {"cleanup.policy": "compact,compact"},
+                {"cleanup.policy": ""}, {"min.cleanable.dirty.ratio": "x"},
+                {"min.cleanable.dirty.ratio": "-0.1"}, {"delete.retention.ms": "-1"},
+                {"min.compaction.lag.ms": "-1"}, {"max.compaction.lag.ms": "0"}):
+        (key,) = bad
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            LogConfig.from_dict(bad)
