@@ -103,7 +103,7 @@ def controller(cluster: LocalCluster) -> controller_pb2_grpc.ControllerStub:
 def add_acls(cluster: LocalCluster, *bindings: AclBinding) -> None:
     response = controller(cluster).CreateAcls(controller_pb2.CreateAclsRequest(
         creations=[binding_to_pb(b) for b in bindings]), timeout=15)
-    assert [r.code for r in response.results] == [0] * len(bindings)
+    assert [r.error.code for r in response.results] == [0] * len(bindings)
 
 
 def remove_acls(cluster: LocalCluster, *bindings: AclBinding) -> None:
@@ -121,14 +121,14 @@ def config_of(cluster: LocalCluster, security: ClientSecurity, **extra: object
     return {
         "bootstrap.servers": cluster.bootstrap_servers, "security.protocol": "SSL",
         "ssl.ca.location": security.tls.ca, "ssl.certificate.location": security.tls.certificate,
-        "ssl.key.location": security.tls.key, "max.block.ms": 5000, **extra,
+        "ssl.key.location": security.tls.key, **extra,
     }
 
 
 def produce_code(cluster: LocalCluster, security: ClientSecurity, topic: str) -> int:
     """The error code of one acks=all write of ``topic`` by ``security``'s principal (0: it
     was appended)."""
-    with Producer(config_of(cluster, security, retries=0)) as producer:
+    with Producer(config_of(cluster, security, retries=0, **{"max.block.ms": 5000})) as producer:
         try:
             producer.send(topic, value=b"v").result(15)
         except FjordError as exc:
@@ -292,3 +292,49 @@ def test_a_consumer_group_needs_read_on_the_group_and_the_topic(
         consumer.commit(asynchronous=False)
     finally:
         consumer.close()
+
+
+def test_fjord_acls_cli_adds_lists_and_removes_as_kafka_acls_sh(cluster: LocalCluster) -> None:
+    from click.testing import CliRunner
+
+    from fjord.cli.main import cli
+
+    base = ["--bootstrap-server", cluster.bootstrap_servers,
+            "--command-config", str(cluster.client_properties)]
+
+    def run(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["acls", *args, *base])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    added = run("--add", "--allow-principal", "User:carol", "--operation", "Read",
+                "--topic", "audit", "--group", "auditors")
+    assert "Added 2 ACLs." in added
+    assert "(principal=User:carol, host=*, operation=READ, permissionType=ALLOW)" in added
+    run("--add", "--deny-principal", "User:carol", "--operation", "Write", "--topic", "aud",
+        "--resource-pattern-type", "prefixed")
+    listed = run("--list", "--topic", "audit", "--resource-pattern-type", "match")
+    assert "name=audit, patternType=LITERAL" in listed and "name=aud, patternType=PREFIXED" \
+        in listed and "auditors" not in listed
+    with AdminClient(admin_config(cluster)) as admin:
+        mine = admin.describe_acls(AclBindingFilter(principal="User:carol"))
+        assert {(b.pattern.name, b.entry.operation) for b in mine} == {
+            ("audit", Op.READ), ("auditors", Op.READ), ("aud", Op.WRITE)}
+    removed = run("--remove", "--group", "auditors")
+    assert "Removed 1 ACLs." in removed
+    assert "auditors" not in run("--list", "--principal", "User:carol")
+    bad = CliRunner().invoke(cli, ["acls", "--add", "--allow-principal", "User:carol",
+                                   "--operation", "ClusterAction", "--topic", "audit", *base])
+    assert bad.exit_code != 0 and "Topic does not take operation ClusterAction" in bad.output
+
+
+def test_admin_client_acls_need_alter_on_the_cluster(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    from fjord.errors import ClusterAuthorizationError
+
+    with AdminClient(config_of(cluster, principals["bob"])) as bob:
+        with pytest.raises(ClusterAuthorizationError):
+            bob.create_acls([acl(ResourceType.TOPIC, "*", Op.ALL, "bob")])
+        with pytest.raises(ClusterAuthorizationError):
+            bob.describe_acls()

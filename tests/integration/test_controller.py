@@ -284,9 +284,9 @@ def test_acls_are_created_described_deleted_and_stored_in_etcd(
     created = active.CreateAcls(controller_pb2.CreateAclsRequest(
         creations=[binding_to_pb(read), bad, binding_to_pb(prefixed), binding_to_pb(group),
                    binding_to_pb(read)]), timeout=WAIT_S)
-    codes = [r.code for r in created.results]
+    codes = [r.error.code for r in created.results]
     assert codes == [0, ErrorCode.INVALID_REQUEST.code, 0, 0, 0]
-    assert "ClusterAction" in created.results[1].message
+    assert "ClusterAction" in created.results[1].error.message
     # Stored by the controller in etcd, where every service's watcher sees them.
     assert snapshot(cluster).acl_bindings() == sorted([read, prefixed, group])
 

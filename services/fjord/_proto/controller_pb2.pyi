@@ -395,11 +395,17 @@ class CreateAclsRequest(_message.Message):
     creations: _containers.RepeatedCompositeFieldContainer[AclBinding]
     def __init__(self, creations: _Optional[_Iterable[_Union[AclBinding, _Mapping]]] = ...) -> None: ...
 
+class AclCreationResult(_message.Message):
+    __slots__ = ("error",)
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+
 class CreateAclsResponse(_message.Message):
     __slots__ = ("results",)
     RESULTS_FIELD_NUMBER: _ClassVar[int]
-    results: _containers.RepeatedCompositeFieldContainer[_common_pb2.Error]
-    def __init__(self, results: _Optional[_Iterable[_Union[_common_pb2.Error, _Mapping]]] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[AclCreationResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[AclCreationResult, _Mapping]]] = ...) -> None: ...
 
 class DescribeAclsRequest(_message.Message):
     __slots__ = ("filter",)

@@ -19,6 +19,7 @@ from fjord.cli.client_common import exit_quietly_on_broken_pipe
 #: Every subcommand: name -> (module, attribute). tests/unit/test_client_cli.py checks that each
 #: resolves to a command of that name.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "acls": ("fjord.cli.acls_cmd", "acls"),
     "broker": ("fjord.cli.broker_cmd", "broker"),
     "cluster": ("fjord.cli.cluster_cmd", "cluster"),
     "configs": ("fjord.cli.configs_cmd", "configs"),

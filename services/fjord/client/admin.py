@@ -37,6 +37,7 @@ from fjord.client.types import (
     TopicDescription,
     TopicPartition,
 )
+from fjord.cluster.acl_wire import binding_from_pb, binding_to_pb, filter_to_pb
 from fjord.config import admin_config
 from fjord.errors import (
     CoordinatorNotAvailableError,
@@ -68,6 +69,7 @@ from fjord.groups.lag import (
 from fjord.groups.protocol import decode_assignment
 from fjord.groups.state import GroupState
 from fjord.security import ClientSecurity
+from fjord.security.acls import MATCH_ALL, AclBinding, AclBindingFilter
 
 T = TypeVar("T")
 
@@ -119,6 +121,14 @@ def _error_of(error: common_pb2.Error, topic: str) -> FjordError | None:
     if code is ErrorCode.NONE:
         return None
     return topic_error(topic, code, error.message)
+
+
+def _acl_error(error: common_pb2.Error, what: object) -> FjordError | None:
+    """The typed error of one ACL creation or deletion filter, naming it."""
+    code = error_code_from_number(error.code)
+    if code is ErrorCode.NONE:
+        return None
+    return error_for_code(code, f"{what}: {error.message or code.name}")
 
 
 def _results(results: Iterable[Any]) -> TopicErrors:
@@ -611,6 +621,59 @@ class AdminClient:
             return list(await asyncio.gather(*(one(b) for b in ids)))
 
         return self._run(call, timeout)
+
+    # -- ACLs (Kafka's CreateAcls/DescribeAcls/DeleteAcls, kept by the controller) -------------
+
+    def create_acls(
+        self, bindings: Sequence[AclBinding], *, timeout: float | None = None
+    ) -> None:
+        """Create ``bindings`` (one that exists already is kept, not an error). Raises the first
+        binding's error: INVALID_REQUEST naming what is wrong, CLUSTER_AUTHORIZATION_FAILED
+        without Alter on the cluster; the valid ones are created all the same."""
+        request = controller_pb2.CreateAclsRequest(
+            creations=[binding_to_pb(b) for b in bindings]
+        )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("CreateAcls", request, deadline)
+
+        response = self._run(call, timeout)
+        for binding, result in zip(bindings, response.results, strict=True):
+            error = _acl_error(result.error, binding)
+            if error is not None:
+                raise error
+
+    def describe_acls(
+        self, selector: AclBindingFilter = MATCH_ALL, *, timeout: float | None = None
+    ) -> list[AclBinding]:
+        """The ACLs ``selector`` matches (all by default), sorted."""
+        request = controller_pb2.DescribeAclsRequest(filter=filter_to_pb(selector))
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("DescribeAcls", request, deadline, True)
+
+        response = self._run(call, timeout)
+        self._top_error(response)
+        return [binding_from_pb(b) for b in response.bindings]
+
+    def delete_acls(
+        self, filters: Sequence[AclBindingFilter], *, timeout: float | None = None
+    ) -> list[list[AclBinding]]:
+        """Delete what each filter matches; per filter, the ACLs it deleted. Raises the first
+        filter's error (nothing is deleted for a filter with an error)."""
+        request = controller_pb2.DeleteAclsRequest(filters=[filter_to_pb(f) for f in filters])
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("DeleteAcls", request, deadline)
+
+        response = self._run(call, timeout)
+        out = []
+        for selector, result in zip(filters, response.results, strict=True):
+            error = _acl_error(result.error, selector)
+            if error is not None:
+                raise error
+            out.append([binding_from_pb(b) for b in result.deleted])
+        return out
 
     # -- reassignment and elections -----------------------------------------------------------
 

@@ -393,9 +393,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         try:
             self._require_cluster(context, AclOperation.ALTER)
         except FjordError as exc:
-            return controller_pb2.CreateAclsResponse(
-                results=[error_pb(exc) for _ in request.creations]
-            )
+            return controller_pb2.CreateAclsResponse(results=[
+                controller_pb2.AclCreationResult(error=error_pb(exc)) for _ in request.creations
+            ])
         errors: list[BaseException | None] = []
         valid = []
         for creation in request.creations:
@@ -409,7 +409,9 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                 await self.service.create_acls(valid)
             except Exception as exc:
                 errors = [error or exc for error in errors]
-        return controller_pb2.CreateAclsResponse(results=[error_pb(e) for e in errors])
+        return controller_pb2.CreateAclsResponse(
+            results=[controller_pb2.AclCreationResult(error=error_pb(e)) for e in errors]
+        )
 
     async def DescribeAcls(
         self, request: controller_pb2.DescribeAclsRequest, context: grpc.aio.ServicerContext
