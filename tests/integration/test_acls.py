@@ -338,3 +338,47 @@ def test_admin_client_acls_need_alter_on_the_cluster(
             bob.create_acls([acl(ResourceType.TOPIC, "*", Op.ALL, "bob")])
         with pytest.raises(ClusterAuthorizationError):
             bob.describe_acls()
+
+
+def test_confluent_kafka_admin_client_creates_describes_and_deletes_acls(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    pytest.importorskip("confluent_kafka")
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AclBinding as KafkaAclBinding
+    from confluent_kafka.admin import AclBindingFilter as KafkaAclBindingFilter
+    from confluent_kafka.admin import AclOperation as KafkaOp
+    from confluent_kafka.admin import AclPermissionType as KafkaPermission
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+    from confluent_kafka.admin import ResourcePatternType
+    from confluent_kafka.admin import ResourceType as KafkaResourceType
+
+    def conf(security: ClientSecurity) -> dict[str, object]:
+        assert security.tls is not None
+        return {"bootstrap.servers": cluster.kafka_bootstrap_servers,
+                "security.protocol": "SSL", "ssl.ca.location": security.tls.ca,
+                "ssl.certificate.location": security.tls.certificate,
+                "ssl.key.location": security.tls.key}
+
+    admin = KafkaAdmin(conf(principals["admin"]))
+    binding = KafkaAclBinding(KafkaResourceType.TOPIC, "kafka-acl", ResourcePatternType.PREFIXED,
+                              "User:dave", "*", KafkaOp.READ, KafkaPermission.ALLOW)
+    for future in admin.create_acls([binding], request_timeout=15).values():
+        future.result(20)
+    with AdminClient(admin_config(cluster)) as fjord_admin:
+        assert acl(ResourceType.TOPIC, "kafka-acl", Op.READ, "dave",
+                   pattern=PatternType.PREFIXED) in fjord_admin.describe_acls()
+    selector = KafkaAclBindingFilter(KafkaResourceType.ANY, None, ResourcePatternType.ANY,
+                                     "User:dave", None, KafkaOp.ANY, KafkaPermission.ANY)
+    found = admin.describe_acls(selector, request_timeout=15).result(20)
+    assert [(b.name, b.resource_pattern_type, b.operation) for b in found] == [
+        ("kafka-acl", ResourcePatternType.PREFIXED, KafkaOp.READ)]
+    # Forwarded for the client: bob (no Alter on the cluster) is refused by the controller.
+    bob = KafkaAdmin(conf(principals["bob"]))
+    with pytest.raises(KafkaException) as refused:
+        for future in bob.create_acls([binding], request_timeout=15).values():
+            future.result(20)
+    assert refused.value.args[0].code() == CLUSTER_DENIED
+    deleted = admin.delete_acls([selector], request_timeout=15)
+    assert [len(f.result(20)) for f in deleted.values()] == [1]
+    assert admin.describe_acls(selector, request_timeout=15).result(20) == []

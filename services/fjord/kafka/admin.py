@@ -17,6 +17,14 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import grpc
+from kafka.protocol.admin.acl import (
+    CreateAclsRequest,
+    CreateAclsResponse,
+    DeleteAclsRequest,
+    DeleteAclsResponse,
+    DescribeAclsRequest,
+    DescribeAclsResponse,
+)
 from kafka.protocol.admin.cluster import DescribeClusterRequest, DescribeClusterResponse
 from kafka.protocol.admin.configs import (
     AlterConfigsRequest,
@@ -63,6 +71,9 @@ TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 #: Kafka's ConfigSource values for Fjord's config sources.
 CONFIG_SOURCE = {"TOPIC": 1, "CLUSTER_DEFAULT": 3, "STATIC_BROKER": 4, "DEFAULT": 5}
+#: CreateAcls/DescribeAcls/DeleteAcls versions served: v2 (flexible, pattern types) is what
+#: confluent-kafka's AdminClient sends and what the tests exercise; others are not advertised.
+ACL_VERSIONS = (2, 2)
 #: IncrementalAlterConfigs operations.
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
@@ -165,6 +176,9 @@ class BrokerAdminHandlers:
             Api(37, 0, 3, CreatePartitionsRequest, self.create_partitions),
             Api(44, 0, 1, IncrementalAlterConfigsRequest, self.incremental_alter_configs),
             Api(60, 0, 1, DescribeClusterRequest, self.describe_cluster),
+            Api(29, *ACL_VERSIONS, DescribeAclsRequest, self.describe_acls),
+            Api(30, *ACL_VERSIONS, CreateAclsRequest, self.create_acls),
+            Api(31, *ACL_VERSIONS, DeleteAclsRequest, self.delete_acls),
         ]
 
     def _leader_replicas(self) -> LeaderReplicas:
@@ -173,6 +187,105 @@ class BrokerAdminHandlers:
         return self._replicas
 
     # --- forwarded to the controller --------------------------------------------------------
+
+    async def create_acls(self, request: Any, ctx: RequestContext) -> Any:
+        """CreateAcls, forwarded for the client (the controller checks Alter on the cluster)."""
+        cls = CreateAclsResponse[ctx.api_version]
+        pb = controller_pb2.CreateAclsRequest(creations=[
+            controller_pb2.AclBinding(
+                resource_type=c.resource_type, resource_name=c.resource_name,
+                pattern_type=c.resource_pattern_type, principal=c.principal, host=c.host,
+                operation=c.operation, permission_type=c.permission_type,
+            )
+            for c in request.creations
+        ])
+        try:
+            answer = await self._forwarder.call("CreateAcls", pb, caller=ctx.caller)
+            errors = [(r.error.code, r.error.message) for r in answer.results]
+        except FjordError as exc:
+            errors = [(exc.code.code, str(exc))] * len(request.creations)
+        return cls(throttle_time_ms=0, results=[
+            cls.AclCreationResult(error_code=code, error_message=_message(message))
+            for code, message in errors
+        ])
+
+    async def describe_acls(self, request: Any, ctx: RequestContext) -> Any:
+        """DescribeAcls, forwarded for the client (Describe on the cluster); the answer groups
+        the ACLs by resource pattern, as Kafka's."""
+        cls = DescribeAclsResponse[ctx.api_version]
+        selector = controller_pb2.AclBindingFilter(
+            resource_type=request.resource_type_filter,
+            pattern_type=request.pattern_type_filter,
+            operation=request.operation, permission_type=request.permission_type,
+        )
+        for field, value in (("resource_name", request.resource_name_filter),
+                             ("principal", request.principal_filter),
+                             ("host", request.host_filter)):
+            if value is not None:
+                setattr(selector, field, value)
+        try:
+            answer = await self._forwarder.call(
+                "DescribeAcls", controller_pb2.DescribeAclsRequest(filter=selector),
+                caller=ctx.caller,
+            )
+            code, message = answer.error.code, answer.error.message
+        except FjordError as exc:
+            answer, code, message = None, exc.code.code, str(exc)
+        resources: dict[tuple[int, str, int], list[Any]] = {}
+        resource_cls = cls.DescribeAclsResource
+        for b in answer.bindings if answer is not None else ():
+            resources.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(
+                resource_cls.AclDescription(principal=b.principal, host=b.host,
+                                            operation=b.operation,
+                                            permission_type=b.permission_type)
+            )
+        return cls(
+            throttle_time_ms=0, error_code=code, error_message=_message(message),
+            resources=[
+                resource_cls(resource_type=kind, resource_name=name, pattern_type=pattern,
+                             acls=acls)
+                for (kind, name, pattern), acls in resources.items()
+            ],
+        )
+
+    async def delete_acls(self, request: Any, ctx: RequestContext) -> Any:
+        """DeleteAcls, forwarded for the client (Alter on the cluster)."""
+        cls = DeleteAclsResponse[ctx.api_version]
+        result_cls = cls.DeleteAclsFilterResult
+        filters = []
+        for f in request.filters:
+            selector = controller_pb2.AclBindingFilter(
+                resource_type=f.resource_type_filter, pattern_type=f.pattern_type_filter,
+                operation=f.operation, permission_type=f.permission_type,
+            )
+            for field, value in (("resource_name", f.resource_name_filter),
+                                 ("principal", f.principal_filter), ("host", f.host_filter)):
+                if value is not None:
+                    setattr(selector, field, value)
+            filters.append(selector)
+        try:
+            answer = await self._forwarder.call(
+                "DeleteAcls", controller_pb2.DeleteAclsRequest(filters=filters), caller=ctx.caller
+            )
+            results = [
+                result_cls(
+                    error_code=r.error.code, error_message=_message(r.error.message),
+                    matching_acls=[
+                        result_cls.DeleteAclsMatchingAcl(
+                            error_code=0, error_message=None, resource_type=b.resource_type,
+                            resource_name=b.resource_name, pattern_type=b.pattern_type,
+                            principal=b.principal, host=b.host, operation=b.operation,
+                            permission_type=b.permission_type,
+                        )
+                        for b in r.deleted
+                    ],
+                )
+                for r in answer.results
+            ]
+        except FjordError as exc:
+            results = [result_cls(error_code=exc.code.code, error_message=str(exc),
+                                  matching_acls=[]) for _ in request.filters]
+        return cls(throttle_time_ms=0, filter_results=results)
 
     async def create_topics(self, request: Any, ctx: RequestContext) -> Any:
         cls = CreateTopicsResponse[ctx.api_version]
