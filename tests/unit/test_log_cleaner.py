@@ -219,3 +219,20 @@ def test_retention_deletes_nothing_without_the_delete_policy(tmp_path: Path) -> 
     fill(log, [(b"k%d" % i, b"v") for i in range(40)])
     assert log.apply_retention(now_ms=NOW * 10) == 0 and log.log_start_offset == 0
     log.close()
+
+
+def test_a_truncation_below_the_checkpoint_makes_the_rewritten_offsets_dirty(
+    tmp_path: Path,
+) -> None:
+    log = PartitionLog.open(tmp_path, CONFIG, now_ms=NOW)
+    fill(log, [(b"k%d" % (i % 3), b"v%d" % i) for i in range(40)])
+    stats = clean_log(log, now_ms=NOW, delete_retention_ms=0)
+    assert stats is not None and read_first_dirty_offset(tmp_path) == stats.cleaned_to
+    log.truncate_to(5, now_ms=NOW)
+    assert read_first_dirty_offset(tmp_path) == log.log_end_offset <= 5
+    fill(log, [(b"k0", b"again-%d" % i) for i in range(40)])
+    clean_log(log, now_ms=NOW, delete_retention_ms=0)
+    active_base = log.active_segment.base_offset
+    values = [v for o, k, v in everything(log) if k == b"k0" and o < active_base]
+    assert len(values) <= 1
+    log.close()

@@ -730,6 +730,15 @@ class PartitionLog:
             self.epoch_cache.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
             self._write_partition_checkpoint(sync=False)
+            self._truncate_cleaner_checkpoint(self.log_end_offset)
+
+    def _truncate_cleaner_checkpoint(self, end: int) -> None:
+        """Offsets written anew after a truncation are dirty again (Kafka's
+        maybeTruncateCheckpoint): without this the cleaner would take them as already clean and
+        leave their keys' older values in place."""
+        checkpoint = read_cleaner_checkpoint(self.directory)
+        if checkpoint.first_dirty > end:
+            write_cleaner_checkpoint(self.directory, CleanerCheckpoint(end, checkpoint.gaps_below))
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int | None = None) -> None:
         """Drop every segment and restart the log, empty, at ``offset`` (Kafka's
