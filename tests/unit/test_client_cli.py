@@ -105,3 +105,14 @@ def test_a_client_command_loads_no_service_code() -> None:
                           timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_local_up_authorization_needs_secure_and_acls_needs_an_action(tmp_path) -> None:
+    from fjord.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["local", "up", "--authorization", "--data-dir",
+                                      str(tmp_path)])
+    assert result.exit_code == 2 and "--authorization needs --secure" in result.output
+    assert not any(tmp_path.iterdir())  # refused before anything was made
+    result = CliRunner().invoke(cli, ["acls", "--topic", "orders"])
+    assert result.exit_code == 2 and "give one of --add, --remove, --list" in result.output

@@ -89,6 +89,12 @@ def local() -> None:
     help="TLS with client certificates on every listener and on etcd: makes a CA and "
     "certificates in DATA_DIR/tls and writes DATA_DIR/client.properties for clients.",
 )
+@click.option(
+    "--authorization",
+    is_flag=True,
+    help="With --secure: Kafka's ACL authorizer on in every service; client.properties' "
+    "User:admin is the super user, every other principal needs ACLs (fjord acls).",
+)
 def up(
     data_dir: Path | None,
     brokers: int,
@@ -97,12 +103,16 @@ def up(
     detach: bool,
     config_items: tuple[str, ...],
     secure: bool,
+    authorization: bool,
 ) -> None:
     """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
     foreground until Ctrl-C (or SIGTERM), then stops everything.
 
     When the cluster is already running but some of its processes died (a broker killed or
     crashed), start those again with their ports, data and settings, and return."""
+    if authorization and not secure:
+        raise click.UsageError("--authorization needs --secure (principals come from "
+                               "client certificates)")
     data_dir = resolve_data_dir(data_dir)
     if _fill_gaps(data_dir):
         return
@@ -117,6 +127,7 @@ def up(
             broker_port=first_port,
             broker_port_fallback=port is None,
             secure=secure,
+            authorization=authorization,
         )
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
@@ -134,6 +145,9 @@ def up(
     if cluster.client_properties is not None:
         props = cluster.client_properties
         click.echo(f"secure: mutual TLS everywhere; client settings (User:admin) in {props}")
+        if cluster.authorization:
+            click.echo("  ACLs on: User:admin is the super user; others need "
+                       f"fjord acls --add ... --command-config {props}")
         click.echo(f"  fjord topics list --command-config {props}")
         click.echo(
             "  Kafka clients: the same keys (security.protocol=SSL, ssl.ca.location, "
