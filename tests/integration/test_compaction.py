@@ -95,6 +95,12 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
     assert scrape_metric(metrics, 'fjord_broker_cleaner_cleans_total{outcome="cleaned"}') >= 1
     assert scrape_metric(metrics, "fjord_broker_cleaner_records_removed_total") >= KEYS * (
         UPDATES - 1)
+    # fjord log-dirs describe shows the cleaner's state of the replica.
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        (log_dir,) = admin.describe_log_dirs([0])
+    (replica,) = [p for p in log_dir.partitions if p.topic == topic]
+    assert replica.compacted and 0 < replica.cleaner_first_dirty_offset <= last_offset
+    assert 0.0 <= replica.cleaner_dirty_ratio <= 1.0
     # A later clean (it needs dirty data, as in Kafka: more writes) after delete.retention.ms
     # (2 s past the tombstones' segment) drops them: the deleted keys are gone.
     for k in range(TOMBSTONED):

@@ -67,7 +67,7 @@ class ScrubStatus(_message.Message):
     def __init__(self, enabled: _Optional[bool] = ..., pass_number: _Optional[int] = ..., passes_completed: _Optional[int] = ..., verified_segments: _Optional[int] = ..., total_segments: _Optional[int] = ..., verified_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., damage_found: _Optional[int] = ..., repairs_done: _Optional[int] = ..., io_max_bytes_per_second: _Optional[int] = ...) -> None: ...
 
 class LogDirPartition(_message.Message):
-    __slots__ = ("topic", "partition", "size_bytes", "log_start_offset", "log_end_offset", "leader", "damaged_offset", "damage", "repair_until_offset")
+    __slots__ = ("topic", "partition", "size_bytes", "log_start_offset", "log_end_offset", "leader", "damaged_offset", "damage", "repair_until_offset", "compacted", "cleaner_dirty_ratio", "cleaner_first_dirty_offset")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -77,6 +77,9 @@ class LogDirPartition(_message.Message):
     DAMAGED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     DAMAGE_FIELD_NUMBER: _ClassVar[int]
     REPAIR_UNTIL_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_DIRTY_RATIO_FIELD_NUMBER: _ClassVar[int]
+    CLEANER_FIRST_DIRTY_OFFSET_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     size_bytes: int
@@ -86,7 +89,10 @@ class LogDirPartition(_message.Message):
     damaged_offset: int
     damage: str
     repair_until_offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., leader: _Optional[bool] = ..., damaged_offset: _Optional[int] = ..., damage: _Optional[str] = ..., repair_until_offset: _Optional[int] = ...) -> None: ...
+    compacted: bool
+    cleaner_dirty_ratio: float
+    cleaner_first_dirty_offset: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., size_bytes: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., leader: _Optional[bool] = ..., damaged_offset: _Optional[int] = ..., damage: _Optional[str] = ..., repair_until_offset: _Optional[int] = ..., compacted: _Optional[bool] = ..., cleaner_dirty_ratio: _Optional[float] = ..., cleaner_first_dirty_offset: _Optional[int] = ...) -> None: ...
 
 class FindCoordinatorRequest(_message.Message):
     __slots__ = ("key", "key_type")

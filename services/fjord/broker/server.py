@@ -735,6 +735,7 @@ class BrokerServer:
             plog = partition.log
             damage = plog.damage
             repair = replicas.repairs.get(key)
+            cleaner = None if self.cleaner is None else self.cleaner.states.get(key)
             response.partitions.add(
                 topic=topic,
                 partition=number,
@@ -745,6 +746,9 @@ class BrokerServer:
                 damaged_offset=-1 if damage is None else damage.offset,
                 damage="" if damage is None else damage.reason,
                 repair_until_offset=-1 if repair is None else repair[0],
+                compacted=plog.config.compact,
+                cleaner_dirty_ratio=cleaner.dirty_ratio if cleaner else 0.0,
+                cleaner_first_dirty_offset=cleaner.first_dirty_offset if cleaner else 0,
             )
         return response
 

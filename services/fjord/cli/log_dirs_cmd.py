@@ -60,7 +60,10 @@ def _as_json(d: LogDirDescription) -> dict[str, Any]:
              "leader": p.leader,
              "damaged_offset": None if p.damaged_offset < 0 else p.damaged_offset,
              "damage": p.damage or None,
-             "repair_until_offset": None if p.repair_until_offset < 0 else p.repair_until_offset}
+             "repair_until_offset": None if p.repair_until_offset < 0 else p.repair_until_offset,
+             "cleaner": {"dirty_ratio": p.cleaner_dirty_ratio,
+                         "first_dirty_offset": p.cleaner_first_dirty_offset}
+             if p.compacted else None}
             for p in d.partitions
         ],
     }
@@ -71,6 +74,9 @@ def _state(p: Any) -> str:
         return f"damaged at {p.damaged_offset}: {p.damage}"
     if p.repair_until_offset >= 0:
         return f"repairing: re-fetching up to {p.repair_until_offset}"
+    if p.compacted:
+        return (f"ok; compacted below {p.cleaner_first_dirty_offset}, dirty ratio "
+                f"{p.cleaner_dirty_ratio:.2f}")
     return "ok"
 
 
@@ -83,7 +89,8 @@ def _state(p: Any) -> str:
 @friendly_errors
 def describe(brokers: tuple[int, ...], bootstrap_server: str | None, output: str) -> None:
     """Each broker's data directory: writable or not, scrubber progress, damage found and
-    repairs made, and its partition replicas with their size and state."""
+    repairs made, and its partition replicas with their size and state (for a compacted one,
+    the log cleaner's: the offset below which it is compacted, and its dirty ratio)."""
     with AdminClient(admin_client_config(bootstrap_server)) as admin:
         found = admin.describe_log_dirs(brokers or None)
     if output == "json":

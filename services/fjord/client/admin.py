@@ -1282,7 +1282,8 @@ def _log_dir(answer: Any) -> LogDirDescription:
         tuple(
             LogDirPartition(p.topic, p.partition, p.size_bytes, p.log_start_offset,
                             p.log_end_offset, p.leader, p.damaged_offset, p.damage,
-                            p.repair_until_offset)
+                            p.repair_until_offset, p.compacted, p.cleaner_dirty_ratio,
+                            p.cleaner_first_dirty_offset)
             for p in answer.partitions
         ),
     )

@@ -163,6 +163,11 @@ class LogDirPartition:
     damaged_offset: int = -1
     damage: str = ""
     repair_until_offset: int = -1
+    compacted: bool = False
+    cleaner_dirty_ratio: float = 0.0
+    """Of a compacted replica: dirty bytes / cleanable bytes at the cleaner's last look."""
+    cleaner_first_dirty_offset: int = 0
+    """Of a compacted replica: the cleaner checkpoint (offsets below it are compacted)."""
 
 
 @dataclass(frozen=True, slots=True)
