@@ -387,6 +387,7 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
         + (
             f"--listeners KAFKA://0.0.0.0:{s.KAFKA_PORT} "
             f'--advertised-listeners "KAFKA://$POD_IP:{s.KAFKA_PORT}" '
+            f"--state-dir {s.COORDINATOR_STATE_DIR} "
             if kafka
             else ""
         )
@@ -400,6 +401,10 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
         spec, component, script, args, port, part.get("resources"), env, name,
         extra_ports=[_KAFKA_CONTAINER_PORT] if kafka else [],
     )
+    pod_spec: Obj = {"securityContext": _pod_security(), "containers": [container]}
+    if kafka:  # the coordinator: its --state-dir (restarts in seconds after a crash)
+        container["volumeMounts"] = [{"name": "state", "mountPath": s.COORDINATOR_STATE_DIR}]
+        pod_spec["volumes"] = [{"name": "state", "emptyDir": {}}]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -409,7 +414,7 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
             "selector": {"matchLabels": selector_labels(name, component)},
             "template": {
                 "metadata": {"labels": labels(name, component)},
-                "spec": {"securityContext": _pod_security(), "containers": [container]},
+                "spec": pod_spec,
             },
         },
     }

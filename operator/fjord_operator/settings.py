@@ -54,6 +54,10 @@ ETCD_PEER_PORT = 2380
 #: Mount point of a broker's PersistentVolume (its data directory).
 BROKER_DATA_DIR = "/var/lib/fjord"
 ETCD_DATA_DIR = "/var/lib/etcd"
+#: A coordinator's --state-dir: an emptyDir, which outlives a crashed container in its pod
+#: (kubelet restarts it with the same pod UID, hence the same id) and goes with the pod (a
+#: new pod gets a new id, so it has no previous run to take over).
+COORDINATOR_STATE_DIR = "/var/lib/fjord-coordinator"
 
 # -- images and sizes ---------------------------------------------------------------------------
 

@@ -12,12 +12,7 @@ import pytest
 
 from fjord._proto import broker_pb2
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.broker.server import (
-    BrokerOptions,
-    DataDirLock,
-    check_data_dir_identity,
-    record_incarnation,
-)
+from fjord.broker.server import BrokerOptions, check_data_dir_identity
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError, ErrorCode
 from fjord.records import decode_records
@@ -429,24 +424,6 @@ def test_data_dir_identity(tmp_path: Path) -> None:
         check_data_dir_identity(tmp_path, "c2", 1)
     with pytest.raises(ConfigError, match="data-dir"):
         check_data_dir_identity(tmp_path, "c1", 2)
-
-
-def test_data_dir_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
-    first = DataDirLock(tmp_path)
-    first.acquire()
-    second = DataDirLock(tmp_path)  # flock: another open file conflicts, also in one process
-    holder = rf"in use by another broker process \(pid {os.getpid()}\)"
-    with pytest.raises(ConfigError, match=holder):
-        second.acquire()
-    first.release()
-    second.acquire()  # free again once released (the kernel also drops it when a process dies)
-    second.release()
-
-
-def test_incarnation_of_the_previous_run(tmp_path: Path) -> None:
-    assert record_incarnation(tmp_path, "first") is None
-    assert record_incarnation(tmp_path, "second") == "first"
-    assert record_incarnation(tmp_path, "third") == "second"
 
 
 def test_broker_options_validation(tmp_path: Path) -> None:

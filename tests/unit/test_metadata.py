@@ -11,6 +11,7 @@ from fjord.metadata import (
     BrokerRegistration,
     ClusterConfig,
     ControllerRegistration,
+    CoordinatorRegistration,
     InvalidMetadataError,
     KeyKind,
     Keys,
@@ -101,6 +102,8 @@ VALUES = [
     PartitionState((1, 2, 3), (1, 2), 1, 4, 9),
     ClusterConfig({"min.insync.replicas": "2"}),
     ProducerIdBlock(1000),
+    CoordinatorRegistration(3, "h", 4, "k", 9093, "0f" * 16),
+    CoordinatorRegistration(3, "h", 4),
 ]
 
 
@@ -118,6 +121,8 @@ def test_values_round_trip_through_json(value: object) -> None:
         (BrokerRegistration, b'{"id": true, "host": "h", "port": 1}', "'id'"),
         (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "rack": 5}', "'rack'"),
         (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "incarnation": 7}',
+         "'incarnation'"),
+        (CoordinatorRegistration, b'{"id": 1, "host": "h", "port": 1, "incarnation": []}',
          "'incarnation'"),
         (ControllerRegistration, b'{"id": 1, "port": 1}', "'host'"),
         (TopicRecord, b'{"topic_id": "x", "partitions": 1, "replication_factor": 1, '
@@ -342,7 +347,7 @@ def test_etcd_binary_is_found() -> None:
 
 
 def test_coordinator_and_offsets_owner_keys_round_trip_through_the_image() -> None:
-    from fjord.metadata import CoordinatorRegistration, KeyKind, MetadataEvent, OffsetsOwner
+    from fjord.metadata import KeyKind, MetadataEvent, OffsetsOwner
 
     assert K.parse(K.coordinator(3)) == ParsedKey(KeyKind.COORDINATOR, id=3)
     assert K.parse(K.offsets_owner(49)) == ParsedKey(KeyKind.OFFSETS_OWNER, partition=49)

@@ -193,10 +193,17 @@ def test_deployments_replicas_defaults_and_resources() -> None:
     assert container["resources"] == {"requests": {"cpu": "100m"}}
     assert "exec fjord controller" in container["command"][2]
     assert "--listen 0.0.0.0:9093" in container["command"][2]
-    assert (
-        "exec fjord coordinator"
-        in coordinator["spec"]["template"]["spec"]["containers"][0]["command"][2]
-    )
+    pod = coordinator["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"][2]
+    assert "exec fjord coordinator" in command
+    # A crashed coordinator container restarts in its pod (same id) without waiting for its
+    # old lease: its --state-dir is an emptyDir, which lives as long as the pod.
+    assert f"--state-dir {s.COORDINATOR_STATE_DIR} " in command
+    assert pod["containers"][0]["volumeMounts"] == [
+        {"name": "state", "mountPath": s.COORDINATOR_STATE_DIR}]
+    assert pod["volumes"] == [{"name": "state", "emptyDir": {}}]
+    assert "--state-dir" not in controller["spec"]["template"]["spec"]["containers"][0][
+        "command"][2]
 
 
 def test_services_and_pdbs() -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
@@ -73,6 +72,7 @@ from fjord.metadata.registration import (
 )
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
+from fjord.process_state import StateDirLock, record_incarnation
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
 from fjord.serving import (
@@ -82,7 +82,7 @@ from fjord.serving import (
     run_until_signalled,
 )
 from fjord.storage import LogManager
-from fjord.storage.disk_health import DiskCondition, describe_os_error, is_out_of_space
+from fjord.storage.disk_health import DiskCondition
 from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,8 @@ log = logging.getLogger(__name__)
 #: belongs to, like Kafka's meta.properties: a broker started with the wrong cluster id or
 #: broker id fails instead of treating every local log as a stray and deleting it.
 IDENTITY_FILE = ".fjord-broker.json"
+#: The broker's :class:`StateDirLock` file in its data dir (a hidden file: LogManager skips it).
+BROKER_LOCK_FILE = ".fjord-broker.lock"
 
 
 def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> None:
@@ -113,78 +115,6 @@ def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> 
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(expected))
     os.replace(tmp, path)
-
-
-#: Hidden files of a data dir (LogManager ignores dot entries): an exclusive lock held by the
-#: one broker process using the dir, and the incarnation of the last process that used it.
-LOCK_FILE = ".fjord-broker.lock"
-INCARNATION_FILE = ".fjord-incarnation"
-
-
-class DataDirLock:
-    """An exclusive ``flock`` on ``<data-dir>/.fjord-broker.lock``, held for the life of the
-    broker process (the kernel drops it when the process dies, also by SIGKILL). Two processes
-    never share a data directory: a second one fails at start naming the holder's pid. This is
-    what makes the incarnation recorded in the data dir a proof that the registration carrying
-    it belongs to a process that is gone (see :func:`record_incarnation`)."""
-
-    def __init__(self, data_dir: Path) -> None:
-        self.path = data_dir / LOCK_FILE
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise ConfigError(
-                f"data-dir: {self.path.parent} is in use by another broker process (pid "
-                f"{holder}); two processes must never share a data directory"
-            ) from exc
-        try:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-        except OSError as exc:  # the pid is only for the message above; a full disk may refuse
-            if not is_out_of_space(exc):
-                os.close(fd)
-                raise
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
-
-
-def record_incarnation(data_dir: Path, incarnation: str) -> str | None:
-    """Write ``incarnation`` as the data dir's current one and return the previous run's (None:
-    first run, or an unreadable file). Only call while holding the :class:`DataDirLock`: then
-    a registration carrying the returned incarnation belongs to a process that has stopped
-    using this data dir, and may be replaced at once."""
-    path = data_dir / INCARNATION_FILE
-    try:
-        previous: str | None = path.read_text().strip() or None
-    except OSError:
-        previous = None
-    tmp = path.with_suffix(".tmp")
-    try:
-        tmp.write_text(incarnation)
-    except OSError as exc:
-        if not is_out_of_space(exc):
-            raise
-        # A full disk must not keep the broker from starting (docs/operations.md, "Disk
-        # full"). Still safe: the lock is held, so ``previous`` stopped using this data dir;
-        # the next start only cannot take this run's registration over at once (it waits for
-        # the lease instead).
-        tmp.unlink(missing_ok=True)
-        log.warning("cannot record this run's incarnation in %s (%s): the next restart "
-                    "waits for this run's lease", path, describe_os_error(exc))
-        return previous
-    os.replace(tmp, path)
-    return previous
 
 
 class MetadataApplier:
@@ -340,7 +270,7 @@ class BrokerServer:
         self.incarnation = uuid.uuid4().hex
         #: The incarnation of the previous process on this data dir (None: none recorded).
         self.previous_incarnation: str | None = None
-        self._lock = DataDirLock(options.data_dir)
+        self._lock = StateDirLock(options.data_dir, BROKER_LOCK_FILE, "broker", "data-dir")
         # Set when the controller said our registration is not current (STALE_BROKER_EPOCH).
         self._registration_doubted = asyncio.Event()
         self._server: aio.Server | None = None

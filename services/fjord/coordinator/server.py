@@ -17,8 +17,10 @@ import contextlib
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aetcd
 import grpc
@@ -33,7 +35,13 @@ from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.kafka_apis import CoordinatorKafkaApis
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
-from fjord.errors import ConfigError, ErrorCode, error_code_from_number, error_for_code
+from fjord.errors import (
+    ConfigError,
+    ErrorCode,
+    FjordError,
+    error_code_from_number,
+    error_for_code,
+)
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.kafka.listeners import advertised_kafka_address
 from fjord.kafka.server import KafkaListener, open_kafka_listener
@@ -45,7 +53,11 @@ from fjord.metadata import (
     etcd_client,
     parse_etcd_endpoint,
 )
-from fjord.metadata.registration import lease_still_held, register_under_lease
+from fjord.metadata.registration import (
+    lease_still_held,
+    register_under_lease,
+    take_back_registration,
+)
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import (
     remove_group_lag,
@@ -54,6 +66,7 @@ from fjord.observability.metrics import (
     start_metrics_server,
     stop_metrics_server,
 )
+from fjord.process_state import StateDirLock, record_incarnation
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
 from fjord.serving import access_control, advertised_host, bind_grpc_port, run_until_signalled
@@ -141,6 +154,11 @@ class CoordinatorOptions:
     kafka_tls: bool = False
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
+    #: A directory only this process uses (an exclusive lock) where each run records its
+    #: incarnation: started again after a crash, the coordinator replaces its previous run's
+    #: registration at once instead of waiting for that run's lease to expire. None: no
+    #: record, a restart waits out the old lease.
+    state_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
@@ -159,6 +177,10 @@ class CoordinatorOptions:
             raise ConfigError(f"cluster-id: {exc}") from exc
         parse_etcd_endpoint(self.etcd_url)
         parse_coordinator_config(self.config)
+
+
+#: The coordinator's :class:`StateDirLock` file in its ``--state-dir``.
+STATE_LOCK_FILE = ".fjord-coordinator.lock"
 
 
 class CoordinatorServer:
@@ -206,14 +228,27 @@ class CoordinatorServer:
         self._kafka: KafkaListener | None = None
         self._kafka_apis: CoordinatorKafkaApis | None = None
         self._stopped = False
+        #: New at every start (Kafka's incarnation id), and the previous run's as recorded in
+        #: the state dir (None: no state dir, or nothing recorded).
+        self.incarnation = uuid.uuid4().hex
+        self.previous_incarnation: str | None = None
+        self._state_lock = (
+            None if options.state_dir is None
+            else StateDirLock(options.state_dir, STATE_LOCK_FILE, "coordinator", "state-dir")
+        )
 
     # --- start/stop -------------------------------------------------------------------------
 
     async def start(self) -> None:
         opts = self.options
+        if opts.state_dir is not None and self._state_lock is not None:
+            opts.state_dir.mkdir(parents=True, exist_ok=True)
+            self._state_lock.acquire()
+            self.previous_incarnation = record_incarnation(opts.state_dir, self.incarnation)
         use_service_security(opts.security)
         self._etcd = etcd_client(opts.etcd_url)
         await self._etcd.connect()
+        await self._end_previous_run()
         self._watcher = MetadataWatcher(self._etcd, opts.cluster_id)
         self._watcher.add_listener(lambda _old, new: self._reconcile(new))
         await self._watcher.start(defaults.METADATA_STARTUP_TIMEOUT_S)
@@ -300,6 +335,8 @@ class CoordinatorServer:
         if self._metrics_port is not None:
             stop_metrics_server(self._metrics_port)
             self._metrics_port = None
+        if self._state_lock is not None:
+            self._state_lock.release()
         log.info("coordinator %d stopped", self.options.coordinator_id)
 
     async def run_until_signalled(self) -> None:
@@ -328,20 +365,54 @@ class CoordinatorServer:
         Returns the etcd revision of the registration (the coordinator epoch)."""
         assert self._etcd is not None
         coordinator_id = self.options.coordinator_id
+        kafka_host, kafka_port = self.kafka_address or (None, None)
+        registration = CoordinatorRegistration(
+            coordinator_id, self.advertised_host, self.port, kafka_host, kafka_port,
+            self.incarnation if self.options.state_dir is not None else None,
+        )
         self._lease_id, revision = await register_under_lease(
             self._etcd,
             self._keys.coordinator(coordinator_id).encode(),
-            CoordinatorRegistration(
-                coordinator_id,
-                self.advertised_host,
-                self.port,
-                *(self.kafka_address or (None, None)),
-            ).to_json(),
+            registration.to_json(),
             self.options.lease_ttl_s,
             what=f"coordinator {coordinator_id} at {self.advertised_host}:{self.port}",
+            replaceable=self._own_registration,
         )
         self.registration_revision = revision
         return revision
+
+    async def _end_previous_run(self) -> None:
+        """Delete the registration our previous run on this state dir left (killed: its lease
+        has not expired yet) before anything else, so the controller gives its
+        ``__consumer_offsets`` partitions to live coordinators at once. Best effort:
+        registering takes it back anyway."""
+        assert self._etcd is not None
+        coordinator_id = self.options.coordinator_id
+        if self.previous_incarnation is None:
+            return
+        try:
+            await take_back_registration(
+                self._etcd, self._keys.coordinator(coordinator_id).encode(),
+                self._own_registration, f"coordinator {coordinator_id}",
+            )
+        except Exception as exc:
+            log.warning("coordinator %d: could not check for its previous run's registration: "
+                        "%s", coordinator_id, exc)
+
+    def _own_registration(self, value: bytes) -> bool:
+        """Whether a registration found under our id is this process's or its predecessor's
+        on this state dir (replaced at once instead of waiting for its lease). Without a state
+        dir, none is. Another live process with our id is never replaced: with another state
+        dir it recorded another incarnation, and none can run on ours (the lock). Fencing of
+        ``__consumer_offsets`` is unchanged: the replaced run is gone, and whatever epoch the
+        controller gives the partitions, this run claims each at its leader before replaying."""
+        if self.options.state_dir is None:
+            return False
+        try:
+            found = CoordinatorRegistration.from_json(value).incarnation
+        except FjordError:
+            return False
+        return found is not None and found in (self.incarnation, self.previous_incarnation)
 
     async def _keep_lease_alive(self) -> None:
         assert self._etcd is not None and self._watcher is not None

@@ -457,6 +457,7 @@ class LocalCluster:
                 "--listeners", f"{self._kafka_door}://{LOOPBACK_HOST}:{kafka_port}",
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
+                "--state-dir", str(self.data_dir / "coordinators" / str(coordinator_id)),
                 *self._security_args("coordinator", coordinator_id),
             ],
         )

@@ -191,15 +191,18 @@ def _kafka_endpoint(obj: dict[str, Any], what: str) -> tuple[str | None, int | N
 
 @dataclass(frozen=True)
 class CoordinatorRegistration:
-    """A live group coordinator process: its id, the gRPC address it serves on and the
-    advertised address of its Kafka-protocol listener (``None`` when it opens none). JSON:
-    ``{"id", "host", "port"[, "kafka": {"host", "port"}]}``."""
+    """A live group coordinator process: its id, the gRPC address it serves on, the
+    advertised address of its Kafka-protocol listener (``None`` when it opens none) and its
+    ``incarnation`` (random, new at every start; ``None`` without a ``--state-dir``, whose
+    record of the previous run's is what lets a restart replace that run's registration at
+    once). JSON: ``{"id", "host", "port"[, "kafka": {"host", "port"}][, "incarnation"]}``."""
 
     id: int
     host: str
     port: int
     kafka_host: str | None = None
     kafka_port: int | None = None
+    incarnation: str | None = None
 
     @property
     def address(self) -> str:
@@ -208,6 +211,8 @@ class CoordinatorRegistration:
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port}
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        if self.incarnation is not None:
+            obj["incarnation"] = self.incarnation
         return _dump(obj)
 
     @classmethod
@@ -215,9 +220,12 @@ class CoordinatorRegistration:
         what = "coordinator registration"
         obj = _load_object(raw, what)
         kafka_host, kafka_port = _kafka_endpoint(obj, what)
+        incarnation = obj.get("incarnation")
+        if incarnation is not None and not isinstance(incarnation, str):
+            raise InvalidMetadataError(f"{what}: field 'incarnation' must be a string")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what),
-            kafka_host, kafka_port,
+            kafka_host, kafka_port, incarnation,
         )
 
 

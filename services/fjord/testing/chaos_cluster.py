@@ -48,7 +48,7 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.errors import ConfigError, FjordError, InvalidReplicationFactorError
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import ProcessStartError, log_tail
-from fjord.metadata import BrokerRegistration, Keys
+from fjord.metadata import BrokerRegistration, CoordinatorRegistration, Keys
 from fjord.testing.chaos import (
     DEFAULT_FAULT_SECONDS,
     DEFAULT_KEYS,
@@ -148,21 +148,34 @@ def partition_states(
     return None
 
 
-def registered_broker(cluster: LocalCluster, broker_id: int
-                      ) -> tuple[int, BrokerRegistration] | None:
-    """``broker_id``'s registration in etcd with its create revision (the broker epoch), or
-    None when it is not registered. Read through etcd's JSON gateway, so it works while the
-    brokers are busy restarting."""
-    key = base64.b64encode(Keys(cluster.cluster_id).broker(broker_id).encode()).decode()
+def _registration(cluster: LocalCluster, key: str) -> tuple[int, bytes] | None:
+    """The value at ``key`` with its create revision, None when absent. Read through etcd's
+    JSON gateway, so it works while processes are busy restarting."""
+    encoded = base64.b64encode(key.encode()).decode()
     request = urllib.request.Request(
-        f"{cluster.etcd_url}/v3/kv/range", data=json.dumps({"key": key}).encode(), method="POST"
+        f"{cluster.etcd_url}/v3/kv/range", data=json.dumps({"key": encoded}).encode(),
+        method="POST",
     )
     with urllib.request.urlopen(request, timeout=ETCD_REQUEST_TIMEOUT_S) as response:
         kvs = json.loads(response.read()).get("kvs") or []
     if not kvs:
         return None
-    value = base64.b64decode(kvs[0]["value"])
-    return int(kvs[0]["create_revision"]), BrokerRegistration.from_json(value)
+    return int(kvs[0]["create_revision"]), base64.b64decode(kvs[0]["value"])
+
+
+def registered_broker(cluster: LocalCluster, broker_id: int
+                      ) -> tuple[int, BrokerRegistration] | None:
+    """``broker_id``'s registration in etcd with its create revision (the broker epoch), or
+    None when it is not registered."""
+    found = _registration(cluster, Keys(cluster.cluster_id).broker(broker_id))
+    return None if found is None else (found[0], BrokerRegistration.from_json(found[1]))
+
+
+def registered_coordinator(cluster: LocalCluster, coordinator_id: int
+                           ) -> tuple[int, CoordinatorRegistration] | None:
+    """``coordinator_id``'s registration in etcd with its create revision, or None."""
+    found = _registration(cluster, Keys(cluster.cluster_id).coordinator(coordinator_id))
+    return None if found is None else (found[0], CoordinatorRegistration.from_json(found[1]))
 
 
 def broker_registration(cluster: LocalCluster, broker_id: int) -> int | None:
