@@ -29,6 +29,7 @@ from fjord.metadata.schema import (
     ParsedKey,
     PartitionState,
     ProducerIdBlock,
+    ScramUser,
     TopicRecord,
 )
 from fjord.metadata.watcher import MetadataWatcher
@@ -54,6 +55,7 @@ __all__ = [
     "PartitionRef",
     "PartitionState",
     "ProducerIdBlock",
+    "ScramUser",
     "TopicRecord",
     "etcd_client",
     "parse_etcd_endpoint",

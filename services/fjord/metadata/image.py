@@ -26,9 +26,11 @@ from fjord.metadata.schema import (
     ParsedKey,
     PartitionState,
     ProducerIdBlock,
+    ScramUser,
     TopicRecord,
 )
 from fjord.security.acls import AccessControlEntry, AclBinding, AclError, ResourcePattern
+from fjord.security.scram import ScramCredential
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,7 @@ class MetadataImage:
         "_offsets_owners",
         "_partitions",
         "_producer_ids",
+        "_scram_users",
         "_topics",
         "keys",
         "revision",
@@ -129,6 +132,7 @@ class MetadataImage:
         # Replaced (never mutated) when an ACL key changes, so its identity tells a cache
         # (fjord.security.access) whether the ACLs changed between two images.
         self._acls: dict[ResourcePattern, tuple[AccessControlEntry, ...]] = {}
+        self._scram_users: dict[str, ScramUser] = {}
 
     @classmethod
     def empty(cls, cluster_id: str) -> MetadataImage:
@@ -173,6 +177,7 @@ class MetadataImage:
         other._coordinator_epochs = dict(self._coordinator_epochs)
         other._offsets_owners = dict(self._offsets_owners)
         other._acls = self._acls
+        other._scram_users = dict(self._scram_users)
         return other
 
     def apply(self, events: Iterable[MetadataEvent], revision: int | None = None) -> MetadataImage:
@@ -256,6 +261,9 @@ class MetadataImage:
             entries = value.entries if value else ()
             _put_or_pop(acls, parsed.acl_pattern, entries or None)
             self._acls = acls
+        elif kind is KeyKind.SCRAM_USER:
+            assert parsed.user is not None
+            _put_or_pop(self._scram_users, parsed.user, value)
 
     # -- lookups -------------------------------------------------------------------------
 
@@ -368,6 +376,16 @@ class MetadataImage:
                     log.warning("ignoring invalid ACL %s %s: %s", pattern, entry, exc)
         return sorted(out)
 
+    @property
+    def scram_users(self) -> Mapping[str, ScramUser]:
+        """Every user with SCRAM credentials, by name."""
+        return _frozen(self._scram_users)
+
+    def scram_credential(self, mechanism: str, user: str) -> ScramCredential | None:
+        """``user``'s salted credential for ``mechanism``, or None (the SASL lookup)."""
+        scram_user = self._scram_users.get(user)
+        return scram_user.credential(mechanism) if scram_user else None
+
     def __repr__(self) -> str:
         return (
             f"MetadataImage(cluster={self.cluster_id!r}, revision={self.revision}, "
@@ -393,6 +411,7 @@ _DECODERS = {
     KeyKind.COORDINATOR: CoordinatorRegistration.from_json,
     KeyKind.OFFSETS_OWNER: OffsetsOwner.from_json,
     KeyKind.ACL: AclEntries.from_json,
+    KeyKind.SCRAM_USER: ScramUser.from_json,
 }
 
 

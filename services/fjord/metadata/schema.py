@@ -25,6 +25,9 @@ key (relative to the cluster prefix)   value
                                        ``TRANSACTIONAL_ID``, ``LITERAL``/``PREFIXED``, the
                                        name percent-encoded: group names may hold ``/``), as
                                        Kafka's ``/kafka-acl/<Type>/<name>`` znodes
+``scram-users/<user>``                 :class:`ScramUser`: a user's salted SCRAM credentials
+                                       by mechanism (the name percent-encoded), as Kafka's
+                                       ``/config/users/<user>`` znode; never a password
 =====================================  ==========================================================
 
 Topic names never contain ``/`` (see :mod:`fjord.controller.topics`), so the partition keys
@@ -50,6 +53,7 @@ from fjord.security.acls import (
     ResourcePattern,
     ResourceType,
 )
+from fjord.security.scram import ScramCredential, ScramCredentialError
 
 ROOT_PREFIX = "/fjord/"
 
@@ -418,6 +422,35 @@ class AclEntries:
         return cls(tuple(sorted(set(entries))))
 
 
+@dataclass(frozen=True)
+class ScramUser:
+    """One user's SCRAM credentials: ``{"credentials": [ScramCredential JSON, ...]}``, at most
+    one per mechanism (salt, iterations, StoredKey, ServerKey; no password)."""
+
+    credentials: tuple[ScramCredential, ...]
+
+    def to_json(self) -> bytes:
+        ordered = sorted(self.credentials, key=lambda c: c.mechanism)
+        return _dump({"credentials": [c.to_json() for c in ordered]})
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> ScramUser:
+        what = "scram user"
+        items = _load_object(raw, what).get("credentials")
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise InvalidMetadataError(f"{what}: 'credentials' must be a list of objects")
+        try:
+            credentials = tuple(ScramCredential.from_json(item) for item in items)
+        except ScramCredentialError as exc:
+            raise InvalidMetadataError(f"{what}: {exc}") from None
+        if len({c.mechanism for c in credentials}) != len(credentials):
+            raise InvalidMetadataError(f"{what}: one credential per mechanism")
+        return cls(credentials)
+
+    def credential(self, mechanism: str) -> ScramCredential | None:
+        return next((c for c in self.credentials if c.mechanism == mechanism), None)
+
+
 class KeyKind(Enum):
     """What a key under the cluster prefix holds."""
 
@@ -431,6 +464,7 @@ class KeyKind(Enum):
     COORDINATOR = "coordinators"
     OFFSETS_OWNER = "offsets-owners"
     ACL = "acls"
+    SCRAM_USER = "scram-users"
 
 
 @dataclass(frozen=True)
@@ -443,6 +477,7 @@ class ParsedKey:
     topic: str | None = None
     partition: int | None = None
     acl_pattern: ResourcePattern | None = None
+    user: str | None = None
 
 
 _ID_KINDS = {
@@ -530,6 +565,14 @@ class Keys:
         name = quote(pattern.name, safe="")
         return f"{self.acls_prefix}{pattern.resource_type.name}/{pattern.pattern_type.name}/{name}"
 
+    @property
+    def scram_users_prefix(self) -> str:
+        return self.prefix + "scram-users/"
+
+    def scram_user(self, user: str) -> str:
+        """The key of ``user``'s SCRAM credentials (the name percent-encoded)."""
+        return self.scram_users_prefix + quote(user, safe="")
+
     def parse(self, key: str) -> ParsedKey | None:
         """The kind and parts of ``key``; ``None`` for keys outside this schema (ignored)."""
         if not key.startswith(self.prefix):
@@ -555,6 +598,15 @@ class Keys:
         if head == "acls":
             pattern = _parse_acl_pattern(tail)
             return ParsedKey(KeyKind.ACL, acl_pattern=pattern) if pattern else None
+        if head == "scram-users" and tail and "/" not in tail:
+            try:
+                user = unquote(tail, errors="strict")
+            except UnicodeDecodeError:
+                return None
+            # One key per user: only the canonical encoding parses.
+            if not user or quote(user, safe="") != tail:
+                return None
+            return ParsedKey(KeyKind.SCRAM_USER, user=user)
         if head == "topics" and tail:
             name, slash, part = tail.partition("/")
             if not name:

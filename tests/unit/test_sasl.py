@@ -1,0 +1,197 @@
+"""SCRAM credentials and one connection's SASL state machine (fjord.kafka.sasl), driven with
+real Kafka frames and scramp's client."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import pytest
+from kafka.protocol.metadata.api_versions import ApiVersionsRequest
+from kafka.protocol.metadata.metadata import MetadataRequest
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+    SaslHandshakeResponse,
+)
+from scramp import ScramClient
+
+from fjord.kafka.dispatch import Close, Reply
+from fjord.kafka.sasl import ReplyThenClose, SaslConnection, SaslState
+from fjord.security import Principal
+from fjord.security.scram import ScramCredential, ScramCredentialError
+
+USERS = {
+    ("SCRAM-SHA-512", "alice"): ScramCredential.from_password("SCRAM-SHA-512", "secret"),
+    ("SCRAM-SHA-256", "alice"): ScramCredential.from_password("SCRAM-SHA-256", "other"),
+    ("SCRAM-SHA-512", "a,b=c"): ScramCredential.from_password("SCRAM-SHA-512", "x"),
+}
+
+
+def _connection() -> SaslConnection:
+    return SaslConnection(["SCRAM-SHA-256", "SCRAM-SHA-512"], lambda m, u: USERS.get((m, u)))
+
+
+def _frame(request: Any, version: int, correlation_id: int = 5) -> bytes:
+    request.with_header(correlation_id=correlation_id, client_id="unit")
+    return bytes(request.encode(version=version, header=True))
+
+
+def _decode(frame: bytes | bytearray, cls: Any, version: int) -> Any:
+    assert struct.unpack(">i", frame[:4])[0] == len(frame) - 4
+    return cls.decode(frame[4:], version=version, header=True)
+
+
+def _handshake(conn: SaslConnection, mechanism: str) -> Any:
+    answer = conn.on_frame(_frame(SaslHandshakeRequest[1](mechanism=mechanism), 1))
+    assert isinstance(answer, (Reply, ReplyThenClose)) and answer.frame is not None
+    return answer, _decode(answer.frame, SaslHandshakeResponse, 1)
+
+
+def _authenticate(conn: SaslConnection, message: str, version: int = 2) -> Any:
+    request = SaslAuthenticateRequest[version](auth_bytes=message.encode())
+    answer = conn.on_frame(_frame(request, version))
+    if isinstance(answer, Close) or answer is None:
+        return answer, None
+    assert answer.frame is not None
+    return answer, _decode(answer.frame, SaslAuthenticateResponse, version)
+
+
+def _login(conn: SaslConnection, mechanism: str, user: str, password: str, version: int = 2
+           ) -> tuple[Any, Any]:
+    client = ScramClient([mechanism], user, password)
+    _handshake(conn, mechanism)
+    answer, first = _authenticate(conn, client.get_client_first(), version)
+    assert isinstance(answer, Reply) and first.error_code == 0
+    client.set_server_first(first.auth_bytes.decode())
+    answer, final = _authenticate(conn, client.get_client_final(), version)
+    if final.error_code == 0:
+        client.set_server_final(final.auth_bytes.decode())  # the server proved it knows the key
+    return answer, final
+
+
+@pytest.mark.parametrize("mechanism,password", [("SCRAM-SHA-512", "secret"),
+                                                ("SCRAM-SHA-256", "other")])
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_scram_login_sets_the_principal(mechanism: str, password: str, version: int) -> None:
+    conn = _connection()
+    assert conn.on_frame(_frame(ApiVersionsRequest[3](
+        client_software_name="t", client_software_version="1"), 3)) is None
+    answer, final = _login(conn, mechanism, "alice", password, version)
+    assert isinstance(answer, Reply) and final.error_code == 0
+    assert conn.state is SaslState.DONE and conn.principal == Principal("alice")
+    # From now on frames go to the dispatcher, of any size.
+    assert conn.on_frame(_frame(MetadataRequest[4](topics=None), 4)) is None
+    assert conn.frame_size_allowed(10**8)
+
+
+def test_saslname_escapes_are_undone() -> None:
+    conn = _connection()
+    _answer, final = _login(conn, "SCRAM-SHA-512", "a,b=c", "x")
+    assert final.error_code == 0 and conn.principal == Principal("a,b=c")
+
+
+@pytest.mark.parametrize("user,password", [("alice", "wrong"), ("nobody", "secret")])
+def test_wrong_password_or_unknown_user_fails_alike_and_closes(user: str, password: str) -> None:
+    conn = _connection()
+    client = ScramClient(["SCRAM-SHA-512"], user, password)
+    _handshake(conn, "SCRAM-SHA-512")
+    answer, first = _authenticate(conn, client.get_client_first())
+    if user == "nobody":
+        assert isinstance(answer, ReplyThenClose) and first.error_code == 58
+        message = first.error_message
+    else:
+        client.set_server_first(first.auth_bytes.decode())
+        answer, final = _authenticate(conn, client.get_client_final())
+        assert isinstance(answer, ReplyThenClose) and final.error_code == 58
+        message = final.error_message
+    assert "invalid credentials" in message and conn.principal is None
+    assert conn.state is SaslState.FAILED
+    assert isinstance(conn.on_frame(_frame(MetadataRequest[4](topics=None), 4)), Close)
+
+
+def test_unsupported_mechanism_lists_the_enabled_ones_and_closes() -> None:
+    conn = _connection()
+    answer, response = _handshake(conn, "PLAIN")
+    assert isinstance(answer, ReplyThenClose)
+    assert response.error_code == 33
+    assert response.mechanisms == ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+def test_requests_before_authentication_close_the_connection() -> None:
+    conn = _connection()
+    assert isinstance(conn.on_frame(_frame(MetadataRequest[4](topics=None), 4)), Close)
+    assert conn.principal is None
+
+
+@pytest.mark.parametrize("step", ["authenticate_first", "handshake_twice", "garbage_scram",
+                                  "handshake_v0", "truncated"])
+def test_out_of_order_or_malformed_sasl_closes(step: str) -> None:
+    conn = _connection()
+    if step == "authenticate_first":
+        answer, _ = _authenticate(conn, "n,,n=alice,r=abc")
+        assert isinstance(answer, Close)
+    elif step == "handshake_twice":
+        _handshake(conn, "SCRAM-SHA-512")
+        answer = conn.on_frame(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+        assert isinstance(answer, Close)
+    elif step == "garbage_scram":
+        _handshake(conn, "SCRAM-SHA-512")
+        answer, response = _authenticate(conn, "\x00 not scram")
+        assert isinstance(answer, ReplyThenClose) and response.error_code == 58
+    elif step == "handshake_v0":
+        answer = conn.on_frame(_frame(SaslHandshakeRequest[0](mechanism="SCRAM-SHA-512"), 0))
+        assert isinstance(answer, Close)
+    else:
+        frame = _frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1)
+        assert isinstance(conn.on_frame(frame[:6]), Close)
+    assert conn.state is SaslState.FAILED and conn.principal is None
+
+
+def test_reauthentication_is_refused() -> None:
+    conn = _connection()
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    answer = conn.on_frame(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+    assert isinstance(answer, Close)
+
+
+def test_huge_frames_refused_only_before_authentication() -> None:
+    conn = _connection()
+    assert conn.frame_size_allowed(1000) and not conn.frame_size_allowed(524289)
+
+
+def test_credential_round_trip_holds_no_password() -> None:
+    credential = ScramCredential.from_password("scram-sha-256", "pw", iterations=8192)
+    assert credential.mechanism == "SCRAM-SHA-256" and credential.iterations == 8192
+    assert ScramCredential.from_json(credential.to_json()) == credential
+    assert "pw" not in str(credential.to_json().values())
+
+
+@pytest.mark.parametrize("args,message", [
+    (("SCRAM-SHA-1", "pw"), "unknown SCRAM mechanism"),
+    (("SCRAM-SHA-512", "pw", 100), "iterations 100 outside"),
+    (("SCRAM-SHA-512", ""), "must not be empty"),
+])
+def test_bad_credentials_are_typed_errors(args: Any, message: str) -> None:
+    with pytest.raises(ScramCredentialError, match=message):
+        ScramCredential.from_password(*args)
+    with pytest.raises(ScramCredentialError, match="malformed"):
+        ScramCredential.from_json({"mechanism": "SCRAM-SHA-512"})
+
+
+def test_scram_users_are_watched_into_the_image() -> None:
+    from fjord.metadata import MetadataImage
+    from fjord.metadata.image import MetadataEvent
+    from fjord.metadata.schema import ScramUser
+
+    image = MetadataImage.empty("c1")
+    credential = USERS[("SCRAM-SHA-512", "a,b=c")]
+    key = image.keys.scram_user("a/b=c")
+    assert image.keys.parse(key) is not None and "/" not in key.rsplit("scram-users/", 1)[1]
+    put = MetadataEvent.put(key, ScramUser((credential,)).to_json(), 5, 5)
+    image = image.apply([put])
+    assert image.scram_credential("SCRAM-SHA-512", "a/b=c") == credential
+    assert image.scram_credential("SCRAM-SHA-256", "a/b=c") is None
+    image = image.apply([MetadataEvent.delete(key, 6)])
+    assert image.scram_users == {}
