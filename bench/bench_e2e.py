@@ -1,17 +1,25 @@
 """End-to-end benchmark: Fjord against what a Python user would otherwise pick.
 
-The same workload against three systems, each server started here on a free loopback port with
+The same workload against these systems, each server started here on a free loopback port with
 its data in a temporary directory:
 
-- **Redis Streams** (redis-py asyncio): produce = pipelined ``XADD`` (``--pipeline`` commands
-  per round trip); consume = ``XREADGROUP COUNT --batch`` with the previous batch's ``XACK``
-  pipelined in front of each read. AOF with ``appendfsync everysec``.
+- **Redis Streams, redis-py sync + hiredis** (``redis``, the fastest Python path, what a user
+  tuning for speed runs): produce = ``XADD`` in a ``pipeline(transaction=False)`` of
+  ``--pipeline`` commands per round trip; consume = ``XREADGROUP COUNT --xread-count`` with the
+  previous batch's ``XACK`` pipelined in front of each read. Throughput only (no latency run).
+  AOF with ``appendfsync everysec``. The Fjord targets are read against this one.
+- **Redis Streams, redis-py asyncio** (``redis-asyncio``, kept for comparison with earlier runs;
+  its reply parser is hiredis too when installed): the same commands, ``COUNT --batch``.
 - **NATS JetStream** (nats-py): produce = ``publish_async`` for every record, then gather the
   acknowledgements; consume = a durable pull subscription, ``fetch(--batch)``, acknowledging
   the last message of each batch (``AckPolicy.ALL``). File storage.
 - **Fjord** (fjord.client): a LocalCluster with one broker, a topic with 1 partition and
   replication factor 1; ``Producer`` with ``acks=1`` (other settings default), ``send()`` every
   record then ``flush()``; ``Consumer`` assigned to the partition from the beginning, ``poll()``.
+- **confluent-kafka through Fjord's Kafka listener** (part of ``fjord``: the same broker, its own
+  topic per round): ``produce()`` + ``poll(0)`` every record then ``flush()``, ``acks=1``,
+  librdkafka's default ``linger.ms``; consumer ``assign()`` from offset 0, ``consume(10000)``
+  (bench/bench_kafka.py's ``ck_produce`` and ``ck_consume``). Throughput only.
 
 Every record carries a 100-byte value, no key. Throughput: ``--rounds`` rounds (default 3), each
 moving ``--records`` records through a fresh stream/topic; the table gives the median round.
@@ -27,7 +35,7 @@ in the environment to measure without that (it reaches the broker too).
 
 Run::
 
-    .venv/bin/python bench/bench_e2e.py [--records N] [--systems redis,nats,fjord]
+    .venv/bin/python bench/bench_e2e.py [--records N] [--systems redis,redis-asyncio,nats,fjord]
         [--write-results]
 
 ``--write-results`` rewrites the "end to end" section of bench/RESULTS.md with the table, the
@@ -56,6 +64,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_kafka import ck_consume, ck_produce
 from e2e_servers import nats_server, redis_server
 from results_file import cpu_model, write_section
 
@@ -67,10 +76,13 @@ WARMUP_FRACTION = 0.1
 TICK_S = 0.001  # the paced producer's clock: records due are sent every millisecond
 OP_TIMEOUT_S = 60.0  # bound on any single phase waiting for records that do not come
 
-# Targets from the benchmark issue (Fjord vs the alternatives).
-TARGET_PRODUCE_X_REDIS = 4.0
-TARGET_CONSUME_X_REDIS = 3.0
-TARGET_E2E_P99_MS = 10.0
+# Targets from the benchmark issue 18 (Fjord vs the alternatives, as ratios in the same run).
+TARGET_PRODUCE_X_REDIS = 4.0  # x pipelined XADD, redis-py sync + hiredis
+TARGET_CONSUME_X_REDIS = 4.0  # x XREADGROUP, redis-py sync + hiredis
+TARGET_X_CONFLUENT_KAFKA = 1.0  # x confluent-kafka into / out of the same broker
+TARGET_E2E_P99_MS = 8.0
+REDIS_SYNC = "Redis Streams, redis-py sync + hiredis (XADD pipelined / XREADGROUP)"
+CK_OVER_LISTENER = "confluent-kafka over Fjord's Kafka listener (produce() / consumer)"
 
 
 @dataclass
@@ -145,12 +157,58 @@ def in_thread(consume: Callable[[], Coroutine[Any, Any, None]]) -> threading.Thr
 # --- Redis Streams --------------------------------------------------------------------------
 
 
+def bench_redis_sync(records: int, pipeline: int, count: int, rounds: int) -> Figures:
+    """Throughput through redis-py's synchronous client with hiredis parsing the replies."""
+    import redis
+    from redis.utils import HIREDIS_AVAILABLE
+
+    if not HIREDIS_AVAILABLE:
+        raise RuntimeError("hiredis is not installed: this would not be redis-py's fastest path")
+    figures = Figures(REDIS_SYNC)
+    with redis_server() as port:
+        client = redis.Redis(host="127.0.0.1", port=port)
+        reader = redis.Redis(host="127.0.0.1", port=port)
+        try:
+            for round_number in range(rounds):
+                stream = f"bench-sync-{round_number}"
+                start = time.perf_counter()
+                for first in range(0, records, pipeline):
+                    pipe = client.pipeline(transaction=False)
+                    xadd = pipe.xadd
+                    for _ in range(min(pipeline, records - first)):
+                        xadd(stream, {"v": stamped_value()})
+                    pipe.execute()
+                figures.produce_runs.append(records / (time.perf_counter() - start))
+
+                client.xgroup_create(stream, "g", id="0")
+                received = 0
+                pending_ack: list[bytes] = []
+                start = time.perf_counter()
+                while received < records:
+                    pipe = reader.pipeline(transaction=False)
+                    if pending_ack:
+                        pipe.xack(stream, "g", *pending_ack)
+                    pipe.xreadgroup("g", "c", {stream: ">"}, count=count)
+                    replies = pipe.execute()
+                    entries = replies[-1][0][1] if replies[-1] else []
+                    pending_ack = [entry_id for entry_id, _ in entries]
+                    received += len(entries)
+                if pending_ack:
+                    reader.xack(stream, "g", *pending_ack)
+                figures.consume_runs.append(records / (time.perf_counter() - start))
+        finally:
+            client.close()
+            reader.close()
+    figures.note = f"pipeline {pipeline} XADD per round trip, XREADGROUP COUNT {count}"
+    return figures
+
+
 async def bench_redis(
     records: int, pipeline: int, batch: int, rate: int, seconds: float, rounds: int
 ) -> Figures:
     import redis.asyncio as redis
 
-    figures = Figures("Redis Streams (XADD pipelined / XREADGROUP)")
+    figures = Figures("Redis Streams, redis-py asyncio (XADD pipelined / XREADGROUP)")
     with redis_server() as port:
         client = redis.Redis(host="127.0.0.1", port=port)
         reader = redis.Redis(host="127.0.0.1", port=port)
@@ -292,22 +350,30 @@ async def bench_nats(records: int, batch: int, rate: int, seconds: float, rounds
 # --- Fjord ----------------------------------------------------------------------------------
 
 
-def bench_fjord(records: int, rate: int, seconds: float, linger_ms: int, rounds: int) -> Figures:
+def bench_fjord(
+    records: int, rate: int, seconds: float, linger_ms: int, rounds: int
+) -> tuple[Figures, Figures]:
+    """fjord.client's figures, and confluent-kafka's through the same broker's Kafka listener
+    (rounds interleaved, so both see the same load)."""
     from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
     from fjord.local.cluster import LocalCluster
 
     figures = Figures("Fjord (Producer acks=1 / Consumer)")
+    ck_figures = Figures(CK_OVER_LISTENER)
     with tempfile.TemporaryDirectory(prefix="bench-fjord-") as tmp:
         cluster = LocalCluster(Path(tmp), brokers=1)
         cluster.start()
         try:
             bootstrap = str(cluster.bootstrap_servers)
+            kafka = cluster.kafka_bootstrap_servers
             topics = [f"bench-{n}" for n in range(rounds)]
+            ck_topics = [f"bench-ck-{n}" for n in range(rounds)]
             with AdminClient({"bootstrap.servers": bootstrap}) as admin:
                 admin.create_topics(
-                    [NewTopic(t, 1, 1) for t in [*topics, "e2e"]], timeout=OP_TIMEOUT_S
+                    [NewTopic(t, 1, 1) for t in [*topics, *ck_topics, "e2e"]],
+                    timeout=OP_TIMEOUT_S,
                 )
-            for topic in topics:
+            for topic, ck_topic in zip(topics, ck_topics, strict=True):
                 producer = Producer({"bootstrap.servers": bootstrap, "acks": "1"})
                 try:
                     producer.partitions_for(topic)  # metadata outside the timed part
@@ -336,13 +402,18 @@ def bench_fjord(records: int, rate: int, seconds: float, linger_ms: int, rounds:
                 finally:
                     consumer.close()
 
+                ck_figures.produce_runs.append(
+                    ck_produce(kafka, ck_topic, records, stamped_value(), linger_ms=None)
+                )
+                ck_figures.consume_runs.append(ck_consume(kafka, ck_topic, 1, records))
+
             with gc_pauses(figures.gc_pauses_ms):
                 figures.e2e_sent, figures.e2e_latencies_ms = _fjord_e2e(
                     bootstrap, rate, seconds, linger_ms
                 )
         finally:
             cluster.stop()
-    return figures
+    return figures, ck_figures
 
 
 @contextlib.contextmanager
@@ -428,10 +499,15 @@ def table(results: list[Figures]) -> str:
     )
     rows = [header, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for f in results:
+        latency = (
+            f"{f.percentile(0.5):.2f} | {f.percentile(0.99):.2f} "
+            f"| {len(f.e2e_latencies_ms)}/{f.e2e_sent}"
+            if f.e2e_sent
+            else "not run | not run | -"
+        )
         rows.append(
             f"| {f.system} | {f.produce_rps:,.0f} | {f.produce_mbps:.1f} | {f.consume_rps:,.0f} "
-            f"| {f.consume_mbps:.1f} | {f.percentile(0.5):.2f} | {f.percentile(0.99):.2f} "
-            f"| {len(f.e2e_latencies_ms)}/{f.e2e_sent} |"
+            f"| {f.consume_mbps:.1f} | {latency} |"
         )
     return "\n".join(rows)
 
@@ -444,38 +520,43 @@ def round_lines(results: list[Figures]) -> list[str]:
 
     return [
         f"{f.system.split(' (')[0]} rounds, produce: {fmt(f.produce_runs)}; "
-        f"consume: {fmt(f.consume_runs)}"
+        f"consume: {fmt(f.consume_runs)}" + (f" ({f.note})" if f.note else "")
         for f in results
     ]
 
 
+def ratio_line(what: str, ours: float, peer: float, peer_name: str, target: float) -> str:
+    ratio = ours / peer
+    met = "met" if ratio >= target else "MISSED"
+    return f"{what}: Fjord {ratio:.2f}x {peer_name} (target >= {target:g}x): {met}"
+
+
 def verdicts(results: list[Figures]) -> list[str]:
-    by_name = {f.system.split()[0]: f for f in results}
-    fjord, redis_figures = by_name.get("Fjord"), by_name.get("Redis")
+    by_name = {f.system: f for f in results}
+    fjord = next((f for f in results if f.system.startswith("Fjord")), None)
     if fjord is None:
         return ["Fjord was not measured in this run."]
     lines = []
+    redis_figures = by_name.get(REDIS_SYNC)
     if redis_figures is not None and redis_figures.produce_rps and redis_figures.consume_rps:
-        produce_x = fjord.produce_rps / redis_figures.produce_rps
-        consume_x = fjord.consume_rps / redis_figures.consume_rps
-        produce_ok = "met" if produce_x >= TARGET_PRODUCE_X_REDIS else "MISSED"
-        consume_ok = "met" if consume_x >= TARGET_CONSUME_X_REDIS else "MISSED"
-        lines.append(
-            f"produce: Fjord {produce_x:.2f}x pipelined XADD "
-            f"(target >= {TARGET_PRODUCE_X_REDIS:g}x): {produce_ok}"
-        )
-        lines.append(
-            f"consume: Fjord {consume_x:.2f}x XREADGROUP "
-            f"(target >= {TARGET_CONSUME_X_REDIS:g}x): {consume_ok}"
-        )
+        lines.append(ratio_line("produce", fjord.produce_rps, redis_figures.produce_rps,
+                                "pipelined XADD (sync + hiredis)", TARGET_PRODUCE_X_REDIS))
+        lines.append(ratio_line("consume", fjord.consume_rps, redis_figures.consume_rps,
+                                "XREADGROUP (sync + hiredis)", TARGET_CONSUME_X_REDIS))
+    ck = by_name.get(CK_OVER_LISTENER)
+    if ck is not None and ck.produce_rps and ck.consume_rps:
+        lines.append(ratio_line("produce", fjord.produce_rps, ck.produce_rps,
+                                "confluent-kafka produce() into the same broker",
+                                TARGET_X_CONFLUENT_KAFKA))
+        lines.append(ratio_line("consume", fjord.consume_rps, ck.consume_rps,
+                                "confluent-kafka's consumer from the same broker",
+                                TARGET_X_CONFLUENT_KAFKA))
     p99 = fjord.percentile(0.99)
     lines.append(
         f"end to end: Fjord p99 {p99:.2f} ms (target <= {TARGET_E2E_P99_MS:g} ms): "
         f"{'met' if p99 <= TARGET_E2E_P99_MS else 'MISSED'}"
     )
     lines.append(gc_line(fjord))
-    if fjord.note:
-        lines.append(f"note: {fjord.note}")
     return lines
 
 
@@ -493,8 +574,12 @@ def write_results(text_table: str, lines: list[str], command: str, load_before: 
         f"Command: `{command}`, {today}; machine: {machine()}; load average (1 min) "
         f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end. Every server on "
         "loopback on the same machine as its clients (the machine is shared with other work, "
-        "so figures move between runs). MB/s counts the 100-byte values only. Workload, "
-        "settings and method: the docstring of bench/bench_e2e.py.\n\n"
+        "so figures move between runs: a target is a ratio within this one run, issue 18). MB/s "
+        "counts the 100-byte values only. Peers: Redis Streams through redis-py's synchronous "
+        "client with hiredis (the fastest Python path; the targets are read against it) and "
+        "through its asyncio client (kept for comparison with earlier runs), NATS JetStream, "
+        "and confluent-kafka (librdkafka) through Fjord's Kafka listener on the same broker as "
+        "fjord.client. Workload, settings and method: the docstring of bench/bench_e2e.py.\n\n"
         f"{text_table}\n\n" + "\n".join(f"- {line}" for line in lines),
     )
 
@@ -506,7 +591,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="length of the latency run")
     parser.add_argument("--pipeline", type=int, default=1000, help="XADDs per Redis round trip")
     parser.add_argument("--batch", type=int, default=1000, help="records per consumer read")
-    parser.add_argument("--systems", default="redis,nats,fjord")
+    parser.add_argument(
+        "--xread-count", type=int, default=10_000, help="XREADGROUP COUNT of sync redis-py"
+    )
+    parser.add_argument("--systems", default="redis,redis-asyncio,nats,fjord")
     parser.add_argument(
         "--rounds", type=int, default=3, help="throughput rounds per system (median reported)"
     )
@@ -519,7 +607,7 @@ def main() -> None:
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    unknown = set(systems) - {"redis", "nats", "fjord"}
+    unknown = set(systems) - {"redis", "redis-asyncio", "nats", "fjord"}
     if unknown:
         parser.error(f"unknown system(s): {', '.join(sorted(unknown))}")
 
@@ -528,6 +616,10 @@ def main() -> None:
     for system in systems:
         print(f"running {system} ...", flush=True)
         if system == "redis":
+            results.append(
+                bench_redis_sync(args.records, args.pipeline, args.xread_count, args.rounds)
+            )
+        elif system == "redis-asyncio":
             results.append(
                 asyncio.run(
                     bench_redis(
@@ -547,7 +639,7 @@ def main() -> None:
                 )
             )
         else:
-            results.append(
+            results.extend(
                 bench_fjord(
                     args.records, args.rate, args.seconds, args.fjord_linger_ms, args.rounds
                 )

