@@ -382,3 +382,31 @@ def test_confluent_kafka_admin_client_creates_describes_and_deletes_acls(
     deleted = admin.delete_acls([selector], request_timeout=15)
     assert [len(f.result(20)) for f in deleted.values()] == [1]
     assert admin.describe_acls(selector, request_timeout=15).result(20) == []
+
+
+def test_grpc_offset_commit_needs_read_on_each_topic_and_a_group_deny_wins(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    from fjord._proto import coordinator_pb2, coordinator_pb2_grpc
+
+    add_acls(cluster,
+             acl(ResourceType.GROUP, "reports", Op.READ, "bob"),
+             acl(ResourceType.TOPIC, "ledger", Op.READ, "bob"))
+    (address,) = cluster.coordinator_addresses.values()
+    stub = coordinator_pb2_grpc.CoordinatorStub(open_blocking_channel(address, principals["bob"]))
+
+    def commit(group: str) -> dict[str, int]:
+        request = coordinator_pb2.OffsetCommitRequest(group_id=group, generation_id=-1)
+        for topic in ("ledger", "secret"):
+            request.topics.add(name=topic).partitions.add(partition=0, committed_offset=0)
+        answer = stub.OffsetCommit(request, timeout=15)
+        if answer.error.code:
+            return {"group": answer.error.code}
+        return {t.name: t.partitions[0].error.code for t in answer.topics}
+
+    wait_for(lambda: commit("reports") == {"ledger": 0, "secret": TOPIC_DENIED},
+             "bob commits ledger (Read) but not secret (no ACL)")
+    add_acls(cluster, acl(ResourceType.GROUP, "rep", Op.ALL, "bob", DENY,
+                          pattern=PatternType.PREFIXED))
+    wait_for(lambda: commit("reports") == {"group": GROUP_DENIED},
+             "a prefixed Deny on the group wins over the literal Read")

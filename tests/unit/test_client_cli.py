@@ -116,3 +116,23 @@ def test_local_up_authorization_needs_secure_and_acls_needs_an_action(tmp_path) 
     assert not any(tmp_path.iterdir())  # refused before anything was made
     result = CliRunner().invoke(cli, ["acls", "--topic", "orders"])
     assert result.exit_code == 2 and "give one of --add, --remove, --list" in result.output
+
+
+def test_service_authorization_settings_from_the_security_config(tmp_path) -> None:
+    from fjord.cli.security_options import load_authorization
+    from fjord.security.acls import AuthorizerSettings
+
+    path = tmp_path / "svc.properties"
+    base = "ssl.keystore.location=/k.pem\nssl.truststore.location=/ca.pem\n"
+    on = "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer\n"
+    assert load_authorization(None) is None
+    path.write_text(base)
+    assert load_authorization(str(path)) is None
+    path.write_text(base + on + "super.users=User:admin\n")
+    assert load_authorization(str(path)) == AuthorizerSettings(frozenset({"User:admin"}))
+    for extra, message in ((on + "ssl.client.auth=none\n", "ssl.client.auth=required"),
+                           ("authorizer.class.name=my.Own\n", "unknown authorizer"),
+                           ("super.users=User:x\n", "without authorizer.class.name")):
+        path.write_text(base + extra)
+        with pytest.raises(click.UsageError, match=message):
+            load_authorization(str(path))

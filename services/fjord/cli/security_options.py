@@ -57,7 +57,18 @@ def load_authorization(path: str | None) -> AuthorizerSettings | None:
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return AuthorizerSettings.from_service_config(parse_properties(f.read(), path))
+            config = parse_properties(f.read(), path)
+        settings = AuthorizerSettings.from_service_config(config)
+        if settings is not None and config.get("ssl.client.auth", "required").lower() != (
+            "required"
+        ):
+            # Without client certificates every caller, the other services included, is
+            # User:ANONYMOUS: replication and forwarding would be refused.
+            raise ConfigError(
+                "authorizer.class.name: ACLs need ssl.client.auth=required (principals come "
+                "from client certificates)"
+            )
+        return settings
     except OSError as exc:
         raise click.BadParameter(
             f"cannot read {path}: {exc.strerror or exc}", param_hint="--security-config"
