@@ -42,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from fjord.errors import CorruptRecordError
 from fjord.records.header import BatchHeader
 from fjord.storage import defaults
 from fjord.storage.checkpoint import sync_directory
@@ -208,8 +209,16 @@ def clean_log(
 
 
 def _headers(segments: list[LogSegment]) -> list[BatchHeader]:
-    """Every batch header of the log (the active segment's up to its size now)."""
-    return [h for s in segments for _, h in s.iter_headers(0, s.size)]
+    """Every batch header of the log (the active segment's up to its size now). A truncation
+    of the active segment meanwhile cuts its scan short: the clean then keeps an emptied batch
+    or two too many (harmless), and the swap's generation check discards it anyway."""
+    closed, active = segments[:-1], segments[-1]
+    headers = [h for s in closed for _, h in s.iter_headers(0, s.size)]
+    try:
+        headers.extend(h for _, h in active.iter_headers(0, active.size))
+    except (CorruptRecordError, OSError):
+        pass
+    return headers
 
 
 def _write_file(path: Path, data: bytes) -> None:
