@@ -214,10 +214,8 @@ def _headers(segments: list[LogSegment]) -> list[BatchHeader]:
     or two too many (harmless), and the swap's generation check discards it anyway."""
     closed, active = segments[:-1], segments[-1]
     headers = [h for s in closed for _, h in s.iter_headers(0, s.size)]
-    try:
+    with contextlib.suppress(CorruptRecordError, OSError):
         headers.extend(h for _, h in active.iter_headers(0, active.size))
-    except (CorruptRecordError, OSError):
-        pass
     return headers
 
 
