@@ -323,6 +323,17 @@ def test_fjord_acls_cli_adds_lists_and_removes_as_kafka_acls_sh(cluster: LocalCl
     removed = run("--remove", "--group", "auditors")
     assert "Removed 1 ACLs." in removed
     assert "auditors" not in run("--list", "--principal", "User:carol")
+    shortcut = run("--add", "--allow-principal", "User:erin", "--consumer", "--topic", "events",
+                   "--group", "readers")
+    assert "Added 3 ACLs." in shortcut
+    with AdminClient(admin_config(cluster)) as admin:
+        erin = admin.describe_acls(AclBindingFilter(principal="User:erin"))
+        assert {(b.pattern.name, b.entry.operation) for b in erin} == {
+            ("events", Op.READ), ("events", Op.DESCRIBE), ("readers", Op.READ)}
+    assert "Added 4 ACLs." in run("--add", "--allow-principal", "User:erin", "--producer",
+                                  "--idempotent", "--topic", "events")
+    assert "Removed 3 ACLs." in run("--remove", "--allow-principal", "User:erin",
+                                    "--consumer", "--topic", "events", "--group", "readers")
     bad = CliRunner().invoke(cli, ["acls", "--add", "--allow-principal", "User:carol",
                                    "--operation", "ClusterAction", "--topic", "audit", *base])
     assert bad.exit_code != 0 and "Topic does not take operation ClusterAction" in bad.output

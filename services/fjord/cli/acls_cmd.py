@@ -6,6 +6,7 @@ DeleteAcls, with its flags::
         --resource-pattern-type prefixed
     fjord acls --list [--topic orders] [--principal User:alice]
     fjord acls --remove --allow-principal User:alice --operation Read --topic orders
+    fjord acls --add --allow-principal User:bob --consumer --topic orders --group billing
 
 ``--add`` makes one ACL per resource x principal x host x operation (operation default All,
 host default ``*``), as kafka-acls.sh does; ``--remove`` deletes what those describe (only a
@@ -107,6 +108,13 @@ def _print(bindings: list[AclBinding], output: str) -> None:
               "take any and match (every pattern covering the named resource).")
 @click.option("--principal", "principal", default=None, metavar="User:NAME",
               help="--list: only the ACLs of this principal.")
+@click.option("--producer", is_flag=True,
+              help="Shortcut: Write, Describe and Create on the --topic(s) (with --idempotent "
+              "also IdempotentWrite on the cluster), as kafka-acls.sh --producer.")
+@click.option("--consumer", is_flag=True,
+              help="Shortcut: Read and Describe on the --topic(s) and Read on the --group(s), "
+              "as kafka-acls.sh --consumer.")
+@click.option("--idempotent", is_flag=True, help="With --producer: IdempotentWrite too.")
 @click.option("--force", is_flag=True, hidden=True, help="Accepted for kafka-acls.sh scripts.")
 @bootstrap_option
 @output_option
@@ -115,20 +123,27 @@ def acls(
     action: str | None, allow: tuple[str, ...], deny: tuple[str, ...],
     allow_hosts: tuple[str, ...], deny_hosts: tuple[str, ...], operations: tuple[str, ...],
     topics: tuple[str, ...], groups: tuple[str, ...], transactional_ids: tuple[str, ...],
-    cluster: bool, pattern_type: str | None, principal: str | None, force: bool,
-    bootstrap_server: str | None, output: str,
+    cluster: bool, pattern_type: str | None, principal: str | None, producer: bool,
+    consumer: bool, idempotent: bool, force: bool, bootstrap_server: str | None, output: str,
 ) -> None:
     """Add, list or remove ACLs (Kafka's kafka-acls.sh). ``--force`` is accepted and
     ignored: nothing is ever asked."""
     del force
     if action is None:
         raise click.UsageError("give one of --add, --remove, --list")
+    if (producer or consumer) and action == "list":
+        raise click.UsageError("--producer and --consumer go with --add or --remove")
+    if idempotent and not producer:
+        raise click.UsageError("--idempotent goes with --producer")
     resources = _resources(topics, groups, transactional_ids, cluster)
     try:
         ops = [AclOperation.parse(o) for o in operations] or [AclOperation.ALL]
         pattern = PatternType.parse(pattern_type) if pattern_type else None
         with AdminClient(admin_client_config(bootstrap_server)) as admin:
-            if action == "add":
+            if producer or consumer:
+                _shortcuts(admin, action, topics, groups, producer, consumer, idempotent,
+                           allow, deny, allow_hosts, deny_hosts, pattern, output)
+            elif action == "add":
                 _add(admin, resources, allow, deny, allow_hosts, deny_hosts, ops, pattern, output)
             elif action == "remove":
                 _remove(admin, resources, allow, deny, allow_hosts, deny_hosts, operations,
@@ -203,3 +218,48 @@ def _list(
         found.update(admin.describe_acls(selector))
     _print(sorted(found), output)
 
+
+
+def _shortcuts(
+    admin: AdminClient, action: str, topics: tuple[str, ...], groups: tuple[str, ...],
+    producer: bool, consumer: bool, idempotent: bool, allow: tuple[str, ...],
+    deny: tuple[str, ...], allow_hosts: tuple[str, ...], deny_hosts: tuple[str, ...],
+    pattern: PatternType | None, output: str,
+) -> None:
+    """kafka-acls.sh's --producer / --consumer: the ACLs a producer or consumer needs."""
+    if not topics:
+        raise click.UsageError("--producer and --consumer need --topic")
+    if consumer and not groups:
+        raise click.UsageError("--consumer needs --group")
+    pattern = pattern or PatternType.LITERAL
+    wanted: list[tuple[ResourceType, str, AclOperation]] = []
+    if producer:
+        wanted += [(ResourceType.TOPIC, t, op) for t in topics
+                   for op in (AclOperation.WRITE, AclOperation.DESCRIBE, AclOperation.CREATE)]
+        if idempotent:
+            wanted.append((ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME,
+                           AclOperation.IDEMPOTENT_WRITE))
+    if consumer:
+        wanted += [(ResourceType.TOPIC, t, op) for t in topics
+                   for op in (AclOperation.READ, AclOperation.DESCRIBE)]
+        wanted += [(ResourceType.GROUP, g, AclOperation.READ) for g in groups]
+    bindings = []
+    for kind, name, op in dict.fromkeys(wanted):
+        kind_pattern = PatternType.LITERAL if kind is ResourceType.CLUSTER else pattern
+        for entry in _entries(allow, deny, allow_hosts, deny_hosts, [op]):
+            bindings.append(AclBinding(ResourcePattern(kind, name, kind_pattern), entry))
+    if not bindings:
+        raise click.UsageError(f"--{action} needs --allow-principal or --deny-principal")
+    if action == "add":
+        admin.create_acls(bindings)
+        if output != "json":
+            click.echo(f"Added {len(bindings)} ACLs.")
+        _print(sorted(bindings), output)
+        return
+    filters = [AclBindingFilter(b.pattern.resource_type, b.pattern.name, b.pattern.pattern_type,
+                                b.entry.principal, b.entry.host, b.entry.operation,
+                                b.entry.permission) for b in bindings]
+    deleted = sorted({b for found in admin.delete_acls(filters) for b in found})
+    if output != "json":
+        click.echo(f"Removed {len(deleted)} ACLs.")
+    _print(deleted, output)
