@@ -8,7 +8,8 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from grpc import aio
 
@@ -62,6 +63,30 @@ def advertised_host(advertised: str | None, listen_host: str) -> str:
     for a wildcard listen address (all interfaces) the machine's fully qualified name."""
     host = advertised or listen_host
     return socket.getfqdn() if host in _WILDCARD_HOSTS else host
+
+
+#: Seconds between two cancellations of a background task that has not ended yet.
+CANCEL_RETRY_S = 0.5
+
+
+async def cancel_until_done(
+    tasks: Iterable[asyncio.Task[Any]], *, retry_s: float = CANCEL_RETRY_S
+) -> None:
+    """Cancel ``tasks`` and return once every one has ended (their results and errors are not
+    raised). A task still running ``retry_s`` after its cancel is cancelled again, with a
+    warning naming it: a cancellation can be lost (grpc.aio answers the cancel of a call whose
+    failure has just arrived with that failure; Python 3.11's ``asyncio.wait_for`` returns the
+    inner result when the cancel meets its end), and a loop that lost one would otherwise keep
+    its service's stop waiting forever."""
+    pending = {task for task in tasks if not task.done()}
+    for task in pending:
+        task.cancel()
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=retry_s)
+        for task in pending:
+            log.warning("task %r outlived its cancellation: cancelling it again",
+                        task.get_name())
+            task.cancel()
 
 
 async def run_until_signalled(

@@ -79,6 +79,7 @@ from fjord.serving import (
     access_control,
     advertised_host,
     bind_grpc_port,
+    cancel_until_done,
     run_until_signalled,
 )
 from fjord.storage import LogManager
@@ -434,9 +435,7 @@ class BrokerServer:
             await self._forwarder.close()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_until_done(self._tasks)
         self._tasks.clear()
         if self.replicas is not None and self._logs is not None:
             try:  # a clean restart resumes with these high watermarks

@@ -76,6 +76,7 @@ from fjord.security.acls import (
     plan_create_acls,
     plan_delete_acls,
 )
+from fjord.serving import cancel_until_done
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -269,9 +270,7 @@ class ControllerService:
     async def stop(self) -> None:
         """Stop acting and revoke the lease (so a standby takes over at once)."""
         self._step_down("stopping")
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_until_done(self._tasks)
         self._tasks = []
         self._unsubscribe()
         await self.watcher.stop()

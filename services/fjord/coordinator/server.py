@@ -69,7 +69,13 @@ from fjord.observability.metrics import (
 from fjord.process_state import StateDirLock, record_incarnation
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
-from fjord.serving import access_control, advertised_host, bind_grpc_port, run_until_signalled
+from fjord.serving import (
+    access_control,
+    advertised_host,
+    bind_grpc_port,
+    cancel_until_done,
+    run_until_signalled,
+)
 from fjord.tls import server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
 
@@ -312,9 +318,7 @@ class CoordinatorServer:
             await self._kafka_apis.close()
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_until_done(self._tasks)
         self._tasks.clear()
         await self._appender.close()
         await self._network.close()
