@@ -349,3 +349,41 @@ def test_service_config_switches_authorization_on():
         AuthorizerSettings.from_service_config({"authorizer.class.name": "x.Y"})
     with pytest.raises(AclError, match="without authorizer"):
         AuthorizerSettings.from_service_config({"super.users": "User:admin"})
+
+
+def reference_decision(acls, settings, principal, host, operation, resource):
+    """Kafka's rule written as a plain scan over every binding (what the indexes must equal)."""
+    if principal.is_service or str(principal) in settings.super_users:
+        return True
+    covering = [b for b in acls if b.pattern.matches(resource)]
+    mine = [b for b in covering if b.entry.matches_who(str(principal), host)]
+    if any(b.entry.permission is DENY and b.entry.operation in (operation, Op.ALL)
+           for b in mine):
+        return False
+    implied = {Op.DESCRIBE: {Op.DESCRIBE, Op.READ, Op.WRITE, Op.DELETE, Op.ALTER},
+               Op.DESCRIBE_CONFIGS: {Op.DESCRIBE_CONFIGS, Op.ALTER_CONFIGS}}.get(
+                   operation, {operation})
+    if any(b.entry.permission is ALLOW and (b.entry.operation is Op.ALL
+                                            or b.entry.operation in implied) for b in mine):
+        return True
+    return not covering and settings.allow_everyone_if_no_acl_found
+
+
+wild_bindings = st.builds(
+    lambda name, op, perm, who, pattern: topic_acl(
+        name, op, permission=perm, principal=who, pattern=pattern
+    ),
+    st.sampled_from(["*", "a", "ab", "a*", "b"]), operations, st.sampled_from([ALLOW, DENY]),
+    principals, st.sampled_from([PatternType.LITERAL, PatternType.PREFIXED]),
+)
+
+
+@given(st.lists(st.one_of(bindings, wild_bindings), max_size=12),
+       st.sampled_from(["*", "a", "ab", "a*", "abo", "b", "ob"]),
+       asked, st.sampled_from([ALICE, BOB]), st.sampled_from([HOST, "10.0.0.2"]), st.booleans())
+def test_indexed_lookup_decides_as_a_scan_of_every_binding(acls, topic, operation, principal,
+                                                           host, everyone):
+    settings = AuthorizerSettings(frozenset(), everyone)
+    resource = Resource.topic(topic)
+    expected = reference_decision(acls, settings, principal, host, operation, resource)
+    assert Authorizer(acls, settings).authorize(principal, host, operation, resource) is expected

@@ -430,8 +430,35 @@ class Authorizer:
         self.settings = settings or AuthorizerSettings()
         self.bindings: frozenset[AclBinding] = frozenset(bindings)
         self._by_type: dict[ResourceType, list[AclBinding]] = {}
+        # Kafka's StandardAuthorizer looks ACLs up instead of scanning them: by (type, literal
+        # name) -- the wildcard "*" is the literal name "*" -- and by (type, prefix), probed
+        # with every prefix of the resource's name. A check costs O(len(name) + matches).
+        self._literal: dict[tuple[ResourceType, str], list[AccessControlEntry]] = {}
+        self._prefixed: dict[tuple[ResourceType, str], list[AccessControlEntry]] = {}
+        self._prefix_lengths: dict[ResourceType, list[int]] = {}
         for binding in sorted(self.bindings):
-            self._by_type.setdefault(binding.pattern.resource_type, []).append(binding)
+            pattern = binding.pattern
+            self._by_type.setdefault(pattern.resource_type, []).append(binding)
+            index = self._prefixed if pattern.pattern_type is PatternType.PREFIXED else (
+                self._literal
+            )
+            index.setdefault((pattern.resource_type, pattern.name), []).append(binding.entry)
+        lengths: dict[ResourceType, set[int]] = {}
+        for kind, name in self._prefixed:
+            lengths.setdefault(kind, set()).add(len(name))
+        self._prefix_lengths = {kind: sorted(ls) for kind, ls in lengths.items()}
+
+    def _entries_for(self, resource: Resource) -> list[AccessControlEntry]:
+        """Every entry whose pattern covers ``resource`` (literal, wildcard, prefixes)."""
+        kind, name = resource.resource_type, resource.name
+        out = list(self._literal.get((kind, name), ()))
+        if name != WILDCARD:
+            out += self._literal.get((kind, WILDCARD), ())
+        for length in self._prefix_lengths.get(kind, ()):
+            if length > len(name):
+                break
+            out += self._prefixed.get((kind, name[:length]), ())
+        return out
 
     def authorize(
         self, principal: Principal, host: str, operation: AclOperation, resource: Resource
@@ -440,13 +467,10 @@ class Authorizer:
             return True
         who = str(principal)
         allowed_by = _IMPLIED_BY.get(operation, frozenset({operation}))
-        any_for_resource = False
+        entries = self._entries_for(resource)
+        any_for_resource = bool(entries)
         allowed = False
-        for binding in self._by_type.get(resource.resource_type, ()):
-            if not binding.pattern.matches(resource):
-                continue
-            any_for_resource = True
-            entry = binding.entry
+        for entry in entries:
             if not entry.matches_who(who, host):
                 continue
             if entry.permission is AclPermissionType.DENY:
