@@ -84,13 +84,18 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
         got = read_all(cluster, topic, last)
         keys = [key for _, key, _ in got]
         offsets = [offset for offset, _, _ in got]
-        return (len(keys) == len(set(keys)) and offsets == sorted(offsets)
-                and {k: v for _, k, v in got} == want)
+        seen = {k: v for _, k, v in got}
+        # A tombstone may be there (within delete.retention.ms) or gone (the clean came
+        # later than that, e.g. on a loaded machine); never an older value of its key.
+        for key, value in want.items():
+            if value is None and key not in seen:
+                seen[key] = None
+        return len(keys) == len(set(keys)) and offsets == sorted(offsets) and seen == want
 
-    # The first clean: each key once with its last value; the tombstones are still there (a
-    # consumer reading within delete.retention.ms must see the deletes).
+    # The first clean: each key once with its last value (tombstones kept, unless the clean
+    # came after delete.retention.ms: the unit tests pin the exact horizon).
     wait_for(lambda: compacted_to(expected, last_offset),
-             "each key once with its last value, tombstones kept", WAIT_S)
+             "each key once with its last value", WAIT_S)
     metrics = cluster.metrics_address("broker", 0)
     assert scrape_metric(metrics, 'fjord_broker_cleaner_cleans_total{outcome="cleaned"}') >= 1
     assert scrape_metric(metrics, "fjord_broker_cleaner_records_removed_total") >= KEYS * (
@@ -106,13 +111,16 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
     assert 0.0 <= replica.cleaner_dirty_ratio <= 1.0
     # A later clean (it needs dirty data, as in Kafka: more writes) after delete.retention.ms
     # (2 s past the tombstones' segment) drops them: the deleted keys are gone.
-    for k in range(TOMBSTONED):
-        del expected[b"key-%d" % k]
+    deleted = {b"key-%d" % k for k in range(TOMBSTONED)}
+    for key in deleted:
+        del expected[key]
     with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
                    "linger.ms": 0}) as producer:
 
         def tombstones_gone() -> bool:
-            return compacted_to(expected, fill(producer, topic, expected, 40))
+            last = fill(producer, topic, expected, 40)
+            return compacted_to(expected, last) and not deleted & {
+                key for _, key, _ in read_all(cluster, topic, last)}
 
         wait_for(tombstones_gone, "tombstoned keys gone", WAIT_S)
 

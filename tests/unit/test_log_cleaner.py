@@ -236,3 +236,14 @@ def test_a_truncation_below_the_checkpoint_makes_the_rewritten_offsets_dirty(
     values = [v for o, k, v in everything(log) if k == b"k0" and o < active_base]
     assert len(values) <= 1
     log.close()
+
+
+def test_every_read_of_a_clean_goes_through_the_throttle(tmp_path: Path) -> None:
+    log = PartitionLog.open(tmp_path, CONFIG, now_ms=NOW)
+    fill(log, [(b"k%d" % (i % 3), b"v%d" % i) for i in range(40)])
+    asked: list[int] = []
+    stats = clean_log(log, now_ms=NOW, delete_retention_ms=0, throttle=asked.append)
+    assert stats is not None
+    # Pass 1 reads the dirty segments (all of them: nothing was clean), pass 2 rewrites each.
+    assert sum(asked) == 2 * stats.bytes_read
+    log.close()
