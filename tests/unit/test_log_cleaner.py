@@ -247,3 +247,18 @@ def test_every_read_of_a_clean_goes_through_the_throttle(tmp_path: Path) -> None
     # Pass 1 reads the dirty segments (all of them: nothing was clean), pass 2 rewrites each.
     assert sum(asked) == 2 * stats.bytes_read
     log.close()
+
+
+def test_cleaner_settings_and_their_typed_errors() -> None:
+    from fjord.cluster.broker_config import validate_broker_config
+    from fjord.cluster.cleaner_config import CleanerSettings
+    from fjord.errors import ConfigError
+
+    assert CleanerSettings.from_config({}) == CleanerSettings()
+    assert CleanerSettings.from_config(
+        {"log.cleaner.enable": "False", "log.cleaner.backoff.ms": "5",
+         "log.cleaner.io.max.bytes.per.second": "1024"}) == CleanerSettings(False, 1024, 5)
+    for key, bad in (("log.cleaner.enable", "yes"), ("log.cleaner.backoff.ms", "0"),
+                     ("log.cleaner.io.max.bytes.per.second", "fast")):
+        with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+            validate_broker_config({key: bad})

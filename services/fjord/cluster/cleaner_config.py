@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.errors import ConfigError
+from fjord.cluster.values import throttled_task_settings
 
 #: ``log.cleaner.io.max.bytes.per.second``: Kafka's default is unlimited; 64 MiB/s leaves a
 #: disk's bandwidth to produce and fetch while cleaning a 1 GiB segment in 16 s.
@@ -22,17 +22,6 @@ CLEANER_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 
-def _positive_int(config: Mapping[str, str], key: str) -> int:
-    raw = config.get(key, CLEANER_CONFIG_DEFAULTS[key])
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"{key}: expected a positive integer, got {raw!r}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class CleanerSettings:
     """The log cleaner's settings. Invariant: the rate and backoff are >= 1 (checked)."""
@@ -44,11 +33,4 @@ class CleanerSettings:
     @classmethod
     def from_config(cls, config: Mapping[str, str]) -> CleanerSettings:
         """Read the ``log.cleaner.*`` keys; ConfigError naming a bad one."""
-        enable = config.get("log.cleaner.enable", "true").strip().lower()
-        if enable not in ("true", "false"):
-            raise ConfigError(f"log.cleaner.enable: expected true or false, got {enable!r}")
-        return cls(
-            enable == "true",
-            _positive_int(config, "log.cleaner.io.max.bytes.per.second"),
-            _positive_int(config, "log.cleaner.backoff.ms"),
-        )
+        return cls(*throttled_task_settings(config, "log.cleaner", CLEANER_CONFIG_DEFAULTS))

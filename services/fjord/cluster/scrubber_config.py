@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fjord.errors import ConfigError
+from fjord.cluster.values import throttled_task_settings
 
 #: ``log.scrubber.enable``: verify closed segments in the background (Kafka has no scrubber).
 DEFAULT_SCRUBBER_ENABLE = True
@@ -28,17 +28,6 @@ SCRUBBER_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 
-def _positive_int(config: Mapping[str, str], key: str) -> int:
-    raw = config.get(key, SCRUBBER_CONFIG_DEFAULTS[key])
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise ConfigError(f"{key}: expected a positive integer, got {raw!r}")
-    return value
-
-
 @dataclass(frozen=True, slots=True)
 class ScrubberSettings:
     """The scrubber's settings. Invariant: the rate and backoff are >= 1 (checked)."""
@@ -50,11 +39,4 @@ class ScrubberSettings:
     @classmethod
     def from_config(cls, config: Mapping[str, str]) -> ScrubberSettings:
         """Read the ``log.scrubber.*`` keys; ConfigError naming a bad one."""
-        enable = config.get("log.scrubber.enable", "true").strip().lower()
-        if enable not in ("true", "false"):
-            raise ConfigError(f"log.scrubber.enable: expected true or false, got {enable!r}")
-        return cls(
-            enable == "true",
-            _positive_int(config, "log.scrubber.io.max.bytes.per.second"),
-            _positive_int(config, "log.scrubber.backoff.ms"),
-        )
+        return cls(*throttled_task_settings(config, "log.scrubber", SCRUBBER_CONFIG_DEFAULTS))
