@@ -51,6 +51,7 @@ SHARED = {
     "fjord.runtime",
     "fjord.config",
     "fjord.serving",
+    "fjord.process_state",
     "fjord.topic_names",
     "fjord.topic_partition",
     "fjord.records",
