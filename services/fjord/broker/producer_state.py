@@ -43,7 +43,7 @@ from fjord.errors import (
     UnknownProducerIdError,
 )
 from fjord.records.header import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader, crc32c
-from fjord.storage.checkpoint import sync_directory
+from fjord.storage.checkpoint import sync_directory, write_new_file
 
 log = logging.getLogger(__name__)
 
@@ -396,14 +396,7 @@ def stage_snapshot(directory: Path, data: bytes, end_offset: int) -> Path:
     :func:`load_producer_state` until :func:`publish_snapshot`. Blocking: a worker thread."""
     path = snapshot_path(directory, end_offset)
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(tmp, data)
     return tmp
 
 

@@ -30,6 +30,19 @@ def write_atomically(path: Path, text: str, *, sync: bool) -> None:
         sync_directory(path.parent)
 
 
+def write_new_file(path: Path, data: bytes) -> None:
+    """Create (or truncate) ``path`` with ``data``, fsync'd before returning (the directory
+    entry is not: the caller renames or syncs the directory when the name must last)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def sync_file(path: Path) -> None:
     """fsync an existing file (and its directory entry); a missing file is not an error."""
     try:

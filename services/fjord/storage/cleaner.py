@@ -45,7 +45,7 @@ from pathlib import Path
 from fjord.errors import CorruptRecordError
 from fjord.records.header import BatchHeader
 from fjord.storage import defaults
-from fjord.storage.checkpoint import sync_directory
+from fjord.storage.checkpoint import sync_directory, write_new_file
 from fjord.storage.compaction import (
     CleanedSegment,
     DirtyState,
@@ -173,7 +173,7 @@ def clean_log(
             )
             path = directory / segment_file_name(segment.base_offset, CLEANED_SUFFIX)
             written.append(path)
-            _write_file(path, result.data)
+            write_new_file(path, result.data)
             results.append((segment, result))
         sync_directory(directory)
         on_step("written")
@@ -217,17 +217,6 @@ def _headers(segments: list[LogSegment]) -> list[BatchHeader]:
     with contextlib.suppress(CorruptRecordError, OSError):
         headers.extend(h for _, h in active.iter_headers(0, active.size))
     return headers
-
-
-def _write_file(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _discard(paths: list[Path]) -> None:
