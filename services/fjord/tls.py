@@ -199,9 +199,11 @@ class ClusterActionGuard:
 # --- ssl (the Kafka-protocol listener, Kafka clients) -------------------------------------------
 
 
-def server_ssl_context(security: ServiceSecurity) -> ssl.SSLContext:
+def server_ssl_context(security: ServiceSecurity, sasl: bool = False) -> ssl.SSLContext:
     """A TLS 1.2+ server context for the Kafka-protocol listener: the service's keystore, its
-    trust store for client certificates, required when ``ssl.client.auth=required``."""
+    trust store for client certificates, required when ``ssl.client.auth=required`` on an
+    SSL:// door. A SASL_SSL:// door never requires one (Kafka's default there: clients prove
+    who they are with SASL); a certificate a client does present is still verified."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     try:
@@ -214,7 +216,8 @@ def server_ssl_context(security: ServiceSecurity) -> ssl.SSLContext:
         raise ConfigError(
             f"ssl.truststore.location: cannot load {security.truststore}: {exc}"
         ) from exc
-    context.verify_mode = ssl.CERT_REQUIRED if security.client_auth_required else ssl.CERT_OPTIONAL
+    required = security.client_auth_required and not sasl
+    context.verify_mode = ssl.CERT_REQUIRED if required else ssl.CERT_OPTIONAL
     return context
 
 

@@ -195,3 +195,60 @@ def test_scram_users_are_watched_into_the_image() -> None:
     assert image.scram_credential("SCRAM-SHA-256", "a/b=c") is None
     image = image.apply([MetadataEvent.delete(key, 6)])
     assert image.scram_users == {}
+
+
+def _upsert(user: str, mechanism_type: int = 2, iterations: int = 4096) -> Any:
+    from fjord.security.scram import ScramUpsertion
+
+    c = USERS[("SCRAM-SHA-512", "alice")]
+    return ScramUpsertion(user, mechanism_type, iterations, c.salt, c.stored_key, c.server_key)
+
+
+def test_alter_plan_applies_or_refuses_each_user_as_a_whole() -> None:
+    from fjord.errors import ErrorCode
+    from fjord.security.scram import ScramDeletion, plan_alter_scram
+
+    current = {"bob": (USERS[("SCRAM-SHA-256", "alice")],)}
+    changed, errors = plan_alter_scram(
+        current,
+        [ScramDeletion("bob", 1), ScramDeletion("carol", 1), ScramDeletion("dave", 2)],
+        [_upsert("alice"), _upsert("carol"), _upsert("dave", 9), _upsert("erin", 2, 10),
+         _upsert("frank"), _upsert("frank"), _upsert("")],
+    )
+    codes = {user: error.code if error else None for user, error in errors.items()}
+    assert codes == {
+        "alice": None, "bob": None,
+        "carol": ErrorCode.RESOURCE_NOT_FOUND,  # its upsertion is not applied either
+        "dave": ErrorCode.RESOURCE_NOT_FOUND,
+        "erin": ErrorCode.UNACCEPTABLE_CREDENTIAL,
+        "frank": ErrorCode.DUPLICATE_RESOURCE,
+        "": ErrorCode.UNACCEPTABLE_CREDENTIAL,
+    }
+    assert changed == {"alice": (USERS[("SCRAM-SHA-512", "alice")],), "bob": ()}
+    _, errors = plan_alter_scram({}, [], [_upsert("x", 9)])
+    assert errors["x"] is not None and errors["x"].code is ErrorCode.UNSUPPORTED_SASL_MECHANISM
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("SCRAM-SHA-512=[iterations=8192,password=pw]", [("SCRAM-SHA-512", "pw", 8192)]),
+    ("SCRAM-SHA-256=[password=a=b],scram-sha-512=plain",
+     [("SCRAM-SHA-256", "a=b", 4096), ("SCRAM-SHA-512", "plain", 4096)]),
+])
+def test_add_config_parses_as_kafka_configs(text: str, expected: Any) -> None:
+    from fjord.cli.users_cmd import parse_scram_add_config
+
+    assert parse_scram_add_config(text) == expected
+
+
+@pytest.mark.parametrize("text,message", [
+    ("SCRAM-SHA-512=[iterations=x,password=p]", "iterations must be a number"),
+    ("SCRAM-SHA-512=[password=p", "unbalanced"),
+    ("PLAIN=[password=p]", "unknown SCRAM mechanism"),
+    ("SCRAM-SHA-512=[iterations=8192]", "a password is required"),
+    ("SCRAM-SHA-512", "expected MECHANISM"),
+])
+def test_add_config_errors_name_the_problem(text: str, message: str) -> None:
+    from fjord.cli.users_cmd import parse_scram_add_config
+
+    with pytest.raises(ScramCredentialError, match=message):
+        parse_scram_add_config(text)

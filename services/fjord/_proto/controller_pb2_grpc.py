@@ -105,6 +105,16 @@ class ControllerStub:
                 request_serializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
                 _registered_method=True)
+        self.DescribeUserScramCredentials = channel.unary_unary(
+                '/fjord.v1.Controller/DescribeUserScramCredentials',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsResponse.FromString,
+                _registered_method=True)
+        self.AlterUserScramCredentials = channel.unary_unary(
+                '/fjord.v1.Controller/AlterUserScramCredentials',
+                request_serializer=fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsResponse.FromString,
+                _registered_method=True)
 
 
 class ControllerServicer:
@@ -196,6 +206,19 @@ class ControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DescribeUserScramCredentials(self, request, context):
+        """Kafka's SCRAM credentials (salted; kept by the controller in etcd under scram-users/).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AlterUserScramCredentials(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -268,6 +291,16 @@ def add_ControllerServicer_to_server(servicer, server):
                     servicer.DeleteAcls,
                     request_deserializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.SerializeToString,
+            ),
+            'DescribeUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeUserScramCredentials,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsResponse.SerializeToString,
+            ),
+            'AlterUserScramCredentials': grpc.unary_unary_rpc_method_handler(
+                    servicer.AlterUserScramCredentials,
+                    request_deserializer=fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -648,6 +681,60 @@ class Controller:
             '/fjord.v1.Controller/DeleteAcls',
             fjord_dot_v1_dot_controller__pb2.DeleteAclsRequest.SerializeToString,
             fjord_dot_v1_dot_controller__pb2.DeleteAclsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/DescribeUserScramCredentials',
+            fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.DescribeUserScramCredentialsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AlterUserScramCredentials(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Controller/AlterUserScramCredentials',
+            fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsRequest.SerializeToString,
+            fjord_dot_v1_dot_controller__pb2.AlterUserScramCredentialsResponse.FromString,
             options,
             channel_credentials,
             insecure,

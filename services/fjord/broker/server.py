@@ -54,7 +54,7 @@ from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.groups import FindCoordinatorHandler
 from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener, open_kafka_listener
+from fjord.kafka.server import KafkaListener, SaslSettings, open_kafka_listener
 from fjord.metadata import (
     BrokerRegistration,
     Keys,
@@ -189,6 +189,9 @@ class BrokerOptions:
     #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
     security: ServiceSecurity | None = None
     kafka_tls: bool = False
+    #: The Kafka-protocol door authenticates with SASL SCRAM (``SASL_PLAINTEXT://`` or, with
+    #: ``kafka_tls``, ``SASL_SSL://``) against the credentials in the metadata image.
+    kafka_sasl: bool = False
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
 
@@ -358,7 +361,11 @@ class BrokerServer:
             self._kafka = await open_kafka_listener(
                 handlers.dispatcher(),
                 opts.kafka_listener,
-                server_ssl_context(opts.security) if opts.kafka_tls and opts.security else None,
+                (
+                    server_ssl_context(opts.security, sasl=opts.kafka_sasl)
+                    if opts.kafka_tls and opts.security else None
+                ),
+                sasl=self._sasl_settings() if opts.kafka_sasl else None,
                 name=f"broker {opts.broker_id} kafka",
             )
 
@@ -623,6 +630,9 @@ class BrokerServer:
                 log.warning("metadata has not caught up with registration %d yet", revision)
                 with contextlib.suppress(Exception):
                     await self._etcd.refresh_lease(self._lease_id)
+
+    def _sasl_settings(self) -> SaslSettings:
+        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user))
 
     def _image(self) -> MetadataImage:
         assert self._watcher is not None

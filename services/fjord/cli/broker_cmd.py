@@ -18,7 +18,11 @@ from fjord.cli.security_options import (
 )
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import kafka_listener_uses_tls, resolve_listeners
+from fjord.kafka.listeners import (
+    kafka_listener_uses_sasl,
+    kafka_listener_uses_tls,
+    resolve_listeners,
+)
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
 
@@ -113,6 +117,7 @@ def broker(
             security=load_service_security(security_config),
             authorization=load_authorization(security_config),
             kafka_tls=kafka_listener_uses_tls(listeners),
+            kafka_sasl=kafka_listener_uses_sasl(listeners),
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

@@ -17,7 +17,11 @@ from fjord.cli.security_options import (
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import kafka_listener_uses_tls, resolve_listeners
+from fjord.kafka.listeners import (
+    kafka_listener_uses_sasl,
+    kafka_listener_uses_tls,
+    resolve_listeners,
+)
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects
 
@@ -122,6 +126,7 @@ def coordinator(
             security=load_service_security(security_config),
             authorization=load_authorization(security_config),
             kafka_tls=kafka_listener_uses_tls(listeners),
+            kafka_sasl=kafka_listener_uses_sasl(listeners),
         )
         setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

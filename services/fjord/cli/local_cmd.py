@@ -95,6 +95,12 @@ def local() -> None:
     help="With --secure: Kafka's ACL authorizer on in every service; client.properties' "
     "User:admin is the super user, every other principal needs ACLs (fjord acls).",
 )
+@click.option(
+    "--sasl",
+    is_flag=True,
+    help="Kafka-protocol listeners take SASL SCRAM-SHA-256/512 logins (SASL_SSL:// with "
+    "--secure, else SASL_PLAINTEXT://); make users with fjord users --alter.",
+)
 def up(
     data_dir: Path | None,
     brokers: int,
@@ -104,6 +110,7 @@ def up(
     config_items: tuple[str, ...],
     secure: bool,
     authorization: bool,
+    sasl: bool,
 ) -> None:
     """Start a local cluster and print its bootstrap servers. Without --detach it runs in the
     foreground until Ctrl-C (or SIGTERM), then stops everything.
@@ -128,6 +135,7 @@ def up(
             broker_port_fallback=port is None,
             secure=secure,
             authorization=authorization,
+            kafka_sasl=sasl,
         )
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
@@ -153,6 +161,15 @@ def up(
             "  Kafka clients: the same keys (security.protocol=SSL, ssl.ca.location, "
             "ssl.certificate.location, ssl.key.location)"
         )
+    if sasl:
+        command = f" --command-config {cluster.client_properties}" if secure else ""
+        protocol = "SASL_SSL" if secure else "SASL_PLAINTEXT"
+        click.echo(f"SASL: the Kafka listeners take SCRAM-SHA-256/512 ({protocol}); make a user:")
+        click.echo(f"  fjord users --alter --entity-name alice --add-config "
+                   f"'SCRAM-SHA-512=[password=alice-secret]'{command}")
+        click.echo(f"  Kafka clients: security.protocol={protocol}, sasl.mechanism=SCRAM-SHA-512, "
+                   "sasl.username, sasl.password"
+                   + (", ssl.ca.location" if secure else ""))
     if detach:
         click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
         return

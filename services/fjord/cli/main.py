@@ -35,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("fjord.cli.console_cmd", "produce"),
     "quickstart": ("fjord.cli.quickstart_cmd", "quickstart"),
     "topics": ("fjord.cli.topics_cmd", "topics"),
+    "users": ("fjord.cli.users_cmd", "users"),
 }
 
 

@@ -70,6 +70,15 @@ from fjord.groups.protocol import decode_assignment
 from fjord.groups.state import GroupState
 from fjord.security import ClientSecurity
 from fjord.security.acls import MATCH_ALL, AclBinding, AclBindingFilter
+from fjord.security.scram import (
+    MECHANISM_BY_TYPE,
+    SCRAM_MECHANISMS,
+    ScramCredential,
+    ScramCredentialInfo,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+    check_mechanism,
+)
 
 T = TypeVar("T")
 
@@ -674,6 +683,69 @@ class AdminClient:
                 raise error
             out.append([binding_from_pb(b) for b in result.deleted])
         return out
+
+    # -- SCRAM credentials (Kafka's Describe/AlterUserScramCredentials) ------------------------
+
+    def describe_user_scram_credentials(
+        self, users: Sequence[str] | None = None, *, timeout: float | None = None
+    ) -> dict[str, list[ScramCredentialInfo]]:
+        """Each user's SCRAM mechanisms and iteration counts (every user with credentials by
+        default). A named user without credentials raises RESOURCE_NOT_FOUND naming it."""
+        request = controller_pb2.DescribeUserScramCredentialsRequest(users=list(users or ()))
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call(
+                "DescribeUserScramCredentials", request, deadline, True
+            )
+
+        response = self._run(call, timeout)
+        self._top_error(response)
+        out: dict[str, list[ScramCredentialInfo]] = {}
+        for result in response.results:
+            error = _acl_error(result.error, f"user {result.user!r}")
+            if error is not None:
+                raise error
+            out[result.user] = [
+                ScramCredentialInfo(MECHANISM_BY_TYPE.get(c.mechanism, str(c.mechanism)),
+                                    c.iterations)
+                for c in result.credentials
+            ]
+        return out
+
+    def alter_user_scram_credentials(
+        self,
+        alterations: Sequence[UserScramCredentialUpsertion | UserScramCredentialDeletion],
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Set or delete users' SCRAM credentials. Passwords are salted here (random salt,
+        ``iterations``) and only salt, StoredKey and ServerKey go to the controller. Each
+        user's alterations are applied or refused together; raises the first refused user's
+        error (UNSUPPORTED_SASL_MECHANISM, UNACCEPTABLE_CREDENTIAL, DUPLICATE_RESOURCE,
+        RESOURCE_NOT_FOUND, CLUSTER_AUTHORIZATION_FAILED); the other users' are applied."""
+        request = controller_pb2.AlterUserScramCredentialsRequest()
+        for item in alterations:
+            mechanism = SCRAM_MECHANISMS[check_mechanism(item.mechanism)]
+            if isinstance(item, UserScramCredentialDeletion):
+                request.deletions.add(user=item.user, mechanism=mechanism)
+                continue
+            credential = ScramCredential.from_password(
+                item.mechanism, item.password, item.iterations
+            )
+            request.upsertions.add(
+                user=item.user, mechanism=mechanism, iterations=credential.iterations,
+                salt=credential.salt, stored_key=credential.stored_key,
+                server_key=credential.server_key,
+            )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("AlterUserScramCredentials", request, deadline)
+
+        response = self._run(call, timeout)
+        for result in response.results:
+            error = _acl_error(result.error, f"user {result.user!r}")
+            if error is not None:
+                raise error
 
     # -- reassignment and elections -----------------------------------------------------------
 

@@ -40,6 +40,7 @@ from fjord.security.acls import (
     Caller,
     Resource,
 )
+from fjord.security.scram import SCRAM_MECHANISMS, ScramDeletion, ScramUpsertion
 from fjord.serving import access_control, grpc_caller_or_forwarded
 from fjord.tls import ClusterActionGuard, bind_port, use_service_security
 from fjord.topic_partition import TopicPartition
@@ -457,6 +458,66 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
         response.results.extend(results)
         return response
 
+
+    # --- SCRAM credentials ----------------------------------------------------------------
+
+    async def DescribeUserScramCredentials(
+        self,
+        request: controller_pb2.DescribeUserScramCredentialsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.DescribeUserScramCredentialsResponse:
+        """Kafka's DescribeUserScramCredentials: Describe on the cluster; mechanisms and
+        iterations only (never salt or keys); a named user without credentials gets
+        RESOURCE_NOT_FOUND, a user named twice DUPLICATE_RESOURCE."""
+        response = controller_pb2.DescribeUserScramCredentialsResponse()
+        try:
+            self._require_cluster(context, AclOperation.DESCRIBE)
+            users = self.service.describe_scram_credentials()
+        except Exception as exc:
+            response.error.CopyFrom(error_pb(exc))
+            return response
+        names = list(request.users) or sorted(users)
+        for name in names:
+            result = response.results.add(user=name)
+            if names.count(name) > 1:
+                result.error.CopyFrom(error_pb(FjordError(
+                    f"user {name!r} named twice", ErrorCode.DUPLICATE_RESOURCE)))
+            elif name not in users:
+                result.error.CopyFrom(error_pb(FjordError(
+                    f"user {name!r} has no SCRAM credentials", ErrorCode.RESOURCE_NOT_FOUND)))
+            else:
+                result.credentials.extend(
+                    controller_pb2.ScramCredentialInfo(
+                        mechanism=SCRAM_MECHANISMS[c.mechanism], iterations=c.iterations
+                    )
+                    for c in users[name].credentials
+                )
+        return response
+
+    async def AlterUserScramCredentials(
+        self,
+        request: controller_pb2.AlterUserScramCredentialsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> controller_pb2.AlterUserScramCredentialsResponse:
+        """Kafka's AlterUserScramCredentials: Alter on the cluster; each user's changes are
+        applied or refused as a whole (fjord.security.scram.plan_alter_scram)."""
+        deletions = [ScramDeletion(d.user, d.mechanism) for d in request.deletions]
+        upsertions = [
+            ScramUpsertion(u.user, u.mechanism, u.iterations, u.salt, u.stored_key, u.server_key)
+            for u in request.upsertions
+        ]
+        users = sorted({d.user for d in deletions} | {u.user for u in upsertions})
+        try:
+            self._require_cluster(context, AclOperation.ALTER)
+            errors: dict[str, BaseException | None] = dict(
+                await self.service.alter_scram_credentials(deletions, upsertions)
+            )
+        except Exception as exc:
+            errors = {user: exc for user in users}
+        return controller_pb2.AlterUserScramCredentialsResponse(results=[
+            controller_pb2.AlterUserScramCredentialsResult(user=user, error=error_pb(errors[user]))
+            for user in users
+        ])
 
 def _partition_errors(
     outcomes: Iterable[PartitionOutcome],

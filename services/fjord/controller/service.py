@@ -66,7 +66,7 @@ from fjord.metadata import (
     TopicRecord,
 )
 from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
-from fjord.metadata.schema import AclEntries
+from fjord.metadata.schema import AclEntries, ScramUser
 from fjord.observability import set_active_controller, set_offline_partitions
 from fjord.security.acls import (
     AccessControlEntry,
@@ -75,6 +75,12 @@ from fjord.security.acls import (
     ResourcePattern,
     plan_create_acls,
     plan_delete_acls,
+)
+from fjord.security.scram import (
+    ScramAlterationError,
+    ScramDeletion,
+    ScramUpsertion,
+    plan_alter_scram,
 )
 from fjord.serving import cancel_until_done
 from fjord.topic_partition import TopicPartition
@@ -552,6 +558,27 @@ class ControllerService:
             if changed:
                 await self._write(self._acl_ops(changed))
             return deleted
+
+    async def alter_scram_credentials(
+        self, deletions: list[ScramDeletion], upsertions: list[ScramUpsertion]
+    ) -> dict[str, ScramAlterationError | None]:
+        """Kafka's AlterUserScramCredentials: per user named, its error or None (applied);
+        the valid users' changes are written in one fenced txn (scram-users/<user>)."""
+        async with self._write_lock:
+            self.require_active()
+            current = {u: s.credentials for u, s in self.image.scram_users.items()}
+            changed, errors = plan_alter_scram(current, deletions, upsertions)
+            if changed:
+                await self._write([
+                    put_op(self.keys.scram_user(user), ScramUser(credentials).to_json())
+                    if credentials else delete_op(self.keys.scram_user(user))
+                    for user, credentials in sorted(changed.items())
+                ])
+            return errors
+
+    def describe_scram_credentials(self) -> dict[str, ScramUser]:
+        self.require_active()
+        return dict(self.image.scram_users)
 
     def _check_broker_epoch(self, broker_id: int, broker_epoch: int) -> None:
         current = self.image.broker_epoch(broker_id)

@@ -44,7 +44,7 @@ from fjord.errors import (
 )
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener, open_kafka_listener
+from fjord.kafka.server import KafkaListener, SaslSettings, open_kafka_listener
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -158,6 +158,9 @@ class CoordinatorOptions:
     #: ``kafka_tls``: the Kafka-protocol door is ``SSL://`` (needs ``security``).
     security: ServiceSecurity | None = None
     kafka_tls: bool = False
+    #: The Kafka-protocol door authenticates with SASL SCRAM (``SASL_PLAINTEXT://`` or, with
+    #: ``kafka_tls``, ``SASL_SSL://``) against the credentials in the metadata image.
+    kafka_sasl: bool = False
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
     #: A directory only this process uses (an exclusive lock) where each run records its
@@ -279,7 +282,11 @@ class CoordinatorServer:
             self._kafka = await open_kafka_listener(
                 self._kafka_apis.dispatcher(),
                 opts.kafka_listener,
-                server_ssl_context(opts.security) if opts.kafka_tls and opts.security else None,
+                (
+                    server_ssl_context(opts.security, sasl=opts.kafka_sasl)
+                    if opts.kafka_tls and opts.security else None
+                ),
+                sasl=self._sasl_settings() if opts.kafka_sasl else None,
                 name=f"coordinator {opts.coordinator_id} kafka",
             )
         if opts.metrics_port is not None:
@@ -464,6 +471,9 @@ class CoordinatorServer:
         self.manager.drop_all()
 
     # --- ownership and replay ---------------------------------------------------------------
+
+    def _sasl_settings(self) -> SaslSettings:
+        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user))
 
     def _image(self) -> MetadataImage:
         assert self._watcher is not None

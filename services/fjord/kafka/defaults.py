@@ -13,6 +13,9 @@ KAFKA_LISTENER = "KAFKA"
 #: The Kafka-protocol door over TLS (``fjord.tls.server_ssl_context``): needs
 #: ``--security-config``. A process has at most one Kafka-protocol door, KAFKA or SSL.
 SSL_LISTENER = "SSL"
+#: The Kafka-protocol door with SASL authentication (fjord.kafka.sasl), plaintext or over TLS.
+SASL_PLAINTEXT_LISTENER = "SASL_PLAINTEXT"
+SASL_SSL_LISTENER = "SASL_SSL"
 
 #: Port of the Kafka listener when ``KAFKA://HOST`` names none (Kafka's own default).
 DEFAULT_KAFKA_PORT = 9092

@@ -112,15 +112,29 @@ class KafkaDispatcher:
     handler, and nothing else is advertised."""
 
     def __init__(self, apis: Iterable[Api]) -> None:
+        #: APIs the connection layer answers itself (SaslHandshake/SaslAuthenticate on a SASL
+        #: door): advertised in ApiVersions, never dispatched here.
+        self._answered_elsewhere: dict[int, tuple[int, int]] = {}
         self._apis: dict[int, Api] = {}
         for api in apis:
             if api.key in self._apis or api.key == API_VERSIONS_KEY:
                 raise ValueError(f"API {api.key} registered twice")
             self._apis[api.key] = api
 
+    def advertising(self, answered_elsewhere: dict[int, tuple[int, int]]) -> KafkaDispatcher:
+        """The same dispatcher also advertising ``answered_elsewhere`` (key -> versions) that
+        the connection layer serves itself (fjord.kafka.sasl on SASL doors)."""
+        overlap = set(answered_elsewhere) & (set(self._apis) | {API_VERSIONS_KEY})
+        if overlap:
+            raise ValueError(f"APIs {sorted(overlap)} are already dispatched here")
+        other = KafkaDispatcher(self._apis.values())
+        other._answered_elsewhere = dict(answered_elsewhere)
+        return other
+
     def supported(self) -> dict[int, tuple[int, int]]:
         """api_key -> (min, max) of every advertised API, ApiVersions included."""
         out = {API_VERSIONS_KEY: API_VERSIONS_VERSIONS}
+        out.update(self._answered_elsewhere)
         out.update({k: (a.min_version, a.max_version) for k, a in self._apis.items()})
         return dict(sorted(out.items()))
 

@@ -1,19 +1,27 @@
 """Kafka's ``listeners`` / ``advertised.listeners`` syntax: ``NAME://HOST:PORT[,NAME://HOST:PORT]``.
 
-Fjord knows three listener names (:mod:`fjord.kafka.defaults`): ``GRPC`` (the native door,
-TLS when the process has ``--security-config``), ``KAFKA`` (the Kafka-protocol door) and ``SSL``
-(the Kafka-protocol door over TLS); at most one of KAFKA and SSL. Pure parsing; ConfigError
-names the option.
+Fjord knows five listener names (:mod:`fjord.kafka.defaults`): ``GRPC`` (the native door,
+TLS when the process has ``--security-config``), ``KAFKA`` (the Kafka-protocol door), ``SSL``
+(the Kafka-protocol door over TLS), ``SASL_PLAINTEXT`` and ``SASL_SSL`` (the Kafka-protocol
+door with SASL SCRAM authentication, plaintext or over TLS); at most one Kafka-protocol door.
+Pure parsing; ConfigError names the option.
 """
 
 from __future__ import annotations
 
 from fjord.errors import ConfigError
-from fjord.kafka.defaults import DEFAULT_KAFKA_PORT, GRPC_LISTENER, KAFKA_LISTENER, SSL_LISTENER
+from fjord.kafka.defaults import (
+    DEFAULT_KAFKA_PORT,
+    GRPC_LISTENER,
+    KAFKA_LISTENER,
+    SASL_PLAINTEXT_LISTENER,
+    SASL_SSL_LISTENER,
+    SSL_LISTENER,
+)
 from fjord.serving import advertised_host, parse_listen
 
-KNOWN_LISTENERS = (GRPC_LISTENER, KAFKA_LISTENER, SSL_LISTENER)
-_KAFKA_DOORS = (KAFKA_LISTENER, SSL_LISTENER)
+_KAFKA_DOORS = (KAFKA_LISTENER, SSL_LISTENER, SASL_PLAINTEXT_LISTENER, SASL_SSL_LISTENER)
+KNOWN_LISTENERS = (GRPC_LISTENER, *_KAFKA_DOORS)
 
 
 def parse_listeners(text: str, option: str = "listeners") -> dict[str, tuple[str, int]]:
@@ -89,13 +97,24 @@ def resolve_listeners(
 
 
 def kafka_listener_uses_tls(listeners: str) -> bool:
-    """Whether the Kafka-protocol door in ``listeners`` is ``SSL://`` (TLS) rather than
-    ``KAFKA://`` (plaintext)."""
-    return SSL_LISTENER in parse_listeners(listeners)
+    """Whether the Kafka-protocol door in ``listeners`` is ``SSL://`` or ``SASL_SSL://`` (TLS)
+    rather than ``KAFKA://`` or ``SASL_PLAINTEXT://`` (plaintext)."""
+    parsed = parse_listeners(listeners)
+    return SSL_LISTENER in parsed or SASL_SSL_LISTENER in parsed
+
+
+def kafka_listener_uses_sasl(listeners: str) -> bool:
+    """Whether the Kafka-protocol door in ``listeners`` authenticates clients with SASL
+    (``SASL_PLAINTEXT://`` or ``SASL_SSL://``)."""
+    parsed = parse_listeners(listeners)
+    return SASL_PLAINTEXT_LISTENER in parsed or SASL_SSL_LISTENER in parsed
 
 
 def _kafka_door(parsed: dict[str, tuple[str, int]], option: str) -> tuple[str, int] | None:
     doors = [name for name in _KAFKA_DOORS if name in parsed]
     if len(doors) > 1:
-        raise ConfigError(f"{option}: one Kafka-protocol listener, KAFKA:// or SSL://, not both")
+        raise ConfigError(
+            f"{option}: one Kafka-protocol listener (KAFKA://, SSL://, SASL_PLAINTEXT:// or "
+            f"SASL_SSL://), got {', '.join(doors)}"
+        )
     return parsed[doors[0]] if doors else None

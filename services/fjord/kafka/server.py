@@ -7,6 +7,12 @@ all earlier ones. A frame whose size prefix is negative or above
 ``socket.request.max.bytes`` closes the connection before anything is read; a connection that
 completes no request within ``connections.max.idle.ms`` (also one that sent half a frame and
 stalled) is closed. Each such close is logged; the listener and every other connection go on.
+
+On a SASL door (``sasl`` given: SASL_PLAINTEXT:// or SASL_SSL://) each connection has a
+:class:`~fjord.kafka.sasl.SaslConnection` that sees every frame first: until the client has
+authenticated only ApiVersions and the SASL exchange are served (a larger frame than
+``sasl.server.max.receive.size`` closes the connection unread), afterwards requests run as
+``User:<name>``.
 """
 
 from __future__ import annotations
@@ -16,12 +22,16 @@ import contextlib
 import logging
 import socket
 import ssl
+from collections.abc import Iterable
+from dataclasses import dataclass
 
 from fjord.errors import ConfigError
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
 from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
+from fjord.kafka.sasl import SASL_API_VERSIONS, ReplyThenClose, SaslConnection
 from fjord.security import ANONYMOUS, Principal
+from fjord.security.scram import SCRAM_MECHANISMS, CredentialLookup
 from fjord.tls import ssl_peer_principal
 
 log = logging.getLogger(__name__)
@@ -32,6 +42,15 @@ def client_host(peer: object) -> str:
     if isinstance(peer, tuple) and peer:
         return f"/{peer[0]}"
     return ""
+
+
+@dataclass(frozen=True)
+class SaslSettings:
+    """A SASL door's mechanisms (Kafka's ``sasl.enabled.mechanisms``; both SCRAM ones by
+    default) and where the salted credentials come from (the process's metadata image)."""
+
+    lookup: CredentialLookup
+    mechanisms: Iterable[str] = tuple(SCRAM_MECHANISMS)
 
 
 class KafkaListener:
@@ -51,8 +70,10 @@ class KafkaListener:
         idle_timeout_ms: int = defaults.CONNECTIONS_MAX_IDLE_MS,
         name: str = "kafka",
         ssl_context: ssl.SSLContext | None = None,
+        sasl: SaslSettings | None = None,
     ) -> None:
-        self._dispatcher = dispatcher
+        self._sasl = sasl
+        self._dispatcher = dispatcher.advertising(SASL_API_VERSIONS) if sasl else dispatcher
         self._host = host
         self.port = port
         self._max_request_bytes = max_request_bytes
@@ -136,6 +157,9 @@ class KafkaListener:
     async def _read_requests(
         self, reader: asyncio.StreamReader, host: str, principal: Principal, pipeline: _Pipeline
     ) -> str:
+        sasl = (
+            SaslConnection(self._sasl.mechanisms, self._sasl.lookup) if self._sasl else None
+        )
         while True:
             try:
                 async with asyncio.timeout(self._idle_timeout_s):
@@ -149,12 +173,30 @@ class KafkaListener:
                             f"request size {size} outside 0..{self._max_request_bytes} "
                             "(socket.request.max.bytes)"
                         )
+                    if sasl is not None and not sasl.frame_size_allowed(size):
+                        return (
+                            f"request size {size} before SASL authentication is above "
+                            f"{sasl.max_receive_bytes} (sasl.server.max.receive.size)"
+                        )
                     frame = await reader.readexactly(size)
             except TimeoutError:
                 return (
                     f"no complete request for {self._idle_timeout_s:g} s "
                     "(connections.max.idle.ms)"
                 )
+            if sasl is not None:
+                answer = sasl.on_frame(frame)
+                if isinstance(answer, Close):
+                    return answer.reason
+                if isinstance(answer, (Reply, ReplyThenClose)):
+                    done_sasl: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+                    done_sasl.set_result(Reply(answer.frame))
+                    await pipeline.add(done_sasl, overlaps=False)
+                    if isinstance(answer, ReplyThenClose):
+                        return answer.reason
+                    continue
+                if sasl.principal is not None:
+                    principal = sasl.principal
             prepared = self._dispatcher.prepare(frame, host, principal)
             if isinstance(prepared, Close):
                 return prepared.reason
@@ -258,14 +300,17 @@ async def open_kafka_listener(
     listener: tuple[str, int],
     tls: ssl.SSLContext | None,
     name: str,
+    sasl: SaslSettings | None = None,
 ) -> KafkaListener:
-    """Start a process's Kafka-protocol door (``KAFKA://``, or ``SSL://`` with ``tls``); a
-    port that cannot be bound is a ConfigError naming the listener."""
+    """Start a process's Kafka-protocol door (``KAFKA://``, ``SSL://`` with ``tls``,
+    ``SASL_PLAINTEXT://`` with ``sasl``, ``SASL_SSL://`` with both); a port that cannot be
+    bound is a ConfigError naming the listener."""
     host, port = listener
-    kafka = KafkaListener(dispatcher, host, port, name=name, ssl_context=tls)
+    kafka = KafkaListener(dispatcher, host, port, name=name, ssl_context=tls, sasl=sasl)
     try:
         await kafka.start()
     except OSError as exc:
-        door = "SSL" if tls is not None else "KAFKA"
+        door = ("SASL_" if sasl else "") + ("SSL" if tls is not None else "PLAINTEXT")
+        door = "KAFKA" if door == "PLAINTEXT" else door
         raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
     return kafka

@@ -156,6 +156,7 @@ class LocalCluster:
         broker_port_fallback: bool = False,
         secure: bool = False,
         authorization: bool = False,
+        kafka_sasl: bool = False,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -191,6 +192,9 @@ class LocalCluster:
         #: Kafka's ACL authorizer on in every service, User:admin (client.properties) the
         #: super user; everyone else needs ACLs.
         self.authorization = authorization
+        #: The Kafka-protocol doors authenticate with SASL SCRAM: SASL_SSL:// when secure,
+        #: else SASL_PLAINTEXT:// (users: fjord users / AdminClient.alter_user_scram_credentials).
+        self.kafka_sasl = kafka_sasl
         self._pki: LocalPki | None = None
         self._client_security: ClientSecurity | None = None
         self._owner = False  # True once start() may write the state file
@@ -466,6 +470,8 @@ class LocalCluster:
 
     @property
     def _kafka_door(self) -> str:
+        if self.kafka_sasl:
+            return "SASL_SSL" if self.secure else "SASL_PLAINTEXT"
         return "SSL" if self.secure else "KAFKA"
 
     def _security_args(self, role: str, node_id: int) -> list[str]:

@@ -5,7 +5,8 @@ Clients (``Producer``, ``Consumer``, ``AdminClient``, every ``fjord`` client com
 
 ====================================  ======================================================
 ``security.protocol``                 ``PLAINTEXT`` (default) or ``SSL``; ``SASL_PLAINTEXT``
-                                      and ``SASL_SSL`` are Kafka's and refused (not yet there)
+                                      and ``SASL_SSL`` are refused (SASL is served on the
+                                      Kafka-protocol listener only)
 ``ssl.ca.location``                   PEM file of the CA certificates to trust (default: the
                                       system's roots)
 ``ssl.certificate.location``          PEM file of the client certificate (mutual TLS)
@@ -211,8 +212,9 @@ def _protocol(config: Mapping[str, object]) -> SecurityProtocol:
         ) from None
     if protocol not in SUPPORTED_PROTOCOLS:
         raise SecurityConfigError(
-            "security.protocol", f"{protocol.value} is not supported yet (SASL is not there; "
-            "use SSL with a client certificate)"
+            "security.protocol", f"{protocol.value} is not supported by Fjord's gRPC clients "
+            "(SASL SCRAM is served on the Kafka-protocol listener, SASL_SSL://, for Kafka "
+            "clients; fjord's own clients use SSL with a client certificate)"
         )
     return protocol
 

@@ -10,12 +10,12 @@ act as the client. The key derivation and the exchange itself are the ``scramp``
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from scramp import ScramMechanism
 
-from fjord.errors import ConfigError
+from fjord.errors import ConfigError, ErrorCode, FjordError
 
 #: Kafka's mechanism names and wire types (AlterUserScramCredentials' ``mechanism`` byte).
 SCRAM_SHA_256 = "SCRAM-SHA-256"
@@ -116,3 +116,115 @@ class ScramCredential:
 
 #: ``lookup(mechanism, username)`` -> the user's credential, or None if none is stored.
 CredentialLookup = Callable[[str, str], "ScramCredential | None"]
+
+
+class ScramAlterationError(FjordError):
+    """Why one user's credential changes were refused (Kafka's codes:
+    UNSUPPORTED_SASL_MECHANISM, UNACCEPTABLE_CREDENTIAL, DUPLICATE_RESOURCE,
+    RESOURCE_NOT_FOUND)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ScramDeletion:
+    user: str
+    mechanism_type: int
+
+
+@dataclass(frozen=True, slots=True)
+class ScramUpsertion:
+    """A credential as the client derived it from the password (no password here)."""
+
+    user: str
+    mechanism_type: int
+    iterations: int
+    salt: bytes
+    stored_key: bytes
+    server_key: bytes
+
+
+def plan_alter_scram(
+    current: Mapping[str, tuple[ScramCredential, ...]],
+    deletions: Iterable[ScramDeletion],
+    upsertions: Iterable[ScramUpsertion],
+) -> tuple[dict[str, tuple[ScramCredential, ...]], dict[str, ScramAlterationError | None]]:
+    """Kafka's AlterUserScramCredentials, pure: per user named, the error (None: applied);
+    and the users whose credentials change with their new credentials (empty: delete the
+    user's key). A user with any bad alteration gets no change at all; one user+mechanism
+    named twice in the request is DUPLICATE_RESOURCE for that user."""
+    items: list[ScramDeletion | ScramUpsertion] = [*deletions, *upsertions]
+    errors: dict[str, ScramAlterationError | None] = {}
+    seen: set[tuple[str, int]] = set()
+    by_user: dict[str, dict[str, ScramCredential | None]] = {}
+
+    def fail(user: str, code: ErrorCode, message: str) -> None:
+        if errors.get(user) is None:
+            errors[user] = ScramAlterationError(message, code)
+
+    for item in items:
+        errors.setdefault(item.user, None)
+        if (item.user, item.mechanism_type) in seen:
+            fail(item.user, ErrorCode.DUPLICATE_RESOURCE,
+                 f"a credential of user {item.user!r} cannot be altered twice in one request")
+        seen.add((item.user, item.mechanism_type))
+    for item in items:
+        user = item.user
+        if not user:
+            fail(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, "username must not be empty")
+            continue
+        mechanism = MECHANISM_BY_TYPE.get(item.mechanism_type)
+        if mechanism is None:
+            fail(user, ErrorCode.UNSUPPORTED_SASL_MECHANISM,
+                 f"unknown SCRAM mechanism type {item.mechanism_type} (1: {SCRAM_SHA_256}, "
+                 f"2: {SCRAM_SHA_512})")
+            continue
+        changes = by_user.setdefault(user, {})
+        if isinstance(item, ScramDeletion):
+            if not any(c.mechanism == mechanism for c in current.get(user, ())):
+                fail(user, ErrorCode.RESOURCE_NOT_FOUND,
+                     f"user {user!r} has no {mechanism} credential to delete")
+            changes[mechanism] = None
+            continue
+        try:
+            changes[mechanism] = ScramCredential(
+                mechanism, item.salt, item.stored_key, item.server_key, item.iterations
+            )
+        except ScramCredentialError as exc:
+            fail(user, ErrorCode.UNACCEPTABLE_CREDENTIAL, f"user {user!r}: {exc}")
+    changed: dict[str, tuple[ScramCredential, ...]] = {}
+    for user, changes in by_user.items():
+        if errors.get(user) is not None:
+            continue
+        kept = {c.mechanism: c for c in current.get(user, ())}
+        for mechanism, credential in changes.items():
+            if credential is None:
+                kept.pop(mechanism, None)
+            else:
+                kept[mechanism] = credential
+        changed[user] = tuple(kept[m] for m in sorted(kept))
+    return changed, errors
+
+
+@dataclass(frozen=True, slots=True)
+class ScramCredentialInfo:
+    """A stored credential as described (Kafka's ScramCredentialInfo): no salt, no keys."""
+
+    mechanism: str
+    iterations: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialUpsertion:
+    """Set ``user``'s credential for ``mechanism`` from ``password`` (Kafka's
+    UserScramCredentialUpsertion). The client derives salt, StoredKey and ServerKey; only
+    those are sent."""
+
+    user: str
+    mechanism: str
+    password: str
+    iterations: int = DEFAULT_ITERATIONS
+
+
+@dataclass(frozen=True, slots=True)
+class UserScramCredentialDeletion:
+    user: str
+    mechanism: str

@@ -1,0 +1,181 @@
+"""Issue 16 proof, SASL SCRAM: one ``fjord local up --secure --sasl`` cluster (real processes,
+SASL_SSL:// Kafka listeners). Users are made with ``fjord users`` (kafka-configs.sh's flags);
+confluent-kafka logs in with SCRAM-SHA-512 and SCRAM-SHA-256, produces and consumes; a wrong
+password is refused; bad SASL input closes that connection and the listener goes on."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+from collections.abc import Iterator
+
+import pytest
+from click.testing import CliRunner, Result
+from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+
+from fjord.client import AdminClient, NewTopic
+from fjord.errors import ErrorCode, FjordError
+from fjord.local.cluster import LocalCluster
+from fjord.security.scram import ScramCredentialInfo
+
+pytestmark = pytest.mark.integration
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    local = LocalCluster(
+        tmp_path_factory.mktemp("fjord-sasl"), brokers=1, coordinators=1,
+        unsafe_etcd_no_fsync=True, secure=True, kafka_sasl=True,
+        coordinator_config={"group.initial.rebalance.delay.ms": "100"},
+    )
+    local.start()
+    try:
+        with AdminClient(admin_config(local)) as admin:
+            admin.create_topics([NewTopic("orders", 1, 1)])
+        yield local
+    finally:
+        local.stop()
+
+
+def admin_config(cluster: LocalCluster) -> dict[str, object]:
+    return {"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}
+
+
+def fjord_users(cluster: LocalCluster, *args: str) -> Result:
+    from fjord.cli.main import cli
+
+    return CliRunner().invoke(cli, [
+        "users", *args, "--bootstrap-server", cluster.bootstrap_servers,
+        "--command-config", str(cluster.client_properties)])
+
+
+def sasl_conf(cluster: LocalCluster, user: str, password: str, mechanism: str = "SCRAM-SHA-512"
+              ) -> dict[str, object]:
+    return {
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
+        "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
+    }
+
+
+@pytest.fixture(scope="module")
+def alice(cluster: LocalCluster) -> str:
+    done = fjord_users(cluster, "--alter", "--entity-name", "alice", "--add-config",
+                       "SCRAM-SHA-512=[iterations=8192,password=alice-secret],"
+                       "SCRAM-SHA-256=[password=alice-256]")
+    assert done.exit_code == 0, done.output
+    assert "Completed updating config for user alice." in done.output
+    return "alice"
+
+
+def test_fjord_users_describes_mechanisms_never_secrets(cluster: LocalCluster, alice: str
+                                                        ) -> None:
+    shown = fjord_users(cluster, "--describe", "--entity-name", alice)
+    assert shown.exit_code == 0, shown.output
+    assert shown.output.strip() == (
+        "SCRAM credential configs for user-principal 'alice' are "
+        "SCRAM-SHA-256=iterations=4096,SCRAM-SHA-512=iterations=8192"
+    )
+    with AdminClient(admin_config(cluster)) as admin:
+        assert admin.describe_user_scram_credentials(["alice"]) == {"alice": [
+            ScramCredentialInfo("SCRAM-SHA-256", 4096), ScramCredentialInfo("SCRAM-SHA-512", 8192)
+        ]}
+        with pytest.raises(FjordError) as missing:
+            admin.describe_user_scram_credentials(["nobody"])
+        assert missing.value.code is ErrorCode.RESOURCE_NOT_FOUND
+    bad = fjord_users(cluster, "--alter", "--entity-name", "bob", "--add-config",
+                      "SCRAM-SHA-512=[iterations=10,password=x]")
+    assert bad.exit_code != 0 and "iterations 10 outside 4096..16384" in bad.output
+
+
+@pytest.mark.parametrize("mechanism,password", [("SCRAM-SHA-512", "alice-secret"),
+                                                ("SCRAM-SHA-256", "alice-256")])
+def test_confluent_kafka_produces_and_consumes_with_scram(
+    cluster: LocalCluster, alice: str, mechanism: str, password: str
+) -> None:
+    conf = sasl_conf(cluster, alice, password, mechanism)
+    producer = confluent_kafka.Producer(conf)
+    delivered: list[object] = []
+    value = f"hello {mechanism}".encode()
+    producer.produce("orders", value, on_delivery=lambda err, _m: delivered.append(err))
+    producer.flush(30)
+    assert delivered == [None]
+    consumer = confluent_kafka.Consumer({
+        **conf, "group.id": f"g-{mechanism}", "auto.offset.reset": "earliest",
+    })
+    try:
+        consumer.subscribe(["orders"])
+        seen: list[bytes] = []
+        for _ in range(60):
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value())
+            if value in seen:
+                break
+        assert value in seen
+    finally:
+        consumer.close()
+
+
+def test_wrong_password_is_refused(cluster: LocalCluster, alice: str) -> None:
+    errors: list[int] = []
+    producer = confluent_kafka.Producer({
+        **sasl_conf(cluster, alice, "wrong"),
+        "error_cb": lambda err: errors.append(err.code()), "message.timeout.ms": 5000,
+    })
+    delivered: list[object] = []
+    producer.produce("orders", b"never", on_delivery=lambda err, _m: delivered.append(err))
+    producer.flush(15)
+    assert len(delivered) == 1 and delivered[0] is not None
+    assert confluent_kafka.KafkaError._AUTHENTICATION in errors
+
+
+def _tls_socket(cluster: LocalCluster) -> ssl.SSLSocket:
+    host, _, port = cluster.kafka_bootstrap_servers.split(",")[0].rpartition(":")
+    context = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
+    context.check_hostname = False
+    raw = socket.create_connection((host, int(port)), timeout=15)
+    return context.wrap_socket(raw)
+
+
+def _closed(sock: ssl.SSLSocket) -> bool:
+    """True when the server closed the connection (after reading any answers it sent)."""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return True
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def _frame(request: object, version: int) -> bytes:
+    request.with_header(correlation_id=1, client_id="bad")  # type: ignore[attr-defined]
+    return bytes(request.encode(version=version, header=True))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("bad", ["authenticate_first", "huge_frame", "metadata_first"])
+def test_bad_sasl_input_closes_the_connection_and_the_listener_goes_on(
+    cluster: LocalCluster, alice: str, bad: str
+) -> None:
+    with _tls_socket(cluster) as sock:
+        if bad == "authenticate_first":
+            sock.sendall(_frame(SaslAuthenticateRequest[2](auth_bytes=b"n,,n=alice,r=x"), 2))
+        elif bad == "huge_frame":
+            sock.sendall(struct.pack(">i", 10_000_000) + b"\0" * 1024)
+        else:
+            sock.sendall(struct.pack(">ihhih", 10, 3, 4, 1, -1) + b"\xff\xff\xff\xff")
+        assert _closed(sock)
+    # A handshake then garbage in SaslAuthenticate: answered SASL_AUTHENTICATION_FAILED, closed.
+    with _tls_socket(cluster) as sock:
+        sock.sendall(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+        sock.sendall(_frame(SaslAuthenticateRequest[2](auth_bytes=b"\x00garbage"), 2))
+        assert _closed(sock)
+    # Others go on.
+    test_confluent_kafka_produces_and_consumes_with_scram(
+        cluster, alice, "SCRAM-SHA-512", "alice-secret")
