@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,8 +32,10 @@ from grpc import aio
 from fjord.broker.fetcher import SourceFetcher
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication import FollowerTarget
+from fjord.broker.server import MetadataApplier
 from fjord.metadata import PartitionState
 from fjord.storage import LogManager
+from fjord.testing.waiting import wait_for_async
 from fjord.topic_partition import TopicPartition
 from tests.helpers.replica_manager import BROKER, Cluster, run
 
@@ -156,3 +159,37 @@ def test_the_pause_race_is_real_on_this_python() -> None:
 
     lost = run(scenario())
     assert lost == (sys.version_info < (3, 12))
+
+
+def test_a_slow_metadata_apply_is_logged_with_where_it_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stuck apply holds every later metadata change back: the applier says so, naming the
+    revision and the await it is stuck in, then carries on once the apply ends."""
+
+    async def scenario() -> None:
+        release = asyncio.Event()
+
+        async def stuck_in_a_fetcher_stop() -> None:
+            await release.wait()
+
+        async def apply(_image: Any) -> None:
+            await stuck_in_a_fetcher_stop()
+
+        applier = MetadataApplier(apply, slow_after_s=0.05)
+        runner = asyncio.ensure_future(applier.run())
+        image = Cluster().topic("t", [PartitionState((BROKER,), (BROKER,), BROKER, 0, 0)])
+        applier.offer(image, image)
+        with caplog.at_level(logging.WARNING, logger="fjord.broker.server"):
+            await wait_for_async(
+                lambda: asyncio.sleep(0, "has taken" in caplog.text), "the slow-apply warning",
+                STOP_BOUND_S,
+            )
+        assert f"applying metadata revision {image.revision} has taken" in caplog.text
+        assert "stuck_in_a_fetcher_stop (test_fetcher_stop.py:" in caplog.text
+        release.set()
+        await applier.wait_applied(image.revision, STOP_BOUND_S)
+        runner.cancel()
+        await asyncio.wait({runner})
+
+    run(scenario())

@@ -30,6 +30,9 @@ LEASE_KEEPALIVE_INTERVAL_S = BROKER_LEASE_TTL_S / 3
 
 #: Seconds to wait at start-up for the first metadata snapshot before serving anyway.
 METADATA_STARTUP_TIMEOUT_S = 30.0
+#: An apply of a metadata change taking longer than this is logged (again every this many
+#: seconds) with where it waits: every newer change waits behind it.
+METADATA_APPLY_SLOW_S = 10.0
 
 # --- request handling ---------------------------------------------------------------------------
 

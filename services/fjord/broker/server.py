@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aetcd
 from grpc import aio
@@ -118,6 +119,19 @@ def check_data_dir_identity(data_dir: Path, cluster_id: str, broker_id: int) -> 
     os.replace(tmp, path)
 
 
+def await_chain(task: asyncio.Task[Any]) -> list[str]:
+    """Where a suspended task waits: ``function (file:line)`` of each coroutine in its await
+    chain, outermost first (a task's own stack shows only its outermost frame)."""
+    chain: list[str] = []
+    awaited: Any = task.get_coro()
+    while awaited is not None and getattr(awaited, "cr_frame", None) is not None:
+        frame = awaited.cr_frame
+        chain.append(f"{frame.f_code.co_name} ({Path(frame.f_code.co_filename).name}:"
+                     f"{frame.f_lineno})")
+        awaited = getattr(awaited, "cr_await", None)
+    return chain
+
+
 class MetadataApplier:
     """Applies the newest metadata image to this broker's replicas, in its own task.
 
@@ -127,11 +141,17 @@ class MetadataApplier:
     the last image whose apply finished; it only grows.
     """
 
-    def __init__(self, apply: Callable[[MetadataImage], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        apply: Callable[[MetadataImage], Awaitable[None]],
+        *,
+        slow_after_s: float = defaults.METADATA_APPLY_SLOW_S,
+    ) -> None:
         self._apply = apply
         self._latest: MetadataImage | None = None
         self._wake = asyncio.Event()
         self._applied = asyncio.Condition()
+        self._slow_after_s = slow_after_s
         self.revision = -1
 
     def offer(self, _old: MetadataImage, new: MetadataImage) -> None:
@@ -145,13 +165,35 @@ class MetadataApplier:
             image = self._latest
             assert image is not None
             try:
-                await self._apply(image)
+                await self._apply_reporting_slowness(image)
             except Exception:
                 log.exception("applying metadata revision %d failed", image.revision)
                 continue
             async with self._applied:
                 self.revision = max(self.revision, image.revision)
                 self._applied.notify_all()
+
+    async def _apply_reporting_slowness(self, image: MetadataImage) -> None:
+        """Apply ``image``; while that takes longer than ``slow_after_s``, say so every
+        ``slow_after_s`` with what the apply is waiting on. Every later metadata change waits
+        behind this apply, so a stuck one (issue 12: a fetcher's stop that never returned)
+        must show in the log, not only as a broker that silently stopped following metadata."""
+        applying = asyncio.ensure_future(self._apply(image))
+        started = time.monotonic()
+        try:
+            while True:
+                done, _ = await asyncio.wait({applying}, timeout=self._slow_after_s)
+                if done:
+                    applying.result()
+                    return
+                log.warning(
+                    "applying metadata revision %d has taken %.0f s so far; newer metadata "
+                    "waits behind it (waiting in %s)", image.revision,
+                    time.monotonic() - started, " -> ".join(await_chain(applying)) or "?",
+                )
+        finally:
+            if not applying.done():  # our caller was cancelled: the apply goes with it
+                applying.cancel()
 
     async def wait_applied(self, revision: int, timeout: float) -> None:
         """Wait until an image of at least ``revision`` has been applied (TimeoutError)."""
