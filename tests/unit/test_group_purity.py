@@ -30,8 +30,9 @@ FORBIDDEN = {
 
 
 #: The coordinator service's shell (gRPC, etcd, clients, event loop, the Kafka listener's
-#: forwarding to brokers and the controller): not cores.
-SHELL = {"appender", "kafka_apis", "manager", "server", "service"}
+#: forwarding to brokers and the controller, the ACL gate in front of the GroupManager, which
+#: reads ACLs from the metadata image): not cores.
+SHELL = {"appender", "authorization", "kafka_apis", "manager", "server", "service"}
 
 
 def test_group_modules_import_nothing_that_does_io():
