@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test kube
+.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test kube spark-k8s-test
 
 all: test
 
@@ -120,6 +120,13 @@ kube:
 		&& { tests/k8s/kube/build.sh $(KUBE_DIR) >.cache/kube.log 2>&1 \
 		|| { tail -n 30 .cache/kube.log; echo "make kube failed (full log: .cache/kube.log)"; exit 1; }; } \
 		&& tail -n 3 .cache/kube.log; fi
+
+## spark-k8s-test: spark/k8s/submit.sh in cluster mode against the real API server
+## (tests/k8s/spark_submit_real_api.py): spark-submit creates the driver pod, the harness runs
+## the driver and its executors from pyspark, the job runs against a local Fjord cluster; and the
+## chart's Spark RBAC with `kubectl auth can-i`. About 2 minutes (four JVMs): not part of `make test`.
+spark-k8s-test: $(STAMP) java-check helm kube
+	$(PY) -m pytest -q -p no:cacheprovider tests/k8s/spark_submit_real_api.py
 
 ## proto: regenerate services/fjord/_proto from proto/ (checked by tests/unit/test_proto_fresh.py)
 proto: $(STAMP)

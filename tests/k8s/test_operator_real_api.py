@@ -388,19 +388,13 @@ OPERATOR_MUST_NOT = [
 ]
 
 
-def _can_i(kube: RealKube, user: str, verb: str, resource: str, namespace: str) -> str:
-    where = ["-n", namespace] if namespace else []
-    result = kube.kubectl("auth", "can-i", verb, resource, *where, "--as", user, check=False)
-    return result.stdout.strip()
-
-
 def test_the_charts_rbac_gives_the_operator_what_it_needs_and_no_more(
     real_kube: RealKube, rendered_rbac: dict[str, dict[str, Any]]
 ) -> None:
     account = _operator_service_account(rendered_rbac)
     user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{account}"
     answers = {
-        (verb, resource, ns): _can_i(real_kube, user, verb, resource, ns)
+        (verb, resource, ns): real_kube.can_i(user, verb, resource, ns)
         for verb, resource, ns in OPERATOR_NEEDS + OPERATOR_MUST_NOT
     }
     assert {k: a for k, a in answers.items() if k in OPERATOR_NEEDS and a != "yes"} == {}

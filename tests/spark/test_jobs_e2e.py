@@ -12,47 +12,13 @@ from typing import Any
 
 import pytest
 
-from fjord.client import Consumer, ConsumerRecord, Producer, TopicPartition
-from fjord.testing.waiting import wait_for
+from fjord.client import ConsumerRecord
 from fjord_jobs import orders_shipments
 from fjord_jobs.common import JobOptions
 from fjord_jobs.defaults import REJECT_REASON_HEADER
-from tests.helpers.spark import SPARK_WAIT_S
+from tests.helpers.spark import SPARK_WAIT_S, order, read_all, send_orders
 
 pytestmark = pytest.mark.integration
-
-
-def send_orders(bootstrap: str, topic: str, values: list[tuple[str, str]]) -> None:
-    """Produce (key, value) records, as the order service would (keyed by order id)."""
-    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
-        futures = [producer.send(topic, value=value, key=key) for key, value in values]
-        producer.flush()
-        for future in futures:
-            future.result(30)
-
-
-def order(order_id: str, sku: str, qty: int = 1) -> tuple[str, str]:
-    body = {"order_id": order_id, "user_id": f"user-{order_id}", "sku": sku, "qty": qty}
-    return order_id, json.dumps(body)
-
-
-def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
-    """Every record of ``topic`` up to its current end (read with the Fjord consumer, which is
-    cheaper than a Spark job)."""
-    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
-        tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
-        consumer.assign(tps)
-        end = consumer.end_offsets(tps)
-        records: list[ConsumerRecord] = []
-
-        def read_to_end() -> bool:
-            if all(consumer.position(tp) >= end[tp] for tp in tps):
-                return True
-            records.extend(consumer.poll(timeout=1.0))
-            return False
-
-        wait_for(read_to_end, f"{topic} read to its end", SPARK_WAIT_S, interval=0)
-        return records
 
 
 def header(record: ConsumerRecord, name: str) -> str:

@@ -322,40 +322,62 @@ def test_kafka_client_records_read_by_spark_and_spark_records_read_by_kafka_clie
 
     kafka = local_cluster.kafka_bootstrap_servers
     topic = new_topic(2)
-    producer = CKProducer({"bootstrap.servers": kafka, "acks": "all", "enable.idempotence": True,
-                           "compression.type": "lz4"})
+    producer = CKProducer(
+        {
+            "bootstrap.servers": kafka,
+            "acks": "all",
+            "enable.idempotence": True,
+            "compression.type": "lz4",
+        }
+    )
     sent = []
     for i in range(60):
         key = None if i % 10 == 0 else f"k{i}".encode()
         value, headers = bytes(range(i, i + 40)), [("h", f"{i}".encode()), ("empty", b"")]
         ts = 1_700_000_200_000 + i
-        producer.produce(topic, key=key, value=value, headers=headers, timestamp=ts,
-                         partition=i % 2)
+        producer.produce(
+            topic, key=key, value=value, headers=headers, timestamp=ts, partition=i % 2
+        )
         sent.append((i % 2, key, value, headers, ts))
     assert producer.flush(SPARK_WAIT_S) == 0
 
     def spark_rows(name: str) -> list[tuple[Any, ...]]:
         rows = reader(spark, bootstrap, subscribe=name, includeHeaders="true").load().collect()
         return sorted(
-            ((r.partition, None if r.key is None else bytes(r.key), bytes(r.value),
-              [(h.key, bytes(h.value)) for h in r.headers],
-              round(r.timestamp.timestamp() * 1000))
-             for r in rows),
+            (
+                (
+                    r.partition,
+                    None if r.key is None else bytes(r.key),
+                    bytes(r.value),
+                    [(h.key, bytes(h.value)) for h in r.headers],
+                    round(r.timestamp.timestamp() * 1000),
+                )
+                for r in rows
+            ),
             key=by_partition_and_value,
         )
 
     assert spark_rows(topic) == sorted(sent, key=by_partition_and_value)
 
     back = new_topic(2)
-    data = [(f"s{i}".encode(), bytes(range(200, 200 + i % 50)), i % 2,
-             [("n", f"{i}".encode()), ("empty", b"")]) for i in range(40)]
+    data = [
+        (
+            f"s{i}".encode(),
+            bytes(range(200, 200 + i % 50)),
+            i % 2,
+            [("n", f"{i}".encode()), ("empty", b"")],
+        )
+        for i in range(40)
+    ]
     spark.createDataFrame(
-        data, "key binary, value binary, partition int, "
-        "headers array<struct<key:string,value:binary>>",
-    ).write.format("fjord").option("bootstrap.servers", bootstrap).option(
-        "topic", back).mode("append").save()
-    consumer = CKConsumer({"bootstrap.servers": kafka, "group.id": "unused",
-                           "enable.auto.commit": False})
+        data,
+        "key binary, value binary, partition int, headers array<struct<key:string,value:binary>>",
+    ).write.format("fjord").option("bootstrap.servers", bootstrap).option("topic", back).mode(
+        "append"
+    ).save()
+    consumer = CKConsumer(
+        {"bootstrap.servers": kafka, "group.id": "unused", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([CKTopicPartition(back, p, 0) for p in (0, 1)])
         read: list[Any] = []
@@ -370,15 +392,23 @@ def test_kafka_client_records_read_by_spark_and_spark_records_read_by_kafka_clie
         wait_for(all_read, "the Spark-written records over the Kafka listener", SPARK_WAIT_S)
     finally:
         consumer.close()
-    by_kafka = sorted(((m.partition(), m.key(), m.value(), m.headers(), m.timestamp()[1])
-                       for m in read), key=by_partition_and_value)
+    by_kafka = sorted(
+        ((m.partition(), m.key(), m.value(), m.headers(), m.timestamp()[1]) for m in read),
+        key=by_partition_and_value,
+    )
     assert [row[:4] for row in by_kafka] == sorted(
-        ((p, k, v, h) for k, v, p, h in data), key=by_partition_and_value)
+        ((p, k, v, h) for k, v, p, h in data), key=by_partition_and_value
+    )
     # The same records through the gRPC door: the same timestamps (and everything else).
     with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as native:
         native.assign([TopicPartition(back, p) for p in (0, 1)])
         records: list[Any] = []
-        wait_for(lambda: records.extend(native.poll(0.5)) or len(records) == len(data),
-                 "the Spark-written records over gRPC", SPARK_WAIT_S)
-    assert by_kafka == sorted(((r.partition, r.key, r.value, list(r.headers), r.timestamp)
-                               for r in records), key=by_partition_and_value)
+        wait_for(
+            lambda: records.extend(native.poll(0.5)) or len(records) == len(data),
+            "the Spark-written records over gRPC",
+            SPARK_WAIT_S,
+        )
+    assert by_kafka == sorted(
+        ((r.partition, r.key, r.value, list(r.headers), r.timestamp) for r in records),
+        key=by_partition_and_value,
+    )

@@ -520,6 +520,17 @@ class RealKube:
             )
         return result
 
+    def can_i(self, user: str, verb: str, resource: str, namespace: str = "") -> str:
+        """``kubectl auth can-i VERB RESOURCE --as USER`` (in ``namespace`` unless empty):
+        "yes" or "no". ``RESOURCE`` may name a subresource, ``pods/exec``: passed as
+        ``--subresource`` (kubectl reads ``TYPE/NAME`` as an object's name otherwise, and
+        would answer for the pods named "exec")."""
+        where = ["-n", namespace] if namespace else []
+        kind, _, subresource = resource.partition("/")
+        sub = [f"--subresource={subresource}"] if subresource else []
+        result = self.kubectl("auth", "can-i", verb, kind, *sub, *where, "--as", user, check=False)
+        return result.stdout.strip()
+
     def get_json(self, *args: str) -> Any:
         """``kubectl get ARGS -o json`` parsed; None when the object does not exist."""
         result = self.kubectl("get", *args, "-o", "json", check=False)
