@@ -1,7 +1,8 @@
 """Issue 16 proof, SASL SCRAM: one ``fjord local up --secure --sasl`` cluster (real processes,
 SASL_SSL:// Kafka listeners). Users are made with ``fjord users`` (kafka-configs.sh's flags);
 confluent-kafka logs in with SCRAM-SHA-512 and SCRAM-SHA-256, produces and consumes; a wrong
-password is refused; bad SASL input closes that connection and the listener goes on."""
+password is refused; bad SASL input closes that connection and the listener goes on. ACLs are
+on: the SASL login is the principal they check (User:alice with ACLs, User:bob without)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,27 @@ from collections.abc import Iterator
 
 import pytest
 from click.testing import CliRunner, Result
-from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+)
+from scramp import ScramClient
 
 from fjord.client import AdminClient, NewTopic
 from fjord.errors import ErrorCode, FjordError
 from fjord.local.cluster import LocalCluster
-from fjord.security.scram import ScramCredentialInfo
+from fjord.security.acls import (
+    AccessControlEntry,
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
+)
+from fjord.security.scram import ScramCredentialInfo, UserScramCredentialUpsertion
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,13 +44,19 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(
         tmp_path_factory.mktemp("fjord-sasl"), brokers=1, coordinators=1,
-        unsafe_etcd_no_fsync=True, secure=True, kafka_sasl=True,
+        unsafe_etcd_no_fsync=True, secure=True, kafka_sasl=True, authorization=True,
         coordinator_config={"group.initial.rebalance.delay.ms": "100"},
     )
     local.start()
     try:
         with AdminClient(admin_config(local)) as admin:
             admin.create_topics([NewTopic("orders", 1, 1)])
+            admin.create_acls([
+                AclBinding(ResourcePattern(kind, name, PatternType.PREFIXED),
+                           AccessControlEntry("User:alice", "*", AclOperation.ALL,
+                                              AclPermissionType.ALLOW))
+                for kind, name in ((ResourceType.TOPIC, "orders"), (ResourceType.GROUP, "g-"))
+            ])
         yield local
     finally:
         local.stop()
@@ -68,6 +90,7 @@ def alice(cluster: LocalCluster) -> str:
                        "SCRAM-SHA-256=[password=alice-256]")
     assert done.exit_code == 0, done.output
     assert "Completed updating config for user alice." in done.output
+    wait_for(lambda: logs_in(cluster, "alice", "alice-secret"), "alice's credential on the broker")
     return "alice"
 
 
@@ -133,6 +156,20 @@ def test_wrong_password_is_refused(cluster: LocalCluster, alice: str) -> None:
     assert confluent_kafka.KafkaError._AUTHENTICATION in errors
 
 
+def test_the_sasl_login_is_the_principal_acls_check(cluster: LocalCluster) -> None:
+    with AdminClient(admin_config(cluster)) as admin:
+        admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("bob", "SCRAM-SHA-512", "bob-secret")])
+    wait_for(lambda: logs_in(cluster, "bob", "bob-secret"), "bob's credential on the broker")
+    producer = confluent_kafka.Producer({**sasl_conf(cluster, "bob", "bob-secret"),
+                                         "message.timeout.ms": 10000})
+    delivered: list[int] = []
+    producer.produce("orders", b"bob", on_delivery=lambda err, _m: delivered.append(
+        err.code() if err else 0))
+    producer.flush(20)
+    assert delivered == [ErrorCode.TOPIC_AUTHORIZATION_FAILED.code]
+
+
 def _tls_socket(cluster: LocalCluster) -> ssl.SSLSocket:
     host, _, port = cluster.kafka_bootstrap_servers.split(",")[0].rpartition(":")
     context = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
@@ -156,7 +193,46 @@ def _closed(sock: ssl.SSLSocket) -> bool:
 
 def _frame(request: object, version: int) -> bytes:
     request.with_header(correlation_id=1, client_id="bad")  # type: ignore[attr-defined]
-    return bytes(request.encode(version=version, header=True))  # type: ignore[attr-defined]
+    return bytes(request.encode(version=version, header=True, framed=True))  # type: ignore[attr-defined]
+
+
+def _read_frame(sock: ssl.SSLSocket) -> bytes:
+    size = b""
+    while len(size) < 4:
+        chunk = sock.recv(4 - len(size))
+        if not chunk:
+            raise ConnectionError("closed")
+        size += chunk
+    body = b""
+    (length,) = struct.unpack(">i", size)
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            raise ConnectionError("closed")
+        body += chunk
+    return size + body
+
+
+def logs_in(cluster: LocalCluster, user: str, password: str) -> bool:
+    """One SCRAM-SHA-512 login on the broker's SASL_SSL door with scramp's client (the
+    broker's image may learn a new credential a moment after the controller wrote it)."""
+    client = ScramClient(["SCRAM-SHA-512"], user, password)
+    with _tls_socket(cluster) as sock:
+        sock.sendall(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+        _read_frame(sock)
+        sock.sendall(_frame(SaslAuthenticateRequest[2](
+            auth_bytes=client.get_client_first().encode()), 2))
+        first = SaslAuthenticateResponse.decode(_read_frame(sock)[4:], version=2, header=True)
+        if first.error_code:
+            return False
+        client.set_server_first(first.auth_bytes.decode())
+        sock.sendall(_frame(SaslAuthenticateRequest[2](
+            auth_bytes=client.get_client_final().encode()), 2))
+        final = SaslAuthenticateResponse.decode(_read_frame(sock)[4:], version=2, header=True)
+        if final.error_code:
+            return False
+        client.set_server_final(final.auth_bytes.decode())
+        return True
 
 
 @pytest.mark.parametrize("bad", ["authenticate_first", "huge_frame", "metadata_first"])
