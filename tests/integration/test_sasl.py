@@ -255,3 +255,45 @@ def test_bad_sasl_input_closes_the_connection_and_the_listener_goes_on(
     # Others go on.
     test_confluent_kafka_produces_and_consumes_with_scram(
         cluster, alice, "SCRAM-SHA-512", "alice-secret")
+
+
+def test_confluent_kafka_admin_alters_and_describes_scram_credentials(
+    cluster: LocalCluster, alice: str
+) -> None:
+    from confluent_kafka.admin import AdminClient as KafkaAdmin
+    from confluent_kafka.admin import (
+        ScramCredentialInfo as KafkaScramInfo,
+    )
+    from confluent_kafka.admin import (
+        ScramMechanism,
+        UserScramCredentialDeletion,
+    )
+    from confluent_kafka.admin import (
+        UserScramCredentialUpsertion as KafkaUpsertion,
+    )
+
+    with AdminClient(admin_config(cluster)) as admin:  # User:admin, the super user
+        admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("admin", "SCRAM-SHA-512", "admin-secret")])
+    wait_for(lambda: logs_in(cluster, "admin", "admin-secret"), "admin's credential")
+    kafka_admin = KafkaAdmin(sasl_conf(cluster, "admin", "admin-secret"))
+    futures = kafka_admin.alter_user_scram_credentials([
+        KafkaUpsertion("carol", KafkaScramInfo(ScramMechanism.SCRAM_SHA_512, 8192),
+                       b"carol-secret"),
+        UserScramCredentialDeletion("nobody", ScramMechanism.SCRAM_SHA_256),
+    ])
+    futures["carol"].result(20)
+    with pytest.raises(confluent_kafka.KafkaException) as missing:
+        futures["nobody"].result(20)
+    assert missing.value.args[0].code() == ErrorCode.RESOURCE_NOT_FOUND.code
+    wait_for(lambda: logs_in(cluster, "carol", "carol-secret"), "carol's credential")
+    described = kafka_admin.describe_user_scram_credentials(["carol"])["carol"].result(20)
+    assert [(i.mechanism, i.iterations) for i in described.scram_credential_infos] == [
+        (ScramMechanism.SCRAM_SHA_512, 8192)]
+    # alice may not: Alter on the cluster is the super user's here.
+    alice_admin = KafkaAdmin(sasl_conf(cluster, alice, "alice-secret"))
+    denied = alice_admin.alter_user_scram_credentials([UserScramCredentialDeletion(
+        "carol", ScramMechanism.SCRAM_SHA_512)])
+    with pytest.raises(confluent_kafka.KafkaException) as refused:
+        denied["carol"].result(20)
+    assert refused.value.args[0].code() == ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code

@@ -252,3 +252,14 @@ def test_add_config_errors_name_the_problem(text: str, message: str) -> None:
 
     with pytest.raises(ScramCredentialError, match=message):
         parse_scram_add_config(text)
+
+
+@pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])
+def test_credential_from_salted_password_matches_scramp(mechanism: str) -> None:
+    from scramp import ScramMechanism
+    from scramp.core import hi
+
+    salt = b"0123456789abcdef"
+    expected = ScramCredential.from_password(mechanism, "pw", 4096, salt=salt)
+    salted = hi(ScramMechanism(mechanism).hf, b"pw", salt, 4096)
+    assert ScramCredential.from_salted_password(mechanism, salt, salted, 4096) == expected

@@ -43,6 +43,12 @@ from kafka.protocol.admin.topics import (
     DeleteTopicsRequest,
     DeleteTopicsResponse,
 )
+from kafka.protocol.admin.users import (
+    AlterUserScramCredentialsRequest,
+    AlterUserScramCredentialsResponse,
+    DescribeUserScramCredentialsRequest,
+    DescribeUserScramCredentialsResponse,
+)
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
@@ -60,6 +66,11 @@ from fjord.security.acls import (
     Caller,
     Resource,
     denial_error,
+)
+from fjord.security.scram import (
+    MECHANISM_BY_TYPE,
+    ScramCredential,
+    ScramCredentialError,
 )
 from fjord.serving import forwarding_metadata
 from fjord.tls import open_channel
@@ -179,6 +190,9 @@ class BrokerAdminHandlers:
             Api(29, *ACL_VERSIONS, DescribeAclsRequest, self.describe_acls),
             Api(30, *ACL_VERSIONS, CreateAclsRequest, self.create_acls),
             Api(31, *ACL_VERSIONS, DeleteAclsRequest, self.delete_acls),
+            Api(50, 0, 0, DescribeUserScramCredentialsRequest,
+                self.describe_user_scram_credentials),
+            Api(51, 0, 0, AlterUserScramCredentialsRequest, self.alter_user_scram_credentials),
         ]
 
     def _leader_replicas(self) -> LeaderReplicas:
@@ -207,6 +221,71 @@ class BrokerAdminHandlers:
         return cls(throttle_time_ms=0, results=[
             cls.AclCreationResult(error_code=code, error_message=_message(message))
             for code, message in errors
+        ])
+
+    async def describe_user_scram_credentials(self, request: Any, ctx: RequestContext) -> Any:
+        """DescribeUserScramCredentials, forwarded for the client (Describe on the cluster):
+        mechanisms and iterations, never salt or keys."""
+        cls = DescribeUserScramCredentialsResponse[ctx.api_version]
+        pb = controller_pb2.DescribeUserScramCredentialsRequest(
+            users=[u.name for u in request.users or ()]
+        )
+        try:
+            answer = await self._forwarder.call(
+                "DescribeUserScramCredentials", pb, caller=ctx.caller
+            )
+            code, message, results = answer.error.code, answer.error.message, answer.results
+        except FjordError as exc:
+            code, message, results = exc.code.code, str(exc), []
+        result_cls = cls.DescribeUserScramCredentialsResult
+        return cls(
+            throttle_time_ms=0, error_code=code, error_message=_message(message),
+            results=[
+                result_cls(
+                    user=r.user, error_code=r.error.code, error_message=_message(r.error.message),
+                    credential_infos=[
+                        result_cls.CredentialInfo(mechanism=c.mechanism, iterations=c.iterations)
+                        for c in r.credentials
+                    ],
+                )
+                for r in results
+            ],
+        )
+
+    async def alter_user_scram_credentials(self, request: Any, ctx: RequestContext) -> Any:
+        """AlterUserScramCredentials, forwarded for the client (Alter on the cluster). The
+        client sends salt and SaltedPassword; StoredKey and ServerKey are derived here, so
+        the controller only ever sees what it stores. An upsertion whose keys cannot be
+        derived (unknown mechanism, empty salted password) goes on without keys and the
+        controller refuses it with Kafka's error for that user."""
+        cls = AlterUserScramCredentialsResponse[ctx.api_version]
+        pb = controller_pb2.AlterUserScramCredentialsRequest()
+        for d in request.deletions:
+            pb.deletions.add(user=d.name, mechanism=d.mechanism)
+        for u in request.upsertions:
+            item = pb.upsertions.add(user=u.name, mechanism=u.mechanism,
+                                     iterations=u.iterations, salt=bytes(u.salt))
+            mechanism = MECHANISM_BY_TYPE.get(u.mechanism)
+            if mechanism is None:
+                continue
+            try:
+                credential = ScramCredential.from_salted_password(
+                    mechanism, bytes(u.salt), bytes(u.salted_password), u.iterations
+                )
+            except ScramCredentialError:
+                continue
+            item.stored_key, item.server_key = credential.stored_key, credential.server_key
+        users = sorted({d.name for d in request.deletions} | {u.name for u in request.upsertions})
+        try:
+            answer = await self._forwarder.call("AlterUserScramCredentials", pb, caller=ctx.caller)
+            errors = {r.user: (r.error.code, r.error.message) for r in answer.results}
+        except FjordError as exc:
+            errors = {user: (exc.code.code, str(exc)) for user in users}
+        result_cls = cls.AlterUserScramCredentialsResult
+        return cls(throttle_time_ms=0, results=[
+            result_cls(user=user, error_code=errors.get(user, (0, ""))[0],
+                       error_message=_message(errors.get(user, (0, ""))[1]))
+            for user in users
         ])
 
     async def describe_acls(self, request: Any, ctx: RequestContext) -> Any:

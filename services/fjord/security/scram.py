@@ -10,6 +10,7 @@ act as the client. The key derivation and the exchange itself are the ``scramp``
 from __future__ import annotations
 
 import base64
+import hmac
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
@@ -86,6 +87,23 @@ class ScramCredential:
             password, iteration_count=iterations, salt=salt
         )
         return cls(name, salt_out, stored, server, count)
+
+    @classmethod
+    def from_salted_password(
+        cls, mechanism: str, salt: bytes, salted_password: bytes, iterations: int
+    ) -> ScramCredential:
+        """Kafka's AlterUserScramCredentials upsertion (the client sends salt and
+        SaltedPassword, not the password): StoredKey = H(HMAC(SaltedPassword, "Client Key")),
+        ServerKey = HMAC(SaltedPassword, "Server Key") (RFC 5802), with the mechanism's hash
+        as scramp names it and the standard library's HMAC."""
+        name = check_mechanism(mechanism)
+        if not salted_password:
+            raise ScramCredentialError("a SCRAM salted password must not be empty")
+        hash_factory = ScramMechanism(name).hf
+        client_key = hmac.new(salted_password, b"Client Key", hash_factory).digest()
+        stored_key = hash_factory(client_key).digest()
+        server_key = hmac.new(salted_password, b"Server Key", hash_factory).digest()
+        return cls(name, salt, stored_key, server_key, iterations)
 
     def auth_info(self) -> tuple[bytes, bytes, bytes, int]:
         """The tuple scramp's server asks for: (salt, StoredKey, ServerKey, iterations)."""
