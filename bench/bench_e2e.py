@@ -7,7 +7,9 @@ its data in a temporary directory:
   tuning for speed runs): produce = ``XADD`` in a ``pipeline(transaction=False)`` of
   ``--pipeline`` commands per round trip; consume = ``XREADGROUP COUNT --xread-count`` with the
   previous batch's ``XACK`` pipelined in front of each read. Throughput only (no latency run).
-  AOF with ``appendfsync everysec``. The Fjord targets are read against this one.
+  AOF with ``appendfsync everysec``. The Fjord targets are read against this one, so when
+  ``fjord`` runs too its rounds run between Fjord's (fjord.client, confluent-kafka, Redis, next
+  round), all three seeing the same load on a shared machine.
 - **Redis Streams, redis-py asyncio** (``redis-asyncio``, kept for comparison with earlier runs;
   its reply parser is hiredis too when installed): the same commands, ``COUNT --batch``.
 - **NATS JetStream** (nats-py): produce = ``publish_async`` for every record, then gather the
@@ -157,50 +159,63 @@ def in_thread(consume: Callable[[], Coroutine[Any, Any, None]]) -> threading.Thr
 # --- Redis Streams --------------------------------------------------------------------------
 
 
-def bench_redis_sync(records: int, pipeline: int, count: int, rounds: int) -> Figures:
-    """Throughput through redis-py's synchronous client with hiredis parsing the replies."""
-    import redis
-    from redis.utils import HIREDIS_AVAILABLE
+class RedisSyncRounds:
+    """Throughput rounds through redis-py's synchronous client with hiredis parsing the replies,
+    against one redis-server kept up between rounds (so its rounds can be interleaved with
+    Fjord's and both see the same load on a shared machine)."""
 
-    if not HIREDIS_AVAILABLE:
-        raise RuntimeError("hiredis is not installed: this would not be redis-py's fastest path")
-    figures = Figures(REDIS_SYNC)
-    with redis_server() as port:
-        client = redis.Redis(host="127.0.0.1", port=port)
-        reader = redis.Redis(host="127.0.0.1", port=port)
-        try:
-            for round_number in range(rounds):
-                stream = f"bench-sync-{round_number}"
-                start = time.perf_counter()
-                for first in range(0, records, pipeline):
-                    pipe = client.pipeline(transaction=False)
-                    xadd = pipe.xadd
-                    for _ in range(min(pipeline, records - first)):
-                        xadd(stream, {"v": stamped_value()})
-                    pipe.execute()
-                figures.produce_runs.append(records / (time.perf_counter() - start))
+    def __init__(self, records: int, pipeline: int, count: int) -> None:
+        from redis.utils import HIREDIS_AVAILABLE
 
-                client.xgroup_create(stream, "g", id="0")
-                received = 0
-                pending_ack: list[bytes] = []
-                start = time.perf_counter()
-                while received < records:
-                    pipe = reader.pipeline(transaction=False)
-                    if pending_ack:
-                        pipe.xack(stream, "g", *pending_ack)
-                    pipe.xreadgroup("g", "c", {stream: ">"}, count=count)
-                    replies = pipe.execute()
-                    entries = replies[-1][0][1] if replies[-1] else []
-                    pending_ack = [entry_id for entry_id, _ in entries]
-                    received += len(entries)
-                if pending_ack:
-                    reader.xack(stream, "g", *pending_ack)
-                figures.consume_runs.append(records / (time.perf_counter() - start))
-        finally:
-            client.close()
-            reader.close()
-    figures.note = f"pipeline {pipeline} XADD per round trip, XREADGROUP COUNT {count}"
-    return figures
+        if not HIREDIS_AVAILABLE:
+            raise RuntimeError("hiredis is not installed: not redis-py's fastest path")
+        self.records, self.pipeline, self.count = records, pipeline, count
+        self.figures = Figures(REDIS_SYNC)
+        self.figures.note = f"pipeline {pipeline} XADD per round trip, XREADGROUP COUNT {count}"
+        self._rounds = 0
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[RedisSyncRounds]:
+        import redis
+
+        with redis_server() as port:
+            self._client = redis.Redis(host="127.0.0.1", port=port)
+            self._reader = redis.Redis(host="127.0.0.1", port=port)
+            try:
+                yield self
+            finally:
+                self._client.close()
+                self._reader.close()
+
+    def run_round(self) -> None:
+        records, client, reader = self.records, self._client, self._reader
+        stream = f"bench-sync-{self._rounds}"
+        self._rounds += 1
+        start = time.perf_counter()
+        for first in range(0, records, self.pipeline):
+            pipe = client.pipeline(transaction=False)
+            xadd = pipe.xadd
+            for _ in range(min(self.pipeline, records - first)):
+                xadd(stream, {"v": stamped_value()})
+            pipe.execute()
+        self.figures.produce_runs.append(records / (time.perf_counter() - start))
+
+        client.xgroup_create(stream, "g", id="0")
+        received = 0
+        pending_ack: list[bytes] = []
+        start = time.perf_counter()
+        while received < records:
+            pipe = reader.pipeline(transaction=False)
+            if pending_ack:
+                pipe.xack(stream, "g", *pending_ack)
+            pipe.xreadgroup("g", "c", {stream: ">"}, count=self.count)
+            replies = pipe.execute()
+            entries = replies[-1][0][1] if replies[-1] else []
+            pending_ack = [entry_id for entry_id, _ in entries]
+            received += len(entries)
+        if pending_ack:
+            reader.xack(stream, "g", *pending_ack)
+        self.figures.consume_runs.append(records / (time.perf_counter() - start))
 
 
 async def bench_redis(
@@ -351,10 +366,16 @@ async def bench_nats(records: int, batch: int, rate: int, seconds: float, rounds
 
 
 def bench_fjord(
-    records: int, rate: int, seconds: float, linger_ms: int, rounds: int
+    records: int,
+    rate: int,
+    seconds: float,
+    linger_ms: int,
+    rounds: int,
+    each_round: Callable[[], None] = lambda: None,
 ) -> tuple[Figures, Figures]:
     """fjord.client's figures, and confluent-kafka's through the same broker's Kafka listener
-    (rounds interleaved, so both see the same load)."""
+    (rounds interleaved, so both see the same load); ``each_round`` runs a peer's round after
+    each of Fjord's, for the same reason."""
     from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
     from fjord.local.cluster import LocalCluster
 
@@ -406,6 +427,7 @@ def bench_fjord(
                     ck_produce(kafka, ck_topic, records, stamped_value(), linger_ms=None)
                 )
                 ck_figures.consume_runs.append(ck_consume(kafka, ck_topic, 1, records))
+                each_round()
 
             with gc_pauses(figures.gc_pauses_ms):
                 figures.e2e_sent, figures.e2e_latencies_ms = _fjord_e2e(
@@ -567,6 +589,17 @@ def machine() -> str:
     )
 
 
+E2E_NOTES = (
+    "How to read the ratios (issue 18): the redis-py sync + hiredis rounds run between Fjord's "
+    "(fjord.client, then confluent-kafka, then Redis, next round), so the figures the targets "
+    "compare were taken under the same load; meanwhile Fjord's one-broker LocalCluster is up "
+    "and idle beside redis-server. The other systems run one after another, so their figures "
+    "carry whatever load the machine had then. confluent-kafka's consumer sets "
+    "fetch.queue.backoff.ms 10 (librdkafka otherwise stops fetching for 1 s whenever 100,000 "
+    "records wait in its queue, and the figure measures that pause)."
+)
+
+
 def write_results(text_table: str, lines: list[str], command: str, load_before: float) -> None:
     today = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     write_section(
@@ -580,7 +613,7 @@ def write_results(text_table: str, lines: list[str], command: str, load_before: 
         "through its asyncio client (kept for comparison with earlier runs), NATS JetStream, "
         "and confluent-kafka (librdkafka) through Fjord's Kafka listener on the same broker as "
         "fjord.client. Workload, settings and method: the docstring of bench/bench_e2e.py.\n\n"
-        f"{text_table}\n\n" + "\n".join(f"- {line}" for line in lines),
+        f"{text_table}\n\n" + "\n".join(f"- {line}" for line in lines) + f"\n\n{E2E_NOTES}",
     )
 
 
@@ -613,37 +646,46 @@ def main() -> None:
 
     load_before = os.getloadavg()[0]
     results: list[Figures] = []
-    for system in systems:
-        print(f"running {system} ...", flush=True)
-        if system == "redis":
-            results.append(
-                bench_redis_sync(args.records, args.pipeline, args.xread_count, args.rounds)
-            )
-        elif system == "redis-asyncio":
-            results.append(
-                asyncio.run(
-                    bench_redis(
-                        args.records,
-                        args.pipeline,
-                        args.batch,
-                        args.rate,
-                        args.seconds,
-                        args.rounds,
+    redis_sync = RedisSyncRounds(args.records, args.pipeline, args.xread_count)
+    with contextlib.ExitStack() as stack:
+        if "redis" in systems:
+            stack.enter_context(redis_sync.serving())
+            if "fjord" not in systems:  # else its rounds run between Fjord's, below
+                for _ in range(args.rounds):
+                    redis_sync.run_round()
+            results.append(redis_sync.figures)
+        for system in systems:
+            print(f"running {system} ...", flush=True)
+            if system == "redis-asyncio":
+                results.append(
+                    asyncio.run(
+                        bench_redis(
+                            args.records,
+                            args.pipeline,
+                            args.batch,
+                            args.rate,
+                            args.seconds,
+                            args.rounds,
+                        )
                     )
                 )
-            )
-        elif system == "nats":
-            results.append(
-                asyncio.run(
-                    bench_nats(args.records, args.batch, args.rate, args.seconds, args.rounds)
+            elif system == "nats":
+                results.append(
+                    asyncio.run(
+                        bench_nats(args.records, args.batch, args.rate, args.seconds, args.rounds)
+                    )
                 )
-            )
-        else:
-            results.extend(
-                bench_fjord(
-                    args.records, args.rate, args.seconds, args.fjord_linger_ms, args.rounds
+            elif system == "fjord":
+                results.extend(
+                    bench_fjord(
+                        args.records,
+                        args.rate,
+                        args.seconds,
+                        args.fjord_linger_ms,
+                        args.rounds,
+                        redis_sync.run_round if "redis" in systems else lambda: None,
+                    )
                 )
-            )
     text_table = table(results)
     lines = verdicts(results) + round_lines(results)
     print(text_table)

@@ -9,7 +9,8 @@ and measures, in this order:
   ``--value-size`` bytes (no key), ``acks=1``, ``linger.ms=5``, no compression; from the first
   ``produce()`` until ``flush()`` returns (every delivery report in).
 - **confluent-kafka consumer** over the Kafka listener: ``assign()`` every partition from offset
-  0 (no group), ``consume(10000)`` until every record is read.
+  0 (no group), ``consume(10000)`` (at most the records left) until every record is read;
+  ``fetch.queue.backoff.ms`` 10 (librdkafka pauses fetching 1 s when 100,000 records wait).
 - **fjord.client Producer** over gRPC: the same records and settings (``send()``, ``flush()``).
 - **fjord.client Consumer** over gRPC: ``assign()``, ``poll()`` until every record is read.
 
@@ -121,8 +122,12 @@ def ck_produce(
 
 
 def ck_consume(kafka: str, topic: str, partitions: int, records: int) -> float:
+    # fetch.queue.backoff.ms: librdkafka stops fetching for this long (default 1000 ms) once
+    # queued.min.messages (100,000) wait in its queue, which a broker faster than this loop
+    # fills; at the default every fast run stalls ~1 s and the figure measures the pause.
     consumer = CKConsumer({"bootstrap.servers": kafka, "group.id": "unused",
-                           "enable.auto.commit": False, "fetch.wait.max.ms": 100})
+                           "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+                           "fetch.queue.backoff.ms": 10})
     try:
         consumer.assign([CKTopicPartition(topic, p, 0) for p in range(partitions)])
         read = 0
@@ -131,7 +136,8 @@ def ck_consume(kafka: str, topic: str, partitions: int, records: int) -> float:
         while read < records:
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"confluent-kafka consumer read {read} of {records}")
-            for message in consumer.consume(10_000, 0.5):
+            # Never ask for more than is left: consume() would wait out its timeout for it.
+            for message in consumer.consume(min(10_000, records - read), 0.5):
                 if message.error() is not None:
                     raise RuntimeError(str(message.error()))
                 read += 1
@@ -239,8 +245,8 @@ brokers on loopback on this machine, reached by the same confluent-kafka code (l
 {confluent_kafka_version()}): {args.records:,} values of {args.value_size} bytes into \
 {args.partitions} partition(s) per figure, acks=1, linger.ms {LINGER_MS}, no compression, \
 produce() + poll(0) then flush(); consumer assign() from offset 0, consume(10000) until all are \
-read; rounds alternate Fjord, Tansu; median of {args.rounds} rounds. Method: the docstring of \
-bench/bench_kafka.py.
+read, fetch.queue.backoff.ms 10; rounds alternate Fjord, Tansu; median of {args.rounds} \
+rounds. Method: the docstring of bench/bench_kafka.py.
 
 | broker and client | rec/s | MB/s | rounds (rec/s) |
 |---|---:|---:|---|
