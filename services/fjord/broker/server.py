@@ -239,7 +239,9 @@ class BrokerOptions:
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
-            raise ConfigError("listeners: an SSL:// listener needs --security-config")
+            raise ConfigError(
+                "listeners: an SSL:// or SASL_SSL:// listener needs --security-config"
+            )
         if self.broker_id < 0:
             raise ConfigError(f"id: broker id must be >= 0, got {self.broker_id}")
         if self.broker_id >= COORDINATOR_NODE_ID_BASE:

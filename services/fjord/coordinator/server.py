@@ -171,7 +171,9 @@ class CoordinatorOptions:
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
-            raise ConfigError("listeners: an SSL:// listener needs --security-config")
+            raise ConfigError(
+                "listeners: an SSL:// or SASL_SSL:// listener needs --security-config"
+            )
         if self.coordinator_id < 0:
             raise ConfigError(f"id: coordinator id must be >= 0, got {self.coordinator_id}")
         if self.lease_ttl_s < 1:
