@@ -157,10 +157,11 @@ def up(
             click.echo("  ACLs on: User:admin is the super user; others need "
                        f"fjord acls --add ... --command-config {props}")
         click.echo(f"  fjord topics list --command-config {props}")
-        click.echo(
-            "  Kafka clients: the same keys (security.protocol=SSL, ssl.ca.location, "
-            "ssl.certificate.location, ssl.key.location)"
-        )
+        if not sasl:  # with --sasl the Kafka doors take SASL logins (printed below)
+            click.echo(
+                "  Kafka clients: the same keys (security.protocol=SSL, ssl.ca.location, "
+                "ssl.certificate.location, ssl.key.location)"
+            )
     if sasl:
         command = f" --command-config {cluster.client_properties}" if secure else ""
         protocol = "SASL_SSL" if secure else "SASL_PLAINTEXT"
