@@ -241,6 +241,8 @@ IMAGE_PATHS = {
     "/opt/spark": SPARK_HOME,
     "/opt/fjord/spark": Path(__file__).resolve().parents[3] / "spark",
 }
+#: Where Kubernetes mounts a pod's service-account token, CA and namespace.
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 #: How long a stopped pod's processes get after SIGTERM before SIGKILL.
 SPARK_STOP_GRACE_S = 15.0
 #: Pod fields a ``fieldRef`` may name, as the harness answers them.
@@ -330,8 +332,11 @@ class SparkKubelet:
                 self.errors.append(exc)
             self._stop.wait(POLL_INTERVAL_S)
 
+    #: The pods this harness runs (a label selector).
+    selector = SPARK_ROLE_LABEL
+
     def sync_once(self) -> None:
-        path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={SPARK_ROLE_LABEL}"
+        path = f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={self.selector}"
         for pod in self.kube.request("GET", path)["items"]:
             uid = pod["metadata"]["uid"]
             if uid in self._unrunnable and not pod["metadata"].get("deletionTimestamp"):
@@ -372,12 +377,7 @@ class SparkKubelet:
         env = self._env(pod, container, paths, root)
         args = [_translate(a, paths) for a in container.get("args") or []]
         role = args[0] if args else ""
-        if role == "driver":
-            command = self._driver_command(args[1:], env, paths, root)
-        elif role == "executor":
-            command = self._executor_command(env)
-        else:
-            raise UnsupportedPod(f"pod {meta['name']}: entrypoint role {role!r} is not run here")
+        command = self._command(meta["name"], args, env, paths, root)
         log = root / "container.log"
         with log.open("ab") as out:
             process = subprocess.Popen(
@@ -447,7 +447,12 @@ class SparkKubelet:
         """The container's environment: the image's (SPARK_HOME, PYSPARK_PYTHON, JAVA_HOME,
         the Python path the image installs into), what a kubelet adds (the API server's
         service), then the pod's own variables, paths translated."""
-        env = {k: v for k, v in os.environ.items() if k not in ("KUBECONFIG", "SPARK_CONF_DIR")}
+        # Nothing of the test process's own logins or Spark settings leaks into a pod.
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("KUBE", "FJORD_OPERATOR_", "SPARK_CONF_DIR"))
+        }
         env.update(
             HOME=str(root),
             SPARK_HOME=str(SPARK_HOME),
@@ -471,6 +476,17 @@ class SparkKubelet:
                 raise UnsupportedPod(f"env {var['name']}: {var.get('valueFrom')} not supported")
         return env
 
+    def _command(
+        self, pod: str, args: list[str], env: dict[str, str], paths: dict[str, Path], root: Path
+    ) -> list[str]:
+        """The command Spark's entrypoint runs for ``args`` (its first one names the role)."""
+        role = args[0] if args else ""
+        if role == "driver":
+            return self._driver_command(args[1:], env, paths, root)
+        if role == "executor":
+            return self._executor_command(env)
+        raise UnsupportedPod(f"pod {pod}: entrypoint role {role!r} is not run here")
+
     def _driver_command(
         self, args: list[str], env: dict[str, str], paths: dict[str, Path], root: Path
     ) -> list[str]:
@@ -484,7 +500,7 @@ class SparkKubelet:
             int(properties["spark.driver.port"]): driver_port,
             int(properties["spark.driver.blockManager.port"]): block_manager_port,
         }
-        account = paths.get("/var/run/secrets/kubernetes.io/serviceaccount")
+        account = paths.get(SERVICE_ACCOUNT_MOUNT)
         if account is None:
             raise UnsupportedPod("the driver pod has no service-account mount")
         bind = env["SPARK_DRIVER_BIND_ADDRESS"]
@@ -555,6 +571,26 @@ class SparkKubelet:
         if ports is None or int(port) not in ports:
             raise UnsupportedPod(f"{url}: no driver Service {host}:{port} known to the harness")
         return f"{head}@127.0.0.1:{ports[int(port)]}"
+
+
+class OperatorKubelet(SparkKubelet):
+    """Plays the kubelet for the chart's operator pod (the Deployment's, label
+    ``app.kubernetes.io/component=operator``), as the project's image (ENTRYPOINT ``fjord``)
+    runs it: ``fjord ARGS`` with the container's arguments and env, and a kubelet's in-cluster
+    variables; the service account's token is the pod's own (its Secret volume), found through
+    FJORD_OPERATOR_SERVICE_ACCOUNT_DIR (the mount's fixed path cannot be made here). Everything
+    else as :class:`SparkKubelet` (volumes, status, deletion)."""
+
+    selector = "app.kubernetes.io/component=operator"
+
+    def _command(
+        self, pod: str, args: list[str], env: dict[str, str], paths: dict[str, Path], root: Path
+    ) -> list[str]:
+        account = paths.get(SERVICE_ACCOUNT_MOUNT)
+        if account is None:
+            raise UnsupportedPod(f"pod {pod} has no service-account mount")
+        env["FJORD_OPERATOR_SERVICE_ACCOUNT_DIR"] = str(account)
+        return [str(Path(sys.executable).parent / "fjord"), *args]
 
 
 def _translate(value: str, paths: dict[str, Path]) -> str:
