@@ -10,6 +10,7 @@ import pty
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -20,6 +21,7 @@ from confluent_kafka.admin import ConfigResource, ConfigSource
 
 from fjord.cli.main import cli
 from fjord.local.defaults import LOCAL_REPLICA_LAG_TIME_MAX_MS
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -133,10 +135,22 @@ def test_consume_as_a_group_member(bootstrap: str) -> None:
             time.sleep(0.2)
         (joined,) = view["members"]
         assert joined["assignment"] == [{"topic": topic, "partition": 0}]
+        # Joined is not yet fetched: Ctrl-C only once it printed what it was given (it flushes
+        # after every poll), so that what it commits is what it printed.
+        assert member.stdout is not None and member.stderr is not None
+        stdout = member.stdout
+        printed: list[str] = []
+        reader = threading.Thread(
+            target=lambda: printed.extend(line.rstrip("\n") for line in stdout), daemon=True
+        )
+        reader.start()
+        wait_for(lambda: len(printed) >= 7, "the member to print v3..v9", WAIT_S)
         member.send_signal(signal.SIGINT)  # Ctrl-C: commit, leave the group
-        out, err = member.communicate(timeout=WAIT_S)
+        member.wait(timeout=WAIT_S)
+        reader.join(timeout=WAIT_S)
+        err = member.stderr.read()
         assert member.returncode == 0, err
-        assert out.splitlines() == [f"v{i}" for i in range(3, 10)]
+        assert printed == [f"v{i}" for i in range(3, 10)]
         assert "Processed a total of 7 messages" in err
     finally:
         if member.poll() is None:

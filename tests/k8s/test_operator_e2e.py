@@ -440,20 +440,20 @@ def test_invalid_topic_config_is_refused_in_status(
     api: ApiServer, admin: AdminClient, fjord_cluster: dict[str, Any]
 ) -> None:
     # A codec Fjord does not know: the broker's typed error shows in status, nothing is created.
-    api.create("fjordtopics", NAMESPACE, _topic("compacted", 1, 1, {"compression.type": "brotli"}))
+    api.create("fjordtopics", NAMESPACE, _topic("brotli", 1, 1, {"compression.type": "brotli"}))
     wait_for(
-        lambda: _condition_reason(api, "fjordtopics", "compacted", "Error") == "InvalidConfig",
+        lambda: _condition_reason(api, "fjordtopics", "brotli", "Error") == "InvalidConfig",
         "the invalid config to be refused",
         RECONCILE_TIMEOUT_S,
     )
-    refused = _get(api, "fjordtopics", "compacted")
+    refused = _get(api, "fjordtopics", "brotli")
     assert refused is not None
-    assert "cleanup.policy" in condition_of(refused, "Error")["message"]  # type: ignore[index]
-    assert "compacted" not in admin.list_topics()
-    api.delete("fjordtopics", NAMESPACE, "compacted")
+    assert "compression.type" in condition_of(refused, "Error")["message"]  # type: ignore[index]
+    assert "brotli" not in admin.list_topics()
+    api.delete("fjordtopics", NAMESPACE, "brotli")
     wait_for(
-        lambda: _get(api, "fjordtopics", "compacted") is None,
-        "FjordTopic compacted to be released",
+        lambda: _get(api, "fjordtopics", "brotli") is None,
+        "FjordTopic brotli to be released",
         RECONCILE_TIMEOUT_S,
     )
 
