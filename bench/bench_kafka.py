@@ -45,7 +45,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -87,11 +87,13 @@ def new_topic(admin: AdminClient, partitions: int) -> str:
 
 
 def ck_produce(
-    kafka: str, topic: str, records: int, value: bytes, linger_ms: int | None = LINGER_MS
+    kafka: str, topic: str, records: int, value: bytes, linger_ms: int | None = LINGER_MS,
+    security: Mapping[str, object] | None = None,
 ) -> float:
     """confluent-kafka ``produce()`` + ``poll(0)`` for every record, then ``flush()``; acks=1.
-    ``linger_ms=None`` keeps librdkafka's default."""
-    config: dict[str, object] = {"bootstrap.servers": kafka, "acks": 1,
+    ``linger_ms=None`` keeps librdkafka's default; ``security`` adds client settings
+    (``security.protocol``, ``ssl.*``)."""
+    config: dict[str, object] = {**(security or {}), "bootstrap.servers": kafka, "acks": 1,
                                  "compression.type": "none",
                                  "queue.buffering.max.messages": 1_000_000}
     if linger_ms is not None:
@@ -121,11 +123,14 @@ def ck_produce(
     return records / elapsed
 
 
-def ck_consume(kafka: str, topic: str, partitions: int, records: int) -> float:
+def ck_consume(
+    kafka: str, topic: str, partitions: int, records: int,
+    security: Mapping[str, object] | None = None,
+) -> float:
     # fetch.queue.backoff.ms: librdkafka stops fetching for this long (default 1000 ms) once
     # queued.min.messages (100,000) wait in its queue, which a broker faster than this loop
     # fills; at the default every fast run stalls ~1 s and the figure measures the pause.
-    consumer = CKConsumer({"bootstrap.servers": kafka, "group.id": "unused",
+    consumer = CKConsumer({**(security or {}), "bootstrap.servers": kafka, "group.id": "unused",
                            "enable.auto.commit": False, "fetch.wait.max.ms": 100,
                            "fetch.queue.backoff.ms": 10})
     try:

@@ -39,9 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from confluent_kafka import Consumer as CKConsumer
-from confluent_kafka import Producer as CKProducer
-from confluent_kafka import TopicPartition as CKTopicPartition
+from bench_kafka import ck_consume, ck_produce
 from results_file import cpu_model, write_section
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -85,53 +83,6 @@ def fjord_consume(config: dict[str, Any], topic: str, partitions: int, records: 
     return records / elapsed
 
 
-def ck_produce(config: dict[str, Any], topic: str, records: int, value: bytes) -> float:
-    producer = CKProducer({**config, "acks": 1, "linger.ms": LINGER_MS,
-                           "queue.buffering.max.messages": 1_000_000})
-    failures: list[object] = []
-
-    def delivered(err: object, _message: object) -> None:
-        if err is not None:
-            failures.append(err)
-
-    producer.list_topics(topic, timeout=30)
-    start = time.perf_counter()
-    for _ in range(records):
-        while True:
-            try:
-                producer.produce(topic, value, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.001)
-        producer.poll(0)
-    left = producer.flush(WAIT_S)
-    elapsed = time.perf_counter() - start
-    if left or failures:
-        raise RuntimeError(f"confluent-kafka produce: {left} undelivered, errors {failures[:3]}")
-    return records / elapsed
-
-
-def ck_consume(config: dict[str, Any], topic: str, partitions: int, records: int) -> float:
-    consumer = CKConsumer({**config, "group.id": "unused", "enable.auto.commit": False,
-                           "fetch.wait.max.ms": 100})
-    try:
-        consumer.assign([CKTopicPartition(topic, p, 0) for p in range(partitions)])
-        read, start = 0, time.perf_counter()
-        while read < records:
-            if time.perf_counter() - start > WAIT_S:
-                raise RuntimeError(f"confluent-kafka consumer read {read} of {records}")
-            for message in consumer.consume(10_000, 0.5):
-                if message.error() is not None:
-                    raise RuntimeError(str(message.error()))
-                read += 1
-        elapsed = time.perf_counter() - start
-    finally:
-        consumer.close()
-    if read != records:
-        raise RuntimeError(f"confluent-kafka consumer read {read}, expected {records}")
-    return records / elapsed
-
-
 KINDS = {
     "fj_p": "fjord.client Producer (gRPC)",
     "fj_c": "fjord.client Consumer (gRPC)",
@@ -164,8 +115,7 @@ def main() -> None:
         for round_no in range(args.rounds):
             for mode, cluster in clusters.items():
                 grpc = {"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}
-                kafka = {"bootstrap.servers": cluster.kafka_bootstrap_servers,
-                         **cluster.client_config}
+                kafka = cluster.kafka_bootstrap_servers
                 with AdminClient(grpc) as admin:
                     fj_topic, ck_topic = (f"bench-tls-{uuid.uuid4().hex[:8]}" for _ in range(2))
                     admin.create_topics([NewTopic(fj_topic, args.partitions, 1),
@@ -173,8 +123,10 @@ def main() -> None:
                 n, parts = args.records, args.partitions
                 figures[(mode, "fj_p")].append(fjord_produce(grpc, fj_topic, n, value))
                 figures[(mode, "fj_c")].append(fjord_consume(grpc, fj_topic, parts, n))
-                figures[(mode, "ck_p")].append(ck_produce(kafka, ck_topic, n, value))
-                figures[(mode, "ck_c")].append(ck_consume(kafka, ck_topic, parts, n))
+                figures[(mode, "ck_p")].append(
+                    ck_produce(kafka, ck_topic, n, value, security=cluster.client_config))
+                figures[(mode, "ck_c")].append(
+                    ck_consume(kafka, ck_topic, parts, n, security=cluster.client_config))
                 print(f"round {round_no + 1} {mode}: " + ", ".join(
                     f"{k} {figures[(mode, k)][-1]:,.0f}" for k in KINDS), flush=True)
     load_end = os.getloadavg()[0]
