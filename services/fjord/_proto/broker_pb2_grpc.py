@@ -75,6 +75,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
                 _registered_method=True)
+        self.WriteTxnMarkers = channel.unary_unary(
+                '/fjord.v1.Broker/WriteTxnMarkers',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -136,6 +141,16 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteTxnMarkers(self, request, context):
+        """Kafka's WriteTxnMarkers: the transaction coordinator ends a transaction by having each
+        partition's leader append a control batch (COMMIT or ABORT) for the producer; the leader
+        then moves its last stable offset and, for ABORT, records the range in its .txnindex.
+        Only the cluster's service identity may call it (CLUSTER_AUTHORIZATION_FAILED otherwise).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -178,6 +193,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeLogDirs,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.SerializeToString,
+            ),
+            'WriteTxnMarkers': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteTxnMarkers,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -396,6 +416,33 @@ class Broker:
             '/fjord.v1.Broker/DescribeLogDirs',
             fjord_dot_v1_dot_broker__pb2.DescribeLogDirsRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.DescribeLogDirsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteTxnMarkers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/WriteTxnMarkers',
+            fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
             options,
             channel_credentials,
             insecure,
