@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
+import confluent_kafka
 import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
@@ -226,7 +227,6 @@ def test_create_topics_needs_create_and_a_client_cannot_forward_as_another(
 def test_the_kafka_listener_forwards_admin_requests_for_the_client(
     cluster: LocalCluster, principals: Principals
 ) -> None:
-    confluent_kafka = pytest.importorskip("confluent_kafka")
     from confluent_kafka.admin import AdminClient as KafkaAdmin
     from confluent_kafka.admin import NewTopic as KafkaNewTopic
 
@@ -261,7 +261,6 @@ def test_the_kafka_listener_forwards_admin_requests_for_the_client(
 def test_a_consumer_group_needs_read_on_the_group_and_the_topic(
     cluster: LocalCluster, principals: Principals
 ) -> None:
-    confluent_kafka = pytest.importorskip("confluent_kafka")
     with Producer(admin_config(cluster)) as producer:
         producer.send("ledger", value=b"entry").result(30)
     add_acls(cluster, acl(ResourceType.TOPIC, "ledger", Op.READ, "alice"))
@@ -354,7 +353,6 @@ def test_admin_client_acls_need_alter_on_the_cluster(
 def test_confluent_kafka_admin_client_creates_describes_and_deletes_acls(
     cluster: LocalCluster, principals: Principals
 ) -> None:
-    pytest.importorskip("confluent_kafka")
     from confluent_kafka import KafkaException
     from confluent_kafka.admin import AclBinding as KafkaAclBinding
     from confluent_kafka.admin import AclBindingFilter as KafkaAclBindingFilter

@@ -489,7 +489,9 @@ def test_coordinator_answers_what_clients_send_any_node(
                 assert {f"{b.host}:{b.port}" for b in cluster.brokers} >= {address}, v
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (make deps)")
+@pytest.mark.skipif(
+    shutil.which("kcat") is None, reason="kcat is not installed (`make kcat` installs it)"
+)
 def test_kcat_balanced_consumer_group(
     kafka_bootstrap: str, topic_with_records: tuple[str, set[bytes]]
 ) -> None:

@@ -165,7 +165,9 @@ def test_kafka_python_producer_read_by_fjord_client(
     assert sorted((r.key, r.value, list(r.headers), r.timestamp) for r in native) == sorted(sent)
 
 
-@pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is not installed (make deps)")
+@pytest.mark.skipif(
+    shutil.which("kcat") is None, reason="kcat is not installed (`make kcat` installs it)"
+)
 def test_kcat_metadata_produce_consume(kafka_bootstrap: str, admin: AdminClient) -> None:
     topic = make_topic(admin)
     listing = subprocess.run(["kcat", "-b", kafka_bootstrap, "-L", "-t", topic],

@@ -11,6 +11,7 @@ import ssl
 import struct
 from collections.abc import Iterator
 
+import confluent_kafka
 import pytest
 from click.testing import CliRunner, Result
 from kafka.protocol.sasl import (
@@ -37,7 +38,6 @@ from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
-confluent_kafka = pytest.importorskip("confluent_kafka")
 
 
 @pytest.fixture(scope="module")

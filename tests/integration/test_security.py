@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
 import grpc
 import pytest
 
@@ -92,7 +93,6 @@ def test_fjord_client_produces_and_consumes_over_mutual_tls(cluster: LocalCluste
 
 
 def test_confluent_kafka_with_ssl_and_a_client_certificate(cluster: LocalCluster) -> None:
-    confluent_kafka = pytest.importorskip("confluent_kafka")
     create_topic(cluster, "tls-kafka")
     conf = {"bootstrap.servers": cluster.kafka_bootstrap_servers, **cluster.client_config}
     producer = confluent_kafka.Producer(conf)
