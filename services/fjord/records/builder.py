@@ -9,6 +9,7 @@ from fjord.records.codecs import compress
 from fjord.records.defaults import DEFAULT_BATCH_SIZE
 from fjord.records.header import (
     ATTR_COMPRESSION_MASK,
+    ATTR_CONTROL,
     ATTR_DELETE_HORIZON,
     ATTR_TIMESTAMP_TYPE,
     ATTR_TRANSACTIONAL,
@@ -129,6 +130,7 @@ class BatchBuilder:
         "_built",
         "_compression",
         "_count",
+        "_is_control",
         "_is_transactional",
         "_max_timestamp",
         "_parts",
@@ -148,6 +150,7 @@ class BatchBuilder:
         timestamp_type: TimestampType = TimestampType.CREATE_TIME,
         *,
         is_transactional: bool = False,
+        is_control: bool = False,
     ) -> None:
         try:
             self._compression = Compression(compression)
@@ -169,6 +172,7 @@ class BatchBuilder:
             raise InvalidRecordError(f"unknown timestamp type {timestamp_type!r}")
         self._timestamp_type = TimestampType(timestamp_type)
         self._is_transactional = is_transactional
+        self._is_control = is_control  # transaction markers (fjord.records.control) only
         self._parts: list[bytes] = []
         self._count = 0
         self._size = BATCH_HEADER_SIZE
@@ -291,6 +295,8 @@ class BatchBuilder:
             attributes |= ATTR_TIMESTAMP_TYPE
         if self._is_transactional:
             attributes |= ATTR_TRANSACTIONAL
+        if self._is_control:
+            attributes |= ATTR_CONTROL
         header = bytearray(
             HEADER_STRUCT.pack(
                 0,
