@@ -91,6 +91,12 @@ class ErrorCode(Enum):
     GROUP_AUTHORIZATION_FAILED = (30, False)
     CLUSTER_AUTHORIZATION_FAILED = (31, False)
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False)
+    INVALID_TXN_STATE = (48, False)
+    INVALID_PRODUCER_ID_MAPPING = (49, False)
+    INVALID_TRANSACTION_TIMEOUT = (50, False)
+    CONCURRENT_TRANSACTIONS = (51, True)
+    PRODUCER_FENCED = (90, False)
+    TRANSACTION_ABORTABLE = (120, False)
 
     @property
     def code(self) -> int:
@@ -604,3 +610,89 @@ class MaxPollIntervalExceededError(FjordError):
     next ``poll()`` rejoins the group. Client-side only (code REBALANCE_IN_PROGRESS)."""
 
     code = ErrorCode.REBALANCE_IN_PROGRESS
+
+
+# Transaction errors (Kafka's names; see docs/transactions.md).
+
+
+@register_error_class
+class ProducerFencedError(FjordError):
+    """A newer producer with the same ``transactional.id`` called InitProducerId (its epoch
+    is higher): this one is a zombie and must close. Fatal for the producer."""
+
+    code = ErrorCode.PRODUCER_FENCED
+
+
+@register_error_class
+class InvalidTxnStateError(FjordError):
+    """The transactional request does not fit the transaction's state (commit after an abort
+    began, EndTxn with no transaction, a producer call out of order). Fatal for the producer
+    when the coordinator answers it; the client's own misuse is raised before any request."""
+
+    code = ErrorCode.INVALID_TXN_STATE
+
+
+@register_error_class
+class InvalidProducerIdMappingError(FjordError):
+    """The producer id in a transactional request is not the one the coordinator maps its
+    ``transactional.id`` to (the id expired or another producer took it)."""
+
+    code = ErrorCode.INVALID_PRODUCER_ID_MAPPING
+
+
+@register_error_class
+class InvalidTransactionTimeoutError(FjordError):
+    """``transaction.timeout.ms`` is not positive or above the coordinator's
+    ``transaction.max.timeout.ms``."""
+
+    code = ErrorCode.INVALID_TRANSACTION_TIMEOUT
+
+
+@register_error_class
+class ConcurrentTransactionsError(FjordError):
+    """The coordinator is still completing the previous transaction of this
+    ``transactional.id`` (writing its markers) or a state write is in flight: retry."""
+
+    code = ErrorCode.CONCURRENT_TRANSACTIONS
+
+
+class TransactionError(FjordError):
+    """A transactional producer's failure, classified as confluent-kafka's KafkaError:
+
+    - :meth:`txn_requires_abort`: the current transaction cannot commit (a record failed, the
+      coordinator aborted it on timeout): call ``abort_transaction()``, then begin anew;
+    - :attr:`fatal`: the producer cannot go on (fenced by a newer instance, an invalid state
+      the coordinator refused): close it;
+    - :meth:`retriable`: the call may simply be retried (a timeout).
+
+    ``cause`` is the underlying typed error, whose ``code`` this error carries."""
+
+    def __init__(
+        self,
+        message: str,
+        code: ErrorCode,
+        *,
+        abortable: bool = False,
+        fatal: bool = False,
+        retriable: bool = False,
+        cause: BaseException | None = None,
+    ) -> None:
+        super().__init__(message, code)
+        self.abortable = abortable
+        self.fatal = fatal
+        self._retriable = retriable
+        self.cause = cause
+
+    def txn_requires_abort(self) -> bool:
+        return self.abortable
+
+    @property
+    def retriable(self) -> bool:
+        return self._retriable
+
+
+class TransactionAbortedError(TransactionError):
+    """The transaction must be aborted (``txn_requires_abort()`` is True)."""
+
+    def __init__(self, message: str, code: ErrorCode, cause: BaseException | None = None):
+        super().__init__(message, code, abortable=True, cause=cause)

@@ -59,6 +59,7 @@ SHARED = {
     "fjord.metadata",
     "fjord.observability",
     "fjord.groups",
+    "fjord.transactions",
     "fjord.cluster",
     "fjord.security",
     "fjord.tls",

@@ -1,7 +1,7 @@
 """Kafka's classic (non-flexible) schema primitives, big-endian, as used by the ConsumerProtocol
 and the ``__consumer_offsets`` records.
 
-- int16/int32/int64: two's complement big-endian.
+- int8/int16/int32/int64: two's complement big-endian; uvarint (flexible versions' lengths).
 - string: int16 length + UTF-8 bytes; nullable string: length -1 means null.
 - bytes: int32 length + bytes; nullable bytes: length -1 means null.
 - array: int32 count + elements (count -1 = null array, read as empty).
@@ -26,6 +26,10 @@ class Writer:
 
     def __init__(self) -> None:
         self._parts: list[bytes] = []
+
+    def int8(self, value: int) -> Writer:
+        self._parts.append(struct.pack(">b", value))
+        return self
 
     def int16(self, value: int) -> Writer:
         self._parts.append(_I16.pack(value))
@@ -77,8 +81,26 @@ class Reader:
         self._pos += n
         return view
 
+    def int8(self) -> int:
+        return int(struct.unpack(">b", self._take(1))[0])
+
     def int16(self) -> int:
         return int(_I16.unpack(self._take(2))[0])
+
+    def uvarint(self) -> int:
+        """An unsigned varint (flexible versions' compact lengths and tag counts)."""
+        shift = value = 0
+        while True:
+            byte = self._take(1)[0]
+            value |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                return value
+            shift += 7
+            if shift > 28:
+                raise CorruptRecordError(f"{self._what}: varint longer than 5 bytes")
+
+    def raw(self, n: int) -> bytes:
+        return bytes(self._take(n))
 
     def int32(self) -> int:
         return int(_I32.unpack(self._take(4))[0])
@@ -124,3 +146,4 @@ class Reader:
 
     def done(self) -> bool:
         return self._pos == len(self._data)
+
