@@ -8,6 +8,52 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class DeleteRecordsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DeleteRecordsTopic]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DeleteRecordsTopic, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsTopic(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartition]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DeleteRecordsPartition, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsPartition(_message.Message):
+    __slots__ = ("partition", "offset")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    offset: int
+    def __init__(self, partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class DeleteRecordsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[DeleteRecordsTopicResult]
+    def __init__(self, topics: _Optional[_Iterable[_Union[DeleteRecordsTopicResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsTopicResult(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: _containers.RepeatedCompositeFieldContainer[DeleteRecordsPartitionResult]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[_Union[DeleteRecordsPartitionResult, _Mapping]]] = ...) -> None: ...
+
+class DeleteRecordsPartitionResult(_message.Message):
+    __slots__ = ("partition", "low_watermark", "error")
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    LOW_WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    partition: int
+    low_watermark: int
+    error: _common_pb2.Error
+    def __init__(self, partition: _Optional[int] = ..., low_watermark: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
+
 class WriteTxnMarkersRequest(_message.Message):
     __slots__ = ("markers",)
     MARKERS_FIELD_NUMBER: _ClassVar[int]

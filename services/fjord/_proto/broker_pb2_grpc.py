@@ -80,6 +80,11 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
                 _registered_method=True)
+        self.DeleteRecords = channel.unary_unary(
+                '/fjord.v1.Broker/DeleteRecords',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -151,6 +156,15 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DeleteRecords(self, request, context):
+        """Kafka's DeleteRecords, sent to each partition's leader: move its log start offset up to
+        the given offset (-1: the high watermark); records below it are no longer readable and
+        their whole segments are deleted. Needs Delete on the topic.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -198,6 +212,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.WriteTxnMarkers,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.SerializeToString,
+            ),
+            'DeleteRecords': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteRecords,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.DeleteRecordsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.DeleteRecordsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -443,6 +462,33 @@ class Broker:
             '/fjord.v1.Broker/WriteTxnMarkers',
             fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.WriteTxnMarkersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteRecords(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Broker/DeleteRecords',
+            fjord_dot_v1_dot_broker__pb2.DeleteRecordsRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.DeleteRecordsResponse.FromString,
             options,
             channel_credentials,
             insecure,
