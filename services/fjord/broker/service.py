@@ -43,8 +43,8 @@ def refused_produce(request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceRes
 
 
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
-    """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId, FindCoordinator and
-    DescribeConfigs for one broker (gRPC's method names).
+    """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId, FindCoordinator,
+    DescribeConfigs, DescribeLogDirs and DeleteRecords for one broker (gRPC's method names).
 
     Invariant: every call answers from the ReplicaManager's state and the newest metadata image
     the broker has applied (``image()``); nothing here caches partition state.
@@ -143,7 +143,34 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return response
         return self._log_dirs()
 
+    async def DeleteRecords(
+        self, request: broker_pb2.DeleteRecordsRequest, context: aio.ServicerContext
+    ) -> broker_pb2.DeleteRecordsResponse:
+        return self.delete_records(grpc_caller(context), request)
+
     # --- shared with the Kafka listener (fjord.broker.kafka_apis): every ACL check is here ---
+
+    def delete_records(
+        self, caller: Caller, request: broker_pb2.DeleteRecordsRequest
+    ) -> broker_pb2.DeleteRecordsResponse:
+        """Kafka's DeleteRecords on this leader, per partition: Delete on the topic, then
+        ReplicaManager.delete_records (OFFSET_OUT_OF_RANGE above the high watermark, nothing
+        changed). Each partition is answered on its own, as Kafka does."""
+        response = broker_pb2.DeleteRecordsResponse()
+        for topic in request.topics:
+            out = response.topics.add(name=topic.name)
+            for p in topic.partitions:
+                result = out.partitions.add(partition=p.partition, low_watermark=-1)
+                try:
+                    self.authorization.require(caller, AclOperation.DELETE,
+                                               Resource.topic(topic.name))
+                    result.low_watermark = self._replicas.delete_records(
+                        topic.name, p.partition, p.offset
+                    )
+                except FjordError as exc:
+                    result.error.code = exc.code.code
+                    result.error.message = str(exc)
+        return response
 
     async def produce(
         self, caller: Caller, request: broker_pb2.ProduceRequest

@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "consume": ("fjord.cli.console_cmd", "consume"),
     "controller": ("fjord.cli.controller_cmd", "controller"),
     "coordinator": ("fjord.cli.coordinator_cmd", "coordinator"),
+    "delete-records": ("fjord.cli.delete_records_cmd", "delete_records"),
     "demo": ("fjord.cli.demo", "demo"),
     "groups": ("fjord.cli.groups_cmd", "groups"),
     "local": ("fjord.cli.local_cmd", "local"),

@@ -19,7 +19,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
 from fjord._proto import broker_pb2, common_pb2, controller_pb2, coordinator_pb2
 from fjord.client.consumer import Consumer
@@ -49,6 +49,7 @@ from fjord.errors import (
     KafkaTimeoutError,
     NonEmptyGroupError,
     NotControllerError,
+    OffsetOutOfRangeError,
     ReassignmentInProgressError,
     error_code_from_number,
     error_for_code,
@@ -1181,6 +1182,111 @@ class AdminClient:
             found = reader.offsets_for_times(times, _remaining(deadline))
             out.update({tp: None if o is None else o.offset for tp, o in found.items()})
         return out
+
+    def delete_records(
+        self, offsets: Mapping[TopicPartition, int], *, timeout: float | None = None
+    ) -> dict[TopicPartition, int]:
+        """Kafka's ``deleteRecords``: move each partition's log start offset up to the given
+        offset (-1: its high watermark), so that the records below it can no longer be read;
+        returns each partition's low watermark (its new log start offset).
+
+        Checked before anything is sent, so that bad input changes nothing: an unknown topic or
+        partition raises UNKNOWN_TOPIC_OR_PARTITION, an offset below -1 or above the
+        partition's high watermark OFFSET_OUT_OF_RANGE, each naming the partition. Then each
+        leader is asked for its partitions (a leader that moved meanwhile is found again and
+        asked, within the timeout); a partition the leader refuses raises its typed error
+        after every partition was tried."""
+        wanted: dict[TopicPartition, int] = {}
+        for tp, offset in offsets.items():
+            key = TopicPartition(*tp)
+            if not isinstance(offset, int) or isinstance(offset, bool):
+                raise InvalidRequestError(
+                    f"{key.topic}-{key.partition}: offset must be an integer, got {offset!r}"
+                )
+            wanted[key] = offset
+        if not wanted:
+            return {}
+        deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
+        counts = {t.name: len(t.partitions)
+                  for t in self.describe_topics(sorted({tp.topic for tp in wanted}),
+                                                timeout=_remaining(deadline))}
+        for tp, offset in sorted(wanted.items()):
+            if not 0 <= tp.partition < counts[tp.topic]:
+                raise error_for_code(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"{tp.topic}-{tp.partition}: topic {tp.topic!r} has {counts[tp.topic]} "
+                    "partitions",
+                )
+            if offset < -1:
+                raise OffsetOutOfRangeError(
+                    f"{tp.topic}-{tp.partition}: offset {offset} is negative (-1 means the "
+                    "high watermark)"
+                )
+        ends = self.list_offsets(dict.fromkeys(wanted, "latest"), timeout=_remaining(deadline))
+        beyond = [
+            f"{tp.topic}-{tp.partition}: offset {offset} is above the high watermark {ends[tp]}"
+            for tp, offset in sorted(wanted.items())
+            if ends[tp] is not None and offset > cast(int, ends[tp])
+        ]
+        if beyond:
+            raise OffsetOutOfRangeError("; ".join(beyond) + " (nothing deleted)")
+        done: dict[TopicPartition, int] = {}
+        failed: dict[TopicPartition, FjordError] = {}
+
+        async def call(deadline: float) -> None:
+            async def attempt() -> None:
+                snapshot = await self._network.refresh_metadata()
+                pending = [tp for tp in wanted if tp not in done and tp not in failed]
+                by_leader: dict[int, list[TopicPartition]] = {}
+                retry: FjordError | None = None
+                for tp in pending:
+                    leader = snapshot.leaders.get(tp)
+                    if leader is None or leader not in snapshot.brokers:
+                        retry = FjordError(f"{tp.topic}-{tp.partition} has no leader",
+                                           code=ErrorCode.LEADER_NOT_AVAILABLE)
+                    else:
+                        by_leader.setdefault(leader, []).append(tp)
+                for leader, tps in sorted(by_leader.items()):
+                    request = broker_pb2.DeleteRecordsRequest()
+                    for topic in sorted({tp.topic for tp in tps}):
+                        request.topics.add(name=topic, partitions=[
+                            broker_pb2.DeleteRecordsPartition(partition=tp.partition,
+                                                              offset=wanted[tp])
+                            for tp in tps if tp.topic == topic
+                        ])
+                    address = snapshot.brokers[leader].address
+                    try:
+                        answer = await self._network.broker(address).DeleteRecords(
+                            request, timeout=min(self._request_timeout_s, _remaining(deadline))
+                        )
+                    except Exception as exc:
+                        retry = transport_error(exc, f"broker {leader} at {address}")
+                        continue
+                    for t in answer.topics:
+                        for r in t.partitions:
+                            tp = TopicPartition(t.name, r.partition)
+                            error = _error_of(r.error, t.name)
+                            if error is None:
+                                done[tp] = r.low_watermark
+                            elif error.retriable:
+                                retry = error_for_code(
+                                    error.code, f"{tp.topic}-{tp.partition}: {r.error.message}"
+                                )
+                            else:
+                                failed[tp] = error_for_code(
+                                    error.code, f"{tp.topic}-{tp.partition}: {r.error.message}"
+                                )
+                if retry is not None:
+                    raise retry
+
+            await self._network.call_with_retries(
+                attempt, deadline=deadline, backoff_s=self._backoff_s, what="DeleteRecords"
+            )
+
+        self._run(call, _remaining(deadline))
+        for tp in sorted(failed):
+            raise failed[tp]
+        return done
 
     def _offsets_reader(self) -> Consumer:
         """A group-less consumer used only for ListOffsets (log start/end offsets and
