@@ -138,7 +138,7 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
         # A bad key type is a typed, non-retriable error; so is an empty group id (and neither
         # creates the topic).
         had_topic = watcher.image.topic(OFFSETS_TOPIC) is not None
-        bad = await find(stub, "g", key_type=1)
+        bad = await find(stub, "g", key_type=2)
         assert bad.error.code == ErrorCode.INVALID_REQUEST.code and "key_type" in bad.error.message
         empty = await find(stub, "")
         assert empty.error.code == ErrorCode.INVALID_GROUP_ID.code

@@ -60,7 +60,7 @@ def test_older_epoch_than_metadata_or_seen_is_refused() -> None:
 def test_an_append_without_a_coordinator_epoch_is_refused() -> None:
     fence = CoordinatorEpochFence()
     for epoch in (0, -1):
-        with pytest.raises(InvalidTopicError, match="only its group coordinator"):
+        with pytest.raises(InvalidTopicError, match="__consumer_offsets: only its coordinator"):
             fence.admit(0, epoch, known_epoch=None)
     assert fence.newest(0) is None
 

@@ -40,7 +40,12 @@ from fjord.metadata import (
     OffsetsOwner,
     TopicRecord,
 )
-from fjord.metadata.coordinator_lookup import locate_group_coordinator
+from fjord.metadata.coordinator_lookup import (
+    locate_group_coordinator,
+    missing_coordinator_topics,
+)
+from fjord.transactions.defaults import TRANSACTION_STATE_PARTITIONS, TRANSACTION_STATE_TOPIC
+from fjord.transactions.log import transaction_partition
 
 K = Keys("c1")
 
@@ -326,10 +331,26 @@ def test_lookup_is_coordinator_not_available_while_anything_is_missing(
     assert info.value.retriable
 
 
+def test_transactional_lookup_is_the_same_numbered_partitions_owner() -> None:
+    image = lookup_image(2, [1, 2])
+    with pytest.raises(CoordinatorNotAvailableError, match="__transaction_state"):
+        locate_group_coordinator(image, "my-txn", 1)  # the topic is created on this lookup
+    assert missing_coordinator_topics(image, 1) and not missing_coordinator_topics(image, 0)
+    record = TopicRecord("2" * 32, TRANSACTION_STATE_PARTITIONS, 3)
+    image = image.apply([MetadataEvent.put(K.topic(TRANSACTION_STATE_TOPIC), record.to_json(), 5,
+                                           5)])
+    found = locate_group_coordinator(image, "my-group", 1)
+    # The same hash as a group's: "my-group" as a transactional id is in partition 12 too.
+    assert found.partition == transaction_partition("my-group") == 12
+    assert found.registration.id == 2
+    with pytest.raises(InvalidRequestError, match="transactional id is empty"):
+        locate_group_coordinator(image, "", 1)
+
+
 def test_lookup_refuses_bad_key_type_and_empty_group() -> None:
     image = lookup_image(1, [1])
-    with pytest.raises(InvalidRequestError, match="key_type 1") as info:
-        locate_group_coordinator(image, "g", 1)
+    with pytest.raises(InvalidRequestError, match="key_type 2") as info:
+        locate_group_coordinator(image, "g", 2)
     assert not info.value.retriable
     with pytest.raises(InvalidGroupIdError):
         locate_group_coordinator(image, "", 0)

@@ -1,4 +1,6 @@
-"""Coordinator-epoch fencing of ``__consumer_offsets`` appends, decided by the partition leader.
+"""Coordinator-epoch fencing of ``__consumer_offsets`` appends (and ``__transaction_state``
+ones: that topic's partition p is owned by the same coordinator at the same epoch, one fence per
+topic), decided by the partition leader.
 
 A group coordinator owns a ``__consumer_offsets`` partition at a coordinator epoch (its
 ``offsets-owners/<p>`` entry; the controller adds one every time the partition changes owner).
@@ -35,7 +37,8 @@ class CoordinatorEpochFence:
     refused even before the metadata arrives.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, topic: str = OFFSETS_TOPIC) -> None:
+        self.topic = topic
         self._newest: dict[int, int] = {}
 
     def admit(self, partition: int, epoch: int, known_epoch: int | None) -> None:
@@ -43,13 +46,13 @@ class CoordinatorEpochFence:
         ``known_epoch`` is the owner's epoch in the leader's metadata (None: no owner)."""
         if epoch <= NO_COORDINATOR_EPOCH:
             raise InvalidTopicError(
-                f"cannot append to internal topic {OFFSETS_TOPIC}: only its group coordinator "
+                f"cannot append to internal topic {self.topic}: only its coordinator "
                 "writes it (the append carries no coordinator epoch)"
             )
         newest = max(self._newest.get(partition, NO_COORDINATOR_EPOCH), known_epoch or 0)
         if epoch < newest:
             raise CoordinatorFencedError(
-                f"{OFFSETS_TOPIC}-{partition}: coordinator epoch {epoch} is fenced, the "
+                f"{self.topic}-{partition}: coordinator epoch {epoch} is fenced, the "
                 f"partition's owner is at epoch {newest}"
             )
         self._newest[partition] = epoch

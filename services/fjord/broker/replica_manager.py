@@ -54,6 +54,7 @@ from fjord.observability import metrics
 from fjord.storage import PartitionLog
 from fjord.topic_names import topic_name_problem
 from fjord.topic_partition import TopicPartition
+from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -206,6 +207,12 @@ class ReplicaManager:
         self._metadata_lock = asyncio.Lock()
         self._strays_removed = False
         self.coordinator_fence = CoordinatorEpochFence()
+        #: One fence per coordinator-owned topic (``__transaction_state`` p is owned with
+        #: ``__consumer_offsets`` p: same owner, same epoch).
+        self.coordinator_fences = {
+            OFFSETS_TOPIC: self.coordinator_fence,
+            TRANSACTION_STATE_TOPIC: CoordinatorEpochFence(TRANSACTION_STATE_TOPIC),
+        }
 
     @property
     def static_config(self) -> Mapping[str, str]:
@@ -286,8 +293,8 @@ class ReplicaManager:
             gone += [key for key in self._logs.logs() if key not in wanted and key not in gone]
         for key in gone:
             self.partitions.pop(key, None)
-            if key[0] == OFFSETS_TOPIC:
-                self.coordinator_fence.forget(key[1])
+            if key[0] in self.coordinator_fences:
+                self.coordinator_fences[key[0]].forget(key[1])
             self._wake_producers(key)
             self._wake_fetchers(key)
         for topic, number in gone:
@@ -469,8 +476,8 @@ class ReplicaManager:
                         raise NotLeaderOrFollowerError(
                             f"broker {self.broker_id} lost its registration and is re-registering"
                         )
-                    if topic.name == OFFSETS_TOPIC and partition.is_leader:
-                        self._admit_coordinator(p.partition, p.coordinator_epoch)
+                    if topic.name in self.coordinator_fences and partition.is_leader:
+                        self._admit_coordinator(topic.name, p.partition, p.coordinator_epoch)
                         if not p.records:
                             # A new owner's claim: its epoch is now the newest here; nothing
                             # is appended, the answer is the log end (what it must replay to).
@@ -504,13 +511,13 @@ class ReplicaManager:
             await self._await_replication(waiting, request.timeout_ms)
         return response
 
-    def _admit_coordinator(self, partition: int, epoch: int) -> None:
-        """Refuse (typed FjordError) an append to ``__consumer_offsets``-``partition`` from
-        anyone but its current coordinator."""
+    def _admit_coordinator(self, topic: str, partition: int, epoch: int) -> None:
+        """Refuse (typed FjordError) an append to ``topic``-``partition`` (a coordinator's
+        topic) from anyone but its current coordinator."""
         owner = None if self.image is None else self.image.offsets_owner(partition)
         known = None if owner is None else owner.coordinator_epoch
         try:
-            self.coordinator_fence.admit(partition, epoch, known)
+            self.coordinator_fences[topic].admit(partition, epoch, known)
         except FjordError as exc:
             log.warning("refused an append: %s", exc)
             raise

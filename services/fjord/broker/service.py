@@ -18,11 +18,17 @@ from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
-from fjord.metadata.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
+from fjord.metadata.coordinator_lookup import (
+    KEY_TYPE_TRANSACTION,
+    OffsetsTopicCreator,
+    locate_group_coordinator,
+    missing_coordinator_topics,
+)
 from fjord.metadata.view import MetadataResponder
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.serving import grpc_caller
 from fjord.tls import ClusterActionGuard
+from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
 
 _CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
     code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
@@ -76,8 +82,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: aio.ServicerContext
     ) -> broker_pb2.ProduceResponse:
-        if any(t.name == OFFSETS_TOPIC for t in request.topics) and not (
-            self._cluster_action.allows(context, f"Produce to {OFFSETS_TOPIC}")
+        if any(t.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC) for t in request.topics) and not (
+            self._cluster_action.allows(context, "Produce to a coordinator's internal topic")
         ):
             return refused_produce(request)
         return await self.produce(grpc_caller(context), request)
@@ -271,13 +277,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             if request.key_type == 0:
                 self.authorization.require(caller, AclOperation.DESCRIBE,
                                            Resource.group(request.key))
+            elif request.key_type == KEY_TYPE_TRANSACTION:
+                self.authorization.require(caller, AclOperation.DESCRIBE,
+                                           Resource.transactional_id(request.key))
             found = locate_group_coordinator(image, request.key, request.key_type)
         except FjordError as exc:
             if (
                 exc.code is ErrorCode.COORDINATOR_NOT_AVAILABLE
                 and self._offsets_topic is not None
-                and image.topic(OFFSETS_TOPIC) is None
+                and missing_coordinator_topics(image, request.key_type)
             ):
+                self._offsets_topic.transactions_asked |= request.key_type == KEY_TYPE_TRANSACTION
                 self._offsets_topic.request()  # Kafka's way: created by the first valid lookup
             response.error.code = exc.code.code
             response.error.message = str(exc)

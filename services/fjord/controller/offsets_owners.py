@@ -19,10 +19,20 @@ from fjord.errors import InvalidRequestError, InvalidTopicError
 from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
 from fjord.metadata import OffsetsOwner
 from fjord.topic_names import is_internal_topic
+from fjord.transactions.defaults import TRANSACTION_STATE_PARTITIONS, TRANSACTION_STATE_TOPIC
+
+#: The internal topics the controller creates with its own settings ({name: partitions}): the
+#: group coordinators' and the transaction coordinators' state (``transaction.state.log.*``
+#: settings equal the ``offsets.topic.*`` ones: both are placed and owned alike).
+COORDINATOR_TOPICS = {
+    OFFSETS_TOPIC: OFFSETS_TOPIC_PARTITIONS,
+    TRANSACTION_STATE_TOPIC: TRANSACTION_STATE_PARTITIONS,
+}
 
 
 def offsets_topic_spec(requested: TopicSpec, live_brokers: int) -> TopicSpec:
-    """The CreateTopics entry the controller actually uses for ``__consumer_offsets``.
+    """The CreateTopics entry the controller actually uses for ``__consumer_offsets`` (and
+    ``__transaction_state``, created and replicated the same way).
 
     Its settings are Fjord's, not the caller's (as Kafka creates it from its
     ``offsets.topic.*`` broker settings): :data:`OFFSETS_TOPIC_PARTITIONS` partitions,
@@ -31,26 +41,28 @@ def offsets_topic_spec(requested: TopicSpec, live_brokers: int) -> TopicSpec:
     configs or a manual assignment) is refused with :class:`InvalidRequestError`, so nobody
     believes they created it their way.
     """
-    if requested.name != OFFSETS_TOPIC:
-        raise ValueError(f"not the offsets topic: {requested.name!r}")
-    if requested.num_partitions not in (-1, OFFSETS_TOPIC_PARTITIONS):
+    name = requested.name
+    if name not in COORDINATOR_TOPICS:
+        raise ValueError(f"not a coordinator topic: {name!r}")
+    partitions = COORDINATOR_TOPICS[name]
+    if requested.num_partitions not in (-1, partitions):
         raise InvalidRequestError(
-            f"{OFFSETS_TOPIC} is an internal topic with {OFFSETS_TOPIC_PARTITIONS} partitions "
+            f"{name} is an internal topic with {partitions} partitions "
             f"(offsets.topic.num.partitions); got {requested.num_partitions}"
         )
     rf = max(1, min(OFFSETS_TOPIC_REPLICATION_FACTOR, live_brokers))
     if requested.replication_factor not in (-1, rf):
         raise InvalidRequestError(
-            f"{OFFSETS_TOPIC} is an internal topic: its replication factor is "
+            f"{name} is an internal topic: its replication factor is "
             f"min(offsets.topic.replication.factor={OFFSETS_TOPIC_REPLICATION_FACTOR}, "
             f"live brokers={live_brokers}) = {rf}; got {requested.replication_factor}"
         )
     if requested.configs or requested.assignments:
         raise InvalidRequestError(
-            f"{OFFSETS_TOPIC} is an internal topic: its configs and replica assignment are "
+            f"{name} is an internal topic: its configs and replica assignment are "
             "chosen by the controller"
         )
-    return TopicSpec(OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS, rf, dict(OFFSETS_TOPIC_CONFIG))
+    return TopicSpec(name, partitions, rf, dict(OFFSETS_TOPIC_CONFIG))
 
 
 def check_user_topic(name: str, action: str) -> None:
@@ -63,7 +75,7 @@ def check_user_topic(name: str, action: str) -> None:
     """
     if not is_internal_topic(name):
         return
-    if action == "create" and name == OFFSETS_TOPIC:
+    if action == "create" and name in COORDINATOR_TOPICS:
         return
     raise InvalidTopicError(
         f"cannot {action} {name!r}: topic names starting with '__' are internal to Fjord"

@@ -30,6 +30,7 @@ from fjord.controller.defaults import (
 )
 from fjord.controller.election import alter_isr, resign_leadership
 from fjord.controller.offsets_owners import (
+    COORDINATOR_TOPICS,
     check_user_topic,
     offsets_topic_spec,
     plan_offsets_owners,
@@ -485,7 +486,7 @@ class ControllerService:
         async with self._write_lock:
             self.require_active()
             check_user_topic(spec.name, "create")
-            if spec.name == OFFSETS_TOPIC:
+            if spec.name in COORDINATOR_TOPICS:
                 spec = offsets_topic_spec(spec, len(self.image.brokers))
             plan = plan_create_topic(self.image, spec, uuid.uuid4().hex, self._rng)
             if not validate_only:

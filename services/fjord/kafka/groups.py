@@ -14,11 +14,15 @@ from kafka.protocol.admin.groups import ListGroupsResponse
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorResponse
 
 from fjord.errors import ErrorCode, FjordError
-from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.kafka.dispatch import RequestContext
 from fjord.kafka.metadata import coordinator_node_id
 from fjord.metadata import MetadataImage
-from fjord.metadata.coordinator_lookup import OffsetsTopicCreator, locate_group_coordinator
+from fjord.metadata.coordinator_lookup import (
+    KEY_TYPE_TRANSACTION,
+    OffsetsTopicCreator,
+    locate_group_coordinator,
+    missing_coordinator_topics,
+)
 from fjord.security.acls import (
     NO_AUTHORIZATION,
     AccessControl,
@@ -69,8 +73,8 @@ class FindCoordinatorHandler:
         """(error, message, node id, host, port) for one key; a group ``caller`` may not
         describe is GROUP_AUTHORIZATION_FAILED."""
         image = self._image()
-        if key_type == 0 and caller is not None:
-            group = Resource.group(key)
+        if key_type in (0, KEY_TYPE_TRANSACTION) and caller is not None:
+            group = Resource.group(key) if key_type == 0 else Resource.transactional_id(key)
             if not self._access.allows(image, caller, AclOperation.DESCRIBE, group):
                 denied = denial_error(AclOperation.DESCRIBE, group, caller)
                 return denied.code, str(denied), -1, "", -1
@@ -80,8 +84,9 @@ class FindCoordinatorHandler:
             if (
                 exc.code is ErrorCode.COORDINATOR_NOT_AVAILABLE
                 and self._creator is not None
-                and image.topic(OFFSETS_TOPIC) is None
+                and missing_coordinator_topics(image, key_type)
             ):
+                self._creator.transactions_asked |= key_type == KEY_TYPE_TRANSACTION
                 self._creator.request()  # Kafka's way: created by the first valid lookup
             return exc.code, str(exc), -1, "", -1
         registration = found.registration

@@ -180,6 +180,10 @@ class Resource:
     def cluster(cls) -> Resource:
         return cls(ResourceType.CLUSTER, CLUSTER_RESOURCE_NAME)
 
+    @classmethod
+    def transactional_id(cls, name: str) -> Resource:
+        return cls(ResourceType.TRANSACTIONAL_ID, name)
+
     def __str__(self) -> str:
         return f"{self.resource_type.java_name}:{self.name}"
 
