@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from fjord.broker.defaults import PRODUCER_ID_EXPIRATION_MS
 from fjord.broker.isr import IsrTracker
 from fjord.broker.producer_state import (
+    CompletedTxn,
     Duplicate,
     ProducerStateManager,
     delete_snapshots,
@@ -27,6 +29,7 @@ from fjord.errors import (
     OffsetOutOfRangeError,
     UnknownLeaderEpochError,
 )
+from fjord.records.control import ControlRecord, read_control_batch
 from fjord.records.header import BatchHeader, parse_header
 from fjord.storage import AppendInfo, PartitionLog
 
@@ -137,7 +140,7 @@ class Partition:
         self.min_insync_replicas = min_insync_replicas
         self.assignment = assignment
         # Idempotence state: the newest snapshot plus a header scan of the log after it.
-        self.producer_state = producer_state or load_producer_state(log)
+        self.producer_state = producer_state or load_partition_state(log)
         self.stale_partition_epoch = -1
         self.leader_epoch_start_offset = int(log.log_end_offset)
         self._isr = IsrTracker(assignment.leader, assignment.replicas, assignment.isr, now_ms)
@@ -163,6 +166,12 @@ class Partition:
     @property
     def high_watermark(self) -> int:
         return self._high_watermark
+
+    @property
+    def last_stable_offset(self) -> int:
+        """Kafka's LSO: no read_committed consumer sees at or past it (min of the first offset
+        of an open or not yet replicated transaction and the high watermark)."""
+        return self.producer_state.last_stable_offset(self._high_watermark)
 
     @property
     def log_start_offset(self) -> int:
@@ -265,6 +274,11 @@ class Partition:
         """
         self.check_produce(acks)
         headers = _headers_if_parsable(records)
+        if headers and any(h.is_control for h in headers):
+            raise InvalidRecordError(
+                "clients may not write control batches: transaction markers are written by "
+                "the partition leader on the transaction coordinator's WriteTxnMarkers"
+            )
         if headers:
             # Idempotence: a retried duplicate gets its original offsets, a gap or a stale
             # producer epoch is refused (fjord.broker.producer_state), before any write.
@@ -275,6 +289,39 @@ class Partition:
         if headers:
             self.producer_state.record_append(headers, info.first_offset)
         return AppendOutcome(info, self._recompute_high_watermark())
+
+    def append_marker(self, batch: bytes) -> AppendOutcome:
+        """Append one transaction marker (a control batch from
+        :func:`fjord.records.control.build_control_batch`) as the leader, for WriteTxnMarkers.
+
+        Raises the leadership/ISR errors of :meth:`check_produce` with acks=all (a marker is
+        only useful once replicated), InvalidProducerEpochError / CoordinatorFencedError from
+        :meth:`ProducerStateManager.check_marker`, and the log's errors; nothing is appended
+        then. The completed transaction, when aborted, is recorded in the log's ``.txnindex``.
+        """
+        self.check_produce(-1)
+        header = parse_header(batch)
+        marker = read_control_batch(batch)
+        self.producer_state.check_marker(header, marker)
+        info = self.log.append(batch, self.assignment.leader_epoch)
+        done = self.producer_state.apply_batch(header, info.first_offset, info.last_offset, marker)
+        if done is not None:
+            self._on_completed(done)
+        return AppendOutcome(info, self._recompute_high_watermark())
+
+    def _on_completed(self, done: CompletedTxn) -> None:
+        if done.aborted:
+            self.log.add_aborted_txn(
+                done.producer_id,
+                done.first_offset,
+                done.last_offset,
+                self.producer_state.stable_offset_after(done),
+            )
+
+    def aborted_transactions(self, fetch_offset: int, upper: int) -> list[tuple[int, int]]:
+        """``(producer id, first offset)`` of the aborted transactions that overlap
+        ``[fetch_offset, upper)``, what a read_committed fetch returns beside the records."""
+        return self.log.aborted_transactions(fetch_offset, upper)
 
     # --- replication seam -------------------------------------------------------------------------
 
@@ -372,7 +419,10 @@ class Partition:
             )
         if records:
             self.log.append_as_follower(records)
-            self.producer_state.apply_log_batches(_iter_headers(records))
+            for h, marker in _iter_batches_with_markers(records):
+                done = self.producer_state.apply_batch(h, h.base_offset, h.last_offset, marker)
+                if done is not None:
+                    self._on_completed(done)
         self.update_follower_high_watermark(leader_high_watermark)
         return len(records)
 
@@ -386,7 +436,7 @@ class Partition:
             )
         self.log.truncate_to(offset)
         self.log.epoch_cache.truncate_from_end(self.log_end_offset)
-        self.producer_state = load_producer_state(self.log, self.producer_state.expiration_ms)
+        self.producer_state = load_partition_state(self.log, self.producer_state.expiration_ms)
         self._high_watermark = max(
             self.log_start_offset, min(self._high_watermark, self.log_end_offset)
         )
@@ -400,7 +450,7 @@ class Partition:
             )
         self.log.truncate_fully_and_start_at(leader_log_start)
         delete_snapshots(self.log.directory)
-        self.producer_state = load_producer_state(self.log, self.producer_state.expiration_ms)
+        self.producer_state = load_partition_state(self.log, self.producer_state.expiration_ms)
         self._high_watermark = leader_log_start
 
     def follow_leader_log_start(self, leader_log_start: int) -> bool:
@@ -442,12 +492,39 @@ class Partition:
         return False
 
 
+def load_partition_state(
+    log: PartitionLog, expiration_ms: int = PRODUCER_ID_EXPIRATION_MS
+) -> ProducerStateManager:
+    """The producer state of ``log`` (snapshot + replay), re-adding to the ``.txnindex`` every
+    aborted transaction the replay meets (a no-op for entries already there): the index is
+    rebuilt from the log for everything after the snapshot."""
+    return load_producer_state(
+        log,
+        expiration_ms,
+        on_aborted=lambda txn, lso: log.add_aborted_txn(
+            txn.producer_id, txn.first_offset, txn.last_offset, lso
+        ),
+    )
+
+
 def _iter_headers(records: bytes) -> Iterator[BatchHeader]:
     view = memoryview(records)
     pos = 0
     while pos < len(view):
         header = parse_header(view, pos)
         yield header
+        pos += header.size
+
+
+def _iter_batches_with_markers(
+    records: bytes,
+) -> Iterator[tuple[BatchHeader, ControlRecord | None]]:
+    """Each batch's header with its marker when it is a control batch (validated bytes)."""
+    view = memoryview(records)
+    pos = 0
+    while pos < len(view):
+        header = parse_header(view, pos)
+        yield header, read_control_batch(view, pos) if header.is_control else None
         pos += header.size
 
 

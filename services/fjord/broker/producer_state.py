@@ -20,6 +20,18 @@ sequence ``s`` (see docs/idempotence.md):
 
 Followers apply batches without checks (the leader already decided), so a new leader has the
 same state. Sequences are int32 and wrap to 0 after 2**31-1, as in Kafka.
+
+Transactions (Kafka's rules, see docs/transactions.md): the first transactional data batch of a
+producer opens its transaction at that batch's first offset (``ProducerEntry.txn_first_offset``);
+a control batch (COMMIT or ABORT marker) of that producer completes it (:class:`CompletedTxn`,
+which the partition turns into a ``.txnindex`` entry when aborted). The *first unstable offset*
+is the smallest first offset of an open transaction, or of a completed one whose marker is not
+yet below the high watermark (Kafka's unreplicated transactions: a new leader might not have the
+marker); the last stable offset is ``min(first unstable offset, high watermark)``. All of it is
+derived from the log, in log order, identically on leaders, followers and after a restart
+(snapshot + replay). A leader's marker append is checked by :meth:`ProducerStateManager.
+check_marker`: an epoch older than the producer's is INVALID_PRODUCER_EPOCH, a coordinator epoch
+older than the last marker's TRANSACTION_COORDINATOR_FENCED.
 """
 
 from __future__ import annotations
@@ -29,19 +41,21 @@ import logging
 import os
 import struct
 from collections import deque
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from fjord.broker import defaults
 from fjord.errors import (
+    CoordinatorFencedError,
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
     OutOfOrderSequenceError,
     UnknownProducerIdError,
 )
+from fjord.records.control import ControlRecord, read_control_batch
 from fjord.records.header import NO_PRODUCER_ID, NO_SEQUENCE, BatchHeader, crc32c
 from fjord.storage.checkpoint import sync_directory, write_new_file
 
@@ -52,18 +66,23 @@ log = logging.getLogger(__name__)
 BATCHES_PER_PRODUCER = 5
 
 SNAPSHOT_SUFFIX = ".snapshot"
-SNAPSHOT_VERSION = 1
+SNAPSHOT_VERSION = 2
+_SNAPSHOT_VERSIONS = (1, 2)
+NO_TXN = -1  # ProducerEntry.txn_first_offset when no transaction is open
 _MAX_SEQUENCE = 0x7FFFFFFF
 
 # Snapshot layout (big-endian):
 #   header : version int16 | crc uint32 (CRC-32C of every byte after this field) |
 #            end offset int64 | producer count int32
 #   entry  : producer id int64 | producer epoch int16 | last timestamp int64 | batch count int8
+#            | (version 2:) open txn first offset int64 (-1: none) | coordinator epoch int32
 #   batch  : first sequence int32 | last sequence int32 | first offset int64 |
 #            last offset int64 | max timestamp int64
+# Version 1 (before transactions) is still read: it has no open transactions.
 _HEADER = struct.Struct(">hIqi")
 _CRC_FROM = 6  # version (2) + crc (4)
-_ENTRY = struct.Struct(">qhqb")
+_ENTRY_V1 = struct.Struct(">qhqb")
+_ENTRY = struct.Struct(">qhqbqi")
 _BATCH = struct.Struct(">iiqqq")
 
 
@@ -92,16 +111,28 @@ class ProducerEntry:
 
     Invariants: ``batches`` holds at most :data:`BATCHES_PER_PRODUCER` batches of
     ``producer_epoch``, in log order, consecutive in sequence; ``last_timestamp`` is the max
-    timestamp of the newest batch (what expiration compares with).
+    timestamp of the newest batch (what expiration compares with); ``txn_first_offset`` is the
+    first offset of the producer's open transaction (its first transactional batch since its
+    last marker), :data:`NO_TXN` when none is open; ``coordinator_epoch`` is the coordinator
+    epoch of the producer's last marker (-1 before any).
     """
 
-    __slots__ = ("batches", "last_timestamp", "producer_epoch", "producer_id")
+    __slots__ = (
+        "batches",
+        "coordinator_epoch",
+        "last_timestamp",
+        "producer_epoch",
+        "producer_id",
+        "txn_first_offset",
+    )
 
     def __init__(self, producer_id: int, producer_epoch: int, last_timestamp: int) -> None:
         self.producer_id = producer_id
         self.producer_epoch = producer_epoch
         self.last_timestamp = last_timestamp
         self.batches: deque[BatchMetadata] = deque(maxlen=BATCHES_PER_PRODUCER)
+        self.txn_first_offset = NO_TXN
+        self.coordinator_epoch = -1
 
     @property
     def last_sequence(self) -> int:
@@ -122,6 +153,8 @@ class ProducerEntry:
     def copy(self) -> ProducerEntry:
         other = ProducerEntry(self.producer_id, self.producer_epoch, self.last_timestamp)
         other.batches.extend(self.batches)
+        other.txn_first_offset = self.txn_first_offset
+        other.coordinator_epoch = self.coordinator_epoch
         return other
 
     def __eq__(self, other: object) -> bool:
@@ -131,13 +164,28 @@ class ProducerEntry:
             and self.producer_epoch == other.producer_epoch
             and self.last_timestamp == other.last_timestamp
             and list(self.batches) == list(other.batches)
+            and self.txn_first_offset == other.txn_first_offset
+            and self.coordinator_epoch == other.coordinator_epoch
         )
 
     def __repr__(self) -> str:
         return (
             f"ProducerEntry(id={self.producer_id}, epoch={self.producer_epoch}, "
-            f"batches={list(self.batches)})"
+            f"batches={list(self.batches)}, txn_first_offset={self.txn_first_offset})"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedTxn:
+    """A transaction ended by a marker at ``last_offset``: its records lie in
+    ``[first_offset, last_offset)`` (the producer's transactional batches there); ``aborted``
+    for an ABORT marker. A marker without an open transaction completes an empty one
+    (``first_offset == last_offset``), as in Kafka."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,6 +224,55 @@ class ProducerStateManager:
         self.producers: dict[int, ProducerEntry] = {}
         self.end_offset = 0  # state covers the log below this offset
         self.last_snapshot_offset = -1  # end offset of the newest snapshot written or loaded
+        #: producer id -> first offset of its open transaction (mirrors the entries' field).
+        self.ongoing: dict[int, int] = {}
+        #: (marker offset, first offset) of completed transactions whose marker may not be
+        #: replicated yet: they hold the last stable offset back until the high watermark
+        #: passes the marker (see :meth:`first_unstable_offset`). Not snapshotted.
+        self.unreplicated: deque[tuple[int, int]] = deque()
+
+    # --- transactions -------------------------------------------------------------------------
+
+    def first_unstable_offset(self, high_watermark: int) -> int | None:
+        """The first offset of an open transaction, or of a completed one whose marker is at or
+        above ``high_watermark``; None when every transaction below is complete and replicated.
+        Forgets completed transactions whose marker is below the high watermark."""
+        pending = self.unreplicated
+        while pending and pending[0][0] < high_watermark:
+            pending.popleft()
+        firsts = [first for _, first in pending]
+        if self.ongoing:
+            firsts.extend(self.ongoing.values())
+        return min(firsts) if firsts else None
+
+    def stable_offset_after(self, completed: CompletedTxn) -> int:
+        """Kafka's last stable offset for a ``.txnindex`` entry: the first offset of another
+        producer's open transaction, else the offset after the marker (log-derived only)."""
+        return min(self.ongoing.values(), default=completed.last_offset + 1)
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        """Kafka's LSO: ``min(first unstable offset, high watermark)``."""
+        first = self.first_unstable_offset(high_watermark)
+        return high_watermark if first is None or first > high_watermark else first
+
+    def check_marker(self, h: BatchHeader, marker: ControlRecord) -> None:
+        """Decide a leader's append of a transaction marker (from WriteTxnMarkers): raises
+        InvalidProducerEpochError when its epoch is older than the producer's here, and
+        CoordinatorFencedError when its coordinator epoch is older than the last marker's.
+        Changes nothing."""
+        entry = self.producers.get(h.producer_id)
+        if entry is None:
+            return
+        if h.producer_epoch < entry.producer_epoch:
+            raise InvalidProducerEpochError(
+                f"transaction marker for producer {h.producer_id} has epoch {h.producer_epoch}, "
+                f"older than the current epoch {entry.producer_epoch}"
+            )
+        if marker.coordinator_epoch < entry.coordinator_epoch:
+            raise CoordinatorFencedError(
+                f"transaction marker for producer {h.producer_id} comes from coordinator epoch "
+                f"{marker.coordinator_epoch}, older than {entry.coordinator_epoch}"
+            )
 
     # --- leader side ---------------------------------------------------------------------------
 
@@ -251,21 +348,60 @@ class ProducerStateManager:
 
     # --- any replica ---------------------------------------------------------------------------
 
-    def apply_batch(self, h: BatchHeader, first_offset: int, last_offset: int) -> None:
-        """Apply one batch of the log (leader after an append, follower, rebuild): no checks."""
+    def apply_batch(
+        self,
+        h: BatchHeader,
+        first_offset: int,
+        last_offset: int,
+        marker: ControlRecord | None = None,
+    ) -> CompletedTxn | None:
+        """Apply one batch of the log (leader after an append, follower, rebuild): no checks.
+        A control batch needs its decoded ``marker`` and returns the transaction it completed.
+        """
         if last_offset + 1 > self.end_offset:
             self.end_offset = last_offset + 1
         if not _is_idempotent(h):
-            return
+            return None
         entry = self.producers.get(h.producer_id)
         if entry is None:
             entry = self.producers[h.producer_id] = ProducerEntry(h.producer_id, -1, -1)
+        if h.is_control:
+            if marker is None:
+                raise InvalidRecordError(
+                    f"control batch at offset {first_offset} applied without its marker"
+                )
+            return self._complete_txn(entry, h, last_offset, marker)
         _apply(entry, h, first_offset, last_offset)
+        if h.is_transactional and entry.txn_first_offset == NO_TXN:
+            entry.txn_first_offset = first_offset
+            self.ongoing[h.producer_id] = first_offset
+        return None
 
-    def apply_log_batches(self, headers: Iterable[BatchHeader]) -> None:
-        """Apply batches whose headers carry their stamped offsets (follower appends, rebuild)."""
-        for h in headers:
-            self.apply_batch(h, h.base_offset, h.last_offset)
+    def _complete_txn(
+        self, entry: ProducerEntry, h: BatchHeader, offset: int, marker: ControlRecord
+    ) -> CompletedTxn:
+        if h.producer_epoch != entry.producer_epoch:
+            entry.producer_epoch = h.producer_epoch
+            entry.batches.clear()
+        entry.coordinator_epoch = marker.coordinator_epoch
+        entry.last_timestamp = max(entry.last_timestamp, h.max_timestamp)
+        first = entry.txn_first_offset if entry.txn_first_offset != NO_TXN else offset
+        entry.txn_first_offset = NO_TXN
+        self.ongoing.pop(h.producer_id, None)
+        self.unreplicated.append((offset, first))
+        return CompletedTxn(h.producer_id, first, offset, not marker.committed)
+
+    def apply_log_batches(
+        self, batches: Iterable[tuple[BatchHeader, ControlRecord | None]]
+    ) -> list[CompletedTxn]:
+        """Apply batches whose headers carry their stamped offsets (follower appends, rebuild),
+        each with its marker when it is a control batch; returns the transactions completed."""
+        completed = []
+        for h, marker in batches:
+            done = self.apply_batch(h, h.base_offset, h.last_offset, marker)
+            if done is not None:
+                completed.append(done)
+        return completed
 
     def remove_expired(self, now_ms: int) -> list[int]:
         """Forget producers whose newest batch is ``expiration_ms`` old (Kafka's
@@ -274,6 +410,7 @@ class ProducerStateManager:
             pid
             for pid, entry in self.producers.items()
             if now_ms - entry.last_timestamp >= self.expiration_ms
+            and entry.txn_first_offset == NO_TXN  # an open transaction keeps its producer
         ]
         for pid in gone:
             del self.producers[pid]
@@ -281,6 +418,8 @@ class ProducerStateManager:
 
     def clear(self, end_offset: int) -> None:
         self.producers.clear()
+        self.ongoing.clear()
+        self.unreplicated.clear()
         self.end_offset = end_offset
 
     # --- snapshots -----------------------------------------------------------------------------
@@ -295,6 +434,8 @@ class ProducerStateManager:
                     entry.producer_epoch,
                     entry.last_timestamp,
                     len(entry.batches),
+                    entry.txn_first_offset,
+                    entry.coordinator_epoch,
                 )
             )
             for b in entry.batches:
@@ -314,7 +455,7 @@ class ProducerStateManager:
         if len(data) < _HEADER.size:
             raise CorruptRecordError(f"producer snapshot of {len(data)} bytes is truncated")
         version, crc, end_offset, count = _HEADER.unpack_from(data, 0)
-        if version != SNAPSHOT_VERSION:
+        if version not in _SNAPSHOT_VERSIONS:
             raise CorruptRecordError(f"producer snapshot version {version} is not supported")
         actual = crc32c(memoryview(data)[_CRC_FROM:])
         if actual != crc:
@@ -324,11 +465,16 @@ class ProducerStateManager:
         state = cls(expiration_ms)
         state.end_offset = end_offset
         pos = _HEADER.size
+        entry_struct = _ENTRY if version >= 2 else _ENTRY_V1
         try:
             for _ in range(count):
-                pid, epoch, last_ts, batch_count = _ENTRY.unpack_from(data, pos)
-                pos += _ENTRY.size
+                pid, epoch, last_ts, batch_count, *txn = entry_struct.unpack_from(data, pos)
+                pos += entry_struct.size
                 entry = ProducerEntry(pid, epoch, last_ts)
+                if txn:
+                    entry.txn_first_offset, entry.coordinator_epoch = txn
+                    if entry.txn_first_offset != NO_TXN:
+                        state.ongoing[pid] = entry.txn_first_offset
                 for _ in range(batch_count):
                     entry.batches.append(BatchMetadata(*_BATCH.unpack_from(data, pos)))
                     pos += _BATCH.size
@@ -438,9 +584,12 @@ class SegmentedLog(Protocol):
     def segments(self) -> list[Any]: ...
 
 
-def iter_log_headers(plog: SegmentedLog, from_offset: int) -> Iterator[BatchHeader]:
+def iter_log_headers(
+    plog: SegmentedLog, from_offset: int
+) -> Iterator[tuple[BatchHeader, ControlRecord | None]]:
     """Headers (with stamped offsets) of the batches of a PartitionLog that end at or after
-    ``from_offset``, in log order; reads 61 bytes per batch, never the records."""
+    ``from_offset``, in log order, each with its marker when it is a control batch; reads 61
+    bytes per data batch, never its records (a control batch is read whole: one record)."""
     for segment in plog.segments:
         if segment.next_offset <= from_offset:
             continue
@@ -450,17 +599,25 @@ def iter_log_headers(plog: SegmentedLog, from_offset: int) -> Iterator[BatchHead
             if found is None:
                 continue
             start = found[0]
-        for _, header in segment.iter_headers(start, segment.size):
+        for pos, header in segment.iter_headers(start, segment.size):
             if header.last_offset >= from_offset:
-                yield header
+                marker = None
+                if header.is_control:
+                    marker = read_control_batch(segment.read(pos, pos + header.size))
+                yield header, marker
 
 
 def load_producer_state(
-    plog: SegmentedLog, expiration_ms: int = defaults.PRODUCER_ID_EXPIRATION_MS
+    plog: SegmentedLog,
+    expiration_ms: int = defaults.PRODUCER_ID_EXPIRATION_MS,
+    on_aborted: Callable[[CompletedTxn, int], object] | None = None,
 ) -> ProducerStateManager:
     """The state of a partition log: the newest valid snapshot at or below the log end, then
-    every batch after it (headers only). Snapshots past the log end (left by a truncation) and
-    corrupt ones are deleted; without a usable snapshot the whole log is scanned."""
+    every batch after it (headers only, control batches whole). Snapshots past the log end
+    (left by a truncation) and corrupt ones are deleted; without a usable snapshot the whole
+    log is scanned. ``on_aborted(txn, last stable offset)`` is called for each transaction an
+    ABORT marker of the replayed part completes (the log rebuilds its ``.txnindex`` from them);
+    the replay starts at :attr:`ProducerStateManager.end_offset` of the snapshot used."""
     directory = plog.directory
     log_end = plog.log_end_offset
     log_start = plog.log_start_offset
@@ -482,7 +639,10 @@ def load_producer_state(
         state.end_offset = log_start
     from_offset = max(state.end_offset, log_start)
     if from_offset < log_end:
-        state.apply_log_batches(iter_log_headers(plog, from_offset))
+        for h, marker in iter_log_headers(plog, from_offset):
+            done = state.apply_batch(h, h.base_offset, h.last_offset, marker)
+            if done is not None and done.aborted and on_aborted is not None:
+                on_aborted(done, state.stable_offset_after(done))
     state.end_offset = log_end
     return state
 

@@ -99,6 +99,8 @@ bad CRC cuts the write back before it is visible); smaller ones check first, the
 LOG_SUFFIX: Final = ".log"
 INDEX_SUFFIX: Final = ".index"
 TIME_INDEX_SUFFIX: Final = ".timeindex"
+TXN_INDEX_SUFFIX: Final = ".txnindex"
+"""Aborted transactions per segment (format in :mod:`fjord.storage.txn_index`)."""
 LEADER_EPOCH_CHECKPOINT: Final = "leader-epoch-checkpoint"
 PARTITION_CHECKPOINT: Final = "partition-checkpoint"
 """Per partition: recovery point and log start offset (see docs/storage.md)."""

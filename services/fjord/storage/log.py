@@ -43,6 +43,7 @@ from fjord.storage.swap import (
     recover_interrupted_clean,
     write_cleaner_checkpoint,
 )
+from fjord.storage.txn_index import AbortedTxn
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +185,10 @@ class PartitionLog:
                     raise StorageError(f"unexpected file {entry} in partition directory {d}")
                 bases.append(int(stem))
         bases.sort()
-        for suffix in (defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX):
+        index_suffixes = (
+            defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX, defaults.TXN_INDEX_SUFFIX
+        )
+        for suffix in index_suffixes:
             for index_file in d.glob("*" + suffix):  # indexes whose log is gone
                 if index_file.name[: -len(suffix)] not in {f"{b:020d}" for b in bases}:
                     index_file.unlink()
@@ -236,6 +240,9 @@ class PartitionLog:
                 for _, h in segment.iter_headers(0, segment.size):
                     self._learn_epoch(h)
             self._add_segment(segment)
+        if self._segments:
+            # Aborted transactions whose marker recovery cut off are no longer in the log.
+            self._segments[-1].txn_index.truncate_to(self._segments[-1].next_offset)
         if not self._segments:
             start = log_start or 0
             self._add_segment(self._new_segment(start, now_ms))
@@ -310,7 +317,8 @@ class PartitionLog:
         write_atomically(self.directory / defaults.PARTITION_CHECKPOINT, text, sync=sync)
 
     def _delete_segment_files(self, base: int) -> None:
-        for suffix in (defaults.LOG_SUFFIX, defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX):
+        for suffix in (defaults.LOG_SUFFIX, defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX,
+                       defaults.TXN_INDEX_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
                 (self.directory / f"{base:0{defaults.OFFSET_DIGITS}d}{suffix}").unlink()
 
@@ -699,6 +707,34 @@ class PartitionLog:
         ``(-1, -1)`` when unknown (see :meth:`LeaderEpochCache.end_offset_for`)."""
         with self._lock:
             return self.epoch_cache.end_offset_for(epoch, self.log_end_offset)
+
+    # ---- aborted transactions (the segments' .txnindex files) ------------------------------
+
+    def add_aborted_txn(
+        self, producer_id: int, first_offset: int, last_offset: int, last_stable_offset: int
+    ) -> bool:
+        """Record an aborted transaction in the ``.txnindex`` of the segment holding its ABORT
+        marker (``last_offset``, already in the log). Returns False when that entry is already
+        there (the producer state replays markers at start-up)."""
+        with self._lock:
+            self._check_open()
+            entry = AbortedTxn(last_offset, producer_id, first_offset, last_stable_offset)
+            return self.segment_for(last_offset).txn_index.append(entry)
+
+    def aborted_transactions(self, fetch_offset: int, upper: int) -> list[tuple[int, int]]:
+        """``(producer id, first offset)`` of every aborted transaction overlapping
+        ``[fetch_offset, upper)``: marker at or after ``fetch_offset``, first offset below
+        ``upper`` (Kafka's collectAbortedTxns; searched from the segment holding
+        ``fetch_offset`` on, stopping once an entry's last stable offset reaches ``upper``)."""
+        found: list[tuple[int, int]] = []
+        with self._lock:
+            start = bisect.bisect_right(self._bases, fetch_offset) - 1
+            for segment in self._segments[max(0, start):]:
+                entries, complete = segment.txn_index.collect(fetch_offset, upper)
+                found.extend((e.producer_id, e.first_offset) for e in entries)
+                if complete:
+                    break
+        return found
 
     def batch_header_at(self, offset: int) -> BatchHeader | None:
         """The header of the batch that holds ``offset`` (None past the end)."""

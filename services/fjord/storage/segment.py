@@ -1,4 +1,5 @@
-"""One segment of a partition log: a ``.log`` file of batches and its two sparse indexes."""
+"""One segment of a partition log: a ``.log`` file of batches, its two sparse indexes and its
+aborted-transactions index."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fjord.records.header import BATCH_HEADER_SIZE, BatchHeader, parse_header, v
 from fjord.storage import defaults
 from fjord.storage.disk_health import is_out_of_space
 from fjord.storage.index import OffsetIndex, TimeIndex
+from fjord.storage.txn_index import TransactionIndex
 
 NO_TIMESTAMP = -1
 _IOV_MAX = os.sysconf("SC_IOV_MAX")  # most buffers one writev takes (1024 on Linux)
@@ -36,7 +38,9 @@ def write_fully(fd: int, buffers: Sequence[bytes | bytearray | memoryview]) -> N
 
 
 class LogSegment:
-    """A ``<base offset>.log`` file plus its ``.index`` and ``.timeindex``.
+    """A ``<base offset>.log`` file plus its ``.index`` and ``.timeindex``, and its
+    ``.txnindex`` (:class:`~fjord.storage.txn_index.TransactionIndex`: the aborted transactions
+    whose ABORT marker is in this segment; no file while there is none).
 
     On-disk format of ``.log``: RecordBatch v2 batches back to back, exactly as produced (with
     base offset and partition leader epoch stamped), nothing else: no segment header or footer.
@@ -76,6 +80,7 @@ class LogSegment:
         self.time_index = TimeIndex(
             self.path(defaults.TIME_INDEX_SUFFIX), base_offset, max_index_bytes // 12
         )
+        self.txn_index = TransactionIndex(self.path(defaults.TXN_INDEX_SUFFIX))
         self.closed = False
         #: Every batch in the file passed its CRC check in this process: written here (appends
         #: are checked), recovered, or scrubbed. Reads of an unverified segment check the CRCs
@@ -109,6 +114,7 @@ class LogSegment:
         if create:
             for index in (segment.offset_index, segment.time_index):
                 index.rewrite()
+            segment.txn_index.delete()  # a left-over of an earlier segment at this base
             segment.verified = True
         return segment
 
@@ -359,6 +365,7 @@ class LogSegment:
         self.size = position
         self.offset_index.truncate_to_offset(header.base_offset)
         self.time_index.truncate_to_offset(header.base_offset)
+        self.txn_index.truncate_to(header.base_offset)
         self.max_timestamp = self.time_index.last_timestamp
         self.offset_of_max_timestamp = (
             self.base_offset + self.time_index.relative_offsets[-1]
@@ -386,6 +393,7 @@ class LogSegment:
         os.fsync(self.fd)
         self.offset_index.fsync()
         self.time_index.fsync()
+        self.txn_index.fsync()
 
     def close(self) -> None:
         if not self.closed:
@@ -397,6 +405,7 @@ class LogSegment:
         for suffix in (defaults.LOG_SUFFIX, defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX):
             with contextlib.suppress(FileNotFoundError):
                 self.path(suffix).unlink()
+        self.txn_index.delete()
 
     @property
     def is_empty(self) -> bool:
