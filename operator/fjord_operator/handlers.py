@@ -25,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from fjord.cluster.rolling_restart import PartitionIsr
 from fjord.errors import (
     FjordError,
     KafkaTimeoutError,
@@ -54,6 +55,7 @@ from fjord_operator.decisions import (
     topic_spec_problems,
 )
 from fjord_operator.login import SERVICE_ACCOUNT_DIR, KubeLogin, connection_info, resolve_login
+from fjord_operator.rolling import partitions_for_roll
 from fjord_operator.settings import OperatorSettings
 from fjord_operator.status import Outcome, Verdict, status_patch
 
@@ -196,6 +198,14 @@ class FjordAdmin:
         for key, reassignment in moving.items():
             assignment[key] = list(reassignment.target_replicas)
         return frozenset(b.id for b in cluster.brokers), assignment, frozenset(moving)
+
+    async def observe_roll(self) -> tuple[frozenset[int], dict[TopicPartition, PartitionIsr]]:
+        """(registered broker ids, every partition's replicas, ISR and effective
+        min.insync.replicas): what the rolling-restart planner needs (fjord_operator.rolling)."""
+        cluster = await self._call("describe_cluster")
+        topics = await self._call("describe_topics", None)
+        configs = await self._call("describe_configs", [t.name for t in topics]) if topics else {}
+        return frozenset(b.id for b in cluster.brokers), partitions_for_roll(topics, configs)
 
     async def observe_topic(self, name: str) -> TopicObservation | None:
         try:
