@@ -30,7 +30,7 @@ from fjord.errors import (
     UnknownLeaderEpochError,
 )
 from fjord.records.control import ControlRecord, read_control_batch
-from fjord.records.header import BatchHeader, parse_header
+from fjord.records.header import BatchHeader, Compression, parse_header
 from fjord.storage import AppendInfo, PartitionLog
 
 #: A request's leader epoch when the client does not know it (no fencing check).
@@ -111,6 +111,7 @@ class Partition:
         "_isr",
         "assignment",
         "broker_id",
+        "compression",
         "leader_epoch_start_offset",
         "log",
         "min_insync_replicas",
@@ -129,6 +130,7 @@ class Partition:
         assignment: PartitionAssignment,
         *,
         min_insync_replicas: int,
+        compression: Compression | None = None,
         initial_high_watermark: int | None = None,
         now_ms: int = 0,
         producer_state: ProducerStateManager | None = None,
@@ -138,6 +140,9 @@ class Partition:
         self.broker_id = broker_id
         self.log = log
         self.min_insync_replicas = min_insync_replicas
+        #: The topic's compression.type as a codec (None: ``producer``): the produce path
+        #: rewrites batches in another codec before append_as_leader (fjord.records.recompress).
+        self.compression = compression
         self.assignment = assignment
         # Idempotence state: the newest snapshot plus a header scan of the log after it.
         self.producer_state = producer_state or load_partition_state(log)
@@ -217,8 +222,11 @@ class Partition:
         if self.assignment.leader_epoch > self.log.epoch_cache.latest_epoch:
             self.log.epoch_cache.assign(self.assignment.leader_epoch, self.log_end_offset)
 
-    def update_config(self, *, min_insync_replicas: int) -> None:
+    def update_config(
+        self, *, min_insync_replicas: int, compression: Compression | None = None
+    ) -> None:
         self.min_insync_replicas = min_insync_replicas
+        self.compression = compression
 
     # --- checks -----------------------------------------------------------------------------------
 

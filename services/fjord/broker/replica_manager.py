@@ -51,6 +51,7 @@ from fjord.errors import (
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
+from fjord.records.recompress import needs_recompression, recompress
 from fjord.storage import PartitionLog
 from fjord.topic_names import topic_name_problem
 from fjord.topic_partition import TopicPartition
@@ -267,7 +268,8 @@ class ReplicaManager:
                     self._notify_high_watermark(key, existing, None)
                 if epoch_changed:
                     self._wake_producers(key)
-            existing.update_config(min_insync_replicas=settings.min_insync_replicas)
+            existing.update_config(min_insync_replicas=settings.min_insync_replicas,
+                                   compression=settings.compression)
             if getattr(existing.log, "config", None) != settings.log_config:
                 existing.log.config = settings.log_config  # alter-configs reach open logs
         # Partitions this broker already hosts are up to date; new ones are opened (directory,
@@ -335,6 +337,7 @@ class ReplicaManager:
                 plog,
                 assignment,
                 min_insync_replicas=settings.min_insync_replicas,
+                compression=settings.compression,
                 initial_high_watermark=self._initial_high_watermarks.pop(key, None),
                 now_ms=now_ms,
             )))
@@ -461,6 +464,7 @@ class ReplicaManager:
                     _set_error(out, bad_acks)
             return response
         waiting: dict[TopicPartition, tuple[Any, Partition, int]] = {}
+        rewritten = await self._recompressed(request)
         for topic in request.topics:
             topic_out = response.topics.add(name=topic.name)
             for p in topic.partitions:
@@ -485,7 +489,10 @@ class ReplicaManager:
                             out.base_offset = partition.log_end_offset
                             out.log_start_offset = partition.log_start_offset
                             continue
-                    outcome = partition.append_as_leader(p.records, acks)
+                    records = rewritten.get(key, p.records)
+                    if isinstance(records, FjordError):
+                        raise records
+                    outcome = partition.append_as_leader(records, acks)
                 except FjordError as exc:
                     if isinstance(exc, StorageError):
                         self.report_write_error("append", exc)
@@ -510,6 +517,33 @@ class ReplicaManager:
         if waiting:
             await self._await_replication(waiting, request.timeout_ms)
         return response
+
+    async def _recompressed(
+        self, request: broker_pb2.ProduceRequest
+    ) -> dict[TopicPartition, bytes | FjordError]:
+        """Kafka's compression.type on the leader: each partition payload with a batch whose
+        codec differs from its topic's (not ``producer``) rewritten in that codec, or the
+        typed error that makes the partition's append fail (a damaged batch: nothing is
+        appended). Large payloads are rewritten in a worker thread, off the event loop."""
+        out: dict[TopicPartition, bytes | FjordError] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                key = TopicPartition(topic.name, p.partition)
+                partition = self.partitions.get(key)
+                if partition is None or partition.compression is None or not p.records:
+                    continue
+                codec = partition.compression
+                if not needs_recompression(p.records, codec):
+                    continue
+                limit = partition.log.config.max_message_bytes
+                try:
+                    if len(p.records) > defaults.RECOMPRESS_INLINE_MAX_BYTES:
+                        out[key] = await asyncio.to_thread(recompress, p.records, codec, limit)
+                    else:
+                        out[key] = recompress(p.records, codec, limit)
+                except FjordError as exc:
+                    out[key] = exc
+        return out
 
     def _admit_coordinator(self, topic: str, partition: int, epoch: int) -> None:
         """Refuse (typed FjordError) an append to ``topic``-``partition`` (a coordinator's

@@ -16,6 +16,8 @@ from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS, Replic
 from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS, ScrubberSettings
 from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
+from fjord.records.header import Compression
+from fjord.records.recompress import topic_codec
 from fjord.storage.config import LogConfig
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
 
@@ -57,11 +59,14 @@ def retention_check_interval_s(config: Mapping[str, str]) -> float:
 class TopicSettings:
     """What the broker needs to host one topic's partitions.
 
-    Invariant: ``log_config`` is validated and ``min_insync_replicas >= 1``.
+    Invariant: ``log_config`` is validated and ``min_insync_replicas >= 1``;
+    ``compression`` is the codec the leader writes produced batches in (None: ``producer``,
+    each batch as its producer compressed it; fjord.records.recompress).
     """
 
     log_config: LogConfig
     min_insync_replicas: int
+    compression: Compression | None = None
 
 
 def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
@@ -107,4 +112,8 @@ def topic_settings(
                 merged[key] = value
     log_config = LogConfig.from_dict(merged)
     raw_isr = merged.get("min.insync.replicas", str(defaults.DEFAULT_MIN_INSYNC_REPLICAS))
-    return TopicSettings(log_config, positive_int("min.insync.replicas", raw_isr))
+    return TopicSettings(
+        log_config,
+        positive_int("min.insync.replicas", raw_isr),
+        topic_codec(merged.get("compression.type", "producer")),
+    )

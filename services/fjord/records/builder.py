@@ -347,6 +347,7 @@ def _encode_record_at(
 def rebuild_batch(
     original: BatchHeader,
     kept: Sequence[tuple[int, int, bytes | None, bytes | None, Sequence[tuple[str, bytes | None]]]],
+    compression: Compression | None = None,
 ) -> bytes:
     """A new RecordBatch v2 holding ``kept`` (``(offset, timestamp, key, value, headers)``
     tuples, a subset of ``original``'s records in order): Kafka's cleaner output for one batch.
@@ -359,6 +360,10 @@ def rebuild_batch(
     the batch is header-only (Kafka's empty batch that preserves producer state), its base and
     max timestamps the original's max timestamp,
     its codec none. The CRC is computed anew.
+
+    ``compression``: the codec of the new batch (None: ``original``'s), so that a broker can
+    recompress a batch to its topic's ``compression.type`` with every record, offset and
+    timestamp kept.
     """
     base = original.base_offset
     if kept:
@@ -381,11 +386,12 @@ def rebuild_batch(
         previous = delta
         parts.append(_encode_record_at(timestamp - base_timestamp, delta, key, value, headers))
     records = b"".join(parts)
-    attributes = original.attributes & ~ATTR_DELETE_HORIZON
-    if not kept:  # Kafka's empty header is uncompressed: there is nothing to decompress
-        attributes &= ~ATTR_COMPRESSION_MASK
-    elif original.compression != Compression.NONE:
-        records = compress(original.compression, records)
+    codec = original.compression if compression is None else compression
+    attributes = original.attributes & ~ATTR_DELETE_HORIZON & ~ATTR_COMPRESSION_MASK
+    if kept:  # Kafka's empty header is uncompressed: there is nothing to decompress
+        attributes |= codec
+        if codec != Compression.NONE:
+            records = compress(codec, records)
     header = bytearray(
         HEADER_STRUCT.pack(
             base,

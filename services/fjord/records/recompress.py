@@ -1,0 +1,87 @@
+"""A topic's ``compression.type`` applied to produced batches (Kafka's LogValidator), pure.
+
+Kafka's broker keeps a batch as the producer compressed it when the topic's ``compression.type``
+is ``producer`` (the default) or names the batch's own codec; otherwise it decompresses the
+batch and writes it again with the topic's codec (``uncompressed``: none). This is the one case
+where a Fjord broker touches records: everything else it stores and serves as the producer's
+bytes (docs/configuration.md).
+
+Invariants of :func:`recompress`: every input batch's header, length and CRC-32C are checked
+before its records are read (a damaged batch is refused, never given a fresh CRC); each
+rewritten batch keeps its records, their offsets and timestamps, its producer id / epoch /
+base sequence, its timestamp type and transactional bit, and gets a new CRC; control batches,
+header-only batches and batches already in the target codec are copied byte for byte.
+"""
+
+from __future__ import annotations
+
+from fjord.errors import ConfigError
+from fjord.records.builder import rebuild_batch
+from fjord.records.header import Compression, parse_header, validate_batch
+from fjord.records.reader import RecordBatch, decode_record_tuples
+
+#: ``compression.type`` values and the codec each one makes the broker write (None: the
+#: producer's, as sent). Kafka's names.
+TOPIC_COMPRESSION_TYPES: dict[str, Compression | None] = {
+    "producer": None,
+    "uncompressed": Compression.NONE,
+    "gzip": Compression.GZIP,
+    "snappy": Compression.SNAPPY,
+    "lz4": Compression.LZ4,
+    "zstd": Compression.ZSTD,
+}
+
+
+def topic_codec(compression_type: str) -> Compression | None:
+    """The codec the broker writes for a topic's ``compression.type`` (None: ``producer``,
+    the batches as sent); ConfigError naming the key for anything else."""
+    try:
+        return TOPIC_COMPRESSION_TYPES[compression_type.strip().lower()]
+    except KeyError:
+        raise ConfigError(
+            f"compression.type: {compression_type!r} is not one of "
+            + ", ".join(TOPIC_COMPRESSION_TYPES)
+        ) from None
+
+
+def needs_recompression(payload: bytes, codec: Compression) -> bool:
+    """Whether any data batch of ``payload`` is not in ``codec`` (headers only: cheap). A
+    payload whose headers do not parse answers True, so that :func:`recompress` reports it."""
+    view = memoryview(payload)
+    pos = 0
+    try:
+        while pos < len(view):
+            header = parse_header(view, pos)
+            if _rewritten(header.compression, header.is_control, header.record_count, codec):
+                return True
+            pos += header.size
+    except Exception:
+        return True
+    return False
+
+
+def _rewritten(current: Compression, control: bool, count: int, codec: Compression) -> bool:
+    return current != codec and not control and count > 0
+
+
+def recompress(payload: bytes, codec: Compression, max_batch_bytes: int | None = None) -> bytes:
+    """``payload`` (concatenated RecordBatch v2) with every data batch in ``codec`` (see the
+    module invariants). Raises CorruptRecordError for a damaged or undecodable batch and
+    RecordTooLargeError for one larger than ``max_batch_bytes`` as sent; nothing partial."""
+    view = memoryview(payload)
+    parts: list[bytes | memoryview] = []
+    pos = 0
+    while pos < len(view):
+        header = validate_batch(view, pos, max_batch_bytes)
+        raw = view[pos : pos + header.size]
+        if _rewritten(header.compression, header.is_control, header.record_count, codec):
+            section = RecordBatch(raw).records_section()
+            records = decode_record_tuples(
+                section, header.base_offset, header.base_timestamp, header.record_count,
+                header.last_offset_delta,
+            )
+            parts.append(rebuild_batch(header, records, codec))
+        else:
+            parts.append(raw)
+        pos += header.size
+    return b"".join(parts)
