@@ -97,6 +97,7 @@ class ErrorCode(Enum):
     CONCURRENT_TRANSACTIONS = (51, True)
     PRODUCER_FENCED = (90, False)
     TRANSACTION_ABORTABLE = (120, False)
+    OPERATION_NOT_ATTEMPTED = (55, False)
 
     @property
     def code(self) -> int:

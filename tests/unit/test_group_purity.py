@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fjord.coordinator
 import fjord.groups
+import fjord.transactions
 
 FORBIDDEN = {
     "asyncio",
@@ -32,7 +33,9 @@ FORBIDDEN = {
 #: The coordinator service's shell (gRPC, etcd, clients, event loop, the Kafka listener's
 #: forwarding to brokers and the controller, the ACL gate in front of the GroupManager, which
 #: reads ACLs from the metadata image): not cores.
-SHELL = {"appender", "authorization", "kafka_apis", "manager", "server", "service"}
+SHELL = {
+    "appender", "authorization", "kafka_apis", "manager", "server", "service", "transactions"
+}
 
 
 def test_group_modules_import_nothing_that_does_io():
@@ -40,6 +43,7 @@ def test_group_modules_import_nothing_that_does_io():
     groups = Path(fjord.groups.__file__).parent
     modules = sorted(m for m in coordinator.glob("*.py") if m.stem not in SHELL)
     modules += sorted(groups.glob("*.py"))
+    modules += sorted(Path(fjord.transactions.__file__).parent.glob("*.py"))
     assert {m.stem for m in modules} >= {"group", "assignors", "offsets_log", "lag", "protocol"}
     for module in modules:
         tree = ast.parse(module.read_text())

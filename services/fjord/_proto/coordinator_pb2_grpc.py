@@ -80,6 +80,21 @@ class CoordinatorStub:
                 request_serializer=fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsResponse.FromString,
                 _registered_method=True)
+        self.InitTransactions = channel.unary_unary(
+                '/fjord.v1.Coordinator/InitTransactions',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.InitTransactionsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.InitTransactionsResponse.FromString,
+                _registered_method=True)
+        self.AddPartitionsToTxn = channel.unary_unary(
+                '/fjord.v1.Coordinator/AddPartitionsToTxn',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+                _registered_method=True)
+        self.EndTxn = channel.unary_unary(
+                '/fjord.v1.Coordinator/EndTxn',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -140,6 +155,36 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def InitTransactions(self, request, context):
+        """The transaction coordinator (docs/transactions.md), served by the owner of
+        __transaction_state partition abs(javaStringHashCode(transactional_id)) % 50
+        (Broker.FindCoordinator key_type 1); others answer NOT_COORDINATOR, one still replaying
+        the partition COORDINATOR_LOAD_IN_PROGRESS. Error codes are Kafka's.
+
+        InitProducerId with a transactional id: the id's producer id and a bumped epoch; an
+        ongoing transaction of the previous epoch is aborted first (answered
+        CONCURRENT_TRANSACTIONS meanwhile: retry), which fences the older producer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AddPartitionsToTxn(self, request, context):
+        """AddPartitionsToTxn: partitions the producer is about to write in its transaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTxn(self, request, context):
+        """EndTxn: commit or abort. Answered once PrepareCommit/PrepareAbort is written; the
+        markers and CompleteCommit/CompleteAbort follow (a new transaction's AddPartitionsToTxn
+        is answered CONCURRENT_TRANSACTIONS until then).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -187,6 +232,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.DeleteGroups,
                     request_deserializer=fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsResponse.SerializeToString,
+            ),
+            'InitTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.InitTransactions,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.InitTransactionsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.InitTransactionsResponse.SerializeToString,
+            ),
+            'AddPartitionsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddPartitionsToTxn,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.SerializeToString,
+            ),
+            'EndTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTxn,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -432,6 +492,87 @@ class Coordinator:
             '/fjord.v1.Coordinator/DeleteGroups',
             fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsRequest.SerializeToString,
             fjord_dot_v1_dot_coordinator__pb2.DeleteGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def InitTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/InitTransactions',
+            fjord_dot_v1_dot_coordinator__pb2.InitTransactionsRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.InitTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddPartitionsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/AddPartitionsToTxn',
+            fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.AddPartitionsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/EndTxn',
+            fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -10,6 +10,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from fjord.client import AsyncProducer, Consumer, RecordMetadata, TopicPartition
 from fjord.coordinator import defaults
@@ -158,6 +159,10 @@ class OffsetsAppender:
             self._producer = None
 
 
+class _Loader(Protocol):
+    def apply_bytes(self, key: bytes, value: bytes | None) -> None: ...
+
+
 def replay_partitions(
     bootstrap: str,
     partitions: Sequence[int],
@@ -168,10 +173,30 @@ def replay_partitions(
     cancelled: threading.Event | None = None,
     read_to_at_least: Mapping[int, int] | None = None,
 ) -> dict[int, dict[str, LoadedGroup]]:
-    """Read ``__consumer_offsets`` partitions from their log start to their high watermark
-    (as of the start of the replay), or to ``read_to_at_least[p]`` when that is further (the
+    """:func:`replay_into` ``__consumer_offsets`` partitions: each one's groups."""
+    loaders = {p: GroupMetadataLoader() for p in partitions}
+    replay_into(
+        bootstrap, loaders, client_id, timeout_s, topic,
+        cancelled=cancelled, read_to_at_least=read_to_at_least,
+    )
+    return {p: loader.groups() for p, loader in loaders.items()}
+
+
+def replay_into(
+    bootstrap: str,
+    loaders: Mapping[int, _Loader],
+    client_id: str,
+    timeout_s: float,
+    topic: str,
+    *,
+    cancelled: threading.Event | None = None,
+    read_to_at_least: Mapping[int, int] | None = None,
+) -> None:
+    """Read ``topic`` partitions (the keys of ``loaders``) from their log start to their high
+    watermark (as of the start of the replay), or to ``read_to_at_least[p]`` when that is further
     log end when this coordinator claimed the partition: every record admitted before the
-    claim, waiting until the high watermark passes it), and return each one's groups.
+    claim, waiting until the high watermark passes it), feeding each record to its
+    partition's loader.
     Blocking: run it in a worker thread. Raises KafkaTimeoutError after ``timeout_s`` and the
     client's typed errors; stops early (KafkaTimeoutError) once ``cancelled`` is set (the
     coordinator is stopping).
@@ -180,7 +205,7 @@ def replay_partitions(
     must not keep every group of the partition unavailable.
     """
     deadline = time.monotonic() + timeout_s
-    loaders = {p: GroupMetadataLoader() for p in partitions}
+    partitions = sorted(loaders)
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -230,4 +255,3 @@ def replay_partitions(
                 del todo[tp]
     finally:
         consumer.close()
-    return {p: loader.groups() for p, loader in loaders.items()}

@@ -54,6 +54,10 @@ class AuthorizedGroups:
         self._image: Callable[[], MetadataImage] = image or _no_image
         self.access = access
 
+    def image(self) -> MetadataImage:
+        """The metadata image holding the ACLs (only while authorization is on)."""
+        return self._image()
+
     def for_caller(self, caller: Caller) -> CallerGroups:
         return CallerGroups(self, caller)
 

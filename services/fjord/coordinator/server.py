@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,15 +26,16 @@ import aetcd
 import grpc
 from grpc import aio
 
-from fjord._proto import broker_pb2, coordinator_pb2_grpc
+from fjord._proto import broker_pb2, common_pb2, coordinator_pb2_grpc
 from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
-from fjord.coordinator.appender import OffsetsAppender, replay_partitions
+from fjord.coordinator.appender import OffsetsAppender, replay_into, replay_partitions
 from fjord.coordinator.authorization import AuthorizedGroups
 from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.kafka_apis import CoordinatorKafkaApis
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.service import CoordinatorServicer
+from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import (
     ConfigError,
     ErrorCode,
@@ -78,6 +79,8 @@ from fjord.serving import (
 )
 from fjord.tls import server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
+from fjord.transactions.defaults import ABORT_TIMED_OUT_INTERVAL_MS, TRANSACTION_STATE_TOPIC
+from fjord.transactions.log import TransactionLogLoader
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +223,18 @@ class CoordinatorServer:
         self.manager = GroupManager(
             self._appender, self.group_config, partition_exists=self._partition_exists
         )
+        self._txn_appender = OffsetsAppender(
+            self._bootstrap, f"{self._client_id}-txn", timeout_ms=self._commit_timeout_ms,
+            topic=TRANSACTION_STATE_TOPIC,
+        )
+        self.transactions = TransactionManager(
+            self._txn_appender,
+            self._write_txn_markers,
+            self._new_producer_id,
+            partition_exists=self._partition_exists,
+        )
+        self._txn_load_wakeup = asyncio.Event()
+        self._next_pid_broker = 0
         self._network = Network(
             [],
             client_id=self._client_id,
@@ -271,7 +286,7 @@ class CoordinatorServer:
             self.manager, self._image, access_control(opts.authorization)
         )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-            CoordinatorServicer(groups), self._server
+            CoordinatorServicer(groups, self.transactions), self._server
         )
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
@@ -299,6 +314,11 @@ class CoordinatorServer:
         self._activate()
         self._spawn(self._keep_lease_alive(), "lease keep-alive")
         self._spawn(self._load_partitions(), "__consumer_offsets loader")
+        self._spawn(self._load_txn_partitions(), "__transaction_state loader")
+        self._spawn(
+            self._periodic(ABORT_TIMED_OUT_INTERVAL_MS / 1000, self._abort_timed_out),
+            "transaction timeouts",
+        )
         self._spawn(self._periodic(self._retention_check_s, self._expire_offsets), "offset expiry")
         self._spawn(self._periodic(opts.lag_refresh_interval_s, self._refresh_lag), "lag metrics")
         kafka = self.kafka_address
@@ -321,6 +341,7 @@ class CoordinatorServer:
         # next owner instead of waiting out the grace period.
         self.manager.active = False
         self.manager.drop_all()
+        await self.transactions.close()
         if self._kafka is not None:
             await self._kafka.stop()
         if self._kafka_apis is not None:
@@ -330,6 +351,7 @@ class CoordinatorServer:
         await cancel_until_done(self._tasks)
         self._tasks.clear()
         await self._appender.close()
+        await self._txn_appender.close()
         await self._network.close()
         if self._etcd is not None and self._lease_id is not None:
             try:
@@ -465,12 +487,15 @@ class CoordinatorServer:
 
     def _activate(self) -> None:
         self.manager.active = True
+        self.transactions.active = True
         self._reconcile(self._image())
 
     def _deactivate(self) -> None:
         self.manager.active = False
+        self.transactions.active = False
         self.registration_revision = -1
         self.manager.drop_all()
+        self.transactions.drop_all()
 
     # --- ownership and replay ---------------------------------------------------------------
 
@@ -499,6 +524,14 @@ class CoordinatorServer:
         }
         if self.manager.assign(owned):
             self._load_wakeup.set()
+        # __transaction_state partition p is owned with __consumer_offsets partition p.
+        txn_topic = image.topic(TRANSACTION_STATE_TOPIC)
+        txn_owned = {
+            p: epoch for p, epoch in owned.items()
+            if txn_topic is not None and p < txn_topic.partitions
+        }
+        if self.transactions.assign(txn_owned):
+            self._txn_load_wakeup.set()
 
     def _bootstrap(self) -> str:
         return ",".join(b.address for _, b in sorted(self._image().brokers.items()))
@@ -553,7 +586,139 @@ class CoordinatorServer:
             if self.manager.unloaded():
                 self._load_wakeup.set()
 
-    async def _claim(self, pending: Mapping[int, int]) -> dict[int, int]:
+    async def _load_txn_partitions(self) -> None:
+        """Claim and replay owned ``__transaction_state`` partitions (as
+        :meth:`_load_partitions` does for ``__consumer_offsets``), then serve them; the
+        install completes transactions the previous owner left prepared."""
+        while True:
+            await self._txn_load_wakeup.wait()
+            self._txn_load_wakeup.clear()
+            pending = self.transactions.unloaded()
+            if not pending:
+                continue
+            try:
+                claimed = await self._claim(
+                    pending, TRANSACTION_STATE_TOPIC, self.transactions.fence
+                )
+                pending = {p: e for p, e in pending.items() if p in claimed}
+                if not pending:
+                    continue
+                loaders = {p: TransactionLogLoader() for p in pending}
+                await asyncio.to_thread(
+                    replay_into,
+                    self._bootstrap(),
+                    loaders,
+                    f"{self._client_id}-txn-loader",
+                    defaults.OFFSETS_LOAD_TIMEOUT_S,
+                    TRANSACTION_STATE_TOPIC,
+                    cancelled=self._replay_cancelled,
+                    read_to_at_least=claimed,
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning(
+                    "replaying __transaction_state partitions %s failed: %s; retrying",
+                    sorted(pending), exc,
+                )
+                await asyncio.sleep(defaults.LOAD_RETRY_BACKOFF_S)
+                self._txn_load_wakeup.set()
+                continue
+            for p, loader in loaders.items():
+                self.transactions.install(p, pending[p], loader.records())
+            if self.transactions.unloaded():
+                self._txn_load_wakeup.set()
+
+    async def _abort_timed_out(self) -> None:
+        await self.transactions.abort_timed_out()
+
+    async def _new_producer_id(self) -> int:
+        """A fresh producer id for a transactional id: asked of the live brokers in turn
+        (their InitProducerId without a transactional id allocates from the controller's
+        blocks)."""
+        brokers = [b.address for _, b in sorted(self._image().brokers.items())]
+        for i in range(len(brokers)):
+            address = brokers[(self._next_pid_broker + i) % len(brokers)]
+            try:
+                answer = await self._network.broker(address).InitProducerId(
+                    broker_pb2.InitProducerIdRequest(producer_id=-1, producer_epoch=-1),
+                    timeout=self._commit_timeout_ms / 1000,
+                )
+            except grpc.aio.AioRpcError as exc:
+                log.info("InitProducerId to broker %s failed: %s", address, exc.code().name)
+                continue
+            code = error_code_from_number(answer.error.code)
+            if code is not ErrorCode.NONE:
+                log.info("InitProducerId on broker %s: %s", address, code.name)
+                continue
+            self._next_pid_broker += i + 1
+            return int(answer.producer_id)
+        raise error_for_code(
+            ErrorCode.COORDINATOR_NOT_AVAILABLE, "no broker allocated a producer id"
+        )
+
+    async def _write_txn_markers(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        coordinator_epoch: int,
+        partitions: Iterable[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """WriteTxnMarkers to each partition's leader (from the metadata image), in parallel;
+        a partition without a live leader or whose leader fails is answered with a retriable
+        code."""
+        image = self._image()
+        by_leader: dict[str, list[TopicPartition]] = {}
+        out: dict[TopicPartition, ErrorCode] = {}
+        for tp in partitions:
+            state = image.partition(tp.topic, tp.partition)
+            if state is None and image.topic(tp.topic) is None:
+                out[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                continue
+            leader = None if state is None else image.broker(state.leader)
+            if leader is None:
+                out[tp] = ErrorCode.LEADER_NOT_AVAILABLE
+                continue
+            by_leader.setdefault(leader.address, []).append(tp)
+
+        async def send(address: str, tps: list[TopicPartition]) -> None:
+            request = broker_pb2.WriteTxnMarkersRequest(
+                markers=[
+                    broker_pb2.TxnMarker(
+                        producer_id=producer_id,
+                        producer_epoch=producer_epoch,
+                        committed=committed,
+                        coordinator_epoch=coordinator_epoch,
+                        partitions=[
+                            common_pb2.TopicPartition(topic=t, partition=n) for t, n in tps
+                        ],
+                    )
+                ]
+            )
+            try:
+                response = await self._network.broker(address).WriteTxnMarkers(
+                    request, timeout=self._commit_timeout_ms / 1000
+                )
+            except Exception as exc:
+                log.info("WriteTxnMarkers to %s failed: %s", address, transport_error(exc, address))
+                out.update(dict.fromkeys(tps, ErrorCode.NETWORK_EXCEPTION))
+                return
+            for result in response.markers:
+                for p in result.partitions:
+                    out[TopicPartition(p.topic, p.partition)] = error_code_from_number(
+                        p.error.code
+                    )
+
+        await asyncio.gather(*(send(a, t) for a, t in by_leader.items()))
+        return out
+
+    async def _claim(
+        self,
+        pending: Mapping[int, int],
+        topic: str = OFFSETS_TOPIC,
+        fence: Callable[[int, int], None] | None = None,
+    ) -> dict[int, int]:
         """Tell each partition's leader this coordinator's epoch before replaying it (a produce
         with the epoch and no records), so that no older owner's append can land after the
         replay's end unseen: from the claim on the leader refuses older epochs, and the replay
@@ -564,11 +729,11 @@ class CoordinatorServer:
         image = self._image()
         by_leader: dict[str, list[broker_pb2.ProducePartition]] = {}
         for p, epoch in sorted(pending.items()):
-            state = image.partition(OFFSETS_TOPIC, p)
+            state = image.partition(topic, p)
             leader = None if state is None else image.broker(state.leader)
             if leader is None:
                 raise error_for_code(
-                    ErrorCode.LEADER_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{p} has no live leader"
+                    ErrorCode.LEADER_NOT_AVAILABLE, f"{topic}-{p} has no live leader"
                 )
             by_leader.setdefault(leader.address, []).append(
                 broker_pb2.ProducePartition(partition=p, coordinator_epoch=epoch)
@@ -578,7 +743,7 @@ class CoordinatorServer:
             request = broker_pb2.ProduceRequest(
                 acks=1,
                 timeout_ms=self._commit_timeout_ms,
-                topics=[broker_pb2.ProduceTopic(name=OFFSETS_TOPIC, partitions=partitions)],
+                topics=[broker_pb2.ProduceTopic(name=topic, partitions=partitions)],
             )
             try:
                 response = await self._network.broker(address).Produce(
@@ -586,17 +751,19 @@ class CoordinatorServer:
                 )
             except Exception as exc:
                 raise transport_error(exc, address) from exc
-            for topic in response.topics:
-                for answer in topic.partitions:
+            for topic_answer in response.topics:
+                for answer in topic_answer.partitions:
                     code = error_code_from_number(answer.error.code)
                     if code is ErrorCode.NONE:
                         claimed[answer.partition] = answer.base_offset
                     elif code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
-                        self.manager.fence(answer.partition, pending[answer.partition])
+                        (fence or self.manager.fence)(
+                            answer.partition, pending[answer.partition]
+                        )
                     else:
                         raise error_for_code(
                             code,
-                            f"claiming {OFFSETS_TOPIC}-{answer.partition} on {address}: "
+                            f"claiming {topic}-{answer.partition} on {address}: "
                             f"{answer.error.message}",
                         )
         return claimed

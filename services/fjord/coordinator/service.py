@@ -18,7 +18,9 @@ from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.coordinator.authorization import AuthorizedGroups, CallerGroups
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
+from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
+from fjord.security.acls import AclOperation, Resource
 from fjord.serving import grpc_caller
 from fjord.topic_partition import TopicPartition
 
@@ -83,11 +85,104 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     in their entries.
     """
 
-    def __init__(self, groups: GroupManager | AuthorizedGroups) -> None:
+    def __init__(
+        self,
+        groups: GroupManager | AuthorizedGroups,
+        transactions: TransactionManager | None = None,
+    ) -> None:
         #: Every request reaches the manager through its caller's ACL-checked view.
         self._groups = (
             groups if isinstance(groups, AuthorizedGroups) else AuthorizedGroups(groups)
         )
+        self._transactions = transactions
+
+    # --- transactions (Kafka's ACLs: Write on the TransactionalId; AddPartitionsToTxn also
+    # Write on each topic) ----------------------------------------------------------------------
+
+    def _txn(self, context: aio.ServicerContext, transactional_id: str) -> TransactionManager:
+        if self._transactions is None:
+            raise FjordError("this coordinator serves no transactions",
+                             ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        access = self._groups.access
+        if access.enabled:
+            access.require(
+                self._groups.image(), grpc_caller(context), AclOperation.WRITE,
+                Resource.transactional_id(transactional_id),
+            )
+        return self._transactions
+
+    async def InitTransactions(
+        self, request: coordinator_pb2.InitTransactionsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.InitTransactionsResponse:
+        async def body() -> coordinator_pb2.InitTransactionsResponse:
+            pid, epoch = await self._txn(context, request.transactional_id).init_producer_id(
+                request.transactional_id,
+                request.transaction_timeout_ms,
+                request.producer_id,
+                request.producer_epoch,
+            )
+            return coordinator_pb2.InitTransactionsResponse(
+                error=error_pb(ErrorCode.NONE), producer_id=pid, producer_epoch=epoch
+            )
+
+        return await _guard(
+            lambda e: coordinator_pb2.InitTransactionsResponse(
+                error=e, producer_id=-1, producer_epoch=-1
+            ),
+            body(),
+        )
+
+    async def AddPartitionsToTxn(
+        self, request: coordinator_pb2.AddPartitionsToTxnRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.AddPartitionsToTxnResponse:
+        async def body() -> coordinator_pb2.AddPartitionsToTxnResponse:
+            manager = self._txn(context, request.transactional_id)
+            wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions]
+            access, caller = self._groups.access, grpc_caller(context)
+            denied = [
+                tp for tp in wanted
+                if access.enabled and not access.allows(
+                    self._groups.image(), caller, AclOperation.WRITE, Resource.topic(tp.topic)
+                )
+            ]
+            if denied:
+                errors = {
+                    tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED if tp in denied
+                    else ErrorCode.OPERATION_NOT_ATTEMPTED
+                    for tp in wanted
+                }
+            else:
+                errors = await manager.add_partitions(
+                    request.transactional_id, request.producer_id, request.producer_epoch, wanted
+                )
+            return coordinator_pb2.AddPartitionsToTxnResponse(
+                error=error_pb(ErrorCode.NONE),
+                results=[
+                    coordinator_pb2.AddPartitionsToTxnResult(
+                        partition=common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition),
+                        error=error_pb(code),
+                    )
+                    for tp, code in errors.items()
+                ],
+            )
+
+        return await _guard(
+            lambda e: coordinator_pb2.AddPartitionsToTxnResponse(error=e), body()
+        )
+
+    async def EndTxn(
+        self, request: coordinator_pb2.EndTxnRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.EndTxnResponse:
+        async def body() -> coordinator_pb2.EndTxnResponse:
+            await self._txn(context, request.transactional_id).end_transaction(
+                request.transactional_id,
+                request.producer_id,
+                request.producer_epoch,
+                request.committed,
+            )
+            return coordinator_pb2.EndTxnResponse(error=error_pb(ErrorCode.NONE))
+
+        return await _guard(lambda e: coordinator_pb2.EndTxnResponse(error=e), body())
 
     def _as(self, context: aio.ServicerContext) -> CallerGroups:
         """The manager as this call's caller may use it."""
