@@ -51,6 +51,8 @@ from fjord.errors import (
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
+from fjord.records.control import build_control_batch
+from fjord.records.header import end_of_whole_batches
 from fjord.records.recompress import needs_recompression, recompress
 from fjord.storage import PartitionLog
 from fjord.topic_names import topic_name_problem
@@ -63,6 +65,11 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 MAX_TIMESTAMP = -3
+
+#: Fetch / ListOffsets isolation levels (Kafka's): read_uncommitted sees up to the high
+#: watermark, read_committed up to the last stable offset.
+READ_UNCOMMITTED = 0
+READ_COMMITTED = 1
 
 #: ListOffsets ``replica_id`` of a debugging client (Kafka's DEBUGGING_REPLICA_ID): it may read
 #: any replica, leader or follower, up to its log end (tools and tests check replication with it).
@@ -619,6 +626,69 @@ class ReplicaManager:
                     )
                     del pending[key]
 
+    # --- transaction markers (WriteTxnMarkers, from the transaction coordinator) -----------
+
+    async def write_txn_markers(
+        self, request: broker_pb2.WriteTxnMarkersRequest, timeout_ms: int = 0
+    ) -> broker_pb2.WriteTxnMarkersResponse:
+        """Append each marker's control batch to each of its partitions this broker leads and
+        answer once replicated to the ISR (acks=all; NOT_ENOUGH_REPLICAS below
+        min.insync.replicas, REQUEST_TIMED_OUT after ``timeout_ms``). Errors are per partition
+        (see :meth:`Partition.append_marker`); the other partitions are written regardless."""
+        response = broker_pb2.WriteTxnMarkersResponse()
+        now_ms = int(time.time() * 1000)
+        # One wait per round of distinct partitions (two markers of one request may end
+        # transactions of two producers on the same partition).
+        rounds: list[dict[TopicPartition, tuple[Any, Partition, int]]] = []
+        for m in request.markers:
+            result = response.markers.add(producer_id=m.producer_id)
+            try:
+                batch = build_control_batch(
+                    m.producer_id, m.producer_epoch, committed=m.committed,
+                    coordinator_epoch=m.coordinator_epoch, timestamp_ms=now_ms,
+                )
+                bad: FjordError | None = None
+            except FjordError as exc:
+                bad = exc
+            for tp in m.partitions:
+                out = result.partitions.add(topic=tp.topic, partition=tp.partition)
+                key = TopicPartition(tp.topic, tp.partition)
+                partition = self.partitions.get(key)
+                try:
+                    if bad is not None:
+                        raise bad
+                    if partition is None:
+                        raise self._missing_partition_error(tp.topic, tp.partition)
+                    if self.fenced:
+                        raise NotLeaderOrFollowerError(
+                            f"broker {self.broker_id} lost its registration and is re-registering"
+                        )
+                    outcome = partition.append_marker(batch)
+                except FjordError as exc:
+                    if isinstance(exc, StorageError):
+                        self.report_write_error("append", exc)
+                    _set_error(out, exc)
+                    continue
+                except Exception as exc:  # a bug or an I/O error: answer, never drop the call
+                    _set_error(out, _unexpected(exc))
+                    continue
+                if outcome.high_watermark_advanced:
+                    self._notify_high_watermark(key, partition, len(batch))
+                else:
+                    self._notify_log_end(key, len(batch))
+                required = outcome.info.last_offset + 1
+                if partition.high_watermark < required:
+                    for waiting in rounds:
+                        if key not in waiting:
+                            break
+                    else:
+                        waiting = {}
+                        rounds.append(waiting)
+                    waiting[key] = (out, partition, required)
+        if rounds:
+            await asyncio.gather(*(self._await_replication(w, timeout_ms) for w in rounds))
+        return response
+
     # --- fetch --------------------------------------------------------------------------------
 
     async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
@@ -653,6 +723,8 @@ class ReplicaManager:
         response = broker_pb2.FetchResponse()
         replica_id = request.replica_id
         is_follower = replica_id >= 0
+        read_committed = not is_follower and request.isolation_level == READ_COMMITTED
+        committed_reads: list[tuple[Any, Partition, int, int]] = []
         max_bytes = min(request.max_bytes or defaults.FETCH_MAX_BYTES, defaults.FETCH_MAX_BYTES)
         slots: list[FetchSlot] = []
         targets: list[tuple[Any, TopicPartition, _PartitionReader]] = []
@@ -721,8 +793,9 @@ class ReplicaManager:
                     has_error = True
                     continue
                 hw = partition.high_watermark
+                lso = partition.last_stable_offset
                 out.high_watermark = hw
-                out.last_stable_offset = hw
+                out.last_stable_offset = lso
                 out.log_start_offset = partition.log_start_offset
                 out.leader_id = partition.assignment.leader
                 out.leader_epoch = partition.leader_epoch
@@ -733,6 +806,8 @@ class ReplicaManager:
                     continue
                 keys.append(key)
                 offset = fp.fetch_offset
+                if read_committed:
+                    upper = min(upper, lso)
                 if offset >= upper:
                     continue  # nothing visible yet: no read at all
                 limit = fp.partition_max_bytes
@@ -741,6 +816,8 @@ class ReplicaManager:
                 reader = _PartitionReader(partition.log, offset, upper)
                 slots.append(FetchSlot(limit, reader))
                 targets.append((out, key, reader))
+                if read_committed:
+                    committed_reads.append((out, partition, offset, upper))
         total = 0
         if slots:
             if min(max_bytes, sum(s.partition_max_bytes for s in slots)) > (
@@ -765,6 +842,12 @@ class ReplicaManager:
                     total += len(data)
                     if not is_follower:
                         metrics.record_bytes_out(topic_name, len(data))
+        for out, partition, offset, upper in committed_reads:
+            if out.records:
+                # Kafka's upper bound: the end of what is returned (never past the LSO).
+                upper = min(upper, max(offset + 1, end_of_whole_batches(out.records)))
+                for pid, first in partition.aborted_transactions(offset, upper):
+                    out.aborted_transactions.add(producer_id=pid, first_offset=first)
         return response, total, keys, has_error
 
     # --- list offsets -------------------------------------------------------------------------
@@ -785,16 +868,22 @@ class ReplicaManager:
                         raise self._missing_partition_error(topic.name, lp.partition)
                     if request.replica_id != DEBUGGING_REPLICA_ID:
                         partition.check_leader(lp.current_leader_epoch)
-                    self._list_offset(partition, lp.timestamp, request.replica_id, out)
+                    self._list_offset(partition, lp.timestamp, request.replica_id, out,
+                                      request.isolation_level == READ_COMMITTED)
                 except FjordError as exc:
                     _set_error(out, exc)
                 except Exception as exc:
                     _set_error(out, _unexpected(exc))
         return response
 
-    def _list_offset(self, partition: Partition, timestamp: int, replica_id: int, out: Any) -> None:
+    def _list_offset(
+        self, partition: Partition, timestamp: int, replica_id: int, out: Any,
+        read_committed: bool = False,
+    ) -> None:
         follower_view = replica_id >= 0 or replica_id == DEBUGGING_REPLICA_ID
-        visible_end = partition.log_end_offset if follower_view else partition.high_watermark
+        visible_end = partition.log_end_offset if follower_view else (
+            partition.last_stable_offset if read_committed else partition.high_watermark
+        )
         if timestamp == EARLIEST_TIMESTAMP:
             out.offset = partition.log_start_offset
             out.leader_epoch = partition.leader_epoch

@@ -48,6 +48,19 @@ def refused_produce(request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceRes
     return response
 
 
+def refused_txn_markers(
+    request: broker_pb2.WriteTxnMarkersRequest,
+) -> broker_pb2.WriteTxnMarkersResponse:
+    """CLUSTER_AUTHORIZATION_FAILED for every partition of every marker (nothing written)."""
+    response = broker_pb2.WriteTxnMarkersResponse()
+    for marker in request.markers:
+        result = response.markers.add(producer_id=marker.producer_id)
+        for tp in marker.partitions:
+            result.partitions.add(topic=tp.topic, partition=tp.partition,
+                                  error=_CLUSTER_AUTHORIZATION_FAILED)
+    return response
+
+
 class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     """Serves Produce, Fetch, ListOffsets, Metadata, InitProducerId, FindCoordinator,
     DescribeConfigs, DescribeLogDirs and DeleteRecords for one broker (gRPC's method names).
@@ -96,6 +109,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         ):
             return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
         return await self.fetch(grpc_caller(context), request)
+
+    async def WriteTxnMarkers(
+        self, request: broker_pb2.WriteTxnMarkersRequest, context: aio.ServicerContext
+    ) -> broker_pb2.WriteTxnMarkersResponse:
+        if not self._cluster_action.allows(context, "WriteTxnMarkers"):
+            return refused_txn_markers(request)
+        return await self.write_txn_markers(grpc_caller(context), request)
 
     async def ListOffsets(
         self, request: broker_pb2.ListOffsetsRequest, context: aio.ServicerContext
@@ -212,6 +232,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         )
         gate.refuse_fetch(caller, refused, response)
         return response
+
+    async def write_txn_markers(
+        self, caller: Caller, request: broker_pb2.WriteTxnMarkersRequest
+    ) -> broker_pb2.WriteTxnMarkersResponse:
+        """Kafka's WriteTxnMarkers: ClusterAction on the cluster (the transaction coordinator,
+        which runs as the cluster's service identity), else CLUSTER_AUTHORIZATION_FAILED for
+        every partition and nothing written."""
+        if not self.authorization.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
+            return refused_txn_markers(request)
+        return await self._replicas.write_txn_markers(request)
 
     def list_offsets(
         self, caller: Caller, request: broker_pb2.ListOffsetsRequest

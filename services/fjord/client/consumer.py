@@ -364,6 +364,20 @@ class Consumer:
             tp: OffsetAndTimestamp(off, ts) if off >= 0 else None for tp, (off, ts) in found.items()
         }
 
+    def current_lag(self, partition: TopicPartition) -> int | None:
+        """Kafka's ``currentLag``: how far the position is behind the end of the partition as
+        the latest fetch saw it (the last stable offset under ``isolation.level=
+        read_committed``, else the high watermark); None before a fetch answered or without a
+        position. No request is sent."""
+        self._check_open()
+        (tp,) = self._require_assigned([partition])
+        with self._state.lock:
+            end = self._fetcher.lag_ends.get(tp)
+            position = self._state.positions.get(tp)
+        if end is None or position is None:
+            return None
+        return max(0, end - position)
+
     def beginning_offsets(
         self, partitions: Iterable[TopicPartition], timeout: float | None = None
     ) -> dict[TopicPartition, int]:

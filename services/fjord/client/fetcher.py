@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Set
@@ -31,7 +32,8 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
-from fjord.records.header import end_of_whole_batches, next_intact_batch_offset
+from fjord.records.control import ControlType, control_record_of
+from fjord.records.header import NO_PRODUCER_ID, end_of_whole_batches, next_intact_batch_offset
 from fjord.records.reader import RecordBatch, read_batches
 
 log = logging.getLogger(__name__)
@@ -51,9 +53,18 @@ class CompletedFetch:
     ``_index``). A batch that cannot be read (bad CRC, does not decode, anything raised while
     reading it) sets ``error``, a :class:`RecordDeserializationError` at ``next_offset``: the
     records before it are still taken, none after it.
+
+    read_committed (``aborted`` is not None: the fetch's aborted transactions, ``(producer id,
+    first offset)``), Kafka's client rule: before a batch of a producer is read, every aborted
+    transaction starting at or before the batch's last offset puts its producer in the aborted
+    set; a transactional batch of a producer in that set is skipped whole; that producer's
+    ABORT marker takes it out again. Control batches are never returned; positions move past
+    them and past skipped batches.
     """
 
     __slots__ = (
+        "_aborted",
+        "_aborted_producers",
         "_batch_end",
         "_batches",
         "_data",
@@ -67,11 +78,24 @@ class CompletedFetch:
         "tp",
     )
 
-    def __init__(self, tp: TopicPartition, fetch_offset: int, data: bytes, high_watermark: int):
+    def __init__(
+        self,
+        tp: TopicPartition,
+        fetch_offset: int,
+        data: bytes,
+        high_watermark: int,
+        aborted: list[tuple[int, int]] | None = None,
+    ):
         self.tp = tp
         self.fetch_offset = fetch_offset
         self.next_offset = fetch_offset
         self.high_watermark = high_watermark
+        # A heap by first offset (Kafka's PriorityQueue); None: read_uncommitted.
+        self._aborted: list[tuple[int, int]] | None = None
+        if aborted is not None:
+            self._aborted = [(first, pid) for pid, first in aborted]
+            heapq.heapify(self._aborted)
+        self._aborted_producers: set[int] = set()
         self._data = data
         self._batches: Iterator[RecordBatch] = read_batches(data, allow_partial_tail=True)
         self._pending: list[ConsumerRecord] = []
@@ -92,6 +116,10 @@ class CompletedFetch:
                 position = self.next_offset
                 if header.next_offset <= position:
                     continue
+                if (self._aborted is not None and header.producer_id != NO_PRODUCER_ID
+                        and self._skip_aborted(batch)):
+                    self.next_offset = header.next_offset
+                    continue
                 if not header.is_control:
                     records = [
                         _new_tuple(ConsumerRecord, (topic, partition, o, k, v, hs, ts))
@@ -108,6 +136,20 @@ class CompletedFetch:
         except Exception as exc:  # every failure to read: the position stops here (Kafka's rule)
             self.error = self._unreadable(exc)
         return False
+
+    def _skip_aborted(self, batch: RecordBatch) -> bool:
+        """read_committed: whether ``batch`` belongs to an aborted transaction (see the class
+        docstring); an ABORT marker ends its producer's aborted run."""
+        header = batch.header
+        aborted = self._aborted
+        assert aborted is not None
+        while aborted and aborted[0][0] <= header.last_offset:
+            self._aborted_producers.add(heapq.heappop(aborted)[1])
+        if header.is_control:
+            if control_record_of(batch).type is ControlType.ABORT:
+                self._aborted_producers.discard(header.producer_id)
+            return False
+        return header.is_transactional and header.producer_id in self._aborted_producers
 
     def _unreadable(self, cause: Exception) -> RecordDeserializationError:
         topic, partition = self.tp
@@ -228,9 +270,12 @@ class FetchBuffer:
                 self._remove(index)
                 continue
             out.extend(cf.take(limit - len(out)))
-            # Past the records returned and skipped control batches, never an unread batch.
+            # (``exhausted`` reads on past batches that return nothing: control batches,
+            # aborted ones, so it comes before the position is taken.)
+            used = cf.exhausted
+            # Past the records returned and skipped batches, never an unread batch.
             positions[tp] = cf.next_offset
-            if cf.exhausted:
+            if used:
                 self._remove(index)
                 used_up = True
             elif cf.error is not None:
@@ -267,10 +312,14 @@ class Fetcher:
         self._reset_policy: str = config["auto.offset.reset"]
         self._request_timeout_s = config["request.timeout.ms"] / 1000
         self._backoff_s = config["retry.backoff.ms"] / 1000
+        self._read_committed = config["isolation.level"] == "read_committed"
         self._buffer = FetchBuffer()
         self._fetching: dict[int, set[TopicPartition]] = {}
         self._wakeup: asyncio.Event | None = None
         self._wake_pending = False
+        #: Per partition, the end its lag is measured to, from the latest fetch answer: the
+        #: last stable offset under read_committed, else the high watermark (Kafka's rule).
+        self.lag_ends: dict[TopicPartition, int] = {}
 
     # -- the buffer (application thread, with the lock held) ---------------------------------
 
@@ -428,10 +477,15 @@ class Fetcher:
                         continue  # a seek moved the position while the fetch was in flight
                     code = error_code_from_number(p.error.code)
                     if code is ErrorCode.NONE:
+                        self.lag_ends[tp] = (
+                            p.last_stable_offset if self._read_committed else p.high_watermark
+                        )
                         if p.records:
-                            self._buffer.add(
-                                CompletedFetch(tp, offset, p.records, p.high_watermark)
-                            )
+                            self._buffer.add(CompletedFetch(
+                                tp, offset, p.records, p.high_watermark,
+                                [(a.producer_id, a.first_offset) for a in p.aborted_transactions]
+                                if self._read_committed else None,
+                            ))
                     elif code is ErrorCode.OFFSET_OUT_OF_RANGE:
                         if tail is None:  # (a prefetch past the end: the next fetch retries)
                             del self._state.positions[tp]

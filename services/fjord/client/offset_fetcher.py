@@ -219,7 +219,10 @@ class OffsetFetcher:
                     )
                 request = broker_pb2.ListOffsetsRequest(
                     replica_id=-1,
-                    isolation_level=0,
+                    # read_committed: "latest" is the last stable offset (Kafka's consumer).
+                    isolation_level=(
+                        1 if self._config["isolation.level"] == "read_committed" else 0
+                    ),
                     topics=[
                         broker_pb2.ListOffsetsTopic(name=n, partitions=ps)
                         for n, ps in by_topic.items()

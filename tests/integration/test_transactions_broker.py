@@ -1,0 +1,267 @@
+"""The broker side of transactions against real processes (etcd, a controller, three brokers on
+loopback). Transactional batches are produced by hand through the gRPC API and transactions are
+ended with WriteTxnMarkers, as the transaction coordinator does: under read_committed aborted
+records are never seen (raw Fetch and fjord.client's Consumer), read_uncommitted sees them, the
+last stable offset holds reads back while a transaction is open, a SIGKILLed and restarted
+broker keeps its LSO and aborted index, and a follower elected leader has the same state.
+
+A private cluster (tests kill brokers); every test leaves all brokers running.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
+from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
+from fjord.client import AdminClient, Consumer, NewTopic, TopicPartition
+from fjord.errors import error_code_from_number
+from fjord.local.cluster import LocalCluster
+from fjord.records import BatchBuilder, read_batches
+from fjord.testing.waiting import is_value, wait_for
+
+pytestmark = pytest.mark.integration
+
+BROKERS = (0, 1, 2)
+WAIT_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(
+        tmp_path_factory.mktemp("txn-broker"), brokers=3, controllers=1, coordinators=0,
+        cluster_id=f"txn-{uuid.uuid4().hex[:8]}", broker_lease_ttl_s=2,
+        unsafe_etcd_no_fsync=True,
+    )
+    c.start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: LocalCluster) -> Iterator[AdminClient]:
+    client = AdminClient(
+        {"bootstrap.servers": cluster.bootstrap_servers, "default.api.timeout.ms": 20000}
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture(autouse=True)
+def all_brokers_running(cluster: LocalCluster) -> Iterator[None]:
+    yield
+    for b in BROKERS:
+        if cluster.process("broker", b).poll() is not None:
+            cluster.start_broker(b)
+
+
+# --- helpers ------------------------------------------------------------------------------
+
+
+def stub(cluster: LocalCluster, broker: int) -> broker_pb2_grpc.BrokerStub:
+    return broker_pb2_grpc.BrokerStub(grpc.insecure_channel(cluster.address("broker", broker)))
+
+
+def new_topic(admin: AdminClient, replicas: int) -> str:
+    name = f"txn-{uuid.uuid4().hex[:10]}"
+    admin.create_topics([NewTopic(name, 1, replicas, {"min.insync.replicas": "1"})])
+    return name
+
+
+def leader_of(cluster: LocalCluster, topic: str, not_: int | None = None) -> int:
+    """The partition's leader once it serves (ListOffsets answers without error)."""
+
+    def serving() -> int | None:
+        for b in BROKERS:
+            if b == not_ or cluster.process("broker", b).poll() is not None:
+                continue
+            request = broker_pb2.ListOffsetsRequest(replica_id=-1)
+            request.topics.add(name=topic).partitions.add(partition=0, timestamp=-1,
+                                                          current_leader_epoch=-1)
+            try:
+                out = stub(cluster, b).ListOffsets(request, timeout=5).topics[0].partitions[0]
+            except grpc.RpcError:
+                continue
+            if out.error.code == 0:
+                return b
+        return None
+
+    return wait_for(serving, f"a serving leader of {topic}", accept=is_value)
+
+
+def txn_batch(pid: int, seq: int, values: list[str], epoch: int = 0) -> bytes:
+    builder = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=seq,
+                           is_transactional=True)
+    for v in values:
+        builder.append(int(time.time() * 1000), None, v.encode())
+    return builder.build()
+
+
+def plain(values: list[str]) -> bytes:
+    builder = BatchBuilder()
+    for v in values:
+        builder.append(int(time.time() * 1000), None, v.encode())
+    return builder.build()
+
+
+def produce(cluster: LocalCluster, broker: int, topic: str, records: bytes) -> int:
+    request = broker_pb2.ProduceRequest(acks=-1, timeout_ms=15000)
+    request.topics.add(name=topic).partitions.add(partition=0, records=records)
+    out = stub(cluster, broker).Produce(request, timeout=25).topics[0].partitions[0]
+    assert out.error.code == 0, out.error.message
+    return int(out.base_offset)
+
+
+def end_txns(
+    cluster: LocalCluster, broker: int, topic: str, *ends: tuple[int, int, bool]
+) -> list[str]:
+    """WriteTxnMarkers for (producer id, epoch, committed) on the topic's partition 0; the
+    error name of each."""
+    request = broker_pb2.WriteTxnMarkersRequest()
+    for pid, epoch, committed in ends:
+        request.markers.add(
+            producer_id=pid, producer_epoch=epoch, committed=committed, coordinator_epoch=1,
+            partitions=[common_pb2.TopicPartition(topic=topic, partition=0)],
+        )
+    response = stub(cluster, broker).WriteTxnMarkers(request, timeout=25)
+    return [error_code_from_number(m.partitions[0].error.code).name for m in response.markers]
+
+
+def fetch(
+    cluster: LocalCluster, broker: int, topic: str, offset: int, isolation: int
+) -> broker_pb2.FetchPartitionResponse:
+    request = broker_pb2.FetchRequest(replica_id=-1, max_wait_ms=0, max_bytes=1 << 22,
+                                      isolation_level=isolation)
+    request.topics.add(name=topic).partitions.add(
+        partition=0, fetch_offset=offset, partition_max_bytes=1 << 22, current_leader_epoch=-1
+    )
+    out = stub(cluster, broker).Fetch(request, timeout=10).topics[0].partitions[0]
+    assert out.error.code == 0, out.error.message
+    return out
+
+
+def data_offsets(out: broker_pb2.FetchPartitionResponse) -> list[int]:
+    return [b.base_offset for b in read_batches(out.records) if not b.header.is_control]
+
+
+def consume_values(cluster: LocalCluster, topic: str, isolation: str, end: int) -> list[str]:
+    """Every value a fjord.client Consumer with ``isolation.level`` returns until its
+    position reaches ``end``."""
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                         "isolation.level": isolation, "auto.offset.reset": "earliest"})
+    try:
+        consumer.assign([tp])
+        values: list[str] = []
+        deadline = time.monotonic() + WAIT_S
+        while consumer.position(tp) < end:
+            assert time.monotonic() < deadline, f"stuck at {consumer.position(tp)} < {end}"
+            values.extend((r.value or b"").decode() for r in consumer.poll(0.5))
+        return values
+    finally:
+        consumer.close()
+
+
+def replicated_end(cluster: LocalCluster, topic: str, broker: int) -> int:
+    request = broker_pb2.ListOffsetsRequest(replica_id=DEBUGGING_REPLICA_ID)
+    request.topics.add(name=topic).partitions.add(partition=0, timestamp=-1,
+                                                  current_leader_epoch=-1)
+    out = stub(cluster, broker).ListOffsets(request, timeout=5).topics[0].partitions[0]
+    return int(out.offset) if out.error.code == 0 else -1
+
+
+# --- tests --------------------------------------------------------------------------------
+
+
+def test_read_committed_hides_open_and_aborted_transactions(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin, replicas=3)
+    leader = leader_of(cluster, topic)
+    a, b = 910_001, 910_002
+    produce(cluster, leader, topic, plain(["p0"]))  # 0
+    produce(cluster, leader, topic, txn_batch(a, 0, ["a1", "a2"]))  # 1-2
+    # The open transaction holds read_committed back at its first offset.
+    committed = fetch(cluster, leader, topic, 0, 1)
+    assert (committed.high_watermark, committed.last_stable_offset) == (3, 1)
+    assert data_offsets(committed) == [0]
+    assert data_offsets(fetch(cluster, leader, topic, 0, 0)) == [0, 1]
+    assert consume_values(cluster, topic, "read_committed", 1) == ["p0"]
+    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                         "isolation.level": "read_committed"})
+    try:
+        assert consumer.end_offsets([TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 1}
+    finally:
+        consumer.close()
+
+    produce(cluster, leader, topic, txn_batch(b, 0, ["b3"]))  # 3
+    produce(cluster, leader, topic, txn_batch(a, 2, ["a4"]))  # 4
+    assert end_txns(cluster, leader, topic, (a, 0, False), (b, 0, True)) == ["NONE", "NONE"]
+    produce(cluster, leader, topic, plain(["p7"]))  # 5: ABORT a, 6: COMMIT b, 7
+    out = fetch(cluster, leader, topic, 0, 1)
+    assert out.last_stable_offset == out.high_watermark == 8
+    assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(a, 1)]
+    assert not fetch(cluster, leader, topic, 0, 0).aborted_transactions  # only read_committed
+    assert fetch(cluster, leader, topic, 5, 1).aborted_transactions[0].first_offset == 1
+    assert not fetch(cluster, leader, topic, 6, 1).aborted_transactions
+
+    assert consume_values(cluster, topic, "read_committed", 8) == ["p0", "b3", "p7"]
+    assert consume_values(cluster, topic, "read_uncommitted", 8) == [
+        "p0", "a1", "a2", "b3", "a4", "p7"
+    ]
+
+    # Zombie fencing: once the producer wrote with epoch 1, a marker of epoch 0 is refused.
+    produce(cluster, leader, topic, txn_batch(a, 0, ["a8"], epoch=1))  # 8
+    assert end_txns(cluster, leader, topic, (a, 0, True)) == ["INVALID_PRODUCER_EPOCH"]
+    assert fetch(cluster, leader, topic, 0, 1).last_stable_offset == 8
+    assert end_txns(cluster, leader, topic, (a, 1, True)) == ["NONE"]
+    assert consume_values(cluster, topic, "read_committed", 10)[-1] == "a8"
+    # Only a topic's leader writes markers; a follower answers NOT_LEADER_OR_FOLLOWER.
+    follower = next(x for x in BROKERS if x != leader)
+    assert end_txns(cluster, follower, topic, (a, 1, False)) == ["NOT_LEADER_OR_FOLLOWER"]
+
+
+def test_restarted_broker_keeps_lso_and_aborted_index(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin, replicas=1)
+    broker = leader_of(cluster, topic)
+    c, d = 920_001, 920_002
+    produce(cluster, broker, topic, txn_batch(d, 0, ["d0"]))  # 0
+    assert end_txns(cluster, broker, topic, (d, 0, False)) == ["NONE"]  # 1
+    produce(cluster, broker, topic, txn_batch(c, 0, ["c2"]))  # 2: open
+    cluster.kill("broker", broker)  # SIGKILL: an unclean stop
+    cluster.start_broker(broker)
+    assert leader_of(cluster, topic) == broker
+    out = fetch(cluster, broker, topic, 0, 1)
+    assert (out.high_watermark, out.last_stable_offset) == (3, 2)
+    assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(d, 0)]
+    assert end_txns(cluster, broker, topic, (c, 0, True)) == ["NONE"]  # 3
+    assert consume_values(cluster, topic, "read_committed", 4) == ["c2"]
+
+
+def test_follower_elected_leader_has_the_same_transactions(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin, replicas=3)
+    old = leader_of(cluster, topic)
+    e, f = 930_001, 930_002
+    produce(cluster, old, topic, txn_batch(e, 0, ["e0", "e1"]))  # 0-1
+    produce(cluster, old, topic, txn_batch(f, 0, ["f2"]))  # 2: stays open
+    assert end_txns(cluster, old, topic, (e, 0, False)) == ["NONE"]  # 3
+    wait_for(lambda: all(replicated_end(cluster, topic, b) == 4 for b in BROKERS),
+             "every replica at 4")
+    cluster.kill("broker", old)
+    new = leader_of(cluster, topic, not_=old)
+    out = fetch(cluster, new, topic, 0, 1)
+    assert (out.high_watermark, out.last_stable_offset) == (4, 2)
+    assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(e, 0)]
+    assert end_txns(cluster, new, topic, (f, 0, True)) == ["NONE"]  # 4
+    assert consume_values(cluster, topic, "read_committed", 5) == ["f2"]
