@@ -20,6 +20,12 @@ from fjord.errors import ConfigError
 from fjord.metadata import parse_etcd_endpoint
 from fjord.metadata.etcd import parse_etcd_url
 from fjord_operator import settings as s
+from fjord_operator.security import (
+    ClusterSecurity,
+    cluster_security,
+    cluster_security_problems,
+    service_secret_name,
+)
 
 Obj = dict[str, Any]
 
@@ -147,6 +153,7 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
                 problems.append(
                     f"spec.brokers.config: {key}={value} exceeds the {replicas} brokers"
                 )
+    problems += cluster_security_problems(spec)
     for part in ("controllers", "coordinators"):
         count = (spec.get(part) or {}).get("replicas", 1)
         if not isinstance(count, int) or count < 1:
@@ -271,6 +278,37 @@ _ID_FROM_UID = '$((0x$(echo "$POD_UID" | tr -d - | cut -c1-7)))'
 _COMMON_FLAGS = '--etcd "$FJORD_ETCD" --cluster-id "$FJORD_CLUSTER_ID" --metrics-port {metrics}'
 
 
+def _security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
+    """The cluster's ClusterSecurity, None for plaintext (cluster_spec_problems checked it)."""
+    return cluster_security(spec)
+
+
+def kafka_door(spec: Mapping[str, Any]) -> str:
+    """The Kafka-protocol listener's scheme: KAFKA (plaintext), SSL (client certificates) or
+    SASL_SSL (SCRAM logins over TLS), from spec.security."""
+    security = _security(spec)
+    if security is None:
+        return "KAFKA"
+    return "SASL_SSL" if security.kafka_authentication == "scram-sha-512" else "SSL"
+
+
+def _security_flags(spec: Mapping[str, Any]) -> str:
+    if _security(spec) is None:
+        return ""
+    return f"--security-config {s.TLS_MOUNT_DIR}/{s.SERVICE_PROPERTIES_KEY} "
+
+
+def _mount_tls(pod_spec: Obj, container: Obj, cluster: str, role: str) -> None:
+    """Mount the role's TLS Secret (read-only, owner-only files) at TLS_MOUNT_DIR."""
+    container.setdefault("volumeMounts", []).append(
+        {"name": "tls", "mountPath": s.TLS_MOUNT_DIR, "readOnly": True}
+    )
+    pod_spec.setdefault("volumes", []).append(
+        {"name": "tls", "secret": {"secretName": service_secret_name(cluster, role),
+                                   "defaultMode": 0o400}}
+    )
+
+
 # -- the objects ---------------------------------------------------------------------------------
 
 
@@ -298,13 +336,15 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
     storage = brokers.get("storage") or {}
     config_args = _config_args(config_parts(spec)[1])
     pod_host = f"$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc"
+    door = kafka_door(spec)
     script = (
         'exec fjord broker --id "${HOSTNAME##*-}" '
         f"--listen 0.0.0.0:{s.BROKER_PORT} "
         f'--advertised-host "{pod_host}" '
-        f"--listeners KAFKA://0.0.0.0:{s.KAFKA_PORT} "
-        f'--advertised-listeners "KAFKA://{pod_host}:{s.KAFKA_PORT}" '
-        f"--data-dir {s.BROKER_DATA_DIR} " + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
+        f"--listeners {door}://0.0.0.0:{s.KAFKA_PORT} "
+        f'--advertised-listeners "{door}://{pod_host}:{s.KAFKA_PORT}" '
+        f"--data-dir {s.BROKER_DATA_DIR} " + _security_flags(spec)
+        + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
     )
     container = _container(
         spec, "broker", script, config_args, s.BROKER_PORT, brokers.get("resources"), [], name,
@@ -317,6 +357,15 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
     }
     if storage.get("storageClassName"):
         claim_spec["storageClassName"] = storage["storageClassName"]
+    pod_spec: Obj = {
+        "securityContext": _pod_security(),
+        "terminationGracePeriodSeconds": 60,
+        "containers": [container],
+    }
+    if _security(spec) is not None:
+        # No TLS revision in the template: a renewal must not let the StatefulSet controller
+        # roll every broker; the operator restarts them one at a time (see handlers).
+        _mount_tls(pod_spec, container, name, "broker")
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -329,11 +378,7 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
             "selector": {"matchLabels": selector_labels(name, "broker")},
             "template": {
                 "metadata": {"labels": labels(name, "broker")},
-                "spec": {
-                    "securityContext": _pod_security(),
-                    "terminationGracePeriodSeconds": 60,
-                    "containers": [container],
-                },
+                "spec": pod_spec,
             },
             "volumeClaimTemplates": [
                 {"metadata": {"name": "data", "labels": labels(name, "broker")}, "spec": claim_spec}
@@ -369,9 +414,25 @@ def _service(body: Mapping[str, Any], name: str, component: str, port: int, head
     }
 
 
-def _deployment(body: Mapping[str, Any], component: str, command: str, port: int) -> Obj:
+def _deployment(
+    body: Mapping[str, Any],
+    component: str,
+    command: str,
+    port: int,
+    tls_revision: str | None = None,
+) -> Obj:
+    """A controller or coordinator Deployment. With TLS on, pods advertise their dashed IP
+    under the role's headless Service (a name their certificate's wildcard SAN covers) and
+    the pod template carries the Secret's ``tls_revision``, so a renewal rolls them."""
     meta, spec = body["metadata"], body.get("spec", {})
-    name = meta["name"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    secure = _security(spec) is not None
+    host = (
+        f'$(echo "$POD_IP" | tr . -).{name}-{component}-headless.{namespace}.svc'
+        if secure
+        else "$POD_IP"
+    )
+    door = kafka_door(spec)
     part = spec.get(f"{component}s") or {}
     default = (
         s.DEFAULT_CONTROLLER_REPLICAS
@@ -383,14 +444,15 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
     kafka = component == "coordinator"
     script = (
         f'exec fjord {command} --id "{_ID_FROM_UID}" --listen 0.0.0.0:{port} '
-        '--advertised-host "$POD_IP" '
+        f'--advertised-host "{host}" '
         + (
-            f"--listeners KAFKA://0.0.0.0:{s.KAFKA_PORT} "
-            f'--advertised-listeners "KAFKA://$POD_IP:{s.KAFKA_PORT}" '
+            f"--listeners {door}://0.0.0.0:{s.KAFKA_PORT} "
+            f'--advertised-listeners "{door}://{host}:{s.KAFKA_PORT}" '
             f"--state-dir {s.COORDINATOR_STATE_DIR} "
             if kafka
             else ""
         )
+        + _security_flags(spec)
         + _COMMON_FLAGS.format(metrics=s.METRICS_PORT)
         + ' "$@"'
     )
@@ -405,6 +467,11 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
     if kafka:  # the coordinator: its --state-dir (restarts in seconds after a crash)
         container["volumeMounts"] = [{"name": "state", "mountPath": s.COORDINATOR_STATE_DIR}]
         pod_spec["volumes"] = [{"name": "state", "emptyDir": {}}]
+    template_meta: Obj = {"labels": labels(name, component)}
+    if secure:
+        _mount_tls(pod_spec, container, name, component)
+        if tls_revision:
+            template_meta["annotations"] = {s.TLS_REVISION_ANNOTATION: tls_revision}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -413,7 +480,7 @@ def _deployment(body: Mapping[str, Any], component: str, command: str, port: int
             "replicas": part.get("replicas", default),
             "selector": {"matchLabels": selector_labels(name, component)},
             "template": {
-                "metadata": {"labels": labels(name, component)},
+                "metadata": template_meta,
                 "spec": pod_spec,
             },
         },
@@ -519,10 +586,24 @@ def etcd_objects(body: Mapping[str, Any]) -> list[Obj]:
     return [service, statefulset]
 
 
-def cluster_objects(body: Mapping[str, Any], broker_replicas: int) -> list[Obj]:
+def cluster_objects(
+    body: Mapping[str, Any],
+    broker_replicas: int,
+    tls_revisions: Mapping[str, str] | None = None,
+) -> list[Obj]:
     """Everything a FjordCluster runs on, in apply order (config and etcd first).
-    ``broker_replicas``: the StatefulSet size the scaling decision allows now."""
+    ``broker_replicas``: the StatefulSet size the scaling decision allows now;
+    ``tls_revisions``: each role's TLS Secret revision (secure clusters; the Secrets
+    themselves are written before, by the handler, from security.plan_certificates)."""
     name = body["metadata"]["name"]
+    revisions = tls_revisions or {}
+    secure = _security(body.get("spec") or {}) is not None
+    controller_headless = (
+        [_service(body, f"{controller_name(name)}-headless", "controller", s.CONTROLLER_PORT,
+                  True)]
+        if secure
+        else []
+    )
     return [
         config_map(body),
         *etcd_objects(body),
@@ -530,11 +611,16 @@ def cluster_objects(body: Mapping[str, Any], broker_replicas: int) -> list[Obj]:
         _service(body, broker_name(name), "broker", s.BROKER_PORT, headless=False),
         broker_statefulset(body, broker_replicas),
         _service(body, controller_name(name), "controller", s.CONTROLLER_PORT, headless=False),
-        _deployment(body, "controller", "controller", s.CONTROLLER_PORT),
+        *controller_headless,
+        _deployment(
+            body, "controller", "controller", s.CONTROLLER_PORT, revisions.get("controller")
+        ),
         _service(
             body, f"{coordinator_name(name)}-headless", "coordinator", s.COORDINATOR_PORT, True
         ),
-        _deployment(body, "coordinator", "coordinator", s.COORDINATOR_PORT),
+        _deployment(
+            body, "coordinator", "coordinator", s.COORDINATOR_PORT, revisions.get("coordinator")
+        ),
         _pdb(body, broker_name(name), "broker"),
         _pdb(body, controller_name(name), "controller"),
     ]

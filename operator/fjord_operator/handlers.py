@@ -27,11 +27,13 @@ import kopf
 
 from fjord.cluster.rolling_restart import PartitionIsr
 from fjord.errors import (
+    ErrorCode,
     FjordError,
     KafkaTimeoutError,
     ReassignmentInProgressError,
     UnknownTopicOrPartitionError,
 )
+from fjord.security.acls import AclBinding, AclBindingFilter
 from fjord.topic_partition import TopicPartition
 from fjord_operator import builders
 from fjord_operator import settings as s
@@ -56,6 +58,24 @@ from fjord_operator.decisions import (
 )
 from fjord_operator.login import SERVICE_ACCOUNT_DIR, KubeLogin, connection_info, resolve_login
 from fjord_operator.rolling import partitions_for_roll
+from fjord_operator.security import (
+    SCRAM,
+    AclChanges,
+    SecuritySpecError,
+    ca_secret_name,
+    cluster_security,
+    decode_secret,
+    diff_acls,
+    exact_filter,
+    operator_identity,
+    plan_certificates,
+    plan_user_credentials,
+    secret,
+    service_secret_name,
+    user_acls,
+    user_authentication,
+    user_principal,
+)
 from fjord_operator.settings import OperatorSettings
 from fjord_operator.status import Outcome, Verdict, status_patch
 
@@ -86,8 +106,10 @@ def plan_cluster(
     assignment: Mapping[TopicPartition, Sequence[int]],
     reassigning: frozenset[TopicPartition],
     now: datetime,
+    tls_revisions: Mapping[str, str] | None = None,
 ) -> ClusterPlan:
-    """The plan for ``body`` given what was observed (see :class:`ClusterObservation`)."""
+    """The plan for ``body`` given what was observed (see :class:`ClusterObservation`);
+    ``tls_revisions``: each role's TLS Secret revision (secure clusters)."""
     spec = body.get("spec") or {}
     meta = body.get("metadata") or {}
     previous = body.get("status") or {}
@@ -129,7 +151,9 @@ def plan_cluster(
     if ready_brokers is not None:
         fields["readyBrokers"] = ready_brokers
     objects = (
-        [] if decision.refused else builders.cluster_objects(body, decision.statefulset_replicas)
+        []
+        if decision.refused
+        else builders.cluster_objects(body, decision.statefulset_replicas, tls_revisions)
     )
     return ClusterPlan(
         objects,
@@ -157,9 +181,14 @@ class FjordAdmin:
     I/O thread), so every call runs in a worker thread. Invariant: one AdminClient per
     bootstrap address, created on first use, closed by :meth:`close`."""
 
-    def __init__(self, bootstrap: str, timeout_s: float) -> None:
+    def __init__(
+        self, bootstrap: str, timeout_s: float, security: Mapping[str, str] | None = None
+    ) -> None:
         self.bootstrap = bootstrap
         self.timeout_s = timeout_s
+        #: Kafka's client security settings (``security.protocol``, ``ssl.*``) of a secure
+        #: cluster: the operator's own certificate (OperatorIdentity); empty for plaintext.
+        self.security = dict(security or {})
         self._admin: Any = None
         self._consumer: Any = None
 
@@ -172,6 +201,7 @@ class FjordAdmin:
                     "bootstrap.servers": self.bootstrap,
                     "client.id": "fjord-operator",
                     "default.api.timeout.ms": int(self.timeout_s * 1000),
+                    **self.security,
                 }
             )
         return self._admin
@@ -236,6 +266,46 @@ class FjordAdmin:
         if decision.replication_factor is not None:
             await self._call("alter_replication_factor", name, decision.replication_factor)
 
+    async def user_acls(self, principal: str) -> frozenset[AclBinding]:
+        """Every ACL binding of ``principal`` the controller holds."""
+        return frozenset(await self._call("describe_acls", AclBindingFilter(principal=principal)))
+
+    async def apply_acls(self, changes: AclChanges) -> None:
+        if changes.create:
+            await self._call("create_acls", sorted(changes.create))
+        if changes.delete:
+            await self._call("delete_acls", [exact_filter(b) for b in sorted(changes.delete)])
+
+    async def delete_principal_acls(self, principal: str) -> None:
+        await self._call("delete_acls", [AclBindingFilter(principal=principal)])
+
+    async def scram_mechanisms(self, user: str) -> list[str]:
+        """The SCRAM mechanisms ``user`` has a credential for (none: empty)."""
+        try:
+            found = await self._call("describe_user_scram_credentials", [user])
+        except FjordError as exc:
+            if exc.code is ErrorCode.RESOURCE_NOT_FOUND:
+                return []
+            raise
+        return [str(info.mechanism) for info in found.get(user, ())]
+
+    async def upsert_scram(self, user: str, password: str) -> None:
+        from fjord.security.scram import SCRAM_SHA_512, UserScramCredentialUpsertion
+
+        await self._call(
+            "alter_user_scram_credentials",
+            [UserScramCredentialUpsertion(user, SCRAM_SHA_512, password)],
+        )
+
+    async def delete_scram(self, user: str, mechanisms: Sequence[str]) -> None:
+        from fjord.security.scram import UserScramCredentialDeletion
+
+        if mechanisms:
+            await self._call(
+                "alter_user_scram_credentials",
+                [UserScramCredentialDeletion(user, m) for m in mechanisms],
+            )
+
     async def delete_topic(self, name: str) -> None:
         with contextlib.suppress(UnknownTopicOrPartitionError):
             await self._call("delete_topics", [name])
@@ -259,7 +329,8 @@ class FjordAdmin:
                 from fjord.client import Consumer
 
                 self._consumer = Consumer(
-                    {"bootstrap.servers": self.bootstrap, "client.id": "fjord-operator"}
+                    {"bootstrap.servers": self.bootstrap, "client.id": "fjord-operator",
+                     **self.security}
                 )
             from fjord.client import TopicPartition
 
@@ -398,6 +469,19 @@ class KubeApi:
         )
         return "patched"
 
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """Delete the object; False when it did not exist."""
+        resource = self._resource_of(
+            {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}}
+        )
+        try:
+            await self.client().delete(resource, name, namespace=namespace)
+        except Exception as exc:
+            if http_status(exc) == 404:
+                return False
+            raise
+        return True
+
     async def close(self) -> None:
         if self._client is not None:
             with contextlib.suppress(Exception):
@@ -460,11 +544,42 @@ class Runtime:
     admins: dict[str, FjordAdmin] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     samples: dict[str, list[IngressSample]] = field(default_factory=dict)
+    identities: dict[str, OperatorIdentity] = field(default_factory=dict)
 
-    def admin(self, bootstrap: str) -> FjordAdmin:
-        if bootstrap not in self.admins:
-            self.admins[bootstrap] = FjordAdmin(bootstrap, self.settings.admin_timeout_s)
-        return self.admins[bootstrap]
+    def admin(self, bootstrap: str, security: Mapping[str, str] | None = None) -> FjordAdmin:
+        """The admin client of one cluster (one per address and client security)."""
+        key = bootstrap + "|" + ",".join(f"{k}={v}" for k, v in sorted((security or {}).items()))
+        if key not in self.admins:
+            self.admins[key] = FjordAdmin(bootstrap, self.settings.admin_timeout_s, security)
+        return self.admins[key]
+
+    async def cluster_admin(self, cluster: Mapping[str, Any]) -> FjordAdmin:
+        """The admin client for a FjordCluster: over TLS with the operator's own certificate
+        when ``spec.security.tls`` (issued from the cluster CA Secret), else plaintext.
+        Raises SecuritySpecError while the CA Secret is missing or unusable."""
+        security = cluster_security(cluster.get("spec") or {})
+        if security is None:
+            return self.admin(builders.bootstrap_servers(cluster))
+        meta = cluster["metadata"]
+        namespace = meta.get("namespace", "default")
+        ca_data = decode_secret(
+            await self.kube.get("v1", "Secret", namespace, ca_secret_name(meta["name"]))
+        )
+        if ca_data is None:
+            raise SecuritySpecError(f"Secret {ca_secret_name(meta['name'])} does not exist yet")
+        from fjord.local.certs import CertificateAuthority
+
+        try:
+            ca = CertificateAuthority.from_pem(
+                ca_data.get(s.CA_CERT_KEY, b""), ca_data.get(s.CA_KEY_KEY, b"")
+            )
+        except ValueError as exc:
+            raise SecuritySpecError(f"Secret {ca_secret_name(meta['name'])}: {exc}") from None
+        identity = self.identities.get(meta["uid"])
+        if identity is None:
+            identity = self.identities[meta["uid"]] = OperatorIdentity()
+        config = identity.client_config(ca, datetime.now(UTC))
+        return self.admin(builders.bootstrap_servers(cluster), config)
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -473,7 +588,61 @@ class Runtime:
         for admin in self.admins.values():
             await asyncio.to_thread(admin.close)
         self.admins.clear()
+        for identity in self.identities.values():
+            identity.remove()
+        self.identities.clear()
         await self.kube.close()
+
+
+class OperatorIdentity:
+    """The operator's client certificate for one secure cluster, in a private temporary
+    directory (0700, files 0600): the client settings name files. Re-issued from the cluster
+    CA at half its life or when the CA changes; each issue goes to new file names, so an admin
+    client built on the old ones keeps working until it is replaced."""
+
+    def __init__(self) -> None:
+        import tempfile
+
+        self.directory = Path(tempfile.mkdtemp(prefix="fjord-operator-"))
+        self._config: dict[str, str] | None = None
+        self._renew_at: datetime | None = None
+        self._ca_pem: bytes | None = None
+        self._serial = 0
+
+    def client_config(self, ca: Any, now: datetime) -> dict[str, str]:
+        from fjord.local.certs import write_private
+
+        if (
+            self._config is None
+            or self._ca_pem != ca.pem()
+            or self._renew_at is None
+            or now >= self._renew_at
+        ):
+            cert, key = operator_identity(ca, now)
+            self._serial += 1
+            paths = {
+                name: self.directory / f"{name}-{self._serial}.pem"
+                for name in ("ca", "operator", "operator-key")
+            }
+            write_private(paths["ca"], ca.pem())
+            write_private(paths["operator"], cert)
+            write_private(paths["operator-key"], key)
+            self._ca_pem = ca.pem()
+            from datetime import timedelta
+
+            self._renew_at = now + timedelta(hours=s.OPERATOR_CERT_VALIDITY_HOURS / 2)
+            self._config = {
+                "security.protocol": "SSL",
+                "ssl.ca.location": str(paths["ca"]),
+                "ssl.certificate.location": str(paths["operator"]),
+                "ssl.key.location": str(paths["operator-key"]),
+            }
+        return dict(self._config)
+
+    def remove(self) -> None:
+        import shutil
+
+        shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _unreachable(exc: BaseException) -> bool:
@@ -495,17 +664,28 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
     registered: frozenset[int] | None = None
     assignment: dict[TopicPartition, list[int]] = {}
     reassigning: frozenset[TopicPartition] = frozenset()
-    if live_sts is not None and not builders.cluster_spec_problems(body.get("spec") or {}):
+    now = datetime.now(UTC)
+    problems = builders.cluster_spec_problems(body.get("spec") or {})
+    revisions: dict[str, str] | None = None
+    if not problems:
         try:
-            registered, assignment, reassigning = await rt.admin(
-                builders.bootstrap_servers(body)
+            revisions = await reconcile_certificates(rt, body, now)
+        except SecuritySpecError as exc:
+            verdict = Verdict(Outcome.ERROR, "InvalidClusterCA", str(exc))
+            status = status_patch(verdict, meta.get("generation"), body.get("status"), now)
+            return ClusterPlan([], {}, status, retry=False)
+    if live_sts is not None and not problems:
+        try:
+            registered, assignment, reassigning = await (
+                await rt.cluster_admin(body)
             ).observe_cluster()
         except Exception as exc:
             if not _unreachable(exc):
                 raise
             log.info("cluster %s/%s not reachable yet: %s", namespace, name, exc)
-    now = datetime.now(UTC)
-    plan = plan_cluster(body, sts_replicas, ready, registered, assignment, reassigning, now)
+    plan = plan_cluster(
+        body, sts_replicas, ready, registered, assignment, reassigning, now, revisions
+    )
     try:
         for obj in plan.objects:
             await rt.kube.apply(obj)
@@ -519,7 +699,7 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
         return ClusterPlan([], {}, status, retry=False)
     if plan.reassign:
         try:
-            await rt.admin(builders.bootstrap_servers(body)).reassign(plan.reassign)
+            await (await rt.cluster_admin(body)).reassign(plan.reassign)
         except FjordError as exc:
             # E.g. a broker left between observing and submitting: try again on fresh state.
             outcome = Outcome.RECONCILING if _unreachable(exc) else Outcome.ERROR
@@ -530,6 +710,142 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
             }
             return ClusterPlan(plan.objects, {}, status, retry=True)
     return plan
+
+
+async def reconcile_certificates(
+    rt: Runtime, body: Mapping[str, Any], now: datetime
+) -> dict[str, str] | None:
+    """Write the secure cluster's CA and service Secrets as security.plan_certificates says;
+    returns each role's TLS revision (None for a plaintext cluster). A role whose certificate
+    was renewed while its pods run is logged: controllers and coordinators roll through their
+    pod template's revision; brokers are restarted by the operator one at a time (see
+    restart_brokers_one_at_a_time)."""
+    security = cluster_security(body.get("spec") or {})
+    if security is None:
+        return None
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    ca_data = decode_secret(await rt.kube.get("v1", "Secret", namespace, ca_secret_name(name)))
+    roles: dict[str, Any] = {}
+    for role in ("broker", "controller", "coordinator"):
+        live = await rt.kube.get("v1", "Secret", namespace, service_secret_name(name, role))
+        roles[role] = decode_secret(live)
+    plan = plan_certificates(body, security, ca_data, roles, now)
+    for obj in plan.secrets:
+        await rt.kube.apply(obj)
+    for role, why in plan.renewed.items():
+        log.info("cluster %s/%s: %s certificate renewed (%s)", namespace, name, role, why)
+    return plan.revisions
+
+
+@dataclass(frozen=True, slots=True)
+class UserPlan:
+    """One FjordUser reconciliation: the status to write and whether to retry soon."""
+
+    status: dict[str, Any]
+    retry: bool
+
+
+async def _user_cluster(rt: Runtime, body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    namespace = body["metadata"].get("namespace", "default")
+    cluster = str((body.get("spec") or {}).get("cluster"))
+    found: Mapping[str, Any] | None = await rt.kube.get(
+        s.API_VERSION, s.CLUSTER_KIND, namespace, cluster
+    )
+    return found
+
+
+async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
+    """Bring a FjordUser's Secret, SCRAM credential and ACLs to its spec (drift both ways)."""
+    from fjord.local.certs import CertificateAuthority
+
+    spec = body.get("spec") or {}
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    now = datetime.now(UTC)
+
+    def done(outcome: Outcome, reason: str, message: str, retry: bool) -> UserPlan:
+        verdict = Verdict(outcome, reason, message)
+        return UserPlan(status_patch(verdict, meta.get("generation"), body.get("status"), now),
+                        retry)
+
+    try:
+        kind = user_authentication(spec)
+        desired = user_acls(name, spec)
+    except SecuritySpecError as exc:
+        return done(Outcome.ERROR, "InvalidSpec", str(exc), False)
+    cluster = await _user_cluster(rt, body)
+    if cluster is None:
+        return done(Outcome.ERROR, "ClusterNotFound",
+                    f"FjordCluster {spec.get('cluster')!r} does not exist in this namespace", True)
+    try:
+        security = cluster_security(cluster.get("spec") or {})
+    except SecuritySpecError as exc:
+        return done(Outcome.ERROR, "ClusterInvalid", str(exc), True)
+    if security is None:
+        return done(Outcome.ERROR, "ClusterNotSecure",
+                    f"FjordCluster {spec.get('cluster')!r} has spec.security.tls off: users "
+                    "need a cluster with TLS", True)
+    ca_data = decode_secret(
+        await rt.kube.get("v1", "Secret", namespace, ca_secret_name(cluster["metadata"]["name"]))
+    )
+    if ca_data is None:
+        return done(Outcome.RECONCILING, "WaitingForClusterCA",
+                    f"Secret {ca_secret_name(cluster['metadata']['name'])} does not exist yet",
+                    True)
+    try:
+        ca = CertificateAuthority.from_pem(ca_data.get(s.CA_CERT_KEY, b""),
+                                           ca_data.get(s.CA_KEY_KEY, b""))
+        admin = await rt.cluster_admin(cluster)
+    except (ValueError, SecuritySpecError) as exc:
+        return done(Outcome.ERROR, "InvalidClusterCA", str(exc), True)
+    live = decode_secret(await rt.kube.get("v1", "Secret", namespace, name))
+    credentials = plan_user_credentials(
+        name, kind, ca, live, now, security.validity, security.renew_before
+    )
+    principal = user_principal(name)
+    try:
+        if credentials.changed:
+            await rt.kube.apply(secret(body, name, "user", credentials.data))
+        mechanisms = await admin.scram_mechanisms(name)
+        if kind == SCRAM:
+            assert credentials.password is not None
+            if credentials.changed or not mechanisms:
+                await admin.upsert_scram(name, credentials.password)
+        else:
+            await admin.delete_scram(name, mechanisms)  # the user switched to certificates
+        changes = diff_acls(desired, await admin.user_acls(principal))
+        await admin.apply_acls(changes)
+    except Exception as exc:
+        if _unreachable(exc):
+            return done(Outcome.RECONCILING, "ClusterUnreachable", str(exc), True)
+        if isinstance(exc, FjordError):
+            return done(Outcome.ERROR, error_reason(exc), str(exc), True)
+        raise
+    what = "a certificate" if kind != SCRAM else "a SCRAM-SHA-512 password"
+    return done(
+        Outcome.READY, "Ready",
+        f"{principal}: {what} in Secret {name}, {len(desired)} ACLs "
+        f"(+{len(changes.create)} -{len(changes.delete)})",
+        False,
+    )
+
+
+async def finalize_user(rt: Runtime, body: Mapping[str, Any]) -> None:
+    """A FjordUser being deleted: its ACLs and SCRAM credential go from the cluster (when
+    the cluster still exists), then its Secret."""
+    meta = body["metadata"]
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    cluster = await _user_cluster(rt, body)
+    if cluster is not None and cluster_security(cluster.get("spec") or {}) is not None:
+        try:
+            admin = await rt.cluster_admin(cluster)
+        except SecuritySpecError:
+            admin = None  # no CA: the cluster never ran securely, nothing was applied
+        if admin is not None:
+            await admin.delete_principal_acls(user_principal(name))
+            await admin.delete_scram(name, await admin.scram_mechanisms(name))
+    await rt.kube.delete("v1", "Secret", namespace, name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -575,7 +891,10 @@ async def reconcile_topic(
             True,
         )
     name = topic_name(body)
-    admin = rt.admin(builders.bootstrap_servers(cluster))
+    try:
+        admin = await rt.cluster_admin(cluster)
+    except SecuritySpecError as exc:
+        return done(Outcome.RECONCILING, "WaitingForClusterCA", str(exc), True)
     policy = autoscaling_policy(spec)
     if policy is None and (previous or {}).get("autoscaling") is not None:
         extra["autoscaling"] = None  # autoscaling turned off: its window is gone
@@ -701,7 +1020,7 @@ async def finalize_topic(rt: Runtime, body: Mapping[str, Any]) -> None:
     cluster = await _topic_cluster(rt, body)
     if cluster is None:
         return
-    await rt.admin(builders.bootstrap_servers(cluster)).delete_topic(topic_name(body))
+    await (await rt.cluster_admin(cluster)).delete_topic(topic_name(body))
     uid = body["metadata"].get("uid", "")
     rt.samples = {k: v for k, v in rt.samples.items() if not k.startswith(f"{uid}/")}
 
@@ -812,6 +1131,37 @@ def register(
     kopf.on.delete(
         group=group, version=version, plural=s.TOPIC_PLURAL, registry=registry, id="delete-topic"
     )(topic_delete)
+
+    async def user_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_user(rt, body)
+        patch.status.update(plan.status)
+        if plan.retry:
+            raise kopf.TemporaryError(
+                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
+            )
+
+    async def user_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            plan = await reconcile_user(rt, body)
+        patch.status.update(plan.status)
+
+    async def user_delete(body: Any, **_: Any) -> None:
+        async with rt.lock(body["metadata"]["uid"]):
+            try:
+                await finalize_user(rt, body)
+            except Exception as exc:
+                if _unreachable(exc):
+                    raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
+                raise
+
+    # Drift (an ACL added or removed behind the operator's back) is corrected on the timer.
+    reconcile_on_change_and_timer(
+        s.USER_PLURAL, user_change, user_timer, settings.topic_interval_s, "user-timer"
+    )
+    kopf.on.delete(
+        group=group, version=version, plural=s.USER_PLURAL, registry=registry, id="delete-user"
+    )(user_delete)
     return registry
 
 
@@ -824,9 +1174,12 @@ __all__ = [
     "contains",
     "error_reason",
     "finalize_topic",
+    "finalize_user",
     "plan_cluster",
+    "reconcile_certificates",
     "reconcile_cluster",
     "reconcile_topic",
+    "reconcile_user",
     "register",
     "topic_name",
 ]

@@ -20,6 +20,8 @@ CLUSTER_KIND = "FjordCluster"
 CLUSTER_PLURAL = "fjordclusters"
 TOPIC_KIND = "FjordTopic"
 TOPIC_PLURAL = "fjordtopics"
+USER_KIND = "FjordUser"
+USER_PLURAL = "fjordusers"
 
 #: Annotation on a FjordCluster naming the Fjord bootstrap servers the operator talks to
 #: (external clusters, tests); without it the client Service ``<name>-broker`` is used.
@@ -58,6 +60,40 @@ ETCD_DATA_DIR = "/var/lib/etcd"
 #: (kubelet restarts it with the same pod UID, hence the same id) and goes with the pod (a
 #: new pod gets a new id, so it has no previous run to take over).
 COORDINATOR_STATE_DIR = "/var/lib/fjord-coordinator"
+
+# -- security (issue 16) ---------------------------------------------------------------------
+
+#: Where a service pod mounts its role's TLS Secret (``<cluster>-<role>-tls``): the CA
+#: certificate, the service's keystore PEM and its ``--security-config`` file.
+TLS_MOUNT_DIR = "/etc/fjord/tls"
+#: Where the ``client.properties`` of a FjordUser's Secret expects that Secret to be mounted
+#: (the paths inside it point here).
+USER_SECRET_MOUNT_DIR = "/etc/fjord-user"
+#: Keys of the Secrets the operator writes.
+CA_CERT_KEY = "ca.crt"
+CA_KEY_KEY = "ca.key"
+SERVICE_KEYSTORE_KEY = "service.pem"
+SERVICE_PROPERTIES_KEY = "security.properties"
+USER_CERT_KEY = "user.crt"
+USER_KEY_KEY = "user.key"
+USER_PASSWORD_KEY = "password"
+USER_PROPERTIES_KEY = "client.properties"
+#: Annotation on a role's TLS Secret and on the pod template it restarts: a digest of what the
+#: Secret holds, so pods started before a renewal are told apart from the ones after it.
+TLS_REVISION_ANNOTATION = "fjord.io/tls-revision"
+#: The operator's own client certificate (issued by the cluster CA, kept in memory and in a
+#: private temporary directory): it carries the service identity, as the operator holds the
+#: CA key anyway and must administer topics, ACLs and credentials on a cluster with ACLs on.
+OPERATOR_COMMON_NAME = "fjord-operator"
+#: Validity of the cluster CA the operator makes (its renewal is not automated yet).
+CA_VALIDITY_DAYS = 5 * 365
+#: Defaults of spec.security.certificates: leaf validity, renewed this long before expiry.
+DEFAULT_CERT_VALIDITY_DAYS = 365
+DEFAULT_CERT_RENEWAL_DAYS = 30
+#: The operator's own certificate is short-lived and re-issued at half its life.
+OPERATOR_CERT_VALIDITY_HOURS = 24
+#: Length of a generated SCRAM password (URL-safe characters).
+SCRAM_PASSWORD_BYTES = 24
 
 # -- images and sizes ---------------------------------------------------------------------------
 

@@ -34,9 +34,9 @@ def schema_of(kind: str) -> dict[str, Any]:
     return served_version(CRDS[kind])["schema"]["openAPIV3Schema"]
 
 
-def test_the_chart_defines_exactly_the_two_crds_of_the_design() -> None:
-    assert sorted(CRDS) == ["FjordCluster", "FjordTopic"]
-    for kind, short in (("FjordCluster", "fjc"), ("FjordTopic", "fjt")):
+def test_the_chart_defines_exactly_the_crds_of_the_design() -> None:
+    assert sorted(CRDS) == ["FjordCluster", "FjordTopic", "FjordUser"]
+    for kind, short in (("FjordCluster", "fjc"), ("FjordTopic", "fjt"), ("FjordUser", "fju")):
         crd = CRDS[kind]
         assert crd["metadata"]["name"] == f"{kind.lower()}s.fjord.io"
         assert crd["spec"]["group"] == "fjord.io"
@@ -48,7 +48,7 @@ def test_the_chart_defines_exactly_the_two_crds_of_the_design() -> None:
         assert version["subresources"] == {"status": {}}
 
 
-@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic"])
+@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic", "FjordUser"])
 def test_crd_schema_is_structural(kind: str) -> None:
     assert list(structural_problems(schema_of(kind))) == []
 
@@ -85,23 +85,24 @@ def test_structural_check_catches_what_the_api_server_refuses() -> None:
     )
 
 
-@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic"])
+@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic", "FjordUser"])
 def test_every_default_is_valid_for_its_own_schema(kind: str) -> None:
     checked = 0
     for path, default, schema in defaults_in(schema_of(kind)):
         without_default = {k: v for k, v in schema.items() if k != "default"}
         assert not list(jsonschema.Draft4Validator(without_default).iter_errors(default)), path
         checked += 1
-    assert checked >= {"FjordCluster": 8, "FjordTopic": 2}[kind]
+    assert checked >= {"FjordCluster": 8, "FjordTopic": 2, "FjordUser": 4}[kind]
 
 
-@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic"])
+@pytest.mark.parametrize("kind", ["FjordCluster", "FjordTopic", "FjordUser"])
 def test_printer_columns_point_at_declared_fields(kind: str) -> None:
     version = served_version(CRDS[kind])
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
     expected = {
         "FjordCluster": ["Brokers", "Ready", "Reason", "Age"],
         "FjordTopic": ["Cluster", "Partitions", "Replication", "Ready", "Age"],
+        "FjordUser": ["Cluster", "Authentication", "Ready", "Age"],
     }[kind]
     assert list(columns) == expected
     assert columns["Ready"] == '.status.conditions[?(@.type=="Ready")].status'
@@ -123,7 +124,7 @@ def test_conditions_carry_the_designed_types_and_statuses() -> None:
 def test_there_are_valid_and_invalid_samples_of_both_kinds() -> None:
     for samples in (VALID_SAMPLES, INVALID_SAMPLES):
         kinds = {load_yaml(path)["kind"] for path in samples}
-        assert kinds == {"FjordCluster", "FjordTopic"}
+        assert kinds == {"FjordCluster", "FjordTopic", "FjordUser"}
 
 
 @pytest.mark.parametrize("path", VALID_SAMPLES, ids=lambda p: p.name)
@@ -153,6 +154,11 @@ def test_valid_sample_passes_the_operators_own_validation(path: Path) -> None:
             if o["metadata"]["name"].endswith("-broker") and o["kind"] == "StatefulSet"
         ]
         assert sts["spec"]["replicas"] == spec["brokers"]["replicas"]
+    elif resource["kind"] == "FjordUser":
+        from fjord_operator.security import user_acls, user_authentication
+
+        assert user_authentication(spec) in ("tls", "scram-sha-512")
+        assert user_acls(resource["metadata"]["name"], spec)
     else:
         assert topic_spec_problems(spec) == []
         decision = decide_topic(

@@ -370,13 +370,17 @@ OPERATOR_NEEDS = [
     ("patch", "configmaps", IN_CLUSTER_NS),
     ("create", "poddisruptionbudgets.policy", IN_CLUSTER_NS),
     ("list", "pods", IN_CLUSTER_NS),
+    ("delete", "pods", IN_CLUSTER_NS),  # a broker restarted after a certificate renewal
+    ("create", "secrets", IN_CLUSTER_NS),  # the cluster CA, services' and users' credentials
+    ("delete", "secrets", IN_CLUSTER_NS),
+    ("patch", "fjordusers.fjord.io/status", IN_CLUSTER_NS),
+    ("update", "fjordusers.fjord.io/finalizers", IN_CLUSTER_NS),
     ("create", "events", IN_CLUSTER_NS),
     ("list", "customresourcedefinitions.apiextensions.k8s.io", ""),
 ]
 OPERATOR_MUST_NOT = [
-    ("get", "secrets", IN_CLUSTER_NS),
+    ("get", "secrets", "default"),  # not a watched namespace
     ("create", "pods", IN_CLUSTER_NS),
-    ("delete", "pods", IN_CLUSTER_NS),
     ("create", "pods/exec", IN_CLUSTER_NS),
     ("delete", "fjordclusters.fjord.io", IN_CLUSTER_NS),
     ("watch", "fjordclusters.fjord.io", "default"),  # not a watched namespace

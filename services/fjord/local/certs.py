@@ -44,6 +44,22 @@ class CertificateAuthority:
     def pem(self) -> bytes:
         return self.certificate.public_bytes(serialization.Encoding.PEM)
 
+    def key_pem(self) -> bytes:
+        """The CA's private key, PEM (PKCS#8, unencrypted): only for where the CA is kept."""
+        return _key_pem(self.key)
+
+    @classmethod
+    def from_pem(cls, certificate: bytes, key: bytes) -> CertificateAuthority:
+        """A CA from its PEM certificate and key; ValueError when they are not a CA's pair."""
+        cert = x509.load_pem_x509_certificate(certificate)
+        private = serialization.load_pem_private_key(key, None)
+        if not isinstance(private, ec.EllipticCurvePrivateKey):
+            raise ValueError("the CA key is not an EC private key")
+        spki = (serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        if cert.public_key().public_bytes(*spki) != private.public_key().public_bytes(*spki):
+            raise ValueError("the CA key does not belong to the CA certificate")
+        return cls(cert, private)
+
     def issue(
         self,
         common_name: str,
@@ -90,9 +106,15 @@ class CertificateAuthority:
         return cert.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
-def make_ca(common_name: str = "fjord local CA") -> CertificateAuthority:
+def make_ca(
+    common_name: str = "fjord local CA",
+    *,
+    validity: datetime.timedelta = LOCAL_CERT_VALIDITY,
+    now: datetime.datetime | None = None,
+) -> CertificateAuthority:
+    """A self-signed CA valid from ``now`` (default: the clock) for ``validity``."""
     key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     cert = (
         x509.CertificateBuilder()
@@ -101,7 +123,7 @@ def make_ca(common_name: str = "fjord local CA") -> CertificateAuthority:
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + LOCAL_CERT_VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
             x509.KeyUsage(

@@ -1,0 +1,600 @@
+"""Pure security decisions of the operator (issue 16, Kubernetes): the cluster CA and the
+services' certificates kept in Secrets, their renewal, and the credentials and ACLs of a
+``FjordUser``. No I/O and no clock: the time is passed in; the only side effect is the
+randomness of new keys, salts and passwords.
+
+Secrets (for a FjordCluster ``X``; data keys in :mod:`fjord_operator.settings`):
+
+- ``X-cluster-ca``: ``ca.crt``, ``ca.key``. Made once (or supplied by the user before the
+  cluster: an existing one is adopted) and never renewed automatically.
+- ``X-broker-tls``, ``X-controller-tls``, ``X-coordinator-tls``: ``ca.crt``, ``service.pem``
+  (certificate and key, Kafka's PEM keystore) and ``security.properties`` (the services'
+  ``--security-config``, paths under :data:`~fjord_operator.settings.TLS_MOUNT_DIR`). One
+  certificate per role, ``CN=X-<role>, OU=fjord-service`` (the cluster service identity), with
+  SANs for the role's Service names and, by wildcard, every pod's name under its headless
+  Service (brokers: ``X-broker-N.X-broker-headless.NS.svc``; controllers and coordinators:
+  ``<pod-ip-dashed>.X-<role>-headless.NS.svc``, the name they advertise when TLS is on).
+- a FjordUser ``U``'s Secret ``U``: ``ca.crt`` and, for ``tls``, ``user.crt``/``user.key``
+  (``CN=U``, principal ``User:U``), for ``scram-sha-512`` a generated ``password``; and a
+  ``client.properties`` in Kafka's client names, as ``fjord local up --secure`` writes.
+
+Invariants: a certificate is (re)issued only when it is missing, unreadable, not signed by the
+cluster CA, names other SANs or subject than wanted, or expires within the renew-before window;
+every other reconciliation keeps the Secret's bytes, so applying the plan twice changes nothing.
+A role's :func:`tls_revision` changes exactly when its Secret's content changes, which is what
+tells the pods that must restart.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from fjord.errors import ConfigError
+from fjord.local.certs import CertificateAuthority, make_ca
+from fjord.security import SERVICE_IDENTITY_OU, Principal
+from fjord.security.acls import (
+    AUTHORIZER_CLASS_NAMES,
+    CLUSTER_RESOURCE_NAME,
+    AccessControlEntry,
+    AclBinding,
+    AclBindingFilter,
+    AclError,
+    AclOperation,
+    AclPermissionType,
+    PatternType,
+    ResourcePattern,
+    ResourceType,
+)
+from fjord.security.scram import SCRAM_SHA_512
+from fjord_operator import settings as s
+
+Obj = dict[str, Any]
+SecretData = Mapping[str, bytes]
+
+SERVICE_ROLES = ("broker", "controller", "coordinator")
+#: Kafka's name of the ACL authorizer the services are given when authorization is on.
+AUTHORIZER_CLASS = AUTHORIZER_CLASS_NAMES[0]
+TLS, SCRAM = "tls", "scram-sha-512"
+AUTHENTICATION_TYPES = (TLS, SCRAM)
+
+
+class SecuritySpecError(ConfigError):
+    """A security field of a FjordCluster or FjordUser that cannot be reconciled (names it)."""
+
+
+# -- the FjordCluster's spec.security -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterSecurity:
+    """``spec.security`` of a FjordCluster with TLS on. ``kafka_authentication``: how the
+    Kafka-protocol door authenticates clients (``tls``: an ``SSL://`` door with client
+    certificates; ``scram-sha-512``: a ``SASL_SSL://`` door with SCRAM logins)."""
+
+    authorization: bool
+    kafka_authentication: str
+    super_users: tuple[str, ...]
+    validity: datetime.timedelta
+    renew_before: datetime.timedelta
+
+
+def cluster_security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
+    """The cluster's security settings, None when TLS is off (plaintext). Raises
+    SecuritySpecError naming the field (see :func:`cluster_security_problems`)."""
+    problems = cluster_security_problems(spec)
+    if problems:
+        raise SecuritySpecError("; ".join(problems))
+    security = spec.get("security") or {}
+    if not security.get("tls"):
+        return None
+    certs = security.get("certificates") or {}
+    return ClusterSecurity(
+        authorization=bool(security.get("authorization")),
+        kafka_authentication=str(security.get("kafkaAuthentication", TLS)),
+        super_users=tuple(str(u) for u in security.get("superUsers") or ()),
+        validity=datetime.timedelta(
+            days=int(certs.get("validityDays", s.DEFAULT_CERT_VALIDITY_DAYS))
+        ),
+        renew_before=datetime.timedelta(
+            days=int(certs.get("renewalDays", s.DEFAULT_CERT_RENEWAL_DAYS))
+        ),
+    )
+
+
+def cluster_security_problems(spec: Mapping[str, Any]) -> list[str]:
+    """Why ``spec.security`` cannot be reconciled (empty: it can)."""
+    security = spec.get("security") or {}
+    if not isinstance(security, Mapping):
+        return [f"spec.security must be an object, got {security!r}"]
+    problems: list[str] = []
+    tls = security.get("tls", False)
+    if not isinstance(tls, bool):
+        problems.append(f"spec.security.tls must be true or false, got {tls!r}")
+    if security.get("authorization") and not tls:
+        problems.append(
+            "spec.security.authorization needs spec.security.tls: principals come from client "
+            "certificates"
+        )
+    kafka = security.get("kafkaAuthentication", TLS)
+    if kafka not in AUTHENTICATION_TYPES:
+        problems.append(
+            f"spec.security.kafkaAuthentication must be one of {', '.join(AUTHENTICATION_TYPES)},"
+            f" got {kafka!r}"
+        )
+    for user in security.get("superUsers") or ():
+        try:
+            Principal.parse(str(user))
+        except ConfigError as exc:
+            problems.append(f"spec.security.superUsers: {exc}")
+    certs = security.get("certificates") or {}
+    validity = certs.get("validityDays", s.DEFAULT_CERT_VALIDITY_DAYS)
+    renewal = certs.get("renewalDays", s.DEFAULT_CERT_RENEWAL_DAYS)
+    if not isinstance(validity, int) or validity < 1:
+        problems.append(
+            f"spec.security.certificates.validityDays must be an integer >= 1, got {validity!r}"
+        )
+    elif not isinstance(renewal, int) or not 0 <= renewal < validity:
+        problems.append(
+            "spec.security.certificates.renewalDays must be an integer >= 0 and below "
+            f"validityDays ({validity}), got {renewal!r}"
+        )
+    return problems
+
+
+# -- names ----------------------------------------------------------------------------------------
+
+
+def ca_secret_name(cluster: str) -> str:
+    return f"{cluster}-cluster-ca"
+
+
+def service_secret_name(cluster: str, role: str) -> str:
+    return f"{cluster}-{role}-tls"
+
+
+def headless_service_name(cluster: str, role: str) -> str:
+    return f"{cluster}-{role}-headless"
+
+
+def service_common_name(cluster: str, role: str) -> str:
+    return f"{cluster}-{role}"
+
+
+def service_sans(cluster: str, namespace: str, role: str) -> list[str]:
+    """Every name a ``role`` pod of ``cluster`` is dialled by: its Service (short and full
+    forms), every pod under its headless Service (a wildcard: brokers' ordinals, controllers'
+    and coordinators' dashed pod IPs), and loopback for probes and local tools."""
+    names: list[str] = []
+    for service in (f"{cluster}-{role}", headless_service_name(cluster, role)):
+        names += [service, f"{service}.{namespace}", f"{service}.{namespace}.svc"]
+        names.append(f"{service}.{namespace}.svc.cluster.local")
+    headless = headless_service_name(cluster, role)
+    names += [f"*.{headless}.{namespace}.svc", f"*.{headless}.{namespace}.svc.cluster.local"]
+    return [*names, "localhost", "127.0.0.1"]
+
+
+# -- certificates -------------------------------------------------------------------------------
+
+
+def load_certificate(pem: bytes | None) -> x509.Certificate | None:
+    """The first certificate of ``pem``; None when there is none or it does not parse."""
+    if not pem:
+        return None
+    try:
+        return x509.load_pem_x509_certificate(pem)
+    except ValueError:
+        return None
+
+
+def certificate_sans(cert: x509.Certificate) -> list[str]:
+    try:
+        ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    return [str(v) for v in ext.get_values_for_type(x509.DNSName)] + [
+        str(v) for v in ext.get_values_for_type(x509.IPAddress)
+    ]
+
+
+def signed_by(cert: x509.Certificate, ca: CertificateAuthority) -> bool:
+    if cert.issuer != ca.certificate.subject:
+        return False
+    public = ca.certificate.public_key()
+    if not isinstance(public, ec.EllipticCurvePublicKey):
+        return False
+    try:
+        cert.verify_directly_issued_by(ca.certificate)
+    except (InvalidSignature, ValueError, TypeError):
+        return False
+    return True
+
+
+def renewal_due(
+    cert: x509.Certificate | None,
+    ca: CertificateAuthority,
+    *,
+    common_name: str,
+    organizational_unit: str | None,
+    sans: Sequence[str],
+    now: datetime.datetime,
+    renew_before: datetime.timedelta,
+) -> str | None:
+    """Why ``cert`` must be (re)issued, or None when it may be kept: missing or unreadable,
+    not signed by ``ca``, another subject or SAN list, or expiring within ``renew_before``."""
+    if cert is None:
+        return "missing"
+    if not signed_by(cert, ca):
+        return "not signed by the cluster CA"
+    subject = cert.subject
+    cn = [a.value for a in subject.get_attributes_for_oid(NameOID.COMMON_NAME)]
+    ou = [a.value for a in subject.get_attributes_for_oid(NameOID.ORGANIZATIONAL_UNIT_NAME)]
+    if cn != [common_name] or ou != ([organizational_unit] if organizational_unit else []):
+        return "another subject"
+    if sorted(certificate_sans(cert)) != sorted(sans):
+        return "other names (SANs)"
+    if cert.not_valid_after_utc - renew_before <= now:
+        return f"expires at {cert.not_valid_after_utc.isoformat()}"
+    return None
+
+
+def issue(
+    ca: CertificateAuthority,
+    common_name: str,
+    *,
+    organizational_unit: str | None,
+    sans: Sequence[str],
+    now: datetime.datetime,
+    validity: datetime.timedelta,
+) -> tuple[bytes, bytes]:
+    """(certificate PEM, key PEM) valid from a few minutes before ``now`` for ``validity``
+    (capped at the CA's own end: a leaf never outlives its issuer)."""
+    not_after = min(now + validity, ca.certificate.not_valid_after_utc)
+    return ca.issue(
+        common_name,
+        organizational_unit=organizational_unit,
+        sans=sans,
+        not_before=now - datetime.timedelta(minutes=5),
+        not_after=not_after,
+    )
+
+
+def tls_revision(data: SecretData) -> str:
+    """A digest of a Secret's content: changes exactly when the content does."""
+    digest = hashlib.sha256()
+    for key in sorted(data):
+        digest.update(key.encode() + b"\0" + data[key] + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def service_properties(security: ClusterSecurity) -> bytes:
+    """The ``--security-config`` of every service pod (paths in the mounted Secret)."""
+    lines = [
+        f"ssl.keystore.location={s.TLS_MOUNT_DIR}/{s.SERVICE_KEYSTORE_KEY}",
+        f"ssl.truststore.location={s.TLS_MOUNT_DIR}/{s.CA_CERT_KEY}",
+        "ssl.client.auth=required",
+    ]
+    if security.authorization:
+        lines.append(f"authorizer.class.name={AUTHORIZER_CLASS}")
+        if security.super_users:
+            lines.append(f"super.users={';'.join(security.super_users)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+@dataclass(frozen=True, slots=True)
+class CertificatePlan:
+    """One reconciliation of a secure cluster's Secrets: the CA to sign with, the Secrets to
+    write (only those whose content changes), each role's :func:`tls_revision` after the plan,
+    and why each rewritten role changed (``renewed``: the pods of these roles must restart
+    once the Secret is written, unless they are new)."""
+
+    ca: CertificateAuthority
+    secrets: list[Obj]
+    revisions: dict[str, str]
+    renewed: dict[str, str]
+
+
+def plan_certificates(
+    body: Mapping[str, Any],
+    security: ClusterSecurity,
+    ca_data: SecretData | None,
+    service_data: Mapping[str, SecretData | None],
+    now: datetime.datetime,
+) -> CertificatePlan:
+    """What the cluster's Secrets must hold now. ``ca_data``/``service_data``: the live
+    Secrets' decoded data (None: missing). An unusable CA Secret raises SecuritySpecError (the
+    operator never overwrites a CA: every certificate and client trusts it)."""
+    meta = body["metadata"]
+    cluster, namespace = meta["name"], meta.get("namespace", "default")
+    out: list[Obj] = []
+    if ca_data is None:
+        ca = make_ca(
+            f"fjord cluster CA {namespace}/{cluster}",
+            validity=datetime.timedelta(days=s.CA_VALIDITY_DAYS),
+            now=now - datetime.timedelta(minutes=5),
+        )
+        out.append(
+            secret(body, ca_secret_name(cluster), "ca",
+                   {s.CA_CERT_KEY: ca.pem(), s.CA_KEY_KEY: ca.key_pem()})
+        )
+    else:
+        try:
+            ca = CertificateAuthority.from_pem(
+                ca_data.get(s.CA_CERT_KEY, b""), ca_data.get(s.CA_KEY_KEY, b"")
+            )
+        except ValueError as exc:
+            raise SecuritySpecError(
+                f"Secret {ca_secret_name(cluster)}: {exc} (it needs {s.CA_CERT_KEY} and "
+                f"{s.CA_KEY_KEY}, PEM, an EC key)"
+            ) from None
+    properties = service_properties(security)
+    revisions: dict[str, str] = {}
+    renewed: dict[str, str] = {}
+    for role in SERVICE_ROLES:
+        live = service_data.get(role)
+        common_name = service_common_name(cluster, role)
+        sans = service_sans(cluster, namespace, role)
+        keystore = (live or {}).get(s.SERVICE_KEYSTORE_KEY)
+        why = renewal_due(
+            load_certificate(keystore), ca, common_name=common_name,
+            organizational_unit=SERVICE_IDENTITY_OU, sans=sans, now=now,
+            renew_before=security.renew_before,
+        )
+        if why is not None or keystore is None:
+            cert, key = issue(
+                ca, common_name, organizational_unit=SERVICE_IDENTITY_OU, sans=sans, now=now,
+                validity=security.validity,
+            )
+            keystore = cert + key
+        data = {
+            s.CA_CERT_KEY: ca.pem(),
+            s.SERVICE_KEYSTORE_KEY: keystore,
+            s.SERVICE_PROPERTIES_KEY: properties,
+        }
+        revisions[role] = tls_revision(data)
+        if live is None or dict(live) != data:
+            if live is not None:
+                renewed[role] = why or "security settings changed"
+            out.append(secret(body, service_secret_name(cluster, role), role, data,
+                              {s.TLS_REVISION_ANNOTATION: revisions[role]}))
+    return CertificatePlan(ca, out, revisions, renewed)
+
+
+def secret(
+    owner: Mapping[str, Any],
+    name: str,
+    component: str,
+    data: SecretData,
+    annotations: Mapping[str, str] | None = None,
+) -> Obj:
+    """A Secret owned by ``owner`` (a FjordCluster or FjordUser), data base64-encoded."""
+    import base64
+
+    from fjord_operator.builders import labels, owner_reference
+
+    meta = owner["metadata"]
+    cluster = str((owner.get("spec") or {}).get("cluster") or meta["name"])
+    metadata: Obj = {
+        "name": name,
+        "namespace": meta.get("namespace", "default"),
+        "labels": labels(cluster, component),
+        "ownerReferences": [owner_reference(owner)],
+    }
+    if annotations:
+        metadata["annotations"] = dict(annotations)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": metadata,
+        "type": "Opaque",
+        "data": {k: base64.b64encode(v).decode() for k, v in sorted(data.items())},
+    }
+
+
+def decode_secret(obj: Mapping[str, Any] | None) -> dict[str, bytes] | None:
+    """A live Secret's data, decoded (None for a missing Secret)."""
+    import base64
+
+    if obj is None:
+        return None
+    return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+
+
+def operator_identity(
+    ca: CertificateAuthority, now: datetime.datetime
+) -> tuple[bytes, bytes]:
+    """The operator's own client certificate for one cluster (see settings)."""
+    return issue(
+        ca, s.OPERATOR_COMMON_NAME, organizational_unit=SERVICE_IDENTITY_OU, sans=(), now=now,
+        validity=datetime.timedelta(hours=s.OPERATOR_CERT_VALIDITY_HOURS),
+    )
+
+
+# -- FjordUser ----------------------------------------------------------------------------------
+
+#: Strimzi's resource type names -> Kafka's.
+_RESOURCE_TYPES = {
+    "topic": ResourceType.TOPIC,
+    "group": ResourceType.GROUP,
+    "cluster": ResourceType.CLUSTER,
+    "transactionalid": ResourceType.TRANSACTIONAL_ID,
+}
+_PATTERN_TYPES = {"literal": PatternType.LITERAL, "prefix": PatternType.PREFIXED,
+                  "prefixed": PatternType.PREFIXED}
+_PERMISSIONS = {"allow": AclPermissionType.ALLOW, "deny": AclPermissionType.DENY}
+
+
+def user_principal(name: str) -> str:
+    return f"User:{name}"
+
+
+def user_authentication(spec: Mapping[str, Any]) -> str:
+    """``spec.authentication.type``; SecuritySpecError naming it when it is not tls or
+    scram-sha-512."""
+    kind = ((spec.get("authentication") or {}).get("type"))
+    if kind not in AUTHENTICATION_TYPES:
+        raise SecuritySpecError(
+            f"spec.authentication.type must be one of {', '.join(AUTHENTICATION_TYPES)}, "
+            f"got {kind!r}"
+        )
+    return str(kind)
+
+
+def user_acls(name: str, spec: Mapping[str, Any]) -> frozenset[AclBinding]:
+    """The ACL bindings ``spec.authorization.acls`` asks for, principal ``User:<name>``
+    (Strimzi's KafkaUser fields: ``resource: {type, name, patternType}``, ``operations`` or
+    ``operation``, ``host``, ``type`` allow|deny). Raises SecuritySpecError naming the entry
+    and field that is wrong (the ACL model's own checks included)."""
+    acls = (spec.get("authorization") or {}).get("acls") or []
+    out: set[AclBinding] = set()
+    for i, acl in enumerate(acls):
+        where = f"spec.authorization.acls[{i}]"
+        if not isinstance(acl, Mapping):
+            raise SecuritySpecError(f"{where} must be an object, got {acl!r}")
+        resource = acl.get("resource") or {}
+        kind = str(resource.get("type", "")).replace("-", "").replace("_", "").lower()
+        if kind not in _RESOURCE_TYPES:
+            raise SecuritySpecError(
+                f"{where}.resource.type must be topic, group, cluster or transactionalId, got "
+                f"{resource.get('type')!r}"
+            )
+        rtype = _RESOURCE_TYPES[kind]
+        pattern_name = str(resource.get("patternType", "literal")).lower()
+        if pattern_name not in _PATTERN_TYPES:
+            raise SecuritySpecError(
+                f"{where}.resource.patternType must be literal or prefix, got "
+                f"{resource.get('patternType')!r}"
+            )
+        resource_name = (
+            CLUSTER_RESOURCE_NAME if rtype is ResourceType.CLUSTER
+            else str(resource.get("name") or "")
+        )
+        if not resource_name:
+            raise SecuritySpecError(f"{where}.resource.name is required for a {kind}")
+        operations = list(acl.get("operations") or ())
+        if acl.get("operation"):
+            operations.append(acl["operation"])
+        if not operations:
+            raise SecuritySpecError(f"{where} names no operations")
+        permission = str(acl.get("type", "allow")).lower()
+        if permission not in _PERMISSIONS:
+            raise SecuritySpecError(f"{where}.type must be allow or deny, got {acl.get('type')!r}")
+        for operation in operations:
+            try:
+                out.add(
+                    AclBinding(
+                        ResourcePattern(rtype, resource_name, _PATTERN_TYPES[pattern_name]),
+                        AccessControlEntry(
+                            user_principal(name), str(acl.get("host", "*")),
+                            AclOperation.parse(str(operation)), _PERMISSIONS[permission],
+                        ),
+                    )
+                )
+            except AclError as exc:
+                raise SecuritySpecError(f"{where}: {exc}") from None
+    return frozenset(out)
+
+
+@dataclass(frozen=True, slots=True)
+class AclChanges:
+    """What brings a user's ACLs to the spec: bindings to create and to delete."""
+
+    create: frozenset[AclBinding]
+    delete: frozenset[AclBinding]
+
+
+def diff_acls(desired: frozenset[AclBinding], live: frozenset[AclBinding]) -> AclChanges:
+    """Drift in both directions: what the spec has and the controller lacks is created, what
+    the controller has for the principal and the spec does not is deleted."""
+    return AclChanges(create=desired - live, delete=live - desired)
+
+
+def user_client_properties(kind: str, name: str, password: str | None, mount: str) -> bytes:
+    """A FjordUser's ``client.properties`` (Kafka's client names; paths under ``mount``)."""
+    lines = [f"# FjordUser {name}: mount this Secret at {mount} (the paths below point there)"]
+    if kind == TLS:
+        lines += [
+            "security.protocol=SSL",
+            f"ssl.ca.location={mount}/{s.CA_CERT_KEY}",
+            f"ssl.certificate.location={mount}/{s.USER_CERT_KEY}",
+            f"ssl.key.location={mount}/{s.USER_KEY_KEY}",
+        ]
+    else:
+        lines += [
+            "security.protocol=SASL_SSL",
+            f"ssl.ca.location={mount}/{s.CA_CERT_KEY}",
+            f"sasl.mechanism={SCRAM_SHA_512}",
+            f"sasl.username={name}",
+            f"sasl.password={password}",
+        ]
+    return ("\n".join(lines) + "\n").encode()
+
+
+@dataclass(frozen=True, slots=True)
+class UserCredentials:
+    """A FjordUser's Secret data after this reconciliation and whether it changed; for
+    ``scram-sha-512`` the password whose credential the controller must hold."""
+
+    data: dict[str, bytes]
+    changed: bool
+    password: str | None
+
+
+def plan_user_credentials(
+    name: str,
+    kind: str,
+    ca: CertificateAuthority,
+    live: SecretData | None,
+    now: datetime.datetime,
+    validity: datetime.timedelta,
+    renew_before: datetime.timedelta,
+) -> UserCredentials:
+    """Keep what the live Secret holds when it is still right (same CA, a certificate not due
+    for renewal, or a password), else make it anew. A new password is random
+    (:data:`~fjord_operator.settings.SCRAM_PASSWORD_BYTES`)."""
+    live = dict(live or {})
+    data: dict[str, bytes] = {s.CA_CERT_KEY: ca.pem()}
+    password: str | None = None
+    if kind == TLS:
+        cert_pem = live.get(s.USER_CERT_KEY)
+        key_pem = live.get(s.USER_KEY_KEY)
+        why = renewal_due(
+            load_certificate(cert_pem), ca, common_name=name, organizational_unit=None,
+            sans=(), now=now, renew_before=renew_before,
+        )
+        if why is not None or not key_pem or cert_pem is None:
+            cert_pem, key_pem = issue(
+                ca, name, organizational_unit=None, sans=(), now=now, validity=validity
+            )
+        data[s.USER_CERT_KEY] = cert_pem
+        data[s.USER_KEY_KEY] = key_pem
+    else:
+        stored = live.get(s.USER_PASSWORD_KEY)
+        password = stored.decode() if stored else secrets.token_urlsafe(s.SCRAM_PASSWORD_BYTES)
+        data[s.USER_PASSWORD_KEY] = password.encode()
+    data[s.USER_PROPERTIES_KEY] = user_client_properties(
+        kind, name, password, s.USER_SECRET_MOUNT_DIR
+    )
+    return UserCredentials(data, data != live, password)
+
+
+def exact_filter(binding: AclBinding) -> AclBindingFilter:
+    """The filter that selects exactly ``binding`` (DeleteAcls of one binding)."""
+    return AclBindingFilter(
+        resource_type=binding.pattern.resource_type,
+        name=binding.pattern.name,
+        pattern_type=binding.pattern.pattern_type,
+        principal=binding.entry.principal,
+        host=binding.entry.host,
+        operation=binding.entry.operation,
+        permission=binding.entry.permission,
+    )
