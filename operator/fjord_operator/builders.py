@@ -327,7 +327,9 @@ def config_map(body: Mapping[str, Any]) -> Obj:
     }
 
 
-def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
+def broker_statefulset(
+    body: Mapping[str, Any], replicas: int, tls_revision: str | None = None
+) -> Obj:
     """``X-broker``: ``replicas`` brokers (the scaling decision's count, not always the
     spec's), ids = ordinals, one PVC each, Parallel pod management."""
     meta, spec = body["metadata"], body.get("spec", {})
@@ -362,10 +364,14 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
     }
+    template_meta: Obj = {"labels": labels(name, "broker")}
     if _security(spec) is not None:
-        # No TLS revision in the template: a renewal must not let the StatefulSet controller
-        # roll every broker; the operator restarts them one at a time (see handlers).
         _mount_tls(pod_spec, container, name, "broker")
+        if tls_revision:
+            # A renewal changes the template; the operator's safe roller (fjord_operator.rolling,
+            # issue 19) restarts the out-of-date broker pods one at a time, never below
+            # min.insync.replicas, the next once the last is back in every ISR.
+            template_meta["annotations"] = {s.TLS_REVISION_ANNOTATION: tls_revision}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -377,7 +383,7 @@ def broker_statefulset(body: Mapping[str, Any], replicas: int) -> Obj:
             "updateStrategy": {"type": "RollingUpdate"},
             "selector": {"matchLabels": selector_labels(name, "broker")},
             "template": {
-                "metadata": {"labels": labels(name, "broker")},
+                "metadata": template_meta,
                 "spec": pod_spec,
             },
             "volumeClaimTemplates": [
@@ -609,7 +615,7 @@ def cluster_objects(
         *etcd_objects(body),
         _service(body, broker_headless_name(name), "broker", s.BROKER_PORT, headless=True),
         _service(body, broker_name(name), "broker", s.BROKER_PORT, headless=False),
-        broker_statefulset(body, broker_replicas),
+        broker_statefulset(body, broker_replicas, revisions.get("broker")),
         _service(body, controller_name(name), "controller", s.CONTROLLER_PORT, headless=False),
         *controller_headless,
         _deployment(

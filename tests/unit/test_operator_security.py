@@ -315,13 +315,10 @@ def test_secure_pods_mount_their_role_secret_and_start_with_tls() -> None:
         if role != "controller":
             assert "--listeners SSL://0.0.0.0:9095" in script
             assert "KAFKA://" not in script
-        if role == "broker":
-            # a renewal must not roll every broker at once: no revision in the template
-            assert "annotations" not in pod["metadata"]
-        else:
-            assert pod["metadata"]["annotations"] == {s.TLS_REVISION_ANNOTATION:
-                                                      {"controller": "rev-c",
-                                                       "coordinator": "rev-o"}[role]}
+        # a renewal changes every role's pod template (brokers: rolled safely, issue 19)
+        assert pod["metadata"]["annotations"] == {s.TLS_REVISION_ANNOTATION: {
+            "broker": "rev-b", "controller": "rev-c", "coordinator": "rev-o"}[role]}
+        if role != "broker":
             # advertised under the headless Service, a name the wildcard SAN covers
             assert f'tr . -).fj-{role}-headless.ns.svc' in script
     assert objs["Service/fj-controller-headless"]["spec"]["clusterIP"] == "None"
