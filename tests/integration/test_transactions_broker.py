@@ -4,18 +4,37 @@ ended with WriteTxnMarkers, as the transaction coordinator does: under read_comm
 records are never seen (raw Fetch and fjord.client's Consumer), read_uncommitted sees them, the
 last stable offset holds reads back while a transaction is open, a SIGKILLed and restarted
 broker keeps its LSO and aborted index, and a follower elected leader has the same state.
+Through the Kafka-protocol door: WriteTxnMarkers (API 27), Fetch v12 and ListOffsets with
+isolation_level=1, and confluent-kafka's and kafka-python's read_committed consumers.
 
 A private cluster (tests kill brokers); every test leaves all brokers running.
 """
 
 from __future__ import annotations
 
+import socket
+import struct
 import time
 import uuid
+import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
+from confluent_kafka import Consumer as CKConsumer
+from confluent_kafka import TopicPartition as CKTopicPartition
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka import KafkaConsumer
+    from kafka import TopicPartition as KPTopicPartition
+    from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+    from kafka.protocol.consumer.offsets import ListOffsetsRequest, ListOffsetsResponse
+    from kafka.protocol.producer.transaction import WriteTxnMarkersRequest as KafkaWriteTxnMarkers
+    from kafka.protocol.producer.transaction import (
+        WriteTxnMarkersResponse as KafkaWriteTxnMarkersResponse,
+    )
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
@@ -265,3 +284,100 @@ def test_follower_elected_leader_has_the_same_transactions(
     assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(e, 0)]
     assert end_txns(cluster, new, topic, (f, 0, True)) == ["NONE"]  # 4
     assert consume_values(cluster, topic, "read_committed", 5) == ["f2"]
+
+
+# --- the Kafka-protocol door ---------------------------------------------------------------
+
+
+def _kafka_roundtrip(address: str, request: Any, response_class: Any, version: int) -> Any:
+    host, _, port = address.rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
+        request.with_header(correlation_id=7, client_id="txn-test")
+        sock.sendall(request.encode(version=version, header=True, framed=True))
+        size = struct.unpack(">i", _recv(sock, 4))[0]
+        return response_class.decode(_recv(sock, size), version=version, header=True)
+
+
+def _recv(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError("closed")
+        data += chunk
+    return data
+
+
+def ck_values(cluster: LocalCluster, topic: str, isolation: str, expected: int) -> list[str]:
+    consumer = CKConsumer({
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "group.id": "unused",
+        "isolation.level": isolation, "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    })
+    try:
+        consumer.assign([CKTopicPartition(topic, 0, 0)])
+        values: list[str] = []
+        deadline = time.monotonic() + WAIT_S
+        while len(values) < expected and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                values.append(message.value().decode())
+        # Nothing more arrives (an aborted record would come after the last committed one).
+        extra = consumer.poll(1.0)
+        assert extra is None or extra.error() is not None, extra.value()
+        return values
+    finally:
+        consumer.close()
+
+
+def test_kafka_clients_read_committed_and_write_txn_markers_api(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    topic = new_topic(admin, replicas=3)
+    leader = leader_of(cluster, topic)
+    g, h = 940_001, 940_002
+    produce(cluster, leader, topic, txn_batch(g, 0, ["g0", "g1"]))  # 0-1: aborted
+    produce(cluster, leader, topic, txn_batch(h, 0, ["h2"]))  # 2: committed
+    address = cluster.kafka_broker_addresses[leader]
+    # ListOffsets latest, read_committed: the LSO (0, the open transaction of g).
+    cls = ListOffsetsRequest[5]
+    listed = _kafka_roundtrip(address, cls(replica_id=-1, isolation_level=1, topics=[
+        cls.ListOffsetsTopic(name=topic, partitions=[
+            cls.ListOffsetsTopic.ListOffsetsPartition(
+                partition_index=0, current_leader_epoch=-1, timestamp=-1)])]),
+        ListOffsetsResponse, 5)
+    assert listed.topics[0].partitions[0].offset == 0
+    # WriteTxnMarkers (API 27) over Kafka's protocol: ABORT g, COMMIT h.
+    cls = KafkaWriteTxnMarkers[1]
+    markers = [
+        cls.WritableTxnMarker(producer_id=pid, producer_epoch=0, transaction_result=commit,
+                              coordinator_epoch=3, topics=[cls.WritableTxnMarker.
+                              WritableTxnMarkerTopic(name=topic, partition_indexes=[0])])
+        for pid, commit in ((g, False), (h, True))
+    ]
+    written = _kafka_roundtrip(address, cls(markers=markers), KafkaWriteTxnMarkersResponse, 1)
+    assert [m.topics[0].partitions[0].error_code for m in written.markers] == [0, 0]
+    produce(cluster, leader, topic, plain(["p5"]))  # 3: ABORT g, 4: COMMIT h, 5
+    # Fetch v12 read_committed: the aborted transaction and the LSO, as Kafka answers.
+    cls = FetchRequest[12]
+    fetched = _kafka_roundtrip(address, cls(
+        replica_id=-1, max_wait_ms=0, min_bytes=1, max_bytes=1 << 20, isolation_level=1,
+        session_id=0, session_epoch=-1, topics=[cls.FetchTopic(topic=topic, partitions=[
+            cls.FetchTopic.FetchPartition(partition=0, fetch_offset=0,
+                                          partition_max_bytes=1 << 20, current_leader_epoch=-1,
+                                          last_fetched_epoch=-1, log_start_offset=-1)])],
+        forgotten_topics_data=[], rack_id=""), FetchResponse, 12)
+    data = fetched.responses[0].partitions[0]
+    assert (data.error_code, data.last_stable_offset, data.high_watermark) == (0, 6, 6)
+    assert [(a.producer_id, a.first_offset) for a in data.aborted_transactions] == [(g, 0)]
+
+    assert ck_values(cluster, topic, "read_committed", 2) == ["h2", "p5"]
+    assert ck_values(cluster, topic, "read_uncommitted", 4) == ["g0", "g1", "h2", "p5"]
+    kp = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap_servers,
+                       isolation_level="read_committed", enable_auto_commit=False,
+                       auto_offset_reset="earliest", consumer_timeout_ms=3000)
+    try:
+        kp.assign([KPTopicPartition(topic, 0)])
+        assert [r.value.decode() for r in kp] == ["h2", "p5"]
+    finally:
+        kp.close()

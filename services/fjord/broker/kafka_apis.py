@@ -24,11 +24,15 @@ from kafka.protocol.consumer.offsets import (
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
-from kafka.protocol.producer.transaction import InitProducerIdRequest
+from kafka.protocol.producer.transaction import (
+    InitProducerIdRequest,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
+)
 
-from fjord._proto import broker_pb2
+from fjord._proto import broker_pb2, common_pb2
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.broker.service import BrokerServicer
+from fjord.broker.service import BrokerServicer, refused_txn_markers
 from fjord.errors import ErrorCode
 from fjord.kafka.admin import (
     BrokerAdminHandlers,
@@ -93,6 +97,7 @@ class BrokerKafkaHandlers:
             Api(21, 0, 2, DeleteRecordsRequest, admin.delete_records),
             Api(22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, self.init_producer_id),
             Api(23, 2, 4, OffsetForLeaderEpochRequest, admin.offset_for_leader_epoch),
+            Api(27, 1, 1, WriteTxnMarkersRequest, self.write_txn_markers),
             *admin.cluster_apis(),
         ]
 
@@ -194,7 +199,13 @@ class BrokerKafkaHandlers:
                         current_leader=part_cls.LeaderIdAndEpoch(
                             leader_id=p.leader_id, leader_epoch=p.leader_epoch
                         ),
-                        aborted_transactions=None,
+                        # Kafka's clients expect null unless read_committed (v4+).
+                        aborted_transactions=[
+                            part_cls.AbortedTransaction(
+                                producer_id=a.producer_id, first_offset=a.first_offset
+                            )
+                            for a in p.aborted_transactions
+                        ] if request.isolation_level == 1 else None,
                         preferred_read_replica=-1,
                         records=p.records,
                     )
@@ -246,6 +257,45 @@ class BrokerKafkaHandlers:
                 for t in answer.topics
             ],
         )
+
+    # --- WriteTxnMarkers ------------------------------------------------------------------------
+
+    async def write_txn_markers(self, request: Any, ctx: RequestContext) -> Any:
+        """Kafka's WriteTxnMarkers (API 27) for the service identity (and ClusterAction on the
+        cluster), the same rule as the gRPC door's; answered once the markers are replicated."""
+        pb = broker_pb2.WriteTxnMarkersRequest()
+        for m in request.markers:
+            pb.markers.add(
+                producer_id=m.producer_id,
+                producer_epoch=m.producer_epoch,
+                committed=m.transaction_result,
+                coordinator_epoch=m.coordinator_epoch,
+                partitions=[
+                    common_pb2.TopicPartition(topic=t.name, partition=index)
+                    for t in m.topics
+                    for index in t.partition_indexes
+                ],
+            )
+        if self._servicer.cluster_action_allows(ctx.caller, "Kafka WriteTxnMarkers"):
+            answer = await self._servicer.write_txn_markers(ctx.caller, pb)
+        else:
+            answer = refused_txn_markers(pb)
+        cls = WriteTxnMarkersResponse[ctx.api_version]
+        result_cls = cls.WritableTxnMarkerResult
+        topic_cls = result_cls.WritableTxnMarkerTopicResult
+        part_cls = topic_cls.WritableTxnMarkerPartitionResult
+        markers = []
+        for result in answer.markers:
+            by_topic: dict[str, list[Any]] = {}
+            for p in result.partitions:
+                by_topic.setdefault(p.topic, []).append(
+                    part_cls(partition_index=p.partition, error_code=p.error.code)
+                )
+            markers.append(result_cls(
+                producer_id=result.producer_id,
+                topics=[topic_cls(name=name, partitions=parts) for name, parts in by_topic.items()],
+            ))
+        return cls(markers=markers)
 
     # --- InitProducerId -------------------------------------------------------------------------
 

@@ -6,6 +6,7 @@ other than OK only means a transport failure or a bug (logged, UNKNOWN to the ca
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from grpc import aio
@@ -29,6 +30,8 @@ from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, C
 from fjord.serving import grpc_caller
 from fjord.tls import ClusterActionGuard
 from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
+
+log = logging.getLogger(__name__)
 
 _CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
     code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
@@ -175,6 +178,17 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return self.delete_records(grpc_caller(context), request)
 
     # --- shared with the Kafka listener (fjord.broker.kafka_apis): every ACL check is here ---
+
+    def cluster_action_allows(self, caller: Caller, what: str) -> bool:
+        """The service-identity rule of inter-broker requests for a caller of the Kafka door:
+        where the cluster guard is enforced (mutual TLS), only the cluster's service identity
+        passes, as on the gRPC door."""
+        if not self._cluster_action.enforced or caller.principal.is_service:
+            return True
+        self._cluster_action.refused += 1
+        log.warning("refused %s from %s: not the cluster service identity "
+                    "(CLUSTER_AUTHORIZATION_FAILED)", what, caller.principal)
+        return False
 
     def delete_records(
         self, caller: Caller, request: broker_pb2.DeleteRecordsRequest
