@@ -21,6 +21,7 @@ import signal
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -43,8 +44,9 @@ class AcksAllLoad:
     """A thread producing acks=all without client retries: each answer is counted (``acked``
     values, ``errors`` by code name) and a failed record is sent again."""
 
-    def __init__(self, bootstrap: str) -> None:
+    def __init__(self, bootstrap: str, client_config: Mapping[str, object] | None = None) -> None:
         self.producer = Producer({
+            **(client_config or {}),  # a secure cluster's security.protocol and ssl.*
             "bootstrap.servers": bootstrap,
             "acks": "all",
             "retries": 0,
@@ -93,8 +95,10 @@ class AcksAllLoad:
         self.producer.close()
 
 
-def read_values(bootstrap: str) -> set[bytes]:
-    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
+def read_values(bootstrap: str, client_config: Mapping[str, object] | None = None) -> set[bytes]:
+    config = {**(client_config or {}), "bootstrap.servers": bootstrap,
+              "auto.offset.reset": "earliest"}
+    with Consumer(config) as consumer:
         tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
         consumer.assign(tps)
         end = consumer.end_offsets(tps)
