@@ -22,6 +22,7 @@ from fjord.errors import CoordinatorFencedError, InvalidProducerEpochError, Inva
 from fjord.records.builder import BatchBuilder
 from fjord.records.control import build_control_batch, read_control_batch
 from fjord.records.header import crc32c, parse_header
+from fjord.records.reader import read_batches
 from fjord.storage import PartitionLog
 from fjord.storage.config import LogConfig
 from fjord.storage.txn_index import ENTRY_SIZE, AbortedTxn, TransactionIndex
@@ -273,3 +274,74 @@ def test_state_matches_a_reference_model_and_survives_reload(tmp_path_factory, o
     fresh = load_producer_state(reloaded.log)
     assert fresh.producers == reloaded.producer_state.producers
     reloaded.log.close()
+
+
+# --- compaction keeps read_committed's view ---------------------------------------------------
+
+
+def keyed_txn(pid: int, seq: int, items: list[tuple[bytes, bytes]]) -> bytes:
+    builder = BatchBuilder(producer_id=pid, producer_epoch=0, base_sequence=seq,
+                           is_transactional=True)
+    for key, value in items:
+        builder.append(1000, key, value)
+    return builder.build()
+
+
+def keyed(key: bytes, value: bytes) -> bytes:
+    builder = BatchBuilder()
+    builder.append(1000, key, value)
+    return builder.build()
+
+
+def committed_view(part: Partition) -> dict[bytes, bytes]:
+    """The last value per key a read_committed reader gets (Kafka's client rule)."""
+    from fjord.client.fetcher import CompletedFetch, FetchBuffer
+    from fjord.client.types import TopicPartition
+
+    tp = TopicPartition("t", 0)
+    buffer = FetchBuffer()
+    offset = part.log_start_offset
+    view: dict[bytes, bytes] = {}
+    while offset < part.last_stable_offset:
+        data = part.log.read(offset, 1 << 20, part.last_stable_offset)
+        aborted = part.aborted_transactions(offset, part.last_stable_offset)
+        buffer.add(CompletedFetch(tp, offset, data, part.high_watermark, aborted))
+        positions = {tp: offset}
+        while True:
+            out, _ = buffer.collect(positions, set(), 100)
+            if not out:
+                break
+            view.update({r.key: r.value for r in out if r.key is not None})
+        assert positions[tp] > offset
+        offset = positions[tp]
+    return view
+
+
+def test_compaction_drops_aborted_records_and_keeps_markers_and_txnindex(
+    tmp_path: Path,
+) -> None:
+    from fjord.storage.cleaner import clean_log
+
+    config = LogConfig.from_dict({"segment.bytes": 300, "cleanup.policy": "compact"})
+    part = Partition("t", 0, 1, PartitionLog.open(tmp_path / "t-0", config),
+                     PartitionAssignment(1, 1, (1,), (1,)), min_insync_replicas=1)
+    part.append_as_leader(keyed(b"k", b"committed-1"), acks=1)
+    part.append_as_leader(keyed_txn(7, 0, [(b"k", b"aborted"), (b"j", b"aborted")]), acks=1)
+    part.append_marker(marker(7, commit=False))
+    part.append_as_leader(keyed_txn(8, 0, [(b"j", b"committed-j")]), acks=1)
+    part.append_marker(marker(8, commit=True))
+    for i in range(6):  # later segments, so the transactions sit in closed ones
+        part.append_as_leader(keyed(b"other", f"o{i}".encode()), acks=1)
+    before = committed_view(part)
+    assert before == {b"k": b"committed-1", b"j": b"committed-j", b"other": b"o5"}
+    stats = clean_log(part.log, now_ms=10**13, delete_retention_ms=0,
+                      high_watermark=part.last_stable_offset)
+    assert stats is not None and stats.records_kept < stats.records_read
+    assert committed_view(part) == before  # the aborted write never displaced committed-1
+    batches = [b for segment in part.log.segments
+               for b in read_batches(segment.read(0, segment.size))]
+    assert sum(b.header.is_control for b in batches) == 2  # both markers kept
+    values = [r.value for b in batches if not b.header.is_control for r in b.records()]
+    assert b"aborted" not in values and b"committed-1" in values
+    assert part.aborted_transactions(0, part.log_end_offset) == [(7, 1)]
+    part.log.close()

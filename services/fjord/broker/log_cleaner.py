@@ -65,7 +65,9 @@ class LogCleaner:
             config = plog.config
             if not config.compact or plog.closed:
                 continue
-            hw = partition.high_watermark
+            # Never past an open (or not yet replicated) transaction: its outcome decides
+            # which of its records survive (Kafka cleans below the first unstable offset).
+            hw = partition.last_stable_offset
             try:
                 state: DirtyState = log_dirty_state(plog, now_ms, config.min_compaction_lag_ms, hw)
             except (OSError, FjordError):

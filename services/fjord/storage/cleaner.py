@@ -50,6 +50,7 @@ from fjord.storage.compaction import (
     CleanedSegment,
     DirtyState,
     SegmentInfo,
+    aborted_ranges,
     build_offset_map,
     clean_segment,
     cleanable_end,
@@ -155,7 +156,12 @@ def clean_log(
         return segment.read(0, size)
 
     dirty = [(s, n) for s, n in zip(to_clean, sizes, strict=True) if s.next_offset > first_dirty]
-    offset_map = build_offset_map((contents(s, n) for s, n in dirty), first_dirty, end)
+    # Every transaction below the cleanable end is complete (the broker passes its last stable
+    # offset): its aborted records are dropped, never mapped (fjord.storage.compaction).
+    aborted = aborted_ranges(
+        (t.producer_id, t.first_offset, t.last_offset) for t in log.aborted_txns(0, end)
+    )
+    offset_map = build_offset_map((contents(s, n) for s, n in dirty), first_dirty, end, aborted)
     producers = last_batch_of_each_producer(_headers(segments))
     results: list[tuple[LogSegment, CleanedSegment]] = []
     written: list[Path] = []
@@ -170,6 +176,7 @@ def clean_log(
                 ),
                 producer_last_offsets=producers,
                 retain_last_batch=True,
+                aborted=aborted,
             )
             path = directory / segment_file_name(segment.base_offset, CLEANED_SUFFIX)
             written.append(path)

@@ -27,8 +27,17 @@ re-encoded by :func:`fjord.records.rebuild_batch` with the same base offset, las
 producer id / epoch / base sequence and attributes (offsets keep their gaps; the producer's
 last sequence is unchanged). A batch that lost every record disappears, except the last batch
 of a producer id in the whole log, which stays as a header-only batch (record count 0) so the
-producer's sequence state survives (Kafka's ``RETAIN_EMPTY``). Control batches (transaction
-markers) are kept as they are: Fjord has no transactions yet, so none exist to expire.
+producer's sequence state survives (Kafka's ``RETAIN_EMPTY``).
+
+Transactions (Kafka's cleaner rules, the part Fjord applies): the cleanable end never passes the
+partition's last stable offset (the broker passes it), so every transaction below it is
+complete; records of aborted transactions (``aborted``: the ``.txnindex`` entries, producer id
+-> ``(first offset, marker offset)`` ranges) are dropped and never enter the offset map, so an
+aborted write can never displace a committed value of its key; committed transactional records
+are compacted like any other. Control batches (the markers) are always kept as they are (Kafka
+removes a marker once its transaction's records are gone and ``delete.retention.ms`` passed;
+Fjord keeps them: a few bytes per transaction, and read_committed consumers and the producer
+state always find them).
 """
 
 from __future__ import annotations
@@ -40,19 +49,48 @@ from fjord.records.builder import rebuild_batch
 from fjord.records.header import NO_PRODUCER_ID, BatchHeader, Buffer
 from fjord.records.reader import RecordBatch, decode_record_tuples, read_batches
 
+#: Producer id -> the ``(first offset, marker offset)`` ranges of its aborted transactions.
+AbortedRanges = Mapping[int, Sequence[tuple[int, int]]]
 
-def build_offset_map(sections: Iterable[Buffer], start: int, end: int) -> dict[bytes, int]:
+
+def aborted_ranges(entries: Iterable[tuple[int, int, int]]) -> dict[int, list[tuple[int, int]]]:
+    """:data:`AbortedRanges` from ``(producer id, first offset, marker offset)`` triples."""
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for pid, first, last in entries:
+        ranges.setdefault(pid, []).append((first, last))
+    return ranges
+
+
+def _aborted_offsets(header: BatchHeader, aborted: AbortedRanges) -> list[tuple[int, int]]:
+    """The aborted ranges that concern a transactional data batch (empty otherwise)."""
+    if not header.is_transactional or header.is_control:
+        return []
+    return [r for r in aborted.get(header.producer_id, ())
+            if r[0] <= header.last_offset and header.base_offset < r[1]]
+
+
+def _is_aborted(offset: int, ranges: list[tuple[int, int]]) -> bool:
+    return any(first <= offset < last for first, last in ranges)
+
+
+def build_offset_map(
+    sections: Iterable[Buffer], start: int, end: int, aborted: AbortedRanges | None = None
+) -> dict[bytes, int]:
     """Each key's last offset among the data records with offsets in ``[start, end)`` of
     ``sections`` (whole batches back to back, in offset order; batches outside the range are
-    skipped, control batches and keyless records ignored). Every batch read is CRC-checked."""
+    skipped, control batches, keyless records and records of ``aborted`` transactions
+    ignored). Every batch read is CRC-checked."""
     offsets: dict[bytes, int] = {}
     for section in sections:
         for batch in read_batches(section):
             header = batch.header
             if header.is_control or header.last_offset < start or header.base_offset >= end:
                 continue
+            ranges = _aborted_offsets(header, aborted) if aborted else []
             for offset, _, key, _, _ in _raw_tuples(batch.header, batch.raw):
-                if key is not None and start <= offset < end:
+                if key is not None and start <= offset < end and not (
+                    ranges and _is_aborted(offset, ranges)
+                ):
                     offsets[key] = offset
     return offsets
 
@@ -85,6 +123,8 @@ class CleanedSegment:
     keyless_dropped: int
     max_timestamp: int
     """Largest max timestamp of the kept batches, -1 when none is kept."""
+    aborted_dropped: int = 0
+    """Records of aborted transactions dropped."""
 
 
 def clean_segment(
@@ -95,6 +135,7 @@ def clean_segment(
     drop_tombstones: bool,
     producer_last_offsets: Mapping[int, int],
     retain_last_batch: bool = False,
+    aborted: AbortedRanges | None = None,
 ) -> CleanedSegment:
     """Rewrite one segment's bytes by the rules in the module docstring. Batches that start at
     or after ``cleanable_end`` are copied untouched. ``retain_last_batch``: the segment's last
@@ -102,7 +143,7 @@ def clean_segment(
     at the same offset and segments stay contiguous (the storage layer's invariant). Raises
     :class:`~fjord.errors.CorruptRecordError` for a damaged batch (nothing is written then)."""
     out: list[bytes] = []
-    read = kept_count = tombstones = keyless = 0
+    read = kept_count = tombstones = keyless = aborted_dropped = 0
     max_timestamp = -1
     batches = list(read_batches(data))
     for index, batch in enumerate(batches):
@@ -114,10 +155,13 @@ def clean_segment(
             max_timestamp = max(max_timestamp, header.max_timestamp)
             continue
         records = _raw_tuples(header, batch.raw)
+        ranges = _aborted_offsets(header, aborted) if aborted else []
         kept = []
         for record in records:
             offset, _, key, value, _ = record
-            if key is None:
+            if ranges and _is_aborted(offset, ranges):
+                aborted_dropped += 1
+            elif key is None:
                 keyless += 1
             elif offset < offset_map.get(key, -1):
                 pass
@@ -134,7 +178,8 @@ def clean_segment(
             continue
         kept_count += len(kept)
         max_timestamp = max(max_timestamp, header.max_timestamp)
-    return CleanedSegment(b"".join(out), read, kept_count, tombstones, keyless, max_timestamp)
+    return CleanedSegment(b"".join(out), read, kept_count, tombstones, keyless, max_timestamp,
+                          aborted_dropped)
 
 
 def _holds_producer_state(header: BatchHeader, producer_last_offsets: Mapping[int, int]) -> bool:

@@ -726,12 +726,16 @@ class PartitionLog:
         ``[fetch_offset, upper)``: marker at or after ``fetch_offset``, first offset below
         ``upper`` (Kafka's collectAbortedTxns; searched from the segment holding
         ``fetch_offset`` on, stopping once an entry's last stable offset reaches ``upper``)."""
-        found: list[tuple[int, int]] = []
+        return [(t.producer_id, t.first_offset) for t in self.aborted_txns(fetch_offset, upper)]
+
+    def aborted_txns(self, fetch_offset: int, upper: int) -> list[AbortedTxn]:
+        """The ``.txnindex`` entries behind :meth:`aborted_transactions`."""
+        found: list[AbortedTxn] = []
         with self._lock:
             start = bisect.bisect_right(self._bases, fetch_offset) - 1
             for segment in self._segments[max(0, start):]:
                 entries, complete = segment.txn_index.collect(fetch_offset, upper)
-                found.extend((e.producer_id, e.first_offset) for e in entries)
+                found.extend(entries)
                 if complete:
                     break
         return found
