@@ -200,6 +200,14 @@ _PRODUCER = (
         "Kafka's; no effect: Fjord's brokers never create topics.",
     ),
     ConfigDef("partitioner.ignore.keys", False, _bool, "Sticky-partition keyed records too."),
+    ConfigDef(
+        "transactional.id", None, _optional_string,
+        "Makes the producer transactional (init_transactions() first); needs idempotence.",
+    ),
+    ConfigDef(
+        "transaction.timeout.ms", 60000, _int(1),
+        "The coordinator aborts a transaction open longer than this.",
+    ),
 )
 
 ASSIGNMENT_STRATEGIES = ("range", "roundrobin", "sticky", "cooperative-sticky")
@@ -382,6 +390,14 @@ def _resolve_idempotence(config: ClientConfig, raw: Mapping[str, Any]) -> Client
     """Kafka's rules: idempotence needs acks=all, retries > 0 and at most 5 requests in flight.
     Asked for explicitly with a conflicting setting: ConfigError naming that setting. On by
     default only: a conflicting setting the user chose turns idempotence off instead."""
+    if config.get("transactional.id") is not None:
+        if not config["enable.idempotence"]:
+            raise ConfigError(
+                "invalid value False for enable.idempotence: a producer with a "
+                "transactional.id is idempotent"
+            )
+        if "enable.idempotence" not in raw:
+            raw = {**raw, "enable.idempotence": True}  # conflicts below are then errors
     if not config["enable.idempotence"]:
         return config
     conflicts = []

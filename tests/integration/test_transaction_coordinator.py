@@ -18,8 +18,9 @@ from fjord._proto import (
     coordinator_pb2,
     coordinator_pb2_grpc,
 )
-from fjord.errors import ErrorCode
-from fjord.testing.waiting import wait_for_async
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.errors import ErrorCode, InvalidTxnStateError, TransactionError
+from fjord.testing.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.integration
 
@@ -129,3 +130,100 @@ async def init_fence_add_and_end(bootstrap: str) -> None:
             coordinator_pb2.InitTransactionsRequest(transactional_id=""), timeout=10
         )
         assert other.error.code == ErrorCode.INVALID_REQUEST.code
+
+
+# --- the transactional producer of fjord.client, end to end --------------------------------
+
+
+def read_committed(bootstrap: str, topic: str, partitions: int, expect: int) -> list[bytes]:
+    """Every value a read_committed consumer reads from ``topic`` (from the start up to the
+    last stable offset), waiting until at least ``expect`` values were read."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        values: list[bytes] = []
+
+        def poll() -> int:
+            values.extend(r.value for r in consumer.poll(0.5) if r.value is not None)
+            return len(values)
+
+        wait_for(poll, f"{expect} committed records of {topic}", WAIT_S,
+                 accept=lambda n: n >= expect)
+        # Everything up to the last stable offset is read: nothing more can come.
+        ends = consumer.end_offsets(tps, timeout=10)
+        wait_for(lambda: all(consumer.position(tp) >= ends[tp] for tp in tps) or poll() < 0,
+                 f"{topic} read to its last stable offset", WAIT_S)
+        return values
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="module")
+def txn_topic(bootstrap: str) -> str:
+    name = f"txn-out-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(name, 3, 3)])
+    return name
+
+
+def txn_producer(bootstrap: str, tid: str) -> Producer:
+    return Producer(
+        {"bootstrap.servers": bootstrap, "transactional.id": tid, "linger.ms": 1}
+    )
+
+
+def test_commit_is_seen_abort_is_not_and_a_zombie_is_fenced(
+    bootstrap: str, txn_topic: str
+) -> None:
+    tid = f"tx-{uuid.uuid4().hex[:8]}"
+    producer = txn_producer(bootstrap, tid)
+    try:
+        with pytest.raises(InvalidTxnStateError):
+            producer.send(txn_topic, b"outside")  # no init_transactions() yet
+        producer.init_transactions(WAIT_S)
+        with pytest.raises(InvalidTxnStateError):
+            producer.send(txn_topic, b"outside")  # no begin_transaction()
+        producer.begin_transaction()
+        for i in range(30):
+            producer.send(txn_topic, f"committed-{i}".encode(), key=str(i).encode())
+        producer.commit_transaction(WAIT_S)
+
+        producer.begin_transaction()
+        for i in range(30):
+            producer.send(txn_topic, f"aborted-{i}".encode(), key=str(i).encode())
+        producer.flush(WAIT_S)  # written to the partitions, then aborted
+        producer.abort_transaction(WAIT_S)
+
+        producer.begin_transaction()
+        producer.send(txn_topic, b"after-abort", key=b"0")
+        producer.commit_transaction(WAIT_S)
+
+        # A second instance with the same transactional.id fences the first.
+        successor = txn_producer(bootstrap, tid)
+        try:
+            producer.begin_transaction()
+            producer.send(txn_topic, b"zombie", key=b"1")
+            successor.init_transactions(WAIT_S)  # aborts the zombie's open transaction
+            with pytest.raises(TransactionError) as fenced:
+                producer.commit_transaction(WAIT_S)
+            assert fenced.value.fatal and not fenced.value.txn_requires_abort()
+            successor.begin_transaction()
+            successor.send(txn_topic, b"successor", key=b"2")
+            successor.commit_transaction(WAIT_S)
+        finally:
+            successor.close(10)
+    finally:
+        producer.close(10)
+
+    values = read_committed(bootstrap, txn_topic, 3, 32)
+    assert sorted(values) == sorted(
+        [f"committed-{i}".encode() for i in range(30)] + [b"after-abort", b"successor"]
+    )

@@ -26,8 +26,8 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Iterable, Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from fjord._proto import broker_pb2
 from fjord.client.accumulator import (
@@ -42,13 +42,17 @@ from fjord.client.futures import RecordFuture
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.partitioner import StickyPartitioner, partition_for_key
+from fjord.client.transactions import ClientTransactionManager
 from fjord.client.types import RecordMetadata, TopicPartition
 from fjord.config import ClientConfig, producer_config
 from fjord.errors import (
     ErrorCode,
     FjordError,
+    InvalidTxnStateError,
     KafkaTimeoutError,
     RecordTooLargeError,
+    TransactionAbortedError,
+    TransactionError,
     error_code_from_number,
     error_for_code,
 )
@@ -58,6 +62,8 @@ from fjord.security import ClientSecurity
 from fjord.topic_names import validate_topic_name
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _CODECS = {
     "none": Compression.NONE,
@@ -120,6 +126,8 @@ class _Sender:
         self._requests: set[asyncio.Task[None]] = set()
         self._last_refresh_ms = 0
         self._init_task: asyncio.Task[None] | None = None
+        #: The transactional producer's state (None: not transactional).
+        self.txn: ClientTransactionManager | None = None
 
     def wake(self) -> None:
         self.wakeup.set()
@@ -155,7 +163,10 @@ class _Sender:
                 if acc.idempotence is not None:
                     acc.idempotence.done(batch, failed=True)
                 acc.deallocate(batch)
-                batch.completion.fail(acc.expiry_error(batch, KafkaTimeoutError))
+                error = acc.expiry_error(batch, KafkaTimeoutError)
+                batch.completion.fail(error)
+                if self.txn is not None:
+                    self.txn.abortable(error)
             ready, delay_ms = acc.ready(now)
             idem = acc.idempotence
             if idem is not None and idem.bump_needed and not ready and self._idempotence_ready():
@@ -189,6 +200,10 @@ class _Sender:
         assert idem is not None
         if idem.has_producer_id and not idem.bump_needed:
             return True
+        if self.txn is not None:
+            # A transactional producer's id and epochs come from its transaction coordinator
+            # only (init_transactions(), and a new epoch after each abort).
+            return False
         if any(not task.done() for task in self._requests) or (
             self._init_task is not None and not self._init_task.done()
         ):
@@ -236,6 +251,10 @@ class _Sender:
         leaders = self.network.snapshot.leaders
         by_node: dict[int, list[TopicPartition]] = {}
         blocked = False
+        if self.txn is not None:
+            allowed = [tp for tp in ready if self.txn.may_send(tp)]
+            blocked = len(allowed) < len(ready)  # woken again once the partitions are added
+            ready = allowed
         for tp in ready:
             leader = leaders.get(tp)
             if leader is None:
@@ -293,6 +312,11 @@ class _Sender:
             make_timeout_error=KafkaTimeoutError,
             idempotence=self.accumulator.idempotence,
         )
+        if self.txn is not None:
+            for batch in batches:
+                error = batch.completion.error
+                if batch.completion.done and error is not None:
+                    self.txn.abortable(error)
         if outcome.refresh_metadata:
             self.request_metadata_refresh()
         self.wakeup.set()
@@ -351,8 +375,11 @@ class _ProducerBase:
         cfg = self.config
         codec = _CODECS[cfg["compression.type"]]
         batch_size = cfg["batch.size"]
+        transactional = cfg["transactional.id"] is not None
         self._accumulator = RecordAccumulator(
-            lambda: BatchBuilder(compression=codec, batch_size=batch_size),
+            lambda: BatchBuilder(
+                compression=codec, batch_size=batch_size, is_transactional=transactional
+            ),
             batch_size=batch_size,
             linger_ms=cfg["linger.ms"],
             buffer_memory=cfg["buffer.memory"],
@@ -380,6 +407,45 @@ class _ProducerBase:
         self._trace_records = _tracing_configured(tracer_provider)
         self._sender = _Sender(cfg, self._accumulator, self._network)
         self._closed = False
+        self._txn: ClientTransactionManager | None = None
+        if transactional:
+            assert self._accumulator.idempotence is not None
+            self._txn = self._sender.txn = ClientTransactionManager(
+                cfg["transactional.id"],
+                cfg["transaction.timeout.ms"],
+                self._network,
+                self._accumulator.idempotence,
+                retry_backoff_ms=cfg["retry.backoff.ms"],
+                request_timeout_s=cfg["request.timeout.ms"] / 1000,
+                wake_sender=self._sender.wake,
+                fail_queued=self._fail_queued,
+            )
+
+    def _transactions(self) -> ClientTransactionManager:
+        if self._txn is None:
+            raise InvalidTxnStateError(
+                "this producer has no transactional.id: transactions are not available"
+            )
+        return self._txn
+
+    def _check_transactional_send(self) -> None:
+        if self._txn is not None:
+            self._txn.check_send()
+
+    def _abort_queued(self) -> None:
+        """abort_transaction(): records not sent yet are dropped (they fail with
+        TransactionAbortedError), as Kafka's producer does."""
+        self._fail_queued(
+            TransactionAbortedError(
+                "the transaction was aborted before this record was sent",
+                ErrorCode.TRANSACTION_ABORTABLE,
+            )
+        )
+
+    def _fail_queued(self, error: BaseException) -> None:
+        for batch in self._accumulator.abort_all():
+            self._accumulator.deallocate(batch)
+            batch.completion.fail(error)
 
     async def _await_topic(self, topic: str) -> int:
         """The partition count of ``topic``, refreshing metadata until ``max.block.ms``. An
@@ -570,6 +636,8 @@ class Producer(_ProducerBase):
         metadata or when ``buffer.memory`` is full, each up to ``max.block.ms``)."""
         if self._closed:
             raise FjordError("send() after close()", code=ErrorCode.INVALID_REQUEST)
+        if self._txn is not None:
+            self._txn.check_send()
         value_bytes = value if type(value) is bytes else _to_bytes(value, "value")
         key_bytes = key if key is None or type(key) is bytes else _to_bytes(key, "key")
         header_items = _normalize_headers(headers) if headers else ()
@@ -610,6 +678,59 @@ class Producer(_ProducerBase):
                     raise KafkaTimeoutError(f"flush() did not complete within {timeout} s")
         finally:
             self._accumulator.end_flush()
+
+    # --- transactions (confluent-kafka's Producer API; docs/transactions.md) ---------------
+
+    def _txn_timeout(self, timeout: float | None) -> float:
+        return self._max_block_s if timeout is None or timeout < 0 else timeout
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register ``transactional.id`` with its transaction coordinator: get the producer
+        id and a new epoch, which fences any older producer with the same id and aborts its
+        open transaction. Once per producer, before any other transactional call. Raises
+        TransactionError (``retriable`` on a timeout: call again; ``fatal``: give up)."""
+        self._not_from_callback("init_transactions()")
+        txn, wait_s = self._transactions(), self._txn_timeout(timeout)
+        self._io.run(txn.init(wait_s), wait_s + 5)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: every record sent until commit/abort belongs to it."""
+        txn = self._transactions()
+        self._io.run(_call_async(txn.begin), self._max_block_s)
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush the transaction's records, then commit it. A record that failed makes this
+        raise TransactionAbortedError (``txn_requires_abort()``): call abort_transaction()."""
+        self._not_from_callback("commit_transaction()")
+        txn, wait_s = self._transactions(), self._txn_timeout(timeout)
+        deadline = time.monotonic() + wait_s
+        txn.check_send()  # an abortable or fatal error: raised before anything else
+        try:
+            self.flush(wait_s)
+        except KafkaTimeoutError as exc:
+            raise TransactionError(
+                f"commit_transaction(): records not acknowledged within {wait_s} s",
+                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
+            ) from exc
+        remaining = max(deadline - time.monotonic(), 0.1)
+        self._io.run(txn.end(True, remaining), remaining + 5)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Abort the transaction: records not sent yet are dropped, those sent are never
+        seen by read_committed consumers; the producer then takes a new epoch."""
+        self._not_from_callback("abort_transaction()")
+        txn, wait_s = self._transactions(), self._txn_timeout(timeout)
+        deadline = time.monotonic() + wait_s
+        self._abort_queued()
+        try:
+            self.flush(wait_s)  # what is in flight must be answered before the markers
+        except KafkaTimeoutError as exc:
+            raise TransactionError(
+                f"abort_transaction(): requests in flight not answered within {wait_s} s",
+                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
+            ) from exc
+        remaining = max(deadline - time.monotonic(), 0.1)
+        self._io.run(txn.end(False, remaining), remaining + 5)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, then stop the sender and close connections. Records still unsent after
@@ -676,6 +797,8 @@ class AsyncProducer(_ProducerBase):
         """Queue a record. ``coordinator_epoch`` is Fjord's group coordinator's fence on its
         ``__consumer_offsets`` appends (the partition's leader refuses an older epoch than it
         knows); other producers leave it 0."""
+        if self._txn is not None:
+            self._txn.check_send()
         value_bytes, key_bytes, header_items = self._prepare(value, key, headers)
         await self.start()
         tps = self._partitions(topic)
@@ -726,6 +849,45 @@ class AsyncProducer(_ProducerBase):
         finally:
             self._accumulator.end_flush()
 
+    # --- transactions: the same API as Producer's, awaited ---------------------------------
+
+    async def init_transactions(self, timeout: float | None = None) -> None:
+        await self.start()
+        await self._transactions().init(
+            self._max_block_s if timeout is None or timeout < 0 else timeout
+        )
+
+    async def begin_transaction(self) -> None:
+        self._transactions().begin()
+
+    async def commit_transaction(self, timeout: float | None = None) -> None:
+        txn = self._transactions()
+        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
+        deadline = time.monotonic() + wait_s
+        txn.check_send()
+        try:
+            await self.flush(wait_s)
+        except KafkaTimeoutError as exc:
+            raise TransactionError(
+                f"commit_transaction(): records not acknowledged within {wait_s} s",
+                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
+            ) from exc
+        await txn.end(True, max(deadline - time.monotonic(), 0.1))
+
+    async def abort_transaction(self, timeout: float | None = None) -> None:
+        txn = self._transactions()
+        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
+        deadline = time.monotonic() + wait_s
+        self._abort_queued()
+        try:
+            await self.flush(wait_s)
+        except KafkaTimeoutError as exc:
+            raise TransactionError(
+                f"abort_transaction(): requests in flight not answered within {wait_s} s",
+                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
+            ) from exc
+        await txn.end(False, max(deadline - time.monotonic(), 0.1))
+
     async def close(self, timeout: float | None = None) -> None:
         if self._closed:
             return
@@ -747,6 +909,11 @@ class AsyncProducer(_ProducerBase):
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+async def _call_async(fn: Callable[[], T]) -> T:
+    """Run ``fn`` on the loop (the transaction state is only touched there)."""
+    return fn()
 
 
 def _tracing_configured(tracer_provider: Any | None) -> bool:
