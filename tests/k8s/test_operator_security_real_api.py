@@ -187,6 +187,54 @@ def test_the_operator_keeps_the_service_certificates_in_secrets_and_mounts_them(
     assert headless is not None and headless["spec"]["clusterIP"] == "None"
 
 
+def test_a_certificate_about_to_expire_is_renewed_and_the_pods_template_changes(
+    world: World,
+) -> None:
+    """A broker certificate valid for one more hour (inside the default 30-day window) is
+    replaced by a fresh one of the same CA; the broker pod template's TLS revision follows, which
+    is what rolls the brokers (safely, issue 19's roller)."""
+    import datetime
+
+    name = f"{CLUSTER}-broker-tls"
+    world.wait(lambda: world.secret(name), "the broker Secret")
+    data = world.secret(name)
+    ca_data = world.secret(f"{CLUSTER}-cluster-ca")
+    assert data is not None and ca_data is not None
+    ca = CertificateAuthority.from_pem(ca_data["ca.crt"], ca_data["ca.key"])
+    current = load_certificate(data["service.pem"])
+    assert current is not None
+    now = datetime.datetime.now(datetime.UTC)
+    cert, key = ca.issue(f"{CLUSTER}-broker", organizational_unit="fjord-service",
+                         sans=certificate_sans(current),
+                         not_after=now + datetime.timedelta(hours=1))
+    expiring = {**data, "service.pem": cert + key}
+    world.kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {k: base64.b64encode(v).decode() for k, v in expiring.items()},
+    }))
+
+    def renewed() -> dict[str, bytes] | None:
+        found = world.secret(name)
+        if found is None or found["service.pem"] == expiring["service.pem"]:
+            return None
+        return found
+
+    fresh = world.wait(renewed, "the expiring broker certificate renewed")
+    new = load_certificate(fresh["service.pem"])
+    assert new is not None and signed_by(new, ca)
+    assert new.not_valid_after_utc > now + datetime.timedelta(days=300)
+    from fjord_operator.security import tls_revision
+
+    def template_follows() -> bool:
+        sts = world.get("statefulset", f"{CLUSTER}-broker") or {}
+        annotations = sts["spec"]["template"]["metadata"].get("annotations") or {}
+        return bool(annotations.get(s.TLS_REVISION_ANNOTATION) == tls_revision(fresh))
+
+    world.wait(template_follows, "the broker pod template carrying the new TLS revision")
+    assert "broker certificate renewed" in world.log.read_text(errors="replace")
+
+
 def _user(name: str, kind: str, acls: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "fjord.io/v1alpha1", "kind": "FjordUser",
