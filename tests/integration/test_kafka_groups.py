@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import socket
-import struct
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -54,6 +53,8 @@ from fjord.client import AdminClient, Consumer, NewTopic
 from fjord.client import TopicPartition as FjordTopicPartition
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.testing.waiting import wait_for
+from tests.helpers.kafka_wire import connect as _connect
+from tests.helpers.kafka_wire import roundtrip
 
 pytestmark = pytest.mark.integration
 
@@ -273,28 +274,9 @@ def test_admin_client_lists_describes_deletes_groups(
 # --- raw requests: every advertised version ------------------------------------------------------
 
 
-def _connect(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    return socket.create_connection((host, int(port)), timeout=WAIT_S)
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
-
-
 def _roundtrip(sock: socket.socket, request: Any, response_class: Any, version: int) -> Any:
-    request.with_header(correlation_id=version + 100, client_id="raw-groups")
-    sock.sendall(request.encode(version=version, header=True, framed=True))
-    size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-    response = response_class.decode(_recv_exactly(sock, size), version=version, header=True)
-    assert response.header.correlation_id == version + 100
-    return response
+    return roundtrip(sock, request, response_class, version, correlation_id=version + 100,
+                     client_id="raw-groups")
 
 
 def _advertised(sock: socket.socket) -> dict[int, tuple[int, int]]:

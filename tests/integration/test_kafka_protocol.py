@@ -30,6 +30,9 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.records.builder import BatchBuilder
 from fjord.testing.waiting import is_value, wait_for
+from tests.helpers.kafka_wire import connect as _connect
+from tests.helpers.kafka_wire import recv_exactly as _recv_exactly
+from tests.helpers.kafka_wire import roundtrip as _roundtrip
 
 pytestmark = pytest.mark.integration
 
@@ -208,33 +211,6 @@ def _batch() -> bytes:
     builder = BatchBuilder()
     builder.append(1_700_000_000_000, b"key", b"value")
     return builder.build()
-
-
-def _connect(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=WAIT_S)
-    return sock
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
-
-
-def _roundtrip(sock: socket.socket, request: Any, response_class: Any, version: int,
-               correlation_id: int = 1) -> Any:
-    request.with_header(correlation_id=correlation_id, client_id="raw-test")
-    sock.sendall(request.encode(version=version, header=True, framed=True))
-    size = struct.unpack(">i", _recv_exactly(sock, 4))[0]
-    body = _recv_exactly(sock, size)
-    response = response_class.decode(body, version=version, header=True)
-    assert response.header.correlation_id == correlation_id
-    return response
 
 
 def _advertised(sock: socket.socket) -> dict[int, tuple[int, int]]:

@@ -12,8 +12,6 @@ A private cluster (tests kill brokers); every test leaves all brokers running.
 
 from __future__ import annotations
 
-import socket
-import struct
 import time
 import uuid
 import warnings
@@ -43,6 +41,7 @@ from fjord.errors import error_code_from_number
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder, read_batches
 from fjord.testing.waiting import is_value, wait_for
+from tests.helpers.kafka_wire import connect, roundtrip
 
 pytestmark = pytest.mark.integration
 
@@ -290,22 +289,8 @@ def test_follower_elected_leader_has_the_same_transactions(
 
 
 def _kafka_roundtrip(address: str, request: Any, response_class: Any, version: int) -> Any:
-    host, _, port = address.rpartition(":")
-    with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
-        request.with_header(correlation_id=7, client_id="txn-test")
-        sock.sendall(request.encode(version=version, header=True, framed=True))
-        size = struct.unpack(">i", _recv(sock, 4))[0]
-        return response_class.decode(_recv(sock, size), version=version, header=True)
-
-
-def _recv(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError("closed")
-        data += chunk
-    return data
+    with connect(address) as sock:
+        return roundtrip(sock, request, response_class, version, client_id="txn-test")
 
 
 def ck_values(cluster: LocalCluster, topic: str, isolation: str, expected: int) -> list[str]:

@@ -481,12 +481,7 @@ class ReplicaManager:
                 key = TopicPartition(topic.name, p.partition)
                 partition = self.partitions.get(key)
                 try:
-                    if partition is None:
-                        raise self._missing_partition_error(topic.name, p.partition)
-                    if self.fenced:
-                        raise NotLeaderOrFollowerError(
-                            f"broker {self.broker_id} lost its registration and is re-registering"
-                        )
+                    partition = self._writable(partition, topic.name, p.partition)
                     if topic.name in self.coordinator_fences and partition.is_leader:
                         self._admit_coordinator(topic.name, p.partition, p.coordinator_epoch)
                         if not p.records:
@@ -500,13 +495,8 @@ class ReplicaManager:
                     if isinstance(records, FjordError):
                         raise records
                     outcome = partition.append_as_leader(records, acks)
-                except FjordError as exc:
-                    if isinstance(exc, StorageError):
-                        self.report_write_error("append", exc)
-                    _set_error(out, exc)
-                    continue
-                except Exception as exc:  # a bug or an I/O error: answer, never drop the call
-                    _set_error(out, _unexpected(exc))
+                except Exception as exc:
+                    self._append_failed(out, exc)
                     continue
                 info = outcome.info
                 out.base_offset = info.first_offset
@@ -514,10 +504,8 @@ class ReplicaManager:
                 out.log_append_time_ms = append_time if append_time is not None else -1
                 out.log_start_offset = partition.log_start_offset
                 metrics.record_bytes_in(topic.name, len(p.records), info.record_count)
-                if outcome.high_watermark_advanced:
-                    self._notify_high_watermark(key, partition, len(p.records))
-                else:
-                    self._notify_log_end(key, len(p.records))
+                self._notify_append(key, partition, outcome.high_watermark_advanced,
+                                    len(p.records))
                 required = info.last_offset + 1
                 if acks == -1 and partition.high_watermark < required:
                     waiting[key] = (out, partition, required)
@@ -551,6 +539,35 @@ class ReplicaManager:
                 except FjordError as exc:
                     out[key] = exc
         return out
+
+    def _writable(self, partition: Partition | None, topic: str, number: int) -> Partition:
+        """``partition``, unless it is not hosted or this broker may not append (fenced):
+        then raise."""
+        if partition is None:
+            raise self._missing_partition_error(topic, number)
+        if self.fenced:
+            raise NotLeaderOrFollowerError(
+                f"broker {self.broker_id} lost its registration and is re-registering"
+            )
+        return partition
+
+    def _append_failed(self, out: Any, exc: Exception) -> None:
+        """Answer a failed append in ``out`` (typed errors as they are, anything else as a bug
+        or I/O error: answered, never dropped); a storage error is reported."""
+        if not isinstance(exc, FjordError):
+            _set_error(out, _unexpected(exc))
+            return
+        if isinstance(exc, StorageError):
+            self.report_write_error("append", exc)
+        _set_error(out, exc)
+
+    def _notify_append(
+        self, key: TopicPartition, partition: Partition, hw_advanced: bool, nbytes: int
+    ) -> None:
+        if hw_advanced:
+            self._notify_high_watermark(key, partition, nbytes)
+        else:
+            self._notify_log_end(key, nbytes)
 
     def _admit_coordinator(self, topic: str, partition: int, epoch: int) -> None:
         """Refuse (typed FjordError) an append to ``topic``-``partition`` (a coordinator's
@@ -657,25 +674,12 @@ class ReplicaManager:
                 try:
                     if bad is not None:
                         raise bad
-                    if partition is None:
-                        raise self._missing_partition_error(tp.topic, tp.partition)
-                    if self.fenced:
-                        raise NotLeaderOrFollowerError(
-                            f"broker {self.broker_id} lost its registration and is re-registering"
-                        )
+                    partition = self._writable(partition, tp.topic, tp.partition)
                     outcome = partition.append_marker(batch)
-                except FjordError as exc:
-                    if isinstance(exc, StorageError):
-                        self.report_write_error("append", exc)
-                    _set_error(out, exc)
+                except Exception as exc:
+                    self._append_failed(out, exc)
                     continue
-                except Exception as exc:  # a bug or an I/O error: answer, never drop the call
-                    _set_error(out, _unexpected(exc))
-                    continue
-                if outcome.high_watermark_advanced:
-                    self._notify_high_watermark(key, partition, len(batch))
-                else:
-                    self._notify_log_end(key, len(batch))
+                self._notify_append(key, partition, outcome.high_watermark_advanced, len(batch))
                 required = outcome.info.last_offset + 1
                 if partition.high_watermark < required:
                     for waiting in rounds:
