@@ -5,7 +5,7 @@ processes, real TLS, etcd over https with client certificates) shared by this mo
 - refused: no certificate, a certificate of another CA, an expired one of the cluster's CA;
 - a client certificate (not the cluster service identity) that forges a follower Fetch,
   AlterPartition or a __consumer_offsets append gets CLUSTER_AUTHORIZATION_FAILED and the high
-  watermark does not move;
+  watermark does not move; so does one that writes transaction markers (gRPC and Kafka door);
 - garbage in a TLS handshake closes that connection only; the service goes on.
 """
 
@@ -23,6 +23,10 @@ from typing import Any
 import confluent_kafka
 import grpc
 import pytest
+from kafka.protocol.producer.transaction import WriteTxnMarkersRequest as KafkaWriteTxnMarkers
+from kafka.protocol.producer.transaction import (
+    WriteTxnMarkersResponse as KafkaWriteTxnMarkersResponse,
+)
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -32,7 +36,8 @@ from fjord.local.certs import load_ca, make_ca, write_private
 from fjord.local.cluster import LocalCluster
 from fjord.security import ClientSecurity, SecurityProtocol, TlsFiles
 from fjord.testing.waiting import wait_for
-from fjord.tls import open_blocking_channel
+from fjord.tls import client_ssl_context, open_blocking_channel
+from tests.helpers.kafka_wire import connect, roundtrip
 
 CLUSTER_AUTHORIZATION_FAILED = ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code
 
@@ -304,3 +309,41 @@ def test_fjord_commands_take_kafkas_command_config(cluster: LocalCluster, tmp_pa
     broken.write_text("no separator here\n")
     unreadable = run("topics", "list", "--command-config", str(broken))
     assert unreadable.exit_code == 2 and "line 1" in unreadable.output
+
+
+def test_a_client_certificate_cannot_write_transaction_markers(cluster: LocalCluster) -> None:
+    """WriteTxnMarkers is the transaction coordinator's (the service identity): a client
+    certificate is refused on the gRPC door and on the SSL:// Kafka door, nothing written."""
+    topic = "tls-markers"
+    create_topic(cluster, topic)
+    leader, _, _ = _leader_and_follower(cluster, topic)
+    tp = TopicPartition(topic, 0)
+    consumer = Consumer(client_config(cluster))
+    try:
+        end = consumer.end_offsets([tp])[tp]
+        security = admin_security(cluster)
+        with open_blocking_channel(cluster.address("broker", leader), security) as channel:
+            request = broker_pb2.WriteTxnMarkersRequest()
+            request.markers.add(producer_id=77, producer_epoch=0, committed=False,
+                                coordinator_epoch=0).partitions.add(topic=topic, partition=0)
+            answer = broker_pb2_grpc.BrokerStub(channel).WriteTxnMarkers(request, timeout=10)
+            assert [p.error.code for p in answer.markers[0].partitions] == [
+                CLUSTER_AUTHORIZATION_FAILED
+            ]
+        cls = KafkaWriteTxnMarkers[1]
+        marker = cls.WritableTxnMarker(
+            producer_id=77, producer_epoch=0, transaction_result=False, coordinator_epoch=0,
+            topics=[cls.WritableTxnMarker.WritableTxnMarkerTopic(name=topic,
+                                                                 partition_indexes=[0])],
+        )
+        context = client_ssl_context(security)
+        address = cluster.kafka_broker_addresses[leader]
+        with context.wrap_socket(connect(address), server_hostname=address.rpartition(":")[0]) \
+                as sock:
+            answer = roundtrip(sock, cls(markers=[marker]), KafkaWriteTxnMarkersResponse, 1)
+        assert answer.markers[0].topics[0].partitions[0].error_code == (
+            CLUSTER_AUTHORIZATION_FAILED
+        )
+        assert consumer.end_offsets([tp])[tp] == end  # nothing was appended
+    finally:
+        consumer.close()

@@ -36,7 +36,7 @@ with warnings.catch_warnings():
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
-from fjord.client import AdminClient, Consumer, NewTopic, TopicPartition
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import error_code_from_number
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder, read_batches
@@ -294,8 +294,14 @@ def _kafka_roundtrip(address: str, request: Any, response_class: Any, version: i
 
 
 def ck_values(cluster: LocalCluster, topic: str, isolation: str, expected: int) -> list[str]:
+    return ck_values_at(cluster.kafka_bootstrap_servers, topic, isolation, expected)
+
+
+def ck_values_at(servers: str, topic: str, isolation: str, expected: int) -> list[str]:
+    """The values confluent-kafka's consumer with ``isolation.level`` reads from ``topic``-0
+    (``expected`` of them, then nothing more within a second)."""
     consumer = CKConsumer({
-        "bootstrap.servers": cluster.kafka_bootstrap_servers, "group.id": "unused",
+        "bootstrap.servers": servers, "group.id": "unused",
         "isolation.level": isolation, "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
     })
@@ -364,5 +370,43 @@ def test_kafka_clients_read_committed_and_write_txn_markers_api(
     try:
         kp.assign([KPTopicPartition(topic, 0)])
         assert [r.value.decode() for r in kp] == ["h2", "p5"]
+    finally:
+        kp.close()
+
+
+def test_kafka_consumers_read_committed_from_the_transactional_producer(
+    bootstrap: str, kafka_bootstrap: str
+) -> None:
+    """fjord.client's transactional producer (through the coordinator) on the shared cluster;
+    confluent-kafka and kafka-python read_committed consumers see only the committed
+    transactions, read_uncommitted sees the aborted one too."""
+    topic = f"txn-kc-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as shared_admin:
+        shared_admin.create_topics([NewTopic(topic, 1, 3)])
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1,
+                         "transactional.id": f"txn-kc-{uuid.uuid4().hex[:8]}"})
+    try:
+        producer.init_transactions(60)
+        for outcome in ("commit", "abort", "commit"):
+            producer.begin_transaction()
+            for i in range(3):
+                producer.send(topic, f"{outcome}-{i}".encode())
+            producer.flush(60)
+            if outcome == "commit":
+                producer.commit_transaction(60)
+            else:
+                producer.abort_transaction(60)
+    finally:
+        producer.close(10)
+    committed = [f"commit-{i}" for i in range(3)] * 2
+    everything = committed[:3] + [f"abort-{i}" for i in range(3)] + committed[3:]
+    assert ck_values_at(kafka_bootstrap, topic, "read_committed", 6) == committed
+    assert ck_values_at(kafka_bootstrap, topic, "read_uncommitted", 9) == everything
+    kp = KafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed",
+                       enable_auto_commit=False, auto_offset_reset="earliest",
+                       consumer_timeout_ms=3000)
+    try:
+        kp.assign([KPTopicPartition(topic, 0)])
+        assert [r.value.decode() for r in kp] == committed
     finally:
         kp.close()
