@@ -40,6 +40,9 @@ from fjord.records.varint import (
     zigzag_size,
 )
 
+# Every test runs with the pure-Python record code and with the C extension (issue 18).
+pytestmark = pytest.mark.usefixtures("records_implementation")
+
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
 KEYS_BOUND = st.one_of(st.none(), st.binary(max_size=10_000))
 VALUES_BOUND = st.one_of(st.none(), st.binary(max_size=20_000))

@@ -23,6 +23,9 @@ from fjord.records import (
 from fjord.records.header import CRC_START
 from fjord.records.varint import encode_zigzag
 
+# Every test runs with the pure-Python record code and with the C extension (issue 18).
+pytestmark = pytest.mark.usefixtures("records_implementation")
+
 
 def build(count: int = 3, codec: Compression = Compression.NONE, headers=()) -> bytes:
     builder = BatchBuilder(compression=codec)

@@ -26,6 +26,9 @@ from fjord.records import (
     stamp_batch,
 )
 
+# Every test runs with the pure-Python record code and with the C extension (issue 18).
+pytestmark = pytest.mark.usefixtures("records_implementation")
+
 SAMPLE = [
     (1_700_000_000_000, b"key-0", b"value-0", ()),
     (1_700_000_000_005, None, b"null key", (("trace", b"abc"), ("empty", b""))),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from fjord.errors import InvalidRecordError, UnsupportedCompressionError
 from fjord.records.codecs import compress
@@ -28,6 +29,7 @@ from fjord.records.header import (
     crc32c,
     write_crc,
 )
+from fjord.records.speedups import EXTENSION, IMPLEMENTATION
 from fjord.records.varint import SMALL_LIMIT, ZIGZAG_TABLE, encode_zigzag, zigzag_size
 
 _NULL_LENGTH = ZIGZAG_TABLE[SMALL_LIMIT - 1]  # zigzag(-1): a null key, value or header value
@@ -107,78 +109,40 @@ def record_size_upper_bound(
     return BATCH_HEADER_SIZE + zigzag_size(body) + body
 
 
-class BatchBuilder:
-    """Accumulates records into one RecordBatch v2 (magic 2), then builds its bytes.
+class PyRecordAppender:
+    """The records section of one RecordBatch v2, encoded as records are appended: the
+    record-by-record half of :class:`BatchBuilder`, in pure Python. ``fjord.records._speedups``
+    has the same class in C (``RecordAppender``); both produce the same bytes.
 
     Invariants: records are encoded as they are appended (``length varint, attributes int8 = 0,
-    timestampDelta varlong, offsetDelta varint, key, value, headers``), so :meth:`build` only
-    compresses and writes the 61-byte header; offset deltas are ``0 .. record_count - 1``;
-    timestamp deltas are relative to the first record's timestamp (the batch's base timestamp)
-    and may be negative; ``size_in_bytes`` is the exact uncompressed size of the batch so far
-    (header + records), an upper bound of the built size for every codec but a pathological one.
-    The first record is always accepted; a later one only while the batch stays within
-    ``batch_size``. After :meth:`build` the builder is closed: ``append`` raises, ``build``
-    returns the same bytes.
-
-    The built batch has base offset 0 and partition leader epoch -1 (the broker stamps both).
+    timestampDelta varlong, offsetDelta varint, key, value, headers``); offset deltas are
+    ``0 .. record_count - 1``; timestamp deltas are relative to the first record's timestamp
+    (``base_timestamp``) and may be negative; ``size_in_bytes`` is the exact uncompressed size
+    of the batch so far (61-byte header + records). The first record is always accepted; a later
+    one only while the batch stays within ``batch_size``. After :meth:`take_records` no append
+    is accepted.
     """
 
     __slots__ = (
-        "_base_sequence",
         "_base_timestamp",
         "_batch_size",
-        "_built",
-        "_compression",
         "_count",
-        "_is_control",
-        "_is_transactional",
         "_max_timestamp",
         "_parts",
-        "_producer_epoch",
-        "_producer_id",
         "_size",
-        "_timestamp_type",
+        "_taken",
     )
 
-    def __init__(
-        self,
-        compression: Compression = Compression.NONE,
-        batch_size: int = DEFAULT_BATCH_SIZE,
-        producer_id: int = NO_PRODUCER_ID,
-        producer_epoch: int = NO_PRODUCER_EPOCH,
-        base_sequence: int = NO_SEQUENCE,
-        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
-        *,
-        is_transactional: bool = False,
-        is_control: bool = False,
-    ) -> None:
-        try:
-            self._compression = Compression(compression)
-        except ValueError:
-            raise UnsupportedCompressionError(
-                f"unknown compression codec {compression!r}; known: "
-                + ", ".join(f"{c.value} ({c.name.lower()})" for c in Compression)
-            ) from None
-        if type(batch_size) is not int or batch_size <= 0:
-            raise InvalidRecordError(f"batch size must be a positive int, got {batch_size!r}")
-        _check_range("producer id", producer_id, _INT64_MIN, _INT64_MAX)
-        _check_range("producer epoch", producer_epoch, -(1 << 15), (1 << 15) - 1)
-        _check_range("base sequence", base_sequence, -(1 << 31), _INT32_MAX)
+    def __init__(self, batch_size: int) -> None:
+        if batch_size <= 0:
+            raise ValueError("batch_size must be positive")
         self._batch_size = batch_size
-        self._producer_id = producer_id
-        self._producer_epoch = producer_epoch
-        self._base_sequence = base_sequence
-        if timestamp_type not in (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME):
-            raise InvalidRecordError(f"unknown timestamp type {timestamp_type!r}")
-        self._timestamp_type = TimestampType(timestamp_type)
-        self._is_transactional = is_transactional
-        self._is_control = is_control  # transaction markers (fjord.records.control) only
         self._parts: list[bytes] = []
         self._count = 0
         self._size = BATCH_HEADER_SIZE
         self._base_timestamp = 0
         self._max_timestamp = -1
-        self._built: bytes | None = None
+        self._taken = False
 
     @property
     def record_count(self) -> int:
@@ -190,12 +154,18 @@ class BatchBuilder:
         return self._size
 
     @property
-    def compression(self) -> Compression:
-        return self._compression
+    def base_timestamp(self) -> int:
+        """The first record's timestamp (0 before it)."""
+        return self._base_timestamp
 
     @property
-    def is_closed(self) -> bool:
-        return self._built is not None
+    def max_timestamp(self) -> int:
+        """The largest timestamp appended (-1 before the first record)."""
+        return self._max_timestamp
+
+    @property
+    def records_taken(self) -> bool:
+        return self._taken
 
     def append(
         self,
@@ -207,9 +177,9 @@ class BatchBuilder:
         """Add a record; return False (adding nothing) when it would overflow ``batch_size``.
 
         The first record is always accepted. Raises :class:`InvalidRecordError` for a key,
-        value or header of the wrong type, and when the builder is already built.
+        value or header of the wrong type, and when the records were already taken.
         """
-        if self._built is not None:
+        if self._taken:
             raise InvalidRecordError("cannot append to a batch that has been built")
         if type(timestamp_ms) is not int:
             raise InvalidRecordError(
@@ -275,6 +245,109 @@ class BatchBuilder:
         self._count = count + 1
         return True
 
+    def take_records(self) -> bytes:
+        """The records section (uncompressed); no append is accepted afterwards."""
+        if self._taken:
+            raise InvalidRecordError("the records were already taken")
+        self._taken = True
+        records = b"".join(self._parts)
+        self._parts = []
+        return records
+
+
+if TYPE_CHECKING:
+    _RecordAppender = PyRecordAppender
+else:
+    _RecordAppender = (
+        EXTENSION.RecordAppender
+        if IMPLEMENTATION == "c" and EXTENSION is not None
+        else PyRecordAppender
+    )
+
+
+_BUILDER_SLOTS = (
+    "_base_sequence",
+    "_built",
+    "_compression",
+    "_is_control",
+    "_is_transactional",
+    "_producer_epoch",
+    "_producer_id",
+    "_timestamp_type",
+)
+
+
+class _BatchBuilding:
+    """What :class:`BatchBuilder` adds to a record appender (either implementation): the
+    batch's settings, checked at construction, and :meth:`build` (codec, 61-byte header,
+    CRC-32C). Only the final classes have slots (a C base forbids them in a mixin)."""
+
+    if TYPE_CHECKING:
+        __slots__ = _BUILDER_SLOTS
+    else:
+        __slots__ = ()
+    _compression: Compression
+    _producer_id: int
+    _producer_epoch: int
+    _base_sequence: int
+    _timestamp_type: TimestampType
+    _is_transactional: bool
+    _is_control: bool
+    _built: bytes | None
+
+    if TYPE_CHECKING:  # provided by the appender, the next base class
+
+        @property
+        def record_count(self) -> int: ...
+        @property
+        def base_timestamp(self) -> int: ...
+        @property
+        def max_timestamp(self) -> int: ...
+        def take_records(self) -> bytes: ...
+
+    def __init__(
+        self,
+        compression: Compression = Compression.NONE,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        producer_id: int = NO_PRODUCER_ID,
+        producer_epoch: int = NO_PRODUCER_EPOCH,
+        base_sequence: int = NO_SEQUENCE,
+        timestamp_type: TimestampType = TimestampType.CREATE_TIME,
+        *,
+        is_transactional: bool = False,
+        is_control: bool = False,
+    ) -> None:
+        try:
+            self._compression = Compression(compression)
+        except ValueError:
+            raise UnsupportedCompressionError(
+                f"unknown compression codec {compression!r}; known: "
+                + ", ".join(f"{c.value} ({c.name.lower()})" for c in Compression)
+            ) from None
+        if type(batch_size) is not int or batch_size <= 0:
+            raise InvalidRecordError(f"batch size must be a positive int, got {batch_size!r}")
+        _check_range("producer id", producer_id, _INT64_MIN, _INT64_MAX)
+        _check_range("producer epoch", producer_epoch, -(1 << 15), (1 << 15) - 1)
+        _check_range("base sequence", base_sequence, -(1 << 31), _INT32_MAX)
+        self._producer_id = producer_id
+        self._producer_epoch = producer_epoch
+        self._base_sequence = base_sequence
+        if timestamp_type not in (TimestampType.CREATE_TIME, TimestampType.LOG_APPEND_TIME):
+            raise InvalidRecordError(f"unknown timestamp type {timestamp_type!r}")
+        self._timestamp_type = TimestampType(timestamp_type)
+        self._is_transactional = is_transactional
+        self._is_control = is_control  # transaction markers (fjord.records.control) only
+        self._built = None
+        super().__init__(batch_size)  # type: ignore[call-arg]  # the appender, next in the MRO
+
+    @property
+    def compression(self) -> Compression:
+        return self._compression
+
+    @property
+    def is_closed(self) -> bool:
+        return self._built is not None
+
     def build(self) -> bytes:
         """The batch's bytes (base offset 0, leader epoch -1); closes the builder.
 
@@ -283,11 +356,13 @@ class BatchBuilder:
         """
         if self._built is not None:
             return self._built
-        if self._count == 0:
+        count = self.record_count
+        if count == 0:
             raise InvalidRecordError("cannot build a batch without records")
+        max_timestamp = self.max_timestamp
         # Only a timestamp within a few seconds of the int64 limit can get here out of range.
-        _check_range("max timestamp", self._max_timestamp, _INT64_MIN, _INT64_MAX)
-        records = b"".join(self._parts)
+        _check_range("max timestamp", max_timestamp, _INT64_MIN, _INT64_MAX)
+        records = self.take_records()
         if self._compression != Compression.NONE:
             records = compress(self._compression, records)
         attributes = int(self._compression)
@@ -305,21 +380,44 @@ class BatchBuilder:
                 MAGIC_V2,
                 0,
                 attributes,
-                self._count - 1,
-                self._base_timestamp,
-                self._max_timestamp,
+                count - 1,
+                self.base_timestamp,
+                max_timestamp,
                 self._producer_id,
                 self._producer_epoch,
                 self._base_sequence,
-                self._count,
+                count,
             )
         )
         crc = crc32c(memoryview(header)[CRC_START:])
         crc = crc32c(records, crc)
         write_crc(header, crc)
         self._built = bytes(header) + records
-        self._parts = []
         return self._built
+
+
+class BatchBuilder(_BatchBuilding, _RecordAppender):
+    """Accumulates records into one RecordBatch v2 (magic 2), then builds its bytes.
+
+    Invariants: records are encoded as they are appended (see :class:`PyRecordAppender`), so
+    :meth:`build` only compresses and writes the 61-byte header; ``size_in_bytes`` is an upper
+    bound of the built size for every codec but a pathological one. The first record is always
+    accepted; a later one only while the batch stays within ``batch_size``. After :meth:`build`
+    the builder is closed: ``append`` raises, ``build`` returns the same bytes.
+
+    The built batch has base offset 0 and partition leader epoch -1 (the broker stamps both).
+    The record encoding is the C extension's when it is built (``fjord.records.speedups``),
+    else :class:`PyRecordAppender`'s; :class:`PyBatchBuilder` is always the pure-Python one.
+    """
+
+    __slots__ = _BUILDER_SLOTS
+
+
+class PyBatchBuilder(_BatchBuilding, PyRecordAppender):
+    """:class:`BatchBuilder` with the pure-Python record encoding, whatever is built (the
+    reference the C extension is tested against)."""
+
+    __slots__ = _BUILDER_SLOTS
 
 
 def _encode_record_at(

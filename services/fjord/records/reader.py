@@ -10,8 +10,9 @@ header's last offset delta).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import chain, repeat
+from typing import Any, TypeVar
 
 from fjord.errors import CorruptRecordError
 from fjord.records.codecs import decompress
@@ -26,6 +27,7 @@ from fjord.records.header import (
     validate_batch,
 )
 from fjord.records.record import Header, Record
+from fjord.records.speedups import EXTENSION, IMPLEMENTATION
 from fjord.records.varint import ZIGZAG_ONE_BYTE, ZIGZAG_TWO_BYTES, decode_zigzag
 
 RecordTuple = tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]
@@ -64,13 +66,14 @@ def _decode_headers(
     return tuple(headers), pos
 
 
-def decode_record_tuples(
+def py_decode_record_tuples(
     data: bytes, base_offset: int, base_timestamp: int, record_count: int, last_offset_delta: int
 ) -> list[RecordTuple]:
     """Decode a whole (uncompressed) records section into ``(offset, timestamp, key, value,
     headers)`` tuples, checking every length and that it holds exactly ``record_count`` records.
 
-    Raises :class:`CorruptRecordError` for anything malformed; returns nothing partial.
+    Raises :class:`CorruptRecordError` for anything malformed; returns nothing partial. The
+    pure-Python implementation (the reference); :func:`decode_record_tuples` is the one in use.
     """
     # Hot loop: one iteration per record the header announces (a section that ends early
     # raises IndexError, one that holds more leaves bytes behind). One- and two-byte varints
@@ -189,6 +192,58 @@ def decode_record_tuples(
     return out
 
 
+_T = TypeVar("_T", bound=tuple[Any, ...])
+
+
+def py_decode_records_as(
+    cls: type[_T],
+    data: bytes,
+    base_offset: int,
+    base_timestamp: int,
+    record_count: int,
+    last_offset_delta: int,
+    min_offset: int,
+    topic: str,
+    partition: int,
+    fixed_timestamp: int | None,
+) -> list[_T]:
+    """The records of a section at or after ``min_offset`` as ``cls(topic, partition, offset,
+    key, value, headers, timestamp)`` (``cls`` a tuple subclass with those fields, such as the
+    consumer's ``ConsumerRecord``; filled as ``tuple.__new__`` does, without its ``__new__``),
+    every timestamp ``fixed_timestamp`` when it is not None (a LOG_APPEND_TIME batch). Checks
+    as :func:`py_decode_record_tuples`. Pure Python; :func:`decode_records_as` is the one in
+    use."""
+    tuples = py_decode_record_tuples(
+        data, base_offset, base_timestamp, record_count, last_offset_delta
+    )
+    new = _NEW_TUPLE
+    if fixed_timestamp is None:
+        return [
+            new(cls, (topic, partition, o, k, v, hs, ts))
+            for o, ts, k, v, hs in tuples
+            if o >= min_offset
+        ]
+    return [
+        new(cls, (topic, partition, o, k, v, hs, fixed_timestamp))
+        for o, _, k, v, hs in tuples
+        if o >= min_offset
+    ]
+
+
+_NEW_TUPLE = tuple.__new__
+
+# The implementations in use (fjord.records.speedups): the C extension's when it is built and
+# not refused by FJORD_PURE_PYTHON, else the pure-Python ones above. Same results, same errors.
+decode_record_tuples: Callable[[Buffer, int, int, int, int], list[RecordTuple]]
+decode_records_as: Callable[..., list[Any]]
+if IMPLEMENTATION == "c" and EXTENSION is not None:
+    decode_record_tuples = EXTENSION.decode_record_tuples
+    decode_records_as = EXTENSION.decode_records_as
+else:
+    decode_record_tuples = py_decode_record_tuples  # type: ignore[assignment]
+    decode_records_as = py_decode_records_as
+
+
 def _bad_record_start(index: int, length: int, remaining: int, attributes: int) -> Exception:
     if length < MIN_RECORD_BODY or length > remaining:
         return CorruptRecordError(
@@ -247,13 +302,42 @@ class RecordBatch:
             return bytes(section)
         return decompress(header.compression, section)
 
+    def _section_to_decode(self, pure_python: bool) -> Buffer:
+        # The C decoders read the batch's own bytes (no copy); Python's slices must be bytes.
+        if self.header.compression == Compression.NONE and not pure_python:
+            return self.raw[BATCH_HEADER_SIZE:]
+        return self.records_section()
+
+    def records_as(
+        self, cls: type[_T], topic: str, partition: int, min_offset: int = -1
+    ) -> list[_T]:
+        """The records at or after ``min_offset`` as ``cls(topic, partition, offset, key,
+        value, headers, timestamp)`` (see :func:`py_decode_records_as`), decoded and checked in
+        full first; LOG_APPEND_TIME batches report their max timestamp for every record. The
+        consumer's path: one C call per batch with the extension."""
+        header = self.header
+        return decode_records_as(
+            cls,
+            self._section_to_decode(decode_records_as is py_decode_records_as),
+            header.base_offset,
+            header.base_timestamp,
+            header.record_count,
+            header.last_offset_delta,
+            min_offset,
+            topic,
+            partition,
+            header.max_timestamp
+            if header.timestamp_type == TimestampType.LOG_APPEND_TIME
+            else None,
+        )
+
     def record_tuples(self) -> list[RecordTuple]:
         """All records as ``(offset, timestamp, key, value, headers)`` tuples: the fast path
         for a consumer that wraps records in its own type. Timestamps follow Kafka's rule for
         LOG_APPEND_TIME batches (every record reports the batch's max timestamp)."""
         header = self.header
         tuples = decode_record_tuples(
-            self.records_section(),
+            self._section_to_decode(decode_record_tuples is py_decode_record_tuples),
             header.base_offset,
             header.base_timestamp,
             header.record_count,

@@ -1,0 +1,916 @@
+/*
+ * fjord.records._speedups: the hot loops of RecordBatch v2 in C (issue 18).
+ *
+ * What is here, and nothing else:
+ *
+ *   RecordAppender      the record-by-record half of BatchBuilder: append() encodes one record
+ *                       (length varint, attributes 0, timestamp delta varlong, offset delta
+ *                       varint, key, value, headers) into a growing buffer; take_records()
+ *                       returns the records section. BatchBuilder (builder.py) subclasses it and
+ *                       writes the 61-byte header (CRC-32C by the crc32c package) in Python.
+ *   decode_record_tuples(data, base_offset, base_timestamp, record_count, last_offset_delta)
+ *                       -> [(offset, timestamp, key, value, headers), ...]
+ *   decode_records_as(cls, data, base_offset, base_timestamp, record_count, last_offset_delta,
+ *                     min_offset, topic, partition, fixed_timestamp)
+ *                       -> [cls(topic, partition, offset, key, value, headers, timestamp), ...]
+ *                       for the records at or after min_offset (cls: a tuple subclass, e.g. the
+ *                       consumer's ConsumerRecord NamedTuple, filled as tuple.__new__ would).
+ *
+ * Contract with the pure-Python implementation (builder.py, reader.py), which stays the
+ * reference and the fallback: for every input both accept, both produce the same bytes (builder)
+ * or the same objects (decoders). Anything this code does not handle itself - a key that is a
+ * bytearray, headers to encode, a timestamp out of range, and every malformed record section -
+ * is handed to the Python functions, so errors (types and messages) are the Python ones by
+ * construction: the decoders re-run the whole section through the Python decoder when they meet
+ * anything they would reject, and return what it returns (or raise what it raises).
+ *
+ * Nothing here releases the GIL, so an append() and a take_records() on one appender never
+ * interleave (the producer's accumulator relies on that for its lock-free appends).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+#define MIN_RECORD_BODY 6
+#define INT32_MAX_VALUE 2147483647LL
+
+/* ---------------------------------------------------------------- lazy Python lookups */
+
+static PyObject *
+python_attr(const char *module_name, const char *name)
+{
+    PyObject *module = PyImport_ImportModule(module_name);
+    if (module == NULL)
+        return NULL;
+    PyObject *attr = PyObject_GetAttrString(module, name);
+    Py_DECREF(module);
+    return attr;
+}
+
+/* Call fjord.records.<module>.<name>(*args) (a new reference, or NULL with the exception). */
+static PyObject *
+call_python(const char *module_name, const char *name, PyObject *const *args, Py_ssize_t nargs)
+{
+    PyObject *fn = python_attr(module_name, name);
+    if (fn == NULL)
+        return NULL;
+    PyObject *result = PyObject_Vectorcall(fn, args, (size_t)nargs, NULL);
+    Py_DECREF(fn);
+    return result;
+}
+
+static void
+raise_invalid_record(PyObject *message)
+{
+    PyObject *cls = python_attr("fjord.errors", "InvalidRecordError");
+    if (cls == NULL)
+        return;
+    PyErr_SetObject(cls, message);
+    Py_DECREF(cls);
+}
+
+/* For the Python helpers that must raise (range checks): if one returns instead, say so. */
+static PyObject *
+expect_raised(PyObject *result, const char *what)
+{
+    if (result != NULL) {
+        Py_DECREF(result);
+        PyErr_Format(PyExc_SystemError, "fjord.records._speedups: %s did not raise", what);
+    }
+    return NULL;
+}
+
+/* ---------------------------------------------------------------- varints */
+
+static inline uint64_t
+zigzag(int64_t value)
+{
+    return ((uint64_t)value << 1) ^ (uint64_t)(value >> 63);
+}
+
+static inline Py_ssize_t
+unsigned_varint_size(uint64_t value)
+{
+    Py_ssize_t size = 1;
+    while (value >= 0x80) {
+        value >>= 7;
+        size++;
+    }
+    return size;
+}
+
+static inline Py_ssize_t
+zigzag_size(int64_t value)
+{
+    return unsigned_varint_size(zigzag(value));
+}
+
+static inline char *
+put_zigzag(char *out, int64_t value)
+{
+    uint64_t zz = zigzag(value);
+    while (zz >= 0x80) {
+        *out++ = (char)((zz & 0x7F) | 0x80);
+        zz >>= 7;
+    }
+    *out++ = (char)zz;
+    return out;
+}
+
+/* Decode the zigzag varlong at data[*pos], reading no byte at or past end. 0 on success;
+ * -1 when it runs past end, is longer than ten bytes or holds more than 64 bits (the cases
+ * varint.decode_zigzag rejects). */
+static inline int
+get_zigzag(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t end, int64_t *out)
+{
+    Py_ssize_t p = *pos;
+    uint64_t result = 0;
+    for (int i = 0; i < 10; i++) {
+        if (p >= end)
+            return -1;
+        unsigned char byte = data[p++];
+        if (i == 9 && byte > 1)
+            return -1;
+        result |= (uint64_t)(byte & 0x7F) << (7 * i);
+        if (byte < 0x80) {
+            *out = (int64_t)((result >> 1) ^ (0 - (result & 1)));
+            *pos = p;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* ---------------------------------------------------------------- RecordAppender */
+
+typedef struct {
+    PyObject_HEAD
+    char *buf;              /* the records section so far */
+    Py_ssize_t len;         /* bytes used in buf */
+    Py_ssize_t cap;         /* bytes allocated */
+    Py_ssize_t batch_size;  /* a later record is refused when the batch would exceed it */
+    Py_ssize_t size;        /* header + records: the uncompressed batch's size */
+    int64_t count;
+    int64_t base_timestamp; /* the first record's timestamp */
+    int64_t max_timestamp;
+    int closed;             /* take_records() was called: no more appends */
+} Appender;
+
+#define BATCH_HEADER_SIZE 61
+
+static int
+Appender_init(Appender *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"batch_size", NULL};
+    Py_ssize_t batch_size;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "n", kwlist, &batch_size))
+        return -1;
+    if (batch_size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "batch_size must be positive");
+        return -1;
+    }
+    PyMem_Free(self->buf);
+    self->buf = NULL;
+    self->len = self->cap = 0;
+    self->batch_size = batch_size;
+    self->size = BATCH_HEADER_SIZE;
+    self->count = 0;
+    self->base_timestamp = 0;
+    self->max_timestamp = -1;
+    self->closed = 0;
+    return 0;
+}
+
+static void
+Appender_dealloc(Appender *self)
+{
+    PyMem_Free(self->buf);
+    self->buf = NULL;
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static int
+Appender_reserve(Appender *self, Py_ssize_t extra)
+{
+    Py_ssize_t needed = self->len + extra;
+    if (needed <= self->cap)
+        return 0;
+    Py_ssize_t cap = self->cap ? self->cap : 1024;
+    while (cap < needed) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            cap = needed;
+            break;
+        }
+        cap *= 2;
+    }
+    char *buf = PyMem_Realloc(self->buf, (size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    self->buf = buf;
+    self->cap = cap;
+    return 0;
+}
+
+/* A key or value as (pointer, length), or length -1 for None. Exact bytes are used as they
+ * are; anything else goes through builder._as_bytes (bytes-likes copied, other types refused
+ * with the Python error). *owned receives a reference to release, or NULL. */
+static int
+as_field(PyObject *obj, const char *what, const char **ptr, Py_ssize_t *len, PyObject **owned)
+{
+    *owned = NULL;
+    if (obj == Py_None) {
+        *ptr = NULL;
+        *len = -1;
+        return 0;
+    }
+    if (!PyBytes_CheckExact(obj)) {
+        PyObject *name = PyUnicode_FromString(what);
+        if (name == NULL)
+            return -1;
+        PyObject *args[2] = {obj, name};
+        PyObject *converted = call_python("fjord.records.builder", "_as_bytes", args, 2);
+        Py_DECREF(name);
+        if (converted == NULL)
+            return -1;
+        if (!PyBytes_Check(converted)) {
+            Py_DECREF(converted);
+            PyErr_SetString(PyExc_SystemError, "builder._as_bytes returned no bytes");
+            return -1;
+        }
+        *owned = obj = converted;
+    }
+    *ptr = PyBytes_AS_STRING(obj);
+    *len = PyBytes_GET_SIZE(obj);
+    return 0;
+}
+
+static PyObject *
+Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    static const char *names[4] = {"timestamp_ms", "key", "value", "headers"};
+    PyObject *argv[4] = {NULL, NULL, NULL, NULL};
+    if (nargs > 4) {
+        PyErr_Format(PyExc_TypeError, "append() takes at most 4 arguments (%zd given)", nargs);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        argv[i] = args[i];
+    if (kwnames != NULL) {
+        Py_ssize_t nkw = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nkw; k++) {
+            PyObject *kw = PyTuple_GET_ITEM(kwnames, k);
+            int found = 0;
+            for (int i = 0; i < 4; i++) {
+                if (PyUnicode_CompareWithASCIIString(kw, names[i]) == 0) {
+                    if (argv[i] != NULL) {
+                        PyErr_Format(PyExc_TypeError, "append() got multiple values for '%s'",
+                                     names[i]);
+                        return NULL;
+                    }
+                    argv[i] = args[nargs + k];
+                    found = 1;
+                    break;
+                }
+            }
+            if (!found) {
+                PyErr_Format(PyExc_TypeError, "append() got an unexpected keyword argument %R",
+                             kw);
+                return NULL;
+            }
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        if (argv[i] == NULL) {
+            PyErr_Format(PyExc_TypeError, "append() missing required argument '%s'", names[i]);
+            return NULL;
+        }
+    }
+    PyObject *timestamp_obj = argv[0], *key_obj = argv[1], *value_obj = argv[2];
+    PyObject *headers_obj = argv[3];
+
+    if (self->closed) {
+        PyObject *message = PyUnicode_FromString("cannot append to a batch that has been built");
+        if (message != NULL) {
+            raise_invalid_record(message);
+            Py_DECREF(message);
+        }
+        return NULL;
+    }
+    if (!PyLong_CheckExact(timestamp_obj)) {
+        PyObject *type_name = PyType_GetName(Py_TYPE(timestamp_obj));
+        if (type_name == NULL)
+            return NULL;
+        PyObject *message = PyUnicode_FromFormat("record timestamp must be an int (ms), got %U",
+                                                 type_name);
+        Py_DECREF(type_name);
+        if (message != NULL) {
+            raise_invalid_record(message);
+            Py_DECREF(message);
+        }
+        return NULL;
+    }
+    int overflow = 0;
+    long long timestamp = PyLong_AsLongLongAndOverflow(timestamp_obj, &overflow);
+    if (timestamp == -1 && PyErr_Occurred())
+        return NULL;
+
+    const char *key = NULL, *value = NULL;
+    Py_ssize_t key_len, value_len;
+    PyObject *key_owned = NULL, *value_owned = NULL, *headers_bytes = NULL;
+    PyObject *result = NULL;
+    if (as_field(key_obj, "key", &key, &key_len, &key_owned) < 0)
+        goto done;
+    if (as_field(value_obj, "value", &value, &value_len, &value_owned) < 0)
+        goto done;
+
+    int64_t count = self->count;
+    int64_t delta = 0;
+    if (overflow) {
+        /* Out of int64: the Python range check raises (at append, where the pure builder
+         * raises at append or, for a delta it can still encode, at build). */
+        PyObject *what = PyUnicode_FromString("record timestamp");
+        PyObject *low = PyLong_FromLongLong(INT64_MIN);
+        PyObject *high = PyLong_FromLongLong(INT64_MAX);
+        if (what != NULL && low != NULL && high != NULL) {
+            PyObject *check_args[4] = {what, timestamp_obj, low, high};
+            expect_raised(call_python("fjord.records.builder", "_check_range", check_args, 4),
+                          "the timestamp range check");
+        }
+        Py_XDECREF(what);
+        Py_XDECREF(low);
+        Py_XDECREF(high);
+        goto done;
+    }
+    if (count && __builtin_sub_overflow((int64_t)timestamp, self->base_timestamp, &delta)) {
+        PyObject *base = PyLong_FromLongLong(self->base_timestamp);
+        if (base != NULL) {
+            PyObject *delta_args[2] = {timestamp_obj, base};
+            expect_raised(
+                call_python("fjord.records.builder", "_timestamp_delta", delta_args, 2),
+                "the timestamp delta check");
+            Py_DECREF(base);
+        }
+        goto done;
+    }
+    Py_ssize_t headers_len = 1;  /* zigzag(0): no headers */
+    if (headers_obj != NULL) {
+        int has_headers = PyObject_IsTrue(headers_obj);
+        if (has_headers < 0)
+            goto done;
+        if (has_headers) {
+            headers_bytes = call_python("fjord.records.builder", "_encode_headers",
+                                        &headers_obj, 1);
+            if (headers_bytes == NULL)
+                goto done;
+            if (!PyBytes_Check(headers_bytes)) {
+                PyErr_SetString(PyExc_SystemError, "builder._encode_headers returned no bytes");
+                goto done;
+            }
+            headers_len = PyBytes_GET_SIZE(headers_bytes);
+        }
+    }
+    Py_ssize_t body_len = 1 + zigzag_size(delta) + zigzag_size(count)
+        + (key_len < 0 ? 1 : zigzag_size(key_len) + key_len)
+        + (value_len < 0 ? 1 : zigzag_size(value_len) + value_len) + headers_len;
+    Py_ssize_t length_size = zigzag_size(body_len);
+    Py_ssize_t size = self->size + length_size + body_len;
+    if (count && (size > self->batch_size || count == INT32_MAX_VALUE)) {
+        result = Py_False;
+        Py_INCREF(result);
+        goto done;
+    }
+    if (Appender_reserve(self, length_size + body_len) < 0)
+        goto done;
+    char *out = self->buf + self->len;
+    out = put_zigzag(out, body_len);
+    *out++ = 0;  /* attributes */
+    out = put_zigzag(out, delta);
+    out = put_zigzag(out, count);
+    if (key_len < 0) {
+        out = put_zigzag(out, -1);
+    } else {
+        out = put_zigzag(out, key_len);
+        memcpy(out, key, (size_t)key_len);
+        out += key_len;
+    }
+    if (value_len < 0) {
+        out = put_zigzag(out, -1);
+    } else {
+        out = put_zigzag(out, value_len);
+        memcpy(out, value, (size_t)value_len);
+        out += value_len;
+    }
+    if (headers_bytes != NULL) {
+        memcpy(out, PyBytes_AS_STRING(headers_bytes), (size_t)headers_len);
+        out += headers_len;
+    } else {
+        *out++ = 0;
+    }
+    self->len = out - self->buf;
+    if (count == 0) {
+        self->base_timestamp = self->max_timestamp = timestamp;
+    } else if (timestamp > self->max_timestamp) {
+        self->max_timestamp = timestamp;
+    }
+    self->size = size;
+    self->count = count + 1;
+    result = Py_True;
+    Py_INCREF(result);
+done:
+    Py_XDECREF(key_owned);
+    Py_XDECREF(value_owned);
+    Py_XDECREF(headers_bytes);
+    return result;
+}
+
+static PyObject *
+Appender_take_records(Appender *self, PyObject *Py_UNUSED(ignored))
+{
+    if (self->closed) {
+        PyObject *message = PyUnicode_FromString("the records were already taken");
+        if (message != NULL) {
+            raise_invalid_record(message);
+            Py_DECREF(message);
+        }
+        return NULL;
+    }
+    PyObject *records = PyBytes_FromStringAndSize(self->buf ? self->buf : "", self->len);
+    if (records == NULL)
+        return NULL;
+    self->closed = 1;
+    PyMem_Free(self->buf);
+    self->buf = NULL;
+    self->cap = 0;
+    return records;
+}
+
+static PyObject *
+Appender_get_record_count(Appender *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->count);
+}
+
+static PyObject *
+Appender_get_size(Appender *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->size);
+}
+
+static PyObject *
+Appender_get_base_timestamp(Appender *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->base_timestamp);
+}
+
+static PyObject *
+Appender_get_max_timestamp(Appender *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->max_timestamp);
+}
+
+static PyObject *
+Appender_get_records_taken(Appender *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyMethodDef Appender_methods[] = {
+    {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL | METH_KEYWORDS,
+     "append(timestamp_ms, key, value, headers=()) -> bool: add a record; False (adding "
+     "nothing) when it would overflow batch_size (the first record is always accepted)."},
+    {"take_records", (PyCFunction)Appender_take_records, METH_NOARGS,
+     "The records section (uncompressed); no append is accepted afterwards."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef Appender_getset[] = {
+    {"record_count", (getter)Appender_get_record_count, NULL, "Records appended.", NULL},
+    {"size_in_bytes", (getter)Appender_get_size, NULL,
+     "Bytes of the batch if built now without compression (header included).", NULL},
+    {"base_timestamp", (getter)Appender_get_base_timestamp, NULL,
+     "The first record's timestamp (0 before it).", NULL},
+    {"max_timestamp", (getter)Appender_get_max_timestamp, NULL,
+     "The largest timestamp appended (-1 before the first record).", NULL},
+    {"records_taken", (getter)Appender_get_records_taken, NULL,
+     "Whether take_records() was called (no append is accepted any more).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject AppenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fjord.records._speedups.RecordAppender",
+    .tp_doc = "RecordAppender(batch_size): the records section of one RecordBatch v2, encoded "
+              "as records are appended (see fjord.records.builder.PyRecordAppender, the same "
+              "in Python).",
+    .tp_basicsize = sizeof(Appender),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Appender_init,
+    .tp_dealloc = (destructor)Appender_dealloc,
+    .tp_methods = Appender_methods,
+    .tp_getset = Appender_getset,
+};
+
+/* ---------------------------------------------------------------- decoding */
+
+/* One record's fields; key/value/headers are new references on success. */
+typedef struct {
+    int64_t offset;
+    int64_t timestamp;
+    PyObject *key;
+    PyObject *value;
+    PyObject *headers;
+} DecodedRecord;
+
+enum { DECODE_OK = 0, DECODE_REJECT = 1, DECODE_ERROR = -1 };
+
+/* Headers from data[*pos] up to record_end (the count varint is not 0 here). */
+static int
+decode_headers(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t record_end,
+               PyObject **out)
+{
+    int64_t count;
+    if (get_zigzag(data, pos, record_end, &count) < 0)
+        return DECODE_REJECT;
+    if (count < 0 || count > record_end - *pos)
+        return DECODE_REJECT;
+    PyObject *headers = PyTuple_New((Py_ssize_t)count);
+    if (headers == NULL)
+        return DECODE_ERROR;
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)count; i++) {
+        int64_t name_len, value_len;
+        if (get_zigzag(data, pos, record_end, &name_len) < 0 || name_len < 0
+            || name_len > record_end - *pos)
+            goto reject;
+        PyObject *name = PyUnicode_DecodeUTF8((const char *)data + *pos, (Py_ssize_t)name_len,
+                                              NULL);
+        if (name == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
+                PyErr_Clear();
+                goto reject;
+            }
+            Py_DECREF(headers);
+            return DECODE_ERROR;
+        }
+        *pos += (Py_ssize_t)name_len;
+        PyObject *value;
+        if (get_zigzag(data, pos, record_end, &value_len) < 0) {
+            Py_DECREF(name);
+            goto reject;
+        }
+        if (value_len == -1) {
+            value = Py_None;
+            Py_INCREF(value);
+        } else if (value_len >= 0 && value_len <= record_end - *pos) {
+            value = PyBytes_FromStringAndSize((const char *)data + *pos, (Py_ssize_t)value_len);
+            if (value == NULL) {
+                Py_DECREF(name);
+                Py_DECREF(headers);
+                return DECODE_ERROR;
+            }
+            *pos += (Py_ssize_t)value_len;
+        } else {
+            Py_DECREF(name);
+            goto reject;
+        }
+        PyObject *pair = PyTuple_New(2);
+        if (pair == NULL) {
+            Py_DECREF(name);
+            Py_DECREF(value);
+            Py_DECREF(headers);
+            return DECODE_ERROR;
+        }
+        PyTuple_SET_ITEM(pair, 0, name);
+        PyTuple_SET_ITEM(pair, 1, value);
+        PyTuple_SET_ITEM(headers, i, pair);
+    }
+    *out = headers;
+    return DECODE_OK;
+reject:
+    Py_DECREF(headers);
+    return DECODE_REJECT;
+}
+
+static PyObject *
+bytes_or_none(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t record_end, int *status)
+{
+    int64_t length;
+    if (get_zigzag(data, pos, record_end, &length) < 0) {
+        *status = DECODE_REJECT;
+        return NULL;
+    }
+    if (length == -1) {
+        Py_RETURN_NONE;
+    }
+    if (length < 0 || length > record_end - *pos) {
+        *status = DECODE_REJECT;
+        return NULL;
+    }
+    PyObject *out = PyBytes_FromStringAndSize((const char *)data + *pos, (Py_ssize_t)length);
+    if (out == NULL) {
+        *status = DECODE_ERROR;
+        return NULL;
+    }
+    *pos += (Py_ssize_t)length;
+    return out;
+}
+
+/* Decode the record at data[*pos]. Checks exactly what reader.decode_record_tuples checks. */
+static int
+decode_one(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t end, int64_t base_offset,
+           int64_t base_timestamp, int64_t *previous_delta, int64_t last_offset_delta,
+           DecodedRecord *record)
+{
+    int64_t length, timestamp_delta, offset_delta;
+    int status = DECODE_OK;
+    if (get_zigzag(data, pos, end, &length) < 0)
+        return DECODE_REJECT;
+    if (length < MIN_RECORD_BODY || length > end - *pos)
+        return DECODE_REJECT;
+    Py_ssize_t record_end = *pos + (Py_ssize_t)length;
+    if (data[*pos] != 0)  /* attributes */
+        return DECODE_REJECT;
+    *pos += 1;
+    if (get_zigzag(data, pos, record_end, &timestamp_delta) < 0
+        || get_zigzag(data, pos, record_end, &offset_delta) < 0)
+        return DECODE_REJECT;
+    if (offset_delta <= *previous_delta || offset_delta > last_offset_delta)
+        return DECODE_REJECT;
+    *previous_delta = offset_delta;
+    if (__builtin_add_overflow(base_offset, offset_delta, &record->offset)
+        || __builtin_add_overflow(base_timestamp, timestamp_delta, &record->timestamp))
+        return DECODE_REJECT;  /* (the Python decoder returns ints past int64 here) */
+    record->key = bytes_or_none(data, pos, record_end, &status);
+    if (record->key == NULL)
+        return status;
+    record->value = bytes_or_none(data, pos, record_end, &status);
+    if (record->value == NULL) {
+        Py_DECREF(record->key);
+        return status;
+    }
+    if (*pos < record_end && data[*pos] == 0) {
+        record->headers = PyTuple_New(0);
+        *pos += 1;
+        if (record->headers == NULL)
+            status = DECODE_ERROR;
+    } else {
+        status = decode_headers(data, pos, record_end, &record->headers);
+    }
+    if (status == DECODE_OK && *pos != record_end) {
+        Py_DECREF(record->headers);
+        status = DECODE_REJECT;
+    }
+    if (status != DECODE_OK) {
+        Py_DECREF(record->key);
+        Py_DECREF(record->value);
+    }
+    return status;
+}
+
+static int
+int64_arg(PyObject *obj, int64_t *out)
+{
+    int overflow = 0;
+    long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+    if (value == -1 && PyErr_Occurred())
+        return -1;
+    if (overflow)
+        return 1;
+    *out = value;
+    return 0;
+}
+
+/* The pure-Python reader's function of the same name, called with the same arguments: the
+ * answer (or the error) for an input this code rejects. */
+static PyObject *
+python_decoder(const char *name, PyObject *const *args, Py_ssize_t nargs, Py_ssize_t data_at)
+{
+    /* The Python decoder slices its input into keys and values: give it bytes. */
+    PyObject *copy[10];
+    if (nargs > 10) {
+        PyErr_SetString(PyExc_SystemError, "python_decoder: too many arguments");
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        copy[i] = args[i];
+    PyObject *data = PyBytes_FromObject(args[data_at]);
+    if (data == NULL)
+        return NULL;
+    copy[data_at] = data;
+    PyObject *result = call_python("fjord.records.reader", name, copy, nargs);
+    Py_DECREF(data);
+    return result;
+}
+
+/* The shared loop. cls == NULL: tuples (offset, timestamp, key, value, headers); else
+ * cls(topic, partition, offset, key, value, headers, timestamp) for offsets >= min_offset,
+ * timestamp = fixed_timestamp when that is not NULL. Returns the list, or NULL with
+ * *rejected = 1 (no exception set) when the section must go to the Python decoder. */
+static PyObject *
+decode_section(PyObject *data_obj, PyObject *base_offset_obj, PyObject *base_timestamp_obj,
+               PyObject *record_count_obj, PyObject *last_offset_delta_obj, PyTypeObject *cls,
+               PyObject *min_offset_obj, PyObject *topic, PyObject *partition,
+               PyObject *fixed_timestamp, int *rejected)
+{
+    int64_t base_offset, base_timestamp, record_count, last_offset_delta, min_offset = INT64_MIN;
+    int conv;
+    *rejected = 0;
+    if ((conv = int64_arg(base_offset_obj, &base_offset)) != 0
+        || (conv = int64_arg(base_timestamp_obj, &base_timestamp)) != 0
+        || (conv = int64_arg(record_count_obj, &record_count)) != 0
+        || (conv = int64_arg(last_offset_delta_obj, &last_offset_delta)) != 0
+        || (min_offset_obj != NULL && (conv = int64_arg(min_offset_obj, &min_offset)) != 0)) {
+        if (conv > 0)
+            *rejected = 1;
+        return NULL;
+    }
+    if (record_count < 0) {
+        *rejected = 1;
+        return NULL;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(data_obj, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0;
+    int64_t previous_delta = -1;
+    PyObject *out = PyList_New(0);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    for (int64_t i = 0; i < record_count; i++) {
+        DecodedRecord record = {0, 0, NULL, NULL, NULL};
+        int status = decode_one(data, &pos, end, base_offset, base_timestamp, &previous_delta,
+                                last_offset_delta, &record);
+        if (status != DECODE_OK) {
+            if (status == DECODE_REJECT)
+                *rejected = 1;
+            goto fail;
+        }
+        PyObject *item;
+        if (cls == NULL) {
+            item = PyTuple_New(5);
+            if (item == NULL)
+                goto fail_record;
+            PyObject *offset = PyLong_FromLongLong(record.offset);
+            PyObject *timestamp = PyLong_FromLongLong(record.timestamp);
+            if (offset == NULL || timestamp == NULL) {
+                Py_XDECREF(offset);
+                Py_XDECREF(timestamp);
+                Py_DECREF(item);
+                goto fail_record;
+            }
+            PyTuple_SET_ITEM(item, 0, offset);
+            PyTuple_SET_ITEM(item, 1, timestamp);
+            PyTuple_SET_ITEM(item, 2, record.key);
+            PyTuple_SET_ITEM(item, 3, record.value);
+            PyTuple_SET_ITEM(item, 4, record.headers);
+        } else {
+            if (record.offset < min_offset) {
+                Py_DECREF(record.key);
+                Py_DECREF(record.value);
+                Py_DECREF(record.headers);
+                continue;
+            }
+            item = cls->tp_alloc(cls, 7);
+            if (item == NULL)
+                goto fail_record;
+            PyObject *offset = PyLong_FromLongLong(record.offset);
+            PyObject *timestamp;
+            if (fixed_timestamp != NULL) {
+                timestamp = fixed_timestamp;
+                Py_INCREF(timestamp);
+            } else {
+                timestamp = PyLong_FromLongLong(record.timestamp);
+            }
+            if (offset == NULL || timestamp == NULL) {
+                Py_XDECREF(offset);
+                Py_XDECREF(timestamp);
+                Py_DECREF(item);
+                goto fail_record;
+            }
+            Py_INCREF(topic);
+            Py_INCREF(partition);
+            PyTuple_SET_ITEM(item, 0, topic);
+            PyTuple_SET_ITEM(item, 1, partition);
+            PyTuple_SET_ITEM(item, 2, offset);
+            PyTuple_SET_ITEM(item, 3, record.key);
+            PyTuple_SET_ITEM(item, 4, record.value);
+            PyTuple_SET_ITEM(item, 5, record.headers);
+            PyTuple_SET_ITEM(item, 6, timestamp);
+        }
+        if (PyList_Append(out, item) < 0) {
+            Py_DECREF(item);
+            goto fail;
+        }
+        Py_DECREF(item);
+        continue;
+    fail_record:
+        Py_XDECREF(record.key);
+        Py_XDECREF(record.value);
+        Py_XDECREF(record.headers);
+        goto fail;
+    }
+    if (pos != end) {
+        *rejected = 1;
+        goto fail;
+    }
+    PyBuffer_Release(&view);
+    return out;
+fail:
+    PyBuffer_Release(&view);
+    Py_DECREF(out);
+    return NULL;
+}
+
+static PyObject *
+decode_record_tuples(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "decode_record_tuples() takes 5 arguments (data, base_offset, "
+                     "base_timestamp, record_count, last_offset_delta), %zd given", nargs);
+        return NULL;
+    }
+    int rejected;
+    PyObject *out = decode_section(args[0], args[1], args[2], args[3], args[4], NULL, NULL, NULL,
+                                   NULL, NULL, &rejected);
+    if (out == NULL && rejected)
+        return python_decoder("py_decode_record_tuples", args, nargs, 0);
+    return out;
+}
+
+static PyObject *
+decode_records_as(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_Format(PyExc_TypeError,
+                     "decode_records_as() takes 10 arguments (cls, data, base_offset, "
+                     "base_timestamp, record_count, last_offset_delta, min_offset, topic, "
+                     "partition, fixed_timestamp), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *cls = args[0];
+    if (!PyType_Check(cls) || !PyType_IsSubtype((PyTypeObject *)cls, &PyTuple_Type)) {
+        PyErr_SetString(PyExc_TypeError, "decode_records_as(): cls must be a tuple subclass");
+        return NULL;
+    }
+    PyObject *fixed = args[9] == Py_None ? NULL : args[9];
+    if (fixed != NULL && !PyLong_Check(fixed)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "decode_records_as(): fixed_timestamp must be int or None");
+        return NULL;
+    }
+    int rejected;
+    PyObject *out = decode_section(args[1], args[2], args[3], args[4], args[5],
+                                   (PyTypeObject *)cls, args[6], args[7], args[8], fixed,
+                                   &rejected);
+    if (out == NULL && rejected)
+        return python_decoder("py_decode_records_as", args, nargs, 1);
+    return out;
+}
+
+static PyMethodDef module_methods[] = {
+    {"decode_record_tuples", (PyCFunction)(void (*)(void))decode_record_tuples, METH_FASTCALL,
+     "decode_record_tuples(data, base_offset, base_timestamp, record_count, last_offset_delta)"
+     " -> list of (offset, timestamp, key, value, headers); as "
+     "fjord.records.reader.py_decode_record_tuples."},
+    {"decode_records_as", (PyCFunction)(void (*)(void))decode_records_as, METH_FASTCALL,
+     "decode_records_as(cls, data, base_offset, base_timestamp, record_count, "
+     "last_offset_delta, min_offset, topic, partition, fixed_timestamp) -> list of "
+     "cls(topic, partition, offset, key, value, headers, timestamp); as "
+     "fjord.records.reader.py_decode_records_as."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef speedups_module = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "fjord.records._speedups",
+    .m_doc = "RecordBatch v2 hot loops in C; fjord.records.builder / reader are the reference.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__speedups(void)
+{
+    if (PyType_Ready(&AppenderType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&speedups_module);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&AppenderType);
+    if (PyModule_AddObject(module, "RecordAppender", (PyObject *)&AppenderType) < 0) {
+        Py_DECREF(&AppenderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

@@ -1,0 +1,49 @@
+"""Types of the C extension built from _speedups.c (see fjord.records.speedups)."""
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from fjord.records.record import Header
+
+_T = TypeVar("_T", bound=tuple[Any, ...])
+
+class RecordAppender:
+    def __init__(self, batch_size: int) -> None: ...
+    def append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> bool: ...
+    def take_records(self) -> bytes: ...
+    @property
+    def record_count(self) -> int: ...
+    @property
+    def size_in_bytes(self) -> int: ...
+    @property
+    def base_timestamp(self) -> int: ...
+    @property
+    def max_timestamp(self) -> int: ...
+    @property
+    def records_taken(self) -> bool: ...
+
+def decode_record_tuples(
+    data: bytes | bytearray | memoryview,
+    base_offset: int,
+    base_timestamp: int,
+    record_count: int,
+    last_offset_delta: int,
+) -> list[tuple[int, int, bytes | None, bytes | None, tuple[Header, ...]]]: ...
+def decode_records_as(
+    cls: type[_T],
+    data: bytes | bytearray | memoryview,
+    base_offset: int,
+    base_timestamp: int,
+    record_count: int,
+    last_offset_delta: int,
+    min_offset: int,
+    topic: str,
+    partition: int,
+    fixed_timestamp: int | None,
+) -> list[_T]: ...

@@ -1,0 +1,285 @@
+"""The C extension (fjord.records._speedups) against the pure-Python record code it speeds up
+(issue 18): byte-identical batches, the same decoded records, the same errors (type and
+message) for bad input and damaged sections, and kafka-python decoding what the C builder
+writes. The other record tests run against both implementations (``records_implementation``
+in conftest.py); these compare the two directly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from kafka.record.default_records import DefaultRecordBatch
+
+from fjord.client.types import ConsumerRecord
+from fjord.errors import CorruptRecordError, InvalidRecordError
+from fjord.records import BATCH_HEADER_SIZE, Compression, TimestampType, speedups
+from fjord.records.builder import PyBatchBuilder
+from fjord.records.reader import RecordBatch, py_decode_record_tuples, py_decode_records_as
+from tests.helpers.records import record_implementation
+
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+@pytest.fixture(scope="module")
+def c_impl() -> dict[str, Any]:
+    return record_implementation("c")
+
+
+def outcome(fn: Callable[[], Any]) -> tuple[str, Any]:
+    """What a call returns, or the type and message of what it raises."""
+    try:
+        return "ok", fn()
+    except Exception as exc:
+        return type(exc).__name__, str(exc)
+
+
+BYTES_LIKE = st.one_of(
+    st.none(),
+    st.binary(max_size=300),
+    st.binary(max_size=40).map(bytearray),
+    st.binary(max_size=40).map(memoryview),
+)
+HEADERS = st.one_of(
+    st.just(()),
+    st.lists(
+        st.tuples(st.text(max_size=8), st.one_of(st.none(), st.binary(max_size=20))),
+        max_size=3,
+    ).map(tuple),
+)
+TIMESTAMPS = st.one_of(
+    st.integers(-1, 1 << 45),
+    st.integers(INT64_MIN, INT64_MAX),
+    st.sampled_from([0, -1, INT64_MIN, INT64_MAX, 8191, -8192, 8192, -8193]),
+)
+RECORDS = st.lists(st.tuples(TIMESTAMPS, BYTES_LIKE, BYTES_LIKE, HEADERS), min_size=1, max_size=30)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    records=RECORDS,
+    batch_size=st.integers(1, 4000),
+    codec=st.sampled_from([Compression.NONE, Compression.LZ4]),
+    producer=st.tuples(st.integers(-1, 1 << 40), st.integers(-1, 300), st.integers(-1, 1 << 20)),
+    log_append=st.booleans(),
+)
+def test_the_c_builder_writes_the_same_bytes(
+    c_impl, records, batch_size, codec, producer, log_append
+) -> None:
+    settings_ = {
+        "compression": codec,
+        "batch_size": batch_size,
+        "producer_id": producer[0],
+        "producer_epoch": producer[1],
+        "base_sequence": producer[2],
+        "timestamp_type": (
+            TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME
+        ),
+    }
+    ours, reference = c_impl["BatchBuilder"](**settings_), PyBatchBuilder(**settings_)
+    for record in records:
+        got = outcome(lambda b=ours, r=record: b.append(*r))
+        want = outcome(lambda b=reference, r=record: b.append(*r))
+        if want[0] == "ok":
+            assert got == want
+        else:  # the C builder refuses a timestamp out of int64 at once, Python may at build()
+            assert got[0] == want[0] == "InvalidRecordError"
+            return
+        assert (ours.record_count, ours.size_in_bytes) == (
+            reference.record_count,
+            reference.size_in_bytes,
+        )
+    built, expected = outcome(ours.build), outcome(reference.build)
+    assert built == expected
+    if built[0] == "ok" and codec == Compression.NONE:
+        parsed = DefaultRecordBatch(built[1])
+        assert parsed.validate_crc()
+        assert len(list(parsed)) == ours.record_count
+
+
+def test_same_errors_for_bad_input(c_impl) -> None:
+    cases: list[tuple[Any, ...]] = [
+        (1.5, b"k", b"v", ()),
+        (True, b"k", b"v", ()),
+        (1, "text", b"v", ()),
+        (1, b"k", 42, ()),
+        (1, b"k", b"v", (("name", "not bytes"),)),
+        (1, b"k", b"v", ((1, b"v"),)),
+        (1, b"k", b"v", ("x",)),
+        (1, b"k", b"v", (("\ud800", b"v"),)),
+        (INT64_MAX + 1, b"k", b"v", ()),
+        (INT64_MIN - 1, None, None, ()),
+    ]
+    for args in cases:
+        ours, reference = c_impl["BatchBuilder"](), PyBatchBuilder()
+        got = outcome(lambda b=ours, a=args: b.append(*a))
+        assert got == outcome(lambda b=reference, a=args: b.append(*a)), args
+        assert got[0] == "InvalidRecordError", args
+    # A delta out of int64 after a first record at one end of the range.
+    ours, reference = c_impl["BatchBuilder"](), PyBatchBuilder()
+    for builder in (ours, reference):
+        assert builder.append(INT64_MIN, None, b"v")
+    assert outcome(lambda: ours.append(INT64_MAX, None, b"v")) == outcome(
+        lambda: reference.append(INT64_MAX, None, b"v")
+    )
+    # After build(): append refused, build() returns the same bytes.
+    for builder in (ours, reference):
+        first = builder.build()
+        assert builder.build() is first
+        with pytest.raises(InvalidRecordError, match="has been built"):
+            builder.append(1, None, b"v")
+    with pytest.raises(InvalidRecordError, match="without records"):
+        c_impl["BatchBuilder"]().build()
+
+
+def test_keyword_arguments_and_arity(c_impl) -> None:
+    builder = c_impl["BatchBuilder"]()
+    assert builder.append(timestamp_ms=5, key=None, value=b"v", headers=(("h", None),))
+    assert builder.append(6, None, value=b"w")
+    with pytest.raises(TypeError):
+        builder.append(7, None)
+    with pytest.raises(TypeError):
+        builder.append(7, None, b"v", (), "extra")
+    with pytest.raises(TypeError):
+        builder.append(7, None, b"v", colour=1)
+    reference = PyBatchBuilder()
+    assert reference.append(5, None, b"v", (("h", None),)) and reference.append(6, None, b"w")
+    assert builder.build() == reference.build()
+
+
+def _section(records: list[tuple[int, bytes | None, bytes | None, tuple]]) -> tuple[bytes, Any]:
+    builder = PyBatchBuilder(batch_size=1 << 30)
+    for timestamp, key, value, headers in records:
+        assert builder.append(timestamp, key, value, headers)
+    batch = RecordBatch(builder.build())
+    return batch.records_section(), batch.header
+
+
+VALID = st.lists(
+    st.tuples(
+        st.integers(0, 1 << 42),
+        st.one_of(st.none(), st.binary(max_size=30)),
+        st.one_of(st.none(), st.binary(max_size=200)),
+        HEADERS,
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    records=VALID,
+    base_offset=st.sampled_from([0, 7, (1 << 62), INT64_MAX]),
+    damage=st.one_of(
+        st.none(),
+        st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
+        st.tuples(st.just("cut"), st.integers(0, 10_000)),
+        st.tuples(st.just("insert"), st.integers(0, 10_000), st.binary(min_size=1, max_size=3)),
+    ),
+    count_change=st.sampled_from([0, 0, 0, -1, 1, -100]),
+    delta_change=st.sampled_from([0, 0, -1, 5]),
+)
+def test_the_c_decoders_agree_on_valid_and_damaged_sections(
+    c_impl, records, base_offset, damage, count_change, delta_change
+) -> None:
+    section, header = _section(records)
+    if damage is not None:
+        at = damage[1] % len(section)
+        if damage[0] == "flip":
+            section = section[:at] + bytes([section[at] ^ damage[2]]) + section[at + 1 :]
+        elif damage[0] == "cut":
+            section = section[:at]
+        else:
+            section = section[:at] + damage[2] + section[at:]
+    args = (
+        section,
+        base_offset,
+        header.base_timestamp,
+        header.record_count + count_change,
+        header.last_offset_delta + delta_change,
+    )
+    expected = outcome(lambda: py_decode_record_tuples(*args))
+    assert outcome(lambda: c_impl["decode_record_tuples"](*args)) == expected
+    # The C decoder reads any buffer (the consumer hands it a view of the fetched bytes).
+    view_args = (memoryview(bytearray(section)), *args[1:])
+    assert outcome(lambda: c_impl["decode_record_tuples"](*view_args)) == expected
+    if expected[0] == "ok":
+        assert all(type(k) in (bytes, type(None)) for _, _, k, _, _ in expected[1])
+    for min_offset, fixed in ((-1, None), (base_offset + 2, None), (0, 1234)):
+        as_args = (ConsumerRecord, *view_args[:5], min_offset, "topic", 3, fixed)
+        py_args = (ConsumerRecord, *args, min_offset, "topic", 3, fixed)
+        got = outcome(lambda a=as_args: c_impl["decode_records_as"](*a))
+        assert got == outcome(lambda a=py_args: py_decode_records_as(*a))
+        if got[0] == "ok":
+            assert all(type(r) is ConsumerRecord for r in got[1])
+
+
+def test_decoded_records_are_consumer_records(c_impl) -> None:
+    records = [(1_000 + i, b"k%d" % i, b"v" * i, (("h", b"x"),) if i % 2 else ()) for i in range(5)]
+    section, header = _section(records)
+    out = c_impl["decode_records_as"](
+        ConsumerRecord, section, 100, header.base_timestamp, 5, 4, 102, "t", 7, None
+    )
+    assert out == [
+        ConsumerRecord("t", 7, 100 + i, b"k%d" % i, b"v" * i, records[i][3], 1_000 + i)
+        for i in range(2, 5)
+    ]
+    assert out[0].offset == 102 and out[0].trace_context is not None  # a real ConsumerRecord
+    with pytest.raises(TypeError, match="tuple subclass"):
+        c_impl["decode_records_as"](dict, section, 0, 0, 5, 4, 0, "t", 0, None)
+    with pytest.raises(CorruptRecordError, match="records section holds"):
+        c_impl["decode_records_as"](ConsumerRecord, section, 0, 0, 6, 5, 0, "t", 0, None)
+
+
+def test_a_header_only_section_and_empty_input(c_impl) -> None:
+    assert c_impl["decode_record_tuples"](b"", 0, 0, 0, 0) == []
+    assert c_impl["decode_record_tuples"](b"", 0, 0, -3, 0) == py_decode_record_tuples(
+        b"", 0, 0, -3, 0
+    )
+    assert outcome(lambda: c_impl["decode_record_tuples"](b"\x00", 0, 0, 0, 0)) == outcome(
+        lambda: py_decode_record_tuples(b"\x00", 0, 0, 0, 0)
+    )
+
+
+def test_batch_header_bytes_come_from_python(c_impl) -> None:
+    """Only the records section is C's: header and CRC are written by the same Python code."""
+    builder = c_impl["BatchBuilder"](producer_id=9, producer_epoch=1, base_sequence=3)
+    builder.append(1, None, b"v")
+    batch = builder.build()
+    assert len(batch) > BATCH_HEADER_SIZE
+    assert RecordBatch(batch).header.producer_id == 9
+
+
+@pytest.mark.parametrize("forced", ["1", "true", ""])
+def test_fjord_pure_python_selects_the_fallback_at_import(forced: str) -> None:
+    env = {**os.environ, speedups.PURE_PYTHON_ENV: forced}
+    code = (
+        "from fjord.records import builder, reader, speedups; "
+        "print(speedups.IMPLEMENTATION, builder.BatchBuilder.__mro__[2].__name__, "
+        "reader.decode_record_tuples.__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
+    if forced or speedups.EXTENSION is None:
+        assert out == ["python", "PyRecordAppender", "py_decode_record_tuples"]
+    else:
+        assert out == ["c", "RecordAppender", "decode_record_tuples"]
+
+
+def test_huge_record_counts_do_not_allocate(c_impl) -> None:
+    """A header may claim 2**31 records; the decoder must fail on the data, not allocate."""
+    section, _ = _section([(1, None, b"v", ())])
+    with pytest.raises(CorruptRecordError):
+        c_impl["decode_record_tuples"](section, 0, 0, (1 << 31) - 1, (1 << 31) - 1)
