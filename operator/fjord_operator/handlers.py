@@ -567,7 +567,7 @@ class Runtime:
         )
         if ca_data is None:
             raise SecuritySpecError(f"Secret {ca_secret_name(meta['name'])} does not exist yet")
-        from fjord.local.certs import CertificateAuthority
+        from fjord.security.certificates import CertificateAuthority
 
         try:
             ca = CertificateAuthority.from_pem(
@@ -610,7 +610,7 @@ class OperatorIdentity:
         self._serial = 0
 
     def client_config(self, ca: Any, now: datetime) -> dict[str, str]:
-        from fjord.local.certs import write_private
+        from fjord.tls import write_private
 
         if (
             self._config is None
@@ -757,7 +757,7 @@ async def _user_cluster(rt: Runtime, body: Mapping[str, Any]) -> Mapping[str, An
 
 async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
     """Bring a FjordUser's Secret, SCRAM credential and ACLs to its spec (drift both ways)."""
-    from fjord.local.certs import CertificateAuthority
+    from fjord.security.certificates import CertificateAuthority
 
     spec = body.get("spec") or {}
     meta = body["metadata"]

@@ -40,7 +40,6 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fjord.errors import ConfigError
-from fjord.local.certs import CertificateAuthority, make_ca
 from fjord.security import SERVICE_IDENTITY_OU, Principal
 from fjord.security.acls import (
     AUTHORIZER_CLASS_NAMES,
@@ -55,6 +54,7 @@ from fjord.security.acls import (
     ResourcePattern,
     ResourceType,
 )
+from fjord.security.certificates import CertificateAuthority, make_ca
 from fjord.security.scram import SCRAM_SHA_512
 from fjord_operator import settings as s
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import ssl
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -259,3 +261,10 @@ def client_ssl_context(security: ClientSecurity) -> ssl.SSLContext:
     if files.certificate and files.key:
         context.load_cert_chain(files.certificate, files.key)
     return context
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable by its owner only."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)

@@ -42,13 +42,7 @@ from fjord_operator.security import (
     load_certificate,
     plan_certificates,
 )
-from tests.chaos.test_rolling_restart import (
-    PARTITIONS,
-    REFUSALS,
-    TOPIC,
-    AcksAllLoad,
-    read_values,
-)
+from tests.helpers.acks_all_load import PARTITIONS, REFUSALS, TOPIC, AcksAllLoad, read_values
 
 BROKERS = 3
 DAY = datetime.timedelta(days=1)

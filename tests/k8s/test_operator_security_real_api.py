@@ -29,7 +29,6 @@ from cryptography.x509.oid import NameOID
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer
 from fjord.errors import ErrorCode, FjordError
-from fjord.local.certs import CertificateAuthority
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import log_tail
 from fjord.security.acls import (
@@ -41,6 +40,7 @@ from fjord.security.acls import (
     ResourcePattern,
     ResourceType,
 )
+from fjord.security.certificates import CertificateAuthority
 from fjord.testing.waiting import wait_for
 from fjord_operator import settings as s
 from fjord_operator.security import certificate_sans, load_certificate, signed_by

@@ -13,7 +13,6 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import NameOID
 
-from fjord.local.certs import CertificateAuthority, make_ca
 from fjord.security.acls import (
     AclBinding,
     AclOperation,
@@ -21,6 +20,7 @@ from fjord.security.acls import (
     PatternType,
     ResourceType,
 )
+from fjord.security.certificates import CertificateAuthority, make_ca
 from fjord_operator import builders
 from fjord_operator import settings as s
 from fjord_operator.handlers import plan_cluster
