@@ -18,7 +18,12 @@ from fjord.broker.producer_state import (
     load_producer_state,
     write_snapshot,
 )
-from fjord.errors import CoordinatorFencedError, InvalidProducerEpochError, InvalidRecordError
+from fjord.errors import (
+    CoordinatorFencedError,
+    InvalidProducerEpochError,
+    InvalidRecordError,
+    InvalidTxnStateError,
+)
 from fjord.records.builder import BatchBuilder
 from fjord.records.control import build_control_batch, read_control_batch
 from fjord.records.header import crc32c, parse_header
@@ -184,6 +189,10 @@ def test_leader_lso_txnindex_follower_and_restart(tmp_path: Path) -> None:
     with pytest.raises(InvalidProducerEpochError):
         part.append_marker(marker(7, commit=True, epoch=0))
     assert part.log_end_offset == 13 and part.last_stable_offset == 11
+    # Kafka's rule: no non-transactional write while the producer's transaction is open.
+    with pytest.raises(InvalidTxnStateError):
+        part.append_as_leader(txn_batch(7, 2, epoch=1, txn=False), acks=1)
+    assert part.log_end_offset == 13
     assert len(part.log.segments) > 1  # the entries are spread over segments
 
     # A follower copying the log has the same state and index.

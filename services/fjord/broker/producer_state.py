@@ -52,6 +52,7 @@ from fjord.errors import (
     CorruptRecordError,
     InvalidProducerEpochError,
     InvalidRecordError,
+    InvalidTxnStateError,
     OutOfOrderSequenceError,
     UnknownProducerIdError,
 )
@@ -281,7 +282,9 @@ class ProducerStateManager:
 
         Returns a :class:`Duplicate` when the payload repeats remembered batches (all of them:
         then nothing must be appended), None when it may be appended. Raises
-        InvalidProducerEpochError, UnknownProducerIdError, OutOfOrderSequenceError, or
+        InvalidProducerEpochError, UnknownProducerIdError, OutOfOrderSequenceError,
+        InvalidTxnStateError (a non-transactional batch of a producer with an open
+        transaction, Kafka's rule), or
         InvalidRecordError (an idempotent batch without a sequence or epoch, or a payload mixing
         duplicate and new batches). Changes nothing.
         """
@@ -328,7 +331,14 @@ class ProducerStateManager:
                     + _older_than_remembered(entry, h.base_sequence)
                 )
             updated = entry.copy() if entry is not None else ProducerEntry(h.producer_id, -1, -1)
+            if updated.txn_first_offset != NO_TXN and not h.is_transactional:
+                raise InvalidTxnStateError(
+                    f"producer {h.producer_id} has an open transaction here (from offset "
+                    f"{updated.txn_first_offset}): expected a transactional write"
+                )
             _apply(updated, h, 0, 0)
+            if h.is_transactional and updated.txn_first_offset == NO_TXN:
+                updated.txn_first_offset = 0  # opened by this payload (the offset is not known)
             pending[h.producer_id] = updated
             fresh += 1
         if duplicates and fresh:
