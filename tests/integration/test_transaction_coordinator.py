@@ -18,7 +18,14 @@ from fjord._proto import (
     coordinator_pb2,
     coordinator_pb2_grpc,
 )
-from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.client import (
+    AdminClient,
+    Consumer,
+    ConsumerGroupMetadata,
+    NewTopic,
+    Producer,
+    TopicPartition,
+)
 from fjord.errors import ErrorCode, InvalidTxnStateError, TransactionError
 from fjord.testing.waiting import wait_for, wait_for_async
 
@@ -227,3 +234,60 @@ def test_commit_is_seen_abort_is_not_and_a_zombie_is_fenced(
     assert sorted(values) == sorted(
         [f"committed-{i}".encode() for i in range(30)] + [b"after-abort", b"successor"]
     )
+
+
+def test_offsets_sent_to_a_transaction_count_only_when_it_commits(
+    bootstrap: str, txn_topic: str
+) -> None:
+    source = f"txn-in-{uuid.uuid4().hex[:8]}"
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(source, 1, 3)])
+    with Producer({"bootstrap.servers": bootstrap}) as plain:
+        for i in range(10):
+            plain.send(source, f"in-{i}".encode(), partition=0)
+        plain.flush(WAIT_S)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    producer = txn_producer(bootstrap, f"tx-{uuid.uuid4().hex[:8]}")
+    source_tp = TopicPartition(source, 0)
+    try:
+        consumer.subscribe([source])
+        records: list = []
+        wait_for(lambda: records.extend(consumer.poll(0.5)) or len(records) >= 10,
+                 "10 input records", WAIT_S)
+        producer.init_transactions(WAIT_S)
+
+        # Aborted: neither the output nor the offsets count.
+        producer.begin_transaction()
+        producer.send(txn_topic, b"out-aborted")
+        producer.send_offsets_to_transaction({source_tp: 5}, consumer.consumer_group_metadata())
+        producer.abort_transaction(WAIT_S)
+        assert consumer.committed([source_tp], timeout=10)[source_tp] is None
+
+        # Committed: the offsets become the group's committed offsets.
+        producer.begin_transaction()
+        producer.send(txn_topic, b"out-committed")
+        producer.send_offsets_to_transaction(
+            {source_tp: 10}, consumer.consumer_group_metadata()
+        )
+        producer.commit_transaction(WAIT_S)
+        wait_for(lambda: consumer.committed([source_tp], timeout=10)[source_tp],
+                 "the transaction's offsets committed", WAIT_S, accept=lambda o: o == 10)
+
+        # A stale generation is refused and the transaction must be aborted.
+        producer.begin_transaction()
+        stale = ConsumerGroupMetadata(group, 9999, "not-a-member")
+        with pytest.raises(TransactionError) as refused:
+            producer.send_offsets_to_transaction({source_tp: 10}, stale)
+        assert refused.value.txn_requires_abort()
+        producer.abort_transaction(WAIT_S)
+    finally:
+        producer.close(10)
+        consumer.close()

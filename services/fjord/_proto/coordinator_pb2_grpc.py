@@ -95,6 +95,21 @@ class CoordinatorStub:
                 request_serializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
                 _registered_method=True)
+        self.AddOffsetsToTxn = channel.unary_unary(
+                '/fjord.v1.Coordinator/AddOffsetsToTxn',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+                _registered_method=True)
+        self.TxnOffsetCommit = channel.unary_unary(
+                '/fjord.v1.Coordinator/TxnOffsetCommit',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+                _registered_method=True)
+        self.CompleteTxnOffsets = channel.unary_unary(
+                '/fjord.v1.Coordinator/CompleteTxnOffsets',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -185,6 +200,32 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddOffsetsToTxn(self, request, context):
+        """AddOffsetsToTxn: the group's __consumer_offsets partition joins the transaction (the
+        producer then sends TxnOffsetCommit to the group's coordinator).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TxnOffsetCommit(self, request, context):
+        """TxnOffsetCommit (to the group's coordinator): offsets committed in the producer's
+        transaction, pending until it ends (visible on commit, dropped on abort).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CompleteTxnOffsets(self, request, context):
+        """Between coordinators only (the cluster's service identity): the transaction coordinator
+        tells the owner of a __consumer_offsets partition that a producer's transaction ended
+        (after writing its marker there), so its pending offsets are committed or dropped.
+        NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS: retry (at the new owner).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -247,6 +288,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.EndTxn,
                     request_deserializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.SerializeToString,
+            ),
+            'AddOffsetsToTxn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddOffsetsToTxn,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.SerializeToString,
+            ),
+            'TxnOffsetCommit': grpc.unary_unary_rpc_method_handler(
+                    servicer.TxnOffsetCommit,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.SerializeToString,
+            ),
+            'CompleteTxnOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.CompleteTxnOffsets,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -573,6 +629,87 @@ class Coordinator:
             '/fjord.v1.Coordinator/EndTxn',
             fjord_dot_v1_dot_coordinator__pb2.EndTxnRequest.SerializeToString,
             fjord_dot_v1_dot_coordinator__pb2.EndTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddOffsetsToTxn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/AddOffsetsToTxn',
+            fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.AddOffsetsToTxnResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TxnOffsetCommit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/TxnOffsetCommit',
+            fjord_dot_v1_dot_coordinator__pb2.TxnOffsetCommitRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.OffsetCommitResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CompleteTxnOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/CompleteTxnOffsets',
+            fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -21,6 +21,7 @@ from fjord.client.producer import AsyncProducer, Producer
 from fjord.client.types import (
     ClusterDescription,
     ConfigEntry,
+    ConsumerGroupMetadata,
     ConsumerRecord,
     LogDirDescription,
     LogDirPartition,
@@ -44,6 +45,7 @@ __all__ = [
     "Consumer",
     "ConsumerGroupDescription",
     "ConsumerGroupListing",
+    "ConsumerGroupMetadata",
     "ConsumerRecord",
     "FeatureNotAvailableError",
     "IllegalStateError",

@@ -47,6 +47,7 @@ from fjord.client.offset_fetcher import (
 )
 from fjord.client.subscription_state import SubscriptionState
 from fjord.client.types import (
+    ConsumerGroupMetadata,
     ConsumerRecord,
     OffsetAndMetadata,
     OffsetAndTimestamp,
@@ -507,6 +508,21 @@ class Consumer:
         if asynchronous:
             return self._io.submit(coro)
         return self._io.run(coro, self._request_timeout_s + 1)
+
+    def consumer_group_metadata(self) -> ConsumerGroupMetadata:
+        """This member's group identity for a transactional producer's
+        ``send_offsets_to_transaction`` (confluent-kafka's API): group id, generation, member
+        id and ``group.instance.id``."""
+        self._check_open()
+        if self._coordinator is None or self._group_id is None:
+            raise IllegalStateError("consumer_group_metadata() needs a group.id")
+        membership = self._coordinator.membership
+        return ConsumerGroupMetadata(
+            self._group_id,
+            membership.generation,
+            membership.member_id,
+            self.config["group.instance.id"],
+        )
 
     def committed(
         self, partitions: Iterable[TopicPartition], timeout: float | None = None

@@ -38,16 +38,23 @@ from fjord.client.accumulator import (
     RecordAccumulator,
     handle_produce_results,
 )
+from fjord.client.consumer_coordinator import normalize_offsets
 from fjord.client.futures import RecordFuture
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.partitioner import StickyPartitioner, partition_for_key
 from fjord.client.transactions import ClientTransactionManager
-from fjord.client.types import RecordMetadata, TopicPartition
+from fjord.client.types import (
+    ConsumerGroupMetadata,
+    OffsetAndMetadata,
+    RecordMetadata,
+    TopicPartition,
+)
 from fjord.config import ClientConfig, producer_config
 from fjord.errors import (
     ErrorCode,
     FjordError,
+    InvalidRequestError,
     InvalidTxnStateError,
     KafkaTimeoutError,
     RecordTooLargeError,
@@ -698,6 +705,21 @@ class Producer(_ProducerBase):
         txn = self._transactions()
         self._io.run(_call_async(txn.begin), self._max_block_s)
 
+    def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+        group_metadata: ConsumerGroupMetadata | str,
+        timeout: float | None = None,
+    ) -> None:
+        """Commit a consumer's ``offsets`` ({partition: next offset to read}) as part of the
+        transaction: they count only if it commits (consume-transform-produce exactly once).
+        ``group_metadata``: the consumer's ``consumer_group_metadata()`` (or a group id)."""
+        self._not_from_callback("send_offsets_to_transaction()")
+        txn, wait_s = self._transactions(), self._txn_timeout(timeout)
+        group = _group_metadata(group_metadata)
+        chosen = normalize_offsets(offsets)
+        self._io.run(txn.send_offsets(chosen, group, wait_s), wait_s + 5)
+
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush the transaction's records, then commit it. A record that failed makes this
         raise TransactionAbortedError (``txn_requires_abort()``): call abort_transaction()."""
@@ -860,6 +882,18 @@ class AsyncProducer(_ProducerBase):
     async def begin_transaction(self) -> None:
         self._transactions().begin()
 
+    async def send_offsets_to_transaction(
+        self,
+        offsets: Mapping[TopicPartition, int | OffsetAndMetadata],
+        group_metadata: ConsumerGroupMetadata | str,
+        timeout: float | None = None,
+    ) -> None:
+        txn = self._transactions()
+        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
+        await txn.send_offsets(
+            normalize_offsets(offsets), _group_metadata(group_metadata), wait_s
+        )
+
     async def commit_transaction(self, timeout: float | None = None) -> None:
         txn = self._transactions()
         wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
@@ -909,6 +943,16 @@ class AsyncProducer(_ProducerBase):
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
+
+
+def _group_metadata(value: ConsumerGroupMetadata | str) -> ConsumerGroupMetadata:
+    if isinstance(value, str):
+        return ConsumerGroupMetadata(value)
+    if not isinstance(value, ConsumerGroupMetadata) or not value.group_id:
+        raise InvalidRequestError(
+            "group_metadata must be a consumer's consumer_group_metadata() or a group id"
+        )
+    return value
 
 
 async def _call_async(fn: Callable[[], T]) -> T:

@@ -23,12 +23,13 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from fjord._proto import broker_pb2, common_pb2, coordinator_pb2
 from fjord.client.accumulator import IdempotenceState
 from fjord.client.network import Network, transport_error
+from fjord.client.types import ConsumerGroupMetadata, OffsetAndMetadata
 from fjord.errors import (
     ErrorCode,
     FjordError,
@@ -39,6 +40,8 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.groups.offsets_topic import group_partition
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -323,6 +326,96 @@ class ClientTransactionManager:
                 self.abortable(failed)
                 break
         self._wake_sender()
+
+    async def send_offsets(
+        self,
+        offsets: Mapping[TopicPartition, OffsetAndMetadata],
+        group: ConsumerGroupMetadata,
+        timeout_s: float,
+    ) -> None:
+        """AddOffsetsToTxn (the group's ``__consumer_offsets`` partition joins the
+        transaction), then TxnOffsetCommit to the group's coordinator: the offsets count only
+        if the transaction commits. A refused commit (stale generation, ...) makes the
+        transaction abortable."""
+        self.check_send()
+        deadline = time.monotonic() + timeout_s
+        idem = self._idempotence
+        add = coordinator_pb2.AddOffsetsToTxnRequest(
+            transactional_id=self.transactional_id, producer_id=idem.producer_id,
+            producer_epoch=idem.producer_epoch, group_id=group.group_id,
+        )
+        response = await self._call(
+            "send_offsets_to_transaction()",
+            lambda stub: stub.AddOffsetsToTxn(add, timeout=self._request_timeout_s),
+            deadline,
+        )
+        code = error_code_from_number(response.error.code)
+        if code in _FATAL:
+            raise self._fatal(code, f"AddOffsetsToTxn: {code.name} {response.error.message}")
+        if code is not ErrorCode.NONE:
+            self.abortable(error_for_code(code, response.error.message))
+            assert self.error is not None
+            raise self.error
+        self.added.add(TopicPartition(OFFSETS_TOPIC, group_partition(group.group_id)))
+        by_topic: dict[str, list[coordinator_pb2.OffsetCommitPartition]] = {}
+        for tp, om in sorted(offsets.items()):
+            by_topic.setdefault(tp.topic, []).append(
+                coordinator_pb2.OffsetCommitPartition(
+                    partition=tp.partition, committed_offset=om.offset,
+                    committed_leader_epoch=-1 if om.leader_epoch is None else om.leader_epoch,
+                    committed_metadata=om.metadata,
+                )
+            )
+        commit = coordinator_pb2.TxnOffsetCommitRequest(
+            transactional_id=self.transactional_id, group_id=group.group_id,
+            producer_id=idem.producer_id, producer_epoch=idem.producer_epoch,
+            generation_id=group.generation_id, member_id=group.member_id,
+            group_instance_id=group.group_instance_id or "",
+            topics=[
+                coordinator_pb2.OffsetCommitTopic(name=name, partitions=parts)
+                for name, parts in by_topic.items()
+            ],
+        )
+        last = ""
+        while True:
+            failed: ErrorCode | None = None
+            try:
+                address = await self._network.find_coordinator(group.group_id)
+                try:
+                    answer = await self._network.coordinator(address).TxnOffsetCommit(
+                        commit, timeout=self._request_timeout_s
+                    )
+                except Exception as exc:
+                    raise transport_error(exc, address) from exc
+                codes = {error_code_from_number(answer.error.code)} | {
+                    error_code_from_number(p.error.code)
+                    for t in answer.topics for p in t.partitions
+                }
+                codes.discard(ErrorCode.NONE)
+                if not codes:
+                    return
+                failed = next(iter(sorted(codes, key=lambda c: c.retriable)))
+                last = failed.name
+                if not failed.retriable:
+                    break
+            except FjordError as exc:
+                if not exc.retriable:
+                    failed = exc.code
+                    last = str(exc)
+                    break
+                last = str(exc)
+            if time.monotonic() + self._backoff_s >= deadline:
+                raise TransactionError(
+                    f"send_offsets_to_transaction() timed out (last error: {last})",
+                    ErrorCode.REQUEST_TIMED_OUT, retriable=True,
+                )
+            await asyncio.sleep(self._backoff_s)
+        assert failed is not None
+        if failed in _FATAL:
+            raise self._fatal(failed, f"TxnOffsetCommit: {last}")
+        self.abortable(error_for_code(failed, f"TxnOffsetCommit: {last}"))
+        assert self.error is not None
+        raise self.error
 
     def _add_request(
         self, request: coordinator_pb2.AddPartitionsToTxnRequest, stub: Any

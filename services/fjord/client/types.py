@@ -51,6 +51,16 @@ class OffsetAndMetadata(NamedTuple):
     leader_epoch: int | None = None
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    """A group member's identity for ``send_offsets_to_transaction`` (confluent-kafka's
+    ``consumer_group_metadata()``): the coordinator checks the generation as for a commit."""
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
+
+
 class OffsetAndTimestamp(NamedTuple):
     """Answer of ``offsets_for_times``: the first offset whose timestamp is >= the one asked."""
 

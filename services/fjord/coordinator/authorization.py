@@ -80,6 +80,27 @@ class CallerGroups:
         if self._access.enabled:
             self._access.require(self._image(), self._caller, operation, Resource.group(group_id))
 
+    async def txn_commit_offsets(
+        self,
+        group_id: str,
+        *,
+        offsets: Mapping[TopicPartition, OffsetCommitRequestPartition],
+        **kwargs: Any,
+    ) -> dict[TopicPartition, ErrorCode]:
+        """TxnOffsetCommit: Read on the group, Read on each topic (others
+        TOPIC_AUTHORIZATION_FAILED, not written)."""
+        self._require(AclOperation.READ, group_id)
+        denied = {
+            tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED for tp in offsets
+            if not self._allows(AclOperation.READ, Resource.topic(tp.topic))
+        }
+        allowed = {tp: o for tp, o in offsets.items() if tp not in denied}
+        if not allowed:
+            return denied
+        return denied | await self._manager.txn_commit_offsets(
+            group_id, offsets=allowed, **kwargs
+        )
+
     async def join_group(self, group_id: str, **kwargs: Any) -> JoinGroupResponse:
         self._require(AclOperation.READ, group_id)
         return await self._manager.join_group(group_id, **kwargs)

@@ -1261,6 +1261,39 @@ class GroupStateMachine:
         )
         return effects
 
+    def check_txn_commit(
+        self, member_id: str, generation_id: int, group_instance_id: str | None
+    ) -> ErrorCode:
+        """Kafka's TxnOffsetCommit check: a member's generation must be current (a commit
+        with generation < 0 and no member id is not checked, as Kafka's older clients send)."""
+        if self.state is GroupState.DEAD:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        if generation_id < 0 and member_id == UNKNOWN_MEMBER_ID:
+            return ErrorCode.NONE
+        return self._validate_member(member_id, group_instance_id, generation_id)
+
+    def materialize_txn_offsets(
+        self, request_id: int, now_ms: int, offsets: Mapping[TopicPartition, OffsetCommitValue]
+    ) -> list[Effect]:
+        """The transaction that committed ``offsets`` (TxnOffsetCommit) committed: append them
+        as ordinary commits and count them once written, whatever the group's state (they were
+        checked when committed). Replies an OffsetCommitResponse."""
+        effects: list[Effect] = []
+        if self.state is GroupState.DEAD:
+            effects.append(Reply(request_id, OffsetCommitResponse(
+                dict.fromkeys(offsets, ErrorCode.COORDINATOR_NOT_AVAILABLE))))
+            return effects
+        accepted = dict(offsets)
+        records: tuple[LogRecord, ...] = tuple(
+            (OffsetCommitKey(self.group_id, tp[0], tp[1]), value) for tp, value in accepted.items()
+        )
+        self._append(
+            effects,
+            records,
+            _PendingAppend("commit", self.generation_id, request_id, offsets=accepted),
+        )
+        return effects
+
     def _complete_commit(
         self, effects: list[Effect], pending: _PendingAppend, error: ErrorCode
     ) -> None:

@@ -10,6 +10,7 @@ See docs/groups.md ("Effects: what the shell does" and "The coordinator service"
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,12 @@ from fjord.coordinator.group import (
     SyncGroupResponse,
     map_append_error,
 )
-from fjord.coordinator.offsets_log import LoadedGroup, encode_record
+from fjord.coordinator.offsets_log import (
+    LoadedGroup,
+    OffsetCommitValue,
+    PendingTxnOffsetKey,
+    encode_record,
+)
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
 from fjord.groups.offsets_topic import group_partition
 from fjord.groups.state import GroupState
@@ -62,6 +68,15 @@ class Appender(Protocol):
     ) -> asyncio.Future[None]: ...
 
 
+def _materialize(
+    machine: GroupStateMachine,
+    offsets: Mapping[TopicPartition, OffsetCommitValue],
+    request_id: int,
+    now_ms: int,
+) -> list[Effect]:
+    return machine.materialize_txn_offsets(request_id, now_ms, offsets)
+
+
 def wall_clock_ms() -> int:
     """The machines' clock: wall-clock milliseconds (commit timestamps are stored in the log)."""
     return int(time.time() * 1000)
@@ -88,6 +103,11 @@ class _Partition:
     epoch: int
     loaded: bool = False
     groups: dict[str, _Group] = field(default_factory=dict)
+    #: Offsets of open transactions (TxnOffsetCommit), written as pending records:
+    #: {producer id: {group: {partition: offset}}}.
+    pending_txn: dict[int, dict[str, dict[TopicPartition, OffsetCommitValue]]] = field(
+        default_factory=dict
+    )
 
 
 class GroupManager:
@@ -168,6 +188,8 @@ class GroupManager:
             return False
         now = self._clock()
         for name, loaded in groups.items():
+            for pid, offsets in loaded.pending_txn.items():
+                part.pending_txn.setdefault(pid, {})[name] = dict(offsets)
             machine = GroupStateMachine.load(
                 name, loaded.metadata, loaded.offsets, now, self.config
             )
@@ -548,6 +570,109 @@ class GroupManager:
             except FjordError as exc:
                 return map_append_error(exc.code)
         return error
+
+    # --- transactional offsets (docs/transactions.md) ----------------------------------------
+
+    async def txn_commit_offsets(
+        self,
+        group_id: str,
+        *,
+        producer_id: int,
+        member_id: str,
+        generation_id: int,
+        group_instance_id: str | None,
+        offsets: Mapping[TopicPartition, OffsetCommitRequestPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """Kafka's TxnOffsetCommit: the offsets are written as pending records of the
+        producer's transaction and count (OffsetFetch sees them) only once
+        :meth:`complete_txn_offsets` reports that the transaction committed."""
+        errors: dict[TopicPartition, ErrorCode] = {}
+        valid: dict[TopicPartition, OffsetCommitValue] = {}
+        now = self._clock()
+        for tp, request in offsets.items():
+            if self._partition_exists is not None and not self._partition_exists(*tp):
+                errors[tp] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            elif request.offset < 0:
+                errors[tp] = ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+            elif len(request.metadata.encode("utf-8")) > self.config.offset_metadata_max_bytes:
+                errors[tp] = ErrorCode.OFFSET_METADATA_TOO_LARGE
+            else:
+                valid[tp] = OffsetCommitValue(
+                    request.offset, request.leader_epoch, request.metadata, now
+                )
+        part = self._partition_for(group_id)
+        group = self._group(group_id, create=False)
+        if group is not None:
+            check = group.machine.check_txn_commit(member_id, generation_id, group_instance_id)
+            if check is not ErrorCode.NONE:
+                return errors | dict.fromkeys(valid, check)
+        elif generation_id >= 0 or member_id:
+            return errors | dict.fromkeys(valid, ErrorCode.ILLEGAL_GENERATION)
+        if not valid:
+            return errors
+        records = [
+            encode_record((PendingTxnOffsetKey(group_id, tp[0], tp[1], producer_id), value))
+            for tp, value in valid.items()
+        ]
+        try:
+            await asyncio.shield(self._appender.submit(part.number, part.epoch, records))
+        except FjordError as exc:
+            if exc.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                self.fence(part.number, part.epoch)
+            return errors | dict.fromkeys(valid, map_append_error(exc.code))
+        if self._partitions.get(part.number) is not part:
+            return errors | dict.fromkeys(valid, ErrorCode.NOT_COORDINATOR)
+        part.pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(valid)
+        return errors | dict.fromkeys(valid, ErrorCode.NONE)
+
+    async def complete_txn_offsets(self, partition: int, producer_id: int, committed: bool) -> None:
+        """The transaction of ``producer_id`` ended (its marker is written to this
+        ``__consumer_offsets`` partition): its pending offsets become committed offsets
+        (appended as ordinary commits) or are dropped; their pending records are tombstoned.
+        Raises NOT_COORDINATOR / COORDINATOR_LOAD_IN_PROGRESS (the caller retries, at the new
+        owner) and the append's typed error."""
+        if not self.active:
+            raise error_for_code(ErrorCode.COORDINATOR_NOT_AVAILABLE, "not registered")
+        part = self._partitions.get(partition)
+        if part is None:
+            raise error_for_code(
+                ErrorCode.NOT_COORDINATOR,
+                f"__consumer_offsets partition {partition} is not owned here",
+            )
+        if not part.loaded:
+            raise error_for_code(
+                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS,
+                f"__consumer_offsets partition {partition} is still loading",
+            )
+        by_group = part.pending_txn.get(producer_id, {})
+        for group_id, offsets in list(by_group.items()):
+            if committed:
+                group = self._group(group_id, create=True)
+                assert group is not None
+                machine = group.machine
+                response: OffsetCommitResponse = await self._call(
+                    group, functools.partial(_materialize, machine, offsets)
+                )
+                failed = {e for e in response.errors.values() if e is not ErrorCode.NONE}
+                if failed:
+                    raise error_for_code(
+                        failed.pop(), f"materializing the offsets of group {group_id!r}"
+                    )
+            tombstones = [
+                encode_record((PendingTxnOffsetKey(group_id, tp[0], tp[1], producer_id), None))
+                for tp in offsets
+            ]
+            await asyncio.shield(self._appender.submit(part.number, part.epoch, tombstones))
+            if self._partitions.get(part.number) is not part:
+                raise error_for_code(ErrorCode.NOT_COORDINATOR, "the partition moved")
+            by_group.pop(group_id, None)
+        part.pending_txn.pop(producer_id, None)
+
+    def has_pending_txn_offsets(self, group_id: str) -> bool:
+        """Whether some open transaction committed offsets of ``group_id`` (OffsetFetch with
+        require_stable answers UNSTABLE_OFFSET_COMMIT then)."""
+        part = self._partition_for(group_id)
+        return any(group_id in groups for groups in part.pending_txn.values())
 
     # --- periodic duties --------------------------------------------------------------------
 

@@ -24,6 +24,13 @@ Values (int16 version first; a null value is a tombstone that deletes the key)::
     member v3: member_id, group_instance_id: nullable string, client_id, client_host,
                rebalance_timeout, session_timeout, subscription, assignment
 
+Fjord's own record (not in Kafka: Kafka writes these offsets as transactional batches of the
+producer instead, see docs/transactions.md)::
+
+    pending transactional offset key  v100  group: string, topic: string, partition: int32,
+                                            producer_id: int64
+    (value: offset commit value v3; a tombstone once the transaction ended)
+
 Fjord writes key v1, offset value v3 (v1 when an explicit expire timestamp is set, as Kafka) and
 group value v3; it reads every version above.
 """
@@ -56,6 +63,20 @@ class OffsetCommitKey:
 @dataclass(frozen=True)
 class GroupMetadataKey:
     group: str
+
+
+@dataclass(frozen=True)
+class PendingTxnOffsetKey:
+    """An offset committed by TxnOffsetCommit in producer ``producer_id``'s open transaction:
+    it counts only once that transaction commits."""
+
+    group: str
+    topic: str
+    partition: int
+    producer_id: int
+
+
+PENDING_TXN_OFFSET_KEY_VERSION = 100
 
 
 @dataclass(frozen=True)
@@ -95,13 +116,16 @@ class GroupMetadataValue:
     members: tuple[MemberRecord, ...] = ()
 
 
-RecordKey = OffsetCommitKey | GroupMetadataKey
+RecordKey = OffsetCommitKey | GroupMetadataKey | PendingTxnOffsetKey
 RecordValue = OffsetCommitValue | GroupMetadataValue
 #: One ``__consumer_offsets`` record: a key and its value, or None for a tombstone.
 LogRecord = tuple[RecordKey, RecordValue | None]
 
 
 def encode_key(key: RecordKey) -> bytes:
+    if isinstance(key, PendingTxnOffsetKey):
+        writer = Writer().int16(PENDING_TXN_OFFSET_KEY_VERSION).string(key.group)
+        return writer.string(key.topic).int32(key.partition).int64(key.producer_id).bytes()
     if isinstance(key, OffsetCommitKey):
         writer = Writer().int16(OFFSET_KEY_VERSION).string(key.group).string(key.topic)
         return writer.int32(key.partition).bytes()
@@ -143,6 +167,8 @@ def decode_key(data: bytes) -> RecordKey:
         key = OffsetCommitKey(reader.string(), reader.string(), reader.int32())
     elif version == 2:
         key = GroupMetadataKey(reader.string())
+    elif version == PENDING_TXN_OFFSET_KEY_VERSION:
+        key = PendingTxnOffsetKey(reader.string(), reader.string(), reader.int32(), reader.int64())
     else:
         raise CorruptRecordError(f"__consumer_offsets key: unknown version {version}")
     if not reader.done():
@@ -211,7 +237,7 @@ def decode_record(key: bytes, value: bytes | None) -> LogRecord:
     decoded_key = decode_key(key)
     if value is None:
         return decoded_key, None
-    if isinstance(decoded_key, OffsetCommitKey):
+    if isinstance(decoded_key, OffsetCommitKey | PendingTxnOffsetKey):
         return decoded_key, decode_offset_value(value)
     return decoded_key, decode_group_value(value)
 
@@ -224,6 +250,8 @@ class LoadedGroup:
     group_id: str
     metadata: GroupMetadataValue | None = None
     offsets: dict[TopicPartition, OffsetCommitValue] = field(default_factory=dict)
+    #: Offsets of open transactions: {producer id: {partition: offset}}.
+    pending_txn: dict[int, dict[TopicPartition, OffsetCommitValue]] = field(default_factory=dict)
 
 
 class GroupMetadataLoader:
@@ -238,8 +266,23 @@ class GroupMetadataLoader:
     def __init__(self) -> None:
         self._metadata: dict[str, GroupMetadataValue] = {}
         self._offsets: dict[str, dict[TopicPartition, OffsetCommitValue]] = {}
+        self._pending: dict[str, dict[int, dict[TopicPartition, OffsetCommitValue]]] = {}
 
     def apply(self, key: RecordKey, value: RecordValue | None) -> None:
+        if isinstance(key, PendingTxnOffsetKey):
+            tp = TopicPartition(key.topic, key.partition)
+            by_pid = self._pending.setdefault(key.group, {})
+            if value is None:
+                by_pid.get(key.producer_id, {}).pop(tp, None)
+                if not by_pid.get(key.producer_id, True):
+                    del by_pid[key.producer_id]
+                if not by_pid:
+                    del self._pending[key.group]
+            elif isinstance(value, OffsetCommitValue):
+                by_pid.setdefault(key.producer_id, {})[tp] = value
+            else:
+                raise CorruptRecordError(f"pending offset key of {key.group!r} with group value")
+            return
         if isinstance(key, OffsetCommitKey):
             tp = TopicPartition(key.topic, key.partition)
             if value is None:
@@ -268,9 +311,14 @@ class GroupMetadataLoader:
         self.apply(*decode_record(key, value))
 
     def groups(self) -> dict[str, LoadedGroup]:
-        names = set(self._metadata) | set(self._offsets)
+        names = set(self._metadata) | set(self._offsets) | set(self._pending)
         return {
-            name: LoadedGroup(name, self._metadata.get(name), dict(self._offsets.get(name, {})))
+            name: LoadedGroup(
+                name,
+                self._metadata.get(name),
+                dict(self._offsets.get(name, {})),
+                {pid: dict(o) for pid, o in self._pending.get(name, {}).items()},
+            )
             for name in sorted(names)
         }
 

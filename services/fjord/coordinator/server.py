@@ -26,7 +26,7 @@ import aetcd
 import grpc
 from grpc import aio
 
-from fjord._proto import broker_pb2, common_pb2, coordinator_pb2_grpc
+from fjord._proto import broker_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_into, replay_partitions
@@ -77,7 +77,7 @@ from fjord.serving import (
     cancel_until_done,
     run_until_signalled,
 )
-from fjord.tls import server_ssl_context, use_service_security
+from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import ABORT_TIMED_OUT_INTERVAL_MS, TRANSACTION_STATE_TOPIC
 from fjord.transactions.log import TransactionLogLoader
@@ -231,6 +231,7 @@ class CoordinatorServer:
             self._txn_appender,
             self._write_txn_markers,
             self._new_producer_id,
+            self._complete_txn_offsets,
             partition_exists=self._partition_exists,
         )
         self._txn_load_wakeup = asyncio.Event()
@@ -286,7 +287,10 @@ class CoordinatorServer:
             self.manager, self._image, access_control(opts.authorization)
         )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-            CoordinatorServicer(groups, self.transactions), self._server
+            CoordinatorServicer(
+                groups, self.transactions, ClusterActionGuard.for_service(opts.security)
+            ),
+            self._server,
         )
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
@@ -656,6 +660,35 @@ class CoordinatorServer:
         raise error_for_code(
             ErrorCode.COORDINATOR_NOT_AVAILABLE, "no broker allocated a producer id"
         )
+
+    async def _complete_txn_offsets(
+        self, partition: int, producer_id: int, producer_epoch: int, committed: bool
+    ) -> None:
+        """Tell the owner of ``__consumer_offsets`` partition ``partition`` (this coordinator
+        or another, over gRPC) that the transaction ended; raises to be retried."""
+        owner = self._image().offsets_owner(partition)
+        if owner is None:
+            raise error_for_code(ErrorCode.COORDINATOR_NOT_AVAILABLE, "no owner")
+        if owner.coordinator_id == self.options.coordinator_id:
+            await self.manager.complete_txn_offsets(partition, producer_id, committed)
+            return
+        registration = self._image().coordinators.get(owner.coordinator_id)
+        if registration is None:
+            raise error_for_code(ErrorCode.COORDINATOR_NOT_AVAILABLE, "the owner is not live")
+        address = registration.address
+        try:
+            answer = await self._network.coordinator(address).CompleteTxnOffsets(
+                coordinator_pb2.CompleteTxnOffsetsRequest(
+                    partition=partition, producer_id=producer_id,
+                    producer_epoch=producer_epoch, committed=committed,
+                ),
+                timeout=self._commit_timeout_ms / 1000,
+            )
+        except Exception as exc:
+            raise transport_error(exc, address) from exc
+        code = error_code_from_number(answer.error.code)
+        if code is not ErrorCode.NONE:
+            raise error_for_code(code, answer.error.message)
 
     async def _write_txn_markers(
         self,

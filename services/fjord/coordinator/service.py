@@ -22,6 +22,7 @@ from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
 from fjord.security.acls import AclOperation, Resource
 from fjord.serving import grpc_caller
+from fjord.tls import ClusterActionGuard
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -89,12 +90,14 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self,
         groups: GroupManager | AuthorizedGroups,
         transactions: TransactionManager | None = None,
+        cluster_action: ClusterActionGuard | None = None,
     ) -> None:
         #: Every request reaches the manager through its caller's ACL-checked view.
         self._groups = (
             groups if isinstance(groups, AuthorizedGroups) else AuthorizedGroups(groups)
         )
         self._transactions = transactions
+        self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
 
     # --- transactions (Kafka's ACLs: Write on the TransactionalId; AddPartitionsToTxn also
     # Write on each topic) ----------------------------------------------------------------------
@@ -183,6 +186,69 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return coordinator_pb2.EndTxnResponse(error=error_pb(ErrorCode.NONE))
 
         return await _guard(lambda e: coordinator_pb2.EndTxnResponse(error=e), body())
+
+    async def AddOffsetsToTxn(
+        self, request: coordinator_pb2.AddOffsetsToTxnRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.AddOffsetsToTxnResponse:
+        async def body() -> coordinator_pb2.AddOffsetsToTxnResponse:
+            manager = self._txn(context, request.transactional_id)
+            access = self._groups.access
+            if access.enabled:
+                access.require(self._groups.image(), grpc_caller(context), AclOperation.READ,
+                               Resource.group(request.group_id))
+            await manager.add_offsets(
+                request.transactional_id, request.producer_id, request.producer_epoch,
+                request.group_id,
+            )
+            return coordinator_pb2.AddOffsetsToTxnResponse(error=error_pb(ErrorCode.NONE))
+
+        return await _guard(lambda e: coordinator_pb2.AddOffsetsToTxnResponse(error=e), body())
+
+    async def TxnOffsetCommit(
+        self, request: coordinator_pb2.TxnOffsetCommitRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.OffsetCommitResponse:
+        async def body() -> coordinator_pb2.OffsetCommitResponse:
+            if not request.group_id:
+                raise InvalidGroupIdError("group id must be a non-empty string")
+            self._txn(context, request.transactional_id)  # Write on the TransactionalId
+            offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
+            for topic in request.topics:
+                for p in topic.partitions:
+                    tp = TopicPartition(topic.name, p.partition)
+                    if tp in offsets:
+                        raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
+                    offsets[tp] = OffsetCommitRequestPartition(
+                        p.committed_offset, p.committed_leader_epoch, p.committed_metadata
+                    )
+            errors = await self._as(context).txn_commit_offsets(
+                request.group_id,
+                producer_id=request.producer_id,
+                member_id=request.member_id,
+                generation_id=request.generation_id,
+                group_instance_id=_optional(request.group_instance_id),
+                offsets=offsets,
+            )
+            return _offset_commit_response(errors)
+
+        return await _guard(lambda e: coordinator_pb2.OffsetCommitResponse(error=e), body())
+
+    async def CompleteTxnOffsets(
+        self, request: coordinator_pb2.CompleteTxnOffsetsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.CompleteTxnOffsetsResponse:
+        async def body() -> coordinator_pb2.CompleteTxnOffsetsResponse:
+            if not self._cluster_action.allows(context, "CompleteTxnOffsets"):
+                raise FjordError(
+                    "only the cluster's service identity completes transactional offsets",
+                    ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+                )
+            await self._groups.manager.complete_txn_offsets(
+                request.partition, request.producer_id, request.committed
+            )
+            return coordinator_pb2.CompleteTxnOffsetsResponse(error=error_pb(ErrorCode.NONE))
+
+        return await _guard(
+            lambda e: coordinator_pb2.CompleteTxnOffsetsResponse(error=e), body()
+        )
 
     def _as(self, context: aio.ServicerContext) -> CallerGroups:
         """The manager as this call's caller may use it."""
@@ -425,3 +491,22 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 error = exception_pb(exc)
             results.append(coordinator_pb2.DeletableGroupResult(group_id=group_id, error=error))
         return coordinator_pb2.DeleteGroupsResponse(results=results)
+
+
+def _offset_commit_response(
+    errors: dict[TopicPartition, ErrorCode],
+) -> coordinator_pb2.OffsetCommitResponse:
+    by_topic: dict[str, list[coordinator_pb2.OffsetCommitPartitionResponse]] = {}
+    for (topic_name, partition), error in sorted(errors.items()):
+        by_topic.setdefault(topic_name, []).append(
+            coordinator_pb2.OffsetCommitPartitionResponse(
+                partition=partition, error=error_pb(error)
+            )
+        )
+    return coordinator_pb2.OffsetCommitResponse(
+        error=error_pb(ErrorCode.NONE),
+        topics=[
+            coordinator_pb2.OffsetCommitTopicResponse(name=name, partitions=parts)
+            for name, parts in by_topic.items()
+        ],
+    )

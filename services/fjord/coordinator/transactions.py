@@ -21,9 +21,12 @@ from fjord.errors import (
     ConcurrentTransactionsError,
     ErrorCode,
     FjordError,
+    InvalidGroupIdError,
     InvalidRequestError,
     error_for_code,
 )
+from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.groups.offsets_topic import group_partition
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import TRANSACTION_MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC
 from fjord.transactions.log import encode_record, transaction_partition
@@ -88,6 +91,7 @@ class TransactionManager:
         appender: Appender,
         markers: MarkerWriter,
         new_producer_id: Callable[[], Awaitable[int]],
+        complete_offsets: Callable[[int, int, int, bool], Awaitable[None]] | None = None,
         *,
         clock: Callable[[], int] = wall_clock_ms,
         max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
@@ -96,6 +100,9 @@ class TransactionManager:
         self._appender = appender
         self._markers = markers
         self._new_producer_id = new_producer_id
+        #: (``__consumer_offsets`` partition, producer id, epoch, committed): tells the group
+        #: coordinator owning that partition that the transaction ended (raises to retry).
+        self._complete_offsets = complete_offsets
         self._clock = clock
         self.max_timeout_ms = max_timeout_ms
         self._partition_exists = partition_exists
@@ -312,6 +319,19 @@ class TransactionManager:
             await self._write(part, meta, record)
         return dict.fromkeys(wanted, ErrorCode.NONE)
 
+    async def add_offsets(
+        self, transactional_id: str, producer_id: int, producer_epoch: int, group_id: str
+    ) -> None:
+        """AddOffsetsToTxn: the group's ``__consumer_offsets`` partition joins the
+        transaction (its pending offsets are completed with it)."""
+        if not group_id:
+            raise InvalidGroupIdError("the group id is empty")
+        tp = TopicPartition(OFFSETS_TOPIC, group_partition(group_id))
+        errors = await self.add_partitions(transactional_id, producer_id, producer_epoch, [tp])
+        code = errors.get(tp, ErrorCode.NONE)
+        if code is not ErrorCode.NONE:
+            raise error_for_code(code, f"adding {OFFSETS_TOPIC}-{tp.partition}")
+
     async def end_transaction(
         self, transactional_id: str, producer_id: int, producer_epoch: int, committed: bool
     ) -> None:
@@ -382,6 +402,24 @@ class TransactionManager:
                 log.debug(
                     "markers of %r: %d partitions left (%s)", record.transactional_id,
                     len(remaining), {tp: results.get(tp) for tp in remaining},
+                )
+                await asyncio.sleep(MARKER_RETRY_BACKOFF_S)
+        offsets_partitions = sorted(
+            tp.partition for tp in record.partitions if tp.topic == OFFSETS_TOPIC
+        )
+        while offsets_partitions and self._complete_offsets is not None:
+            if not self._owns(part):
+                return
+            number = offsets_partitions[0]
+            try:
+                await self._complete_offsets(
+                    number, record.producer_id, record.producer_epoch, committed
+                )
+                offsets_partitions.pop(0)
+            except Exception as exc:
+                log.info(
+                    "completing the offsets of %r in %s-%d: %s; retrying",
+                    record.transactional_id, OFFSETS_TOPIC, number, exc,
                 )
                 await asyncio.sleep(MARKER_RETRY_BACKOFF_S)
         while self._owns(part) and meta.state in _PREPARE_STATES:
