@@ -327,6 +327,15 @@ def config_map(body: Mapping[str, Any]) -> Obj:
     }
 
 
+def broker_pod_annotations(body: Mapping[str, Any]) -> dict[str, str]:
+    """Annotations of the broker pod template. ``fjord.io/restart`` is copied from the
+    FjordCluster (``kubectl annotate fjc NAME fjord.io/restart=$(date +%s) --overwrite``): a
+    new value changes the template, so every broker is restarted safely, one at a time."""
+    annotations = body["metadata"].get("annotations") or {}
+    restart = annotations.get(s.RESTART_ANNOTATION)
+    return {s.RESTART_ANNOTATION: str(restart)} if restart is not None else {}
+
+
 def broker_statefulset(
     body: Mapping[str, Any], replicas: int, tls_revision: str | None = None
 ) -> Obj:
@@ -364,14 +373,17 @@ def broker_statefulset(
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
     }
-    template_meta: Obj = {"labels": labels(name, "broker")}
+    template_meta: Obj = {
+        "labels": labels(name, "broker"),
+        "annotations": broker_pod_annotations(body),
+    }
     if _security(spec) is not None:
         _mount_tls(pod_spec, container, name, "broker")
         if tls_revision:
             # A renewal changes the template; the operator's safe roller (fjord_operator.rolling,
             # issue 19) restarts the out-of-date broker pods one at a time, never below
             # min.insync.replicas, the next once the last is back in every ISR.
-            template_meta["annotations"] = {s.TLS_REVISION_ANNOTATION: tls_revision}
+            template_meta["annotations"][s.TLS_REVISION_ANNOTATION] = tls_revision
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -380,7 +392,10 @@ def broker_statefulset(
             "replicas": replicas,
             "serviceName": broker_headless_name(name),
             "podManagementPolicy": "Parallel",
-            "updateStrategy": {"type": "RollingUpdate"},
+            # The operator restarts out-of-date broker pods itself, one at a time and never one
+            # that a partition needs for min.insync.replicas (fjord_operator.rolling); the
+            # StatefulSet controller's RollingUpdate would only wait for readiness.
+            "updateStrategy": {"type": "OnDelete"},
             "selector": {"matchLabels": selector_labels(name, "broker")},
             "template": {
                 "metadata": template_meta,

@@ -252,6 +252,73 @@ def _decide_scale_in(
     )
 
 
+# -- rolling restarts of brokers ----------------------------------------------------------------
+
+#: The label the StatefulSet controller puts on each pod: the template revision it was made from.
+POD_REVISION_LABEL = "controller-revision-hash"
+
+
+@dataclass(frozen=True, slots=True)
+class RollTargets:
+    """Which brokers a rolling change still has to restart and which do not serve now.
+    ``to_restart``: ordinals whose pod was made from an older template revision than the
+    StatefulSet's ``updateRevision`` (ordinal order). ``not_serving``: ordinals whose pod is
+    missing, terminating or not Ready (the planner counts them as down). ``settled``: False
+    while the StatefulSet controller has not yet observed the latest template (its
+    ``updateRevision`` may be stale): nothing is restarted then."""
+
+    to_restart: tuple[int, ...]
+    not_serving: frozenset[int]
+    settled: bool
+    update_revision: str | None
+
+
+def roll_targets(
+    statefulset: Mapping[str, object], pods: Sequence[Mapping[str, object]], replicas: int
+) -> RollTargets:
+    """:class:`RollTargets` of the broker StatefulSet (``OnDelete``: the operator, not the
+    StatefulSet controller, restarts pods, one at a time through the rolling-restart planner)
+    and its pods, both as the API returns them; ordinals >= ``replicas`` are ignored."""
+    meta = statefulset.get("metadata") or {}
+    status = statefulset.get("status") or {}
+    assert isinstance(meta, Mapping) and isinstance(status, Mapping)
+    revision = status.get("updateRevision")
+    settled = revision is not None and int(status.get("observedGeneration") or 0) >= int(
+        meta.get("generation") or 0
+    )
+    to_restart: list[int] = []
+    seen: set[int] = set()
+    not_serving: set[int] = set()
+    for pod in pods:
+        pod_meta = pod.get("metadata") or {}
+        assert isinstance(pod_meta, Mapping)
+        try:
+            ordinal = int(str(pod_meta.get("name", "")).rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+        if ordinal >= replicas:
+            continue
+        seen.add(ordinal)
+        labels = pod_meta.get("labels") or {}
+        assert isinstance(labels, Mapping)
+        if settled and labels.get(POD_REVISION_LABEL) != revision:
+            to_restart.append(ordinal)
+        pod_status = pod.get("status") or {}
+        assert isinstance(pod_status, Mapping)
+        conditions = pod_status.get("conditions") or []
+        assert isinstance(conditions, list)
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+        if pod_meta.get("deletionTimestamp") or not ready:
+            not_serving.add(ordinal)
+    not_serving.update(set(range(replicas)) - seen)
+    return RollTargets(
+        tuple(sorted(to_restart)),
+        frozenset(not_serving),
+        settled,
+        str(revision) if revision else None,
+    )
+
+
 # -- topics -------------------------------------------------------------------------------------
 
 

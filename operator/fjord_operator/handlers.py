@@ -25,7 +25,7 @@ from typing import Any
 
 import kopf
 
-from fjord.cluster.rolling_restart import PartitionIsr
+from fjord.cluster.rolling_restart import PartitionIsr, RollAction, RollStep
 from fjord.errors import (
     ErrorCode,
     FjordError,
@@ -51,13 +51,19 @@ from fjord_operator.decisions import (
     decide_scaling,
     decide_topic,
     prune_samples,
+    roll_targets,
     samples_from_status,
     samples_to_status,
     topic_bytes_in,
     topic_spec_problems,
 )
 from fjord_operator.login import SERVICE_ACCOUNT_DIR, KubeLogin, connection_info, resolve_login
-from fjord_operator.rolling import partitions_for_roll
+from fjord_operator.rolling import (
+    in_flight_from_status,
+    in_flight_to_status,
+    partitions_for_roll,
+    roll_step,
+)
 from fjord_operator.security import (
     SCRAM,
     AclChanges,
@@ -77,7 +83,7 @@ from fjord_operator.security import (
     user_principal,
 )
 from fjord_operator.settings import OperatorSettings
-from fjord_operator.status import Outcome, Verdict, status_patch
+from fjord_operator.status import Outcome, Verdict, condition_of, status_patch
 
 log = logging.getLogger(__name__)
 
@@ -446,6 +452,16 @@ class KubeApi:
             raise
         return live.to_dict() if hasattr(live, "to_dict") else dict(live)
 
+    async def list(
+        self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
+    ) -> list[dict[str, Any]]:
+        """The live objects of ``kind`` in ``namespace`` carrying every label of ``labels``."""
+        resource = self._resource_of({"apiVersion": api_version, "kind": kind})
+        out = []
+        async for item in self.client().list(resource, namespace=namespace, labels=dict(labels)):
+            out.append(item.to_dict() if hasattr(item, "to_dict") else dict(item))
+        return out
+
     async def apply(self, obj: Mapping[str, Any]) -> str:
         """Create ``obj`` or patch the live one towards it: "created", "patched" or
         "unchanged"."""
@@ -709,6 +725,8 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
                 **status_patch(verdict, meta.get("generation"), body.get("status"), now),
             }
             return ClusterPlan(plan.objects, {}, status, retry=True)
+    if live_sts is not None and registered is not None:
+        plan = await _roll_brokers(rt, body, live_sts, plan, now)
     return plan
 
 
@@ -846,6 +864,68 @@ async def finalize_user(rt: Runtime, body: Mapping[str, Any]) -> None:
             await admin.delete_principal_acls(user_principal(name))
             await admin.delete_scram(name, await admin.scram_mechanisms(name))
     await rt.kube.delete("v1", "Secret", namespace, name)
+
+
+async def _roll_brokers(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    live_sts: Mapping[str, Any],
+    plan: ClusterPlan,
+    now: datetime,
+) -> ClusterPlan:
+    """One step of a rolling restart of the brokers (a changed pod template): delete the pod
+    the planner names, or wait. Progress (the broker restarted last and the ISRs it left) is
+    kept in ``status.rolling``; while a roll is pending the cluster is not Ready."""
+    meta = body["metadata"]
+    namespace, name = meta.get("namespace", "default"), meta["name"]
+    if not (live_sts.get("status") or {}).get("updateRevision"):
+        return plan  # the StatefulSet controller has not reported revisions yet
+    replicas = int(live_sts["spec"].get("replicas", 0))
+    pods = await rt.kube.list("v1", "Pod", namespace, builders.selector_labels(name, "broker"))
+    targets = roll_targets(live_sts, pods, replicas)
+    previous = (body.get("status") or {}).get("rolling") or {}
+    in_flight = in_flight_from_status(previous.get("restarting"))
+    rolling: dict[str, Any] = {"revision": targets.update_revision}
+    if not targets.settled:
+        step_reason, pending = "waiting for the StatefulSet controller to see the template", True
+    elif not targets.to_restart and in_flight is None:
+        step_reason, pending = "every broker runs the current template", False
+    else:
+
+        async def restart(broker: int) -> None:
+            pod = f"{builders.broker_name(name)}-{broker}"
+            log.info("rolling restart of %s/%s: deleting pod %s", namespace, name, pod)
+            await rt.kube.delete("v1", "Pod", namespace, pod)
+
+        try:
+            step = await roll_step(
+                await rt.cluster_admin(body),
+                targets.to_restart,
+                in_flight,
+                restart,
+                not_serving=targets.not_serving,
+            )
+        except Exception as exc:
+            if not (_unreachable(exc) or isinstance(exc, SecuritySpecError)):
+                raise
+            step = RollStep(RollAction.WAIT, f"the Fjord cluster did not answer: {exc}")
+        if step.action is RollAction.RESTART:
+            in_flight = step.in_flight
+        elif step.back is not None:
+            in_flight = None
+        step_reason, pending = step.reason, step.action is not RollAction.DONE
+    rolling.update(
+        phase="Rolling" if pending else "Idle",
+        pending=list(targets.to_restart),
+        restarting=in_flight_to_status(in_flight),
+        message=step_reason,
+    )
+    status = {**plan.status, "rolling": rolling}
+    ready = (condition_of(plan.status, "Ready") or {}).get("status") == "True"
+    if pending and ready:
+        verdict = Verdict(Outcome.RECONCILING, "RollingRestart", step_reason)
+        status.update(status_patch(verdict, meta.get("generation"), body.get("status"), now))
+    return ClusterPlan(plan.objects, plan.reassign, status, retry=plan.retry or pending)
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,6 +23,10 @@ TOPIC_PLURAL = "fjordtopics"
 USER_KIND = "FjordUser"
 USER_PLURAL = "fjordusers"
 
+#: Annotation on a FjordCluster copied into the broker pod template: changing it restarts every
+#: broker, safely and one at a time (as ``kubectl rollout restart`` does for a Deployment).
+RESTART_ANNOTATION = "fjord.io/restart"
+
 #: Annotation on a FjordCluster naming the Fjord bootstrap servers the operator talks to
 #: (external clusters, tests); without it the client Service ``<name>-broker`` is used.
 BOOTSTRAP_ANNOTATION = "fjord.io/bootstrap-servers"

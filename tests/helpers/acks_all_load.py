@@ -20,10 +20,18 @@ REFUSALS = ("NOT_ENOUGH_REPLICAS", "NOT_ENOUGH_REPLICAS_AFTER_APPEND")
 
 
 class AcksAllLoad:
-    """A thread producing acks=all without client retries: each answer is counted (``acked``
-    values, ``errors`` by code name) and a failed record is sent again."""
+    """A thread producing acks=all to ``topic`` without client retries (``retries=0``, no
+    idempotence), so each answer is counted: ``acked`` values, ``errors`` by code name; a
+    failed record is sent again. ``crashed``: what ended the thread, if anything."""
 
-    def __init__(self, bootstrap: str, client_config: Mapping[str, object] | None = None) -> None:
+    def __init__(
+        self,
+        bootstrap: str,
+        client_config: Mapping[str, object] | None = None,
+        *,
+        topic: str = TOPIC,
+    ) -> None:
+        self.topic = topic
         self.producer = Producer({
             **(client_config or {}),  # a secure cluster's security.protocol and ssl.*
             "bootstrap.servers": bootstrap,
@@ -36,10 +44,10 @@ class AcksAllLoad:
         })
         self.acked: set[bytes] = set()
         self.errors: Counter[str] = Counter()
+        self.crashed: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="acks-all-load", daemon=True)
         self._next = 0
-        self.crashed: BaseException | None = None
 
     def _run(self) -> None:
         try:
@@ -54,7 +62,7 @@ class AcksAllLoad:
             values = retry + [f"r{self._next + i}".encode() for i in range(20 - len(retry))]
             self._next += 20 - len(retry)
             retry = []
-            futures = [(v, self.producer.send(TOPIC, value=v, key=v)) for v in values]
+            futures = [(v, self.producer.send(self.topic, value=v, key=v)) for v in values]
             for value, future in futures:
                 try:
                     future.result(timeout=30)
@@ -68,17 +76,32 @@ class AcksAllLoad:
     def start(self) -> None:
         self._thread.start()
 
+    def wait_acked(self, count: int, timeout: float = 60) -> None:
+        """Until ``count`` records more than now are acknowledged (the thread still runs)."""
+        target = len(self.acked) + count
+        wait_for(lambda: len(self.acked) >= target or self.crashed is not None,
+                 f"{count} more records acknowledged", timeout)
+        assert self.crashed is None, self.crashed
+
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(60)
         self.producer.close()
 
 
-def read_values(bootstrap: str, client_config: Mapping[str, object] | None = None) -> set[bytes]:
+def read_values(
+    bootstrap: str,
+    client_config: Mapping[str, object] | None = None,
+    *,
+    topic: str = TOPIC,
+    partitions: int = PARTITIONS,
+    timeout: float = 60,
+) -> set[bytes]:
+    """Every value of ``topic`` (partitions 0..partitions-1) up to its current end."""
     config = {**(client_config or {}), "bootstrap.servers": bootstrap,
               "auto.offset.reset": "earliest"}
     with Consumer(config) as consumer:
-        tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
         consumer.assign(tps)
         end = consumer.end_offsets(tps)
         values: set[bytes] = set()
@@ -89,5 +112,5 @@ def read_values(bootstrap: str, client_config: Mapping[str, object] | None = Non
             values.update(r.value for r in consumer.poll(timeout=1.0) if r.value is not None)
             return False
 
-        wait_for(read_to_end, f"{TOPIC} read to its end", 60, interval=0)
+        wait_for(read_to_end, f"{topic} read to its end", timeout, interval=0)
         return values

@@ -279,7 +279,7 @@ def test_operator_gets_exactly_what_it_reconciles(values: Path | None) -> None:
         ("", "configmaps"): write,
         ("policy", "poddisruptionbudgets"): write,
         ("", "secrets"): write,
-        # delete: a broker restarted after a certificate renewal, one at a time
+        # delete: rolling restarts of brokers (template change, certificate renewal), one at a time
         ("", "pods"): {"get", "list", "watch", "delete"},
         ("", "events"): {"create"},
     }

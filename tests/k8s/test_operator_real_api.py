@@ -370,7 +370,7 @@ OPERATOR_NEEDS = [
     ("patch", "configmaps", IN_CLUSTER_NS),
     ("create", "poddisruptionbudgets.policy", IN_CLUSTER_NS),
     ("list", "pods", IN_CLUSTER_NS),
-    ("delete", "pods", IN_CLUSTER_NS),  # a broker restarted after a certificate renewal
+    ("delete", "pods", IN_CLUSTER_NS),  # rolling restarts of brokers, one pod at a time
     ("create", "secrets", IN_CLUSTER_NS),  # the cluster CA, services' and users' credentials
     ("delete", "secrets", IN_CLUSTER_NS),
     ("patch", "fjordusers.fjord.io/status", IN_CLUSTER_NS),

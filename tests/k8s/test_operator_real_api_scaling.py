@@ -304,3 +304,97 @@ def test_scaling_3_to_5_to_3_with_real_controllers(
         )
     assert len(received) == len(sent), "records were lost or duplicated"
     assert set(received) == sent
+
+
+ROLLED_TOPIC = "rolled"
+ROLLED_PARTITIONS = 6
+
+
+def _broker_pods(kube: RealKube) -> dict[int, dict[str, Any]]:
+    pods = kube.get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=broker")
+    return {int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods["items"]}
+
+
+def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
+    real_kube: RealKube,
+    kubelet: RealKubelet,
+    operator_log: Path,
+    fjord_local: LocalCluster,
+    bootstrap: str,
+    admin: AdminClient,
+) -> None:
+    """``kubectl annotate fjc fjord.io/restart=...`` changes the broker pod template; the
+    StatefulSet (OnDelete) restarts nothing itself; the operator deletes one old pod at a time
+    through the rolling-restart planner, the StatefulSet controller recreates it from the new
+    template and the harness runs the broker again. Under acks=all load on an RF-3,
+    min.insync-2 topic no produce is refused with NOT_ENOUGH_REPLICAS, and every acknowledged
+    record is read back."""
+    from fjord.client import NewTopic
+    from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
+
+    _apply(
+        real_kube,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "FjordCluster",
+            "metadata": {
+                "name": CLUSTER,
+                "namespace": NAMESPACE,
+                "annotations": {BOOTSTRAP_ANNOTATION: bootstrap},
+            },
+            "spec": {
+                "brokers": {"replicas": 3, "storage": {"size": "1Gi"}},
+                "controllers": {"replicas": 2},
+                "coordinators": {"replicas": 1},
+                "etcd": {"endpoints": [fjord_local.etcd_url]},
+            },
+        },
+    )
+    _wait(
+        lambda: _ready_broker_pods(real_kube) == {0, 1, 2}
+        and _ready(real_kube, "fjordcluster", CLUSTER),
+        "3 broker pods Ready and the cluster Ready",
+        operator_log,
+        SCALE_TIMEOUT_S,
+    )
+    sts = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
+    assert sts["spec"]["updateStrategy"]["type"] == "OnDelete"
+    admin.create_topics(
+        [NewTopic(ROLLED_TOPIC, ROLLED_PARTITIONS, 3, {"min.insync.replicas": "2"})]
+    )
+    before = {i: p["metadata"]["uid"] for i, p in _broker_pods(real_kube).items()}
+    stops_before = len([e for e in kubelet.events if e.action == "stop"])
+    load = AcksAllLoad(bootstrap, topic=ROLLED_TOPIC)
+    load.start()
+    try:
+        load.wait_acked(200)
+        load.errors.clear()
+        real_kube.kubectl(
+            "annotate", "fjordcluster", CLUSTER, "-n", NAMESPACE, "fjord.io/restart=1",
+            "--overwrite",
+        )
+
+        def rolled() -> bool:
+            pods = _broker_pods(real_kube)
+            cluster = _ready(real_kube, "fjordcluster", CLUSTER)
+            return (
+                all(pods.get(i, {}).get("metadata", {}).get("uid") not in (None, before[i])
+                    for i in before)
+                and _ready_broker_pods(real_kube) == {0, 1, 2}
+                and bool(cluster)
+                and (cluster or {}).get("status", {}).get("rolling", {}).get("phase") == "Idle"
+            )
+
+        _wait(rolled, "every broker pod replaced and the roll Idle", operator_log, SCALE_TIMEOUT_S)
+        load.wait_acked(100)
+    finally:
+        load.stop()
+    stops = [e for e in kubelet.events if e.action == "stop"][stops_before:]
+    summary = f"errors {dict(load.errors)}, kubelet stops {[e.ordinal for e in stops]}"
+    assert sorted(e.ordinal for e in stops) == [0, 1, 2], summary
+    for refusal in REFUSALS:
+        assert load.errors[refusal] == 0, summary
+    template = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
+    assert template["spec"]["template"]["metadata"]["annotations"] == {"fjord.io/restart": "1"}
+    missing = load.acked - read_values(bootstrap, topic=ROLLED_TOPIC, partitions=ROLLED_PARTITIONS)
+    assert not missing, f"{len(missing)} acknowledged records not read back; {summary}"

@@ -353,3 +353,16 @@ def test_broker_metrics_addresses() -> None:
     assert builders.broker_metrics_addresses(body, hosts) == []  # external: records instead
     body["metadata"]["annotations"][s.BROKER_METRICS_ANNOTATION] = "127.0.0.1:5, 127.0.0.1:6"
     assert builders.broker_metrics_addresses(body, hosts) == ["127.0.0.1:5", "127.0.0.1:6"]
+
+
+def test_brokers_are_rolled_by_the_operator_and_a_restart_annotation_changes_the_template() -> None:
+    body = cluster()
+    sts = by_kind_name(builders.cluster_objects(body, 3))[("StatefulSet", "fjord-broker")]
+    # OnDelete: the StatefulSet controller restarts no broker; the operator's planner does.
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert sts["spec"]["template"]["metadata"]["annotations"] == {}
+    body["metadata"]["annotations"] = {s.RESTART_ANNOTATION: "1764100000"}
+    sts = by_kind_name(builders.cluster_objects(body, 3))[("StatefulSet", "fjord-broker")]
+    assert sts["spec"]["template"]["metadata"]["annotations"] == {
+        s.RESTART_ANNOTATION: "1764100000"
+    }

@@ -7,12 +7,14 @@ import itertools
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjord_operator.decisions import (
+    POD_REVISION_LABEL,
     AutoscalingPolicy,
     ClusterObservation,
     IngressSample,
@@ -27,6 +29,7 @@ from fjord_operator.decisions import (
     prune_samples,
     rate_between,
     replication_factors,
+    roll_targets,
     samples_from_status,
     samples_to_status,
     topic_spec_problems,
@@ -538,3 +541,46 @@ def test_the_crd_bounds_the_samples_as_the_operator_does() -> None:
     status = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
     samples_schema = status["properties"]["autoscaling"]["properties"]["samples"]
     assert samples_schema["maxItems"] == MAX_AUTOSCALING_SAMPLES
+
+
+# -- rolling restarts ---------------------------------------------------------------------------
+
+
+def _sts(revision: str | None, generation: int = 2, observed: int = 2) -> dict[str, Any]:
+    status: dict[str, Any] = {"observedGeneration": observed}
+    if revision is not None:
+        status["updateRevision"] = revision
+    return {"metadata": {"generation": generation}, "status": status}
+
+
+def _pod(ordinal: int, revision: str, ready: bool = True, deleting: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": f"fjord-broker-{ordinal}",
+        "labels": {POD_REVISION_LABEL: revision},
+    }
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-25T23:00:00Z"
+    condition = {"type": "Ready", "status": "True" if ready else "False"}
+    return {"metadata": meta, "status": {"conditions": [condition]}}
+
+
+def test_roll_targets_are_pods_of_an_older_revision_and_not_serving_ones_count_down() -> None:
+    pods = [
+        _pod(2, "old"),
+        _pod(0, "new"),
+        _pod(1, "old", deleting=True),
+        _pod(4, "old"),  # beyond the replicas (a scale-in): not rolled
+    ]
+    targets = roll_targets(_sts("new"), pods, replicas=4)
+    assert targets.to_restart == (1, 2)
+    assert targets.not_serving == frozenset({1, 3})  # terminating, and pod 3 missing
+    assert targets.settled and targets.update_revision == "new"
+    unready = roll_targets(_sts("new"), [_pod(0, "new", ready=False)], replicas=1)
+    assert unready.to_restart == () and unready.not_serving == frozenset({0})
+
+
+def test_nothing_is_rolled_before_the_statefulset_controller_saw_the_template() -> None:
+    stale = roll_targets(_sts("old", generation=3, observed=2), [_pod(0, "older")], replicas=1)
+    assert not stale.settled and stale.to_restart == ()
+    unknown = roll_targets(_sts(None), [_pod(0, "x")], replicas=1)
+    assert not unknown.settled and unknown.to_restart == ()

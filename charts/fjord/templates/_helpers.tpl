@@ -93,6 +93,8 @@ namespace) or the ClusterRole (watchAllNamespaces). docs/kubernetes.md explains 
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
+  # delete: rolling restarts of brokers (OnDelete StatefulSet; a changed template or a
+  # certificate renewal), one pod at a time through the safe roller.
   verbs: ["get", "list", "watch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
