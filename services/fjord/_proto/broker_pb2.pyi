@@ -99,8 +99,10 @@ class TxnMarkerPartitionResult(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class DescribeBrokerConfigsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("default",)
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    default: bool
+    def __init__(self, default: _Optional[bool] = ...) -> None: ...
 
 class DescribeBrokerConfigsResponse(_message.Message):
     __slots__ = ("broker_id", "entries")

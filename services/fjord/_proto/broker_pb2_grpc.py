@@ -132,7 +132,8 @@ class BrokerServicer:
 
     def DescribeConfigs(self, request, context):
         """This broker's configuration: every key it reads with its effective value and source
-        (Kafka's DescribeConfigs for a BROKER resource). Broker configs are static in Fjord.
+        (Kafka's DescribeConfigs for a BROKER resource): dynamic (per broker, cluster default),
+        static (--config) or built in.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

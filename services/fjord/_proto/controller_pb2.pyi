@@ -133,19 +133,54 @@ class AlterTopicConfig(_message.Message):
     delete: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, name: _Optional[str] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class AlterBrokerConfig(_message.Message):
+    __slots__ = ("broker_id", "default", "set", "delete", "replace_all")
+    class SetEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    SET_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    REPLACE_ALL_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    default: bool
+    set: _containers.ScalarMap[str, str]
+    delete: _containers.RepeatedScalarFieldContainer[str]
+    replace_all: bool
+    def __init__(self, broker_id: _Optional[int] = ..., default: _Optional[bool] = ..., set: _Optional[_Mapping[str, str]] = ..., delete: _Optional[_Iterable[str]] = ..., replace_all: _Optional[bool] = ...) -> None: ...
+
 class AlterConfigsRequest(_message.Message):
-    __slots__ = ("topics", "validate_only")
+    __slots__ = ("topics", "validate_only", "brokers")
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     VALIDATE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    BROKERS_FIELD_NUMBER: _ClassVar[int]
     topics: _containers.RepeatedCompositeFieldContainer[AlterTopicConfig]
     validate_only: bool
-    def __init__(self, topics: _Optional[_Iterable[_Union[AlterTopicConfig, _Mapping]]] = ..., validate_only: _Optional[bool] = ...) -> None: ...
+    brokers: _containers.RepeatedCompositeFieldContainer[AlterBrokerConfig]
+    def __init__(self, topics: _Optional[_Iterable[_Union[AlterTopicConfig, _Mapping]]] = ..., validate_only: _Optional[bool] = ..., brokers: _Optional[_Iterable[_Union[AlterBrokerConfig, _Mapping]]] = ...) -> None: ...
+
+class BrokerConfigResult(_message.Message):
+    __slots__ = ("broker_id", "default", "error")
+    BROKER_ID_FIELD_NUMBER: _ClassVar[int]
+    DEFAULT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    broker_id: int
+    default: bool
+    error: _common_pb2.Error
+    def __init__(self, broker_id: _Optional[int] = ..., default: _Optional[bool] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ...) -> None: ...
 
 class AlterConfigsResponse(_message.Message):
-    __slots__ = ("results",)
+    __slots__ = ("results", "broker_results")
     RESULTS_FIELD_NUMBER: _ClassVar[int]
+    BROKER_RESULTS_FIELD_NUMBER: _ClassVar[int]
     results: _containers.RepeatedCompositeFieldContainer[TopicResult]
-    def __init__(self, results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ...) -> None: ...
+    broker_results: _containers.RepeatedCompositeFieldContainer[BrokerConfigResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[TopicResult, _Mapping]]] = ..., broker_results: _Optional[_Iterable[_Union[BrokerConfigResult, _Mapping]]] = ...) -> None: ...
 
 class DescribeConfigsRequest(_message.Message):
     __slots__ = ("topics",)
