@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjord.cluster.broker_config import validate_broker_config
+from fjord.cluster.dynamic_config import broker_key
 from fjord.cluster.topic_config import (
     describe_broker_config,
     describe_topic_config,
@@ -114,19 +115,21 @@ def test_describe_layers_topic_over_cluster_over_default() -> None:
 
 def test_broker_description_layers_cluster_over_static_over_default() -> None:
     """Every key a broker reads, once, sorted; the cluster's defaults win over the broker's
-    --config for topic defaults (as in topic_settings), broker-only keys come from --config."""
+    --config for topic defaults (as in topic_settings), broker-only keys come from --config;
+    topic defaults under Kafka's broker names (log.retention.ms)."""
     broker = {"replica.lag.time.max.ms": "5000", "retention.ms": "1", "segment.bytes": "2048"}
     described = describe_broker_config(broker, {"retention.ms": "7", "num.partitions": "3"})
     names = [e.name for e in described]
     assert names == sorted(set(names))
     entries = {e.name: (e.value, e.source) for e in described}
     assert entries["replica.lag.time.max.ms"] == ("5000", "STATIC_BROKER")
-    assert entries["retention.ms"] == ("7", "CLUSTER_DEFAULT")
-    assert entries["segment.bytes"] == ("2048", "STATIC_BROKER")
+    assert entries["log.retention.ms"] == ("7", "CLUSTER_DEFAULT")
+    assert entries["log.segment.bytes"] == ("2048", "STATIC_BROKER")
     assert entries["min.insync.replicas"] == ("1", "DEFAULT")
     assert entries["auto.create.topics.enable"] == ("false", "DEFAULT")
     assert "num.partitions" not in entries  # the controller's key, not a broker's
-    validate_broker_config({e.name: e.value for e in described})  # every value is valid
+    # every value is valid
+    validate_broker_config({broker_key(e.name): e.value for e in described})
 
 
 def test_unclean_election_flag_layers() -> None:

@@ -11,9 +11,10 @@ cleaner thread. Leaders and followers clean their own copies alike.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.cleaner_config import CleanerSettings
@@ -47,6 +48,7 @@ class LogCleaner:
         self._replicas = replicas
         self.settings = settings
         self._throttle = ScrubThrottle(settings.io_max_bytes_per_second, time.monotonic())
+        self._reconfigured = asyncio.Event()
         self.states: dict[TopicPartition, PartitionCleanerState] = {}
         self.cleans_completed = 0
         self.last_stats: CleanStats | None = None
@@ -116,6 +118,23 @@ class LogCleaner:
                  stats.records_read, stats.seconds)
         return stats
 
+    def reconfigure(self, settings: CleanerSettings) -> None:
+        """A dynamic broker config change (fjord.cluster.dynamic_config): the new rate holds
+        from the next read, a backoff under way ends now (as Kafka restarts its cleaner threads
+        on a change) and the next one lasts the new backoff. ``enable`` is read-only: kept."""
+        settings = replace(settings, enable=self.settings.enable)
+        if settings == self.settings:
+            return
+        self.settings = settings
+        self._throttle.rate = settings.io_max_bytes_per_second
+        self._reconfigured.set()
+
+    async def _back_off(self) -> None:
+        """Sleep ``backoff_ms``, or until :meth:`reconfigure` changes the settings."""
+        self._reconfigured.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reconfigured.wait(), self.settings.backoff_ms / 1000)
+
     async def run(self) -> None:
         if not self.settings.enable:
             return
@@ -126,6 +145,6 @@ class LogCleaner:
                 log.exception("log cleaner pass failed")
                 cleaned = None
             if cleaned is None:
-                await asyncio.sleep(self.settings.backoff_ms / 1000)
+                await self._back_off()
             else:
                 await asyncio.sleep(0)

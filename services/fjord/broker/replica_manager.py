@@ -30,6 +30,7 @@ from fjord.broker.replication import (
     truncation_for_divergence,
 )
 from fjord.cluster.broker_config import TopicSettings, topic_settings
+from fjord.cluster.dynamic_config import effective_broker_config
 from fjord.cluster.replication_config import ReplicationSettings
 from fjord.errors import (
     CorruptRecordError,
@@ -224,7 +225,8 @@ class ReplicaManager:
 
     @property
     def static_config(self) -> Mapping[str, str]:
-        """The broker's ``--config`` entries as given at start (read-only: static in Fjord)."""
+        """The broker's ``--config`` entries as given at start (its dynamic configs are in the
+        metadata image: fjord.cluster.dynamic_config)."""
         return MappingProxyType(self._broker_config)
 
     # --- metadata -------------------------------------------------------------------------------
@@ -234,7 +236,12 @@ class ReplicaManager:
         if record is None:
             return None
         try:
-            return topic_settings(self._broker_config, image.cluster_config, record.config)
+            # Kafka's layers: static --config < dynamic cluster default < this broker's
+            # dynamic config < the topic's own (a dynamic change reaches open logs here).
+            broker_level = effective_broker_config(
+                self._broker_config, image.cluster_config, image.broker_config(self.broker_id)
+            )
+            return topic_settings(broker_level, {}, record.config)
         except FjordError as exc:
             log.error("topic %s has an invalid config, not hosting it: %s", topic, exc)
             return None

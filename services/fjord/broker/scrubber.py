@@ -9,10 +9,11 @@ thread, sleeps as the throttle says and updates the metrics.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.scrubber_config import ScrubberSettings
@@ -69,6 +70,7 @@ class Scrubber:
         self._clock = clock
         self.scheduler = ScrubScheduler()
         self._throttle = ScrubThrottle(settings.io_max_bytes_per_second, clock())
+        self._reconfigured = asyncio.Event()
         self.passes_completed = 0
         self._last_progress = ScrubProgress(1, 0, 0, 0, 0)
 
@@ -91,6 +93,23 @@ class Scrubber:
         return ScrubStatus(self.settings.enable, self._last_progress, self.passes_completed,
                            replicas.damage_found, replicas.repairs_done, len(replicas.repairs))
 
+    def reconfigure(self, settings: ScrubberSettings) -> None:
+        """A dynamic broker config change (fjord.cluster.dynamic_config): the new rate holds
+        from the next read, a backoff under way ends now (as Kafka restarts its cleaner threads
+        on a change) and the next one lasts the new backoff. ``enable`` is read-only: kept."""
+        settings = replace(settings, enable=self.settings.enable)
+        if settings == self.settings:
+            return
+        self.settings = settings
+        self._throttle.rate = settings.io_max_bytes_per_second
+        self._reconfigured.set()
+
+    async def _back_off(self) -> None:
+        """Sleep ``backoff_ms``, or until :meth:`reconfigure` changes the settings."""
+        self._reconfigured.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._reconfigured.wait(), self.settings.backoff_ms / 1000)
+
     async def run(self) -> None:
         if not self.settings.enable:
             return
@@ -107,7 +126,7 @@ class Scrubber:
                 log.debug("scrub pass %d: verified %d closed segments (%d bytes) in %.1f s",
                          progress.pass_number, progress.total_segments, progress.total_bytes,
                          self._clock() - started)
-                await asyncio.sleep(self.settings.backoff_ms / 1000)
+                await self._back_off()
                 self.scheduler.start_pass()
                 started = self._clock()
                 continue

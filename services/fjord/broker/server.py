@@ -49,6 +49,7 @@ from fjord.cluster.broker_config import (
     validate_broker_config,
 )
 from fjord.cluster.cleaner_config import CleanerSettings
+from fjord.cluster.dynamic_config import effective_broker_config
 from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
@@ -364,6 +365,7 @@ class BrokerServer:
         async def apply(image: MetadataImage) -> None:
             await replicas.apply_metadata(image)
             await fetchers.update()
+            self._apply_dynamic_config(image)
 
         self._applier = MetadataApplier(apply)
         self._spawn(self._applier.run(), "metadata applier")
@@ -687,6 +689,25 @@ class BrokerServer:
         return None if registration is None else registration.address
 
     # --- replication maintenance ----------------------------------------------------------------
+
+    def _apply_dynamic_config(self, image: MetadataImage) -> None:
+        """Dynamic broker configs (this broker's ``broker-configs/<id>`` over the cluster-wide
+        default over its ``--config``) reach the cleaner and the scrubber without a restart;
+        topic defaults reach the logs in ReplicaManager.apply_metadata. The controller checked
+        them before writing; a value that still fails here is logged and the old one kept."""
+        effective = effective_broker_config(
+            self.options.config, image.cluster_config, image.broker_config(self.options.broker_id)
+        )
+        try:
+            cleaner, scrubber = (CleanerSettings.from_config(effective),
+                                 ScrubberSettings.from_config(effective))
+        except FjordError as exc:
+            log.error("dynamic broker config not applied: %s", exc)
+            return
+        if self.cleaner is not None:
+            self.cleaner.reconfigure(cleaner)
+        if self.scrubber is not None:
+            self.scrubber.reconfigure(scrubber)
 
     def describe_log_dirs(self) -> broker_pb2.DescribeLogDirsResponse:
         """The data directory as ``fjord log-dirs describe`` shows it: writable or why not,

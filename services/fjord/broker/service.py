@@ -15,6 +15,7 @@ from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.authorization import BrokerAuthorization
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.cluster.dynamic_config import describe_default_broker_config
 from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError, InvalidRequestError
 from fjord.groups.defaults import OFFSETS_TOPIC
@@ -149,9 +150,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                                          Resource.cluster()):
             # The message has no error field: an unauthorized caller sees no entries.
             return response
-        for entry in describe_broker_config(
-            self._replicas.static_config, self._image().cluster_config
-        ):
+        image = self._image()
+        entries = (
+            describe_default_broker_config(image.cluster_config) if request.default
+            else describe_broker_config(self._replicas.static_config, image.cluster_config,
+                                        image.broker_config(self._replicas.broker_id))
+        )
+        for entry in entries:
             response.entries.add(name=entry.name, value=entry.value, source=entry.source,
                                  is_default=entry.source == "DEFAULT")  # fmt: skip
         return response

@@ -2,9 +2,11 @@
 k=v,... --delete-config k,...``) with each value's source, as rpk and Kafka name them.
 
 Entity types: ``topics`` (describe and alter, through the AdminClient's DescribeConfigs and
-incremental AlterConfigs); ``brokers`` (describe only, each broker asked for its own configs:
-broker configs are static in Fjord, so --alter is refused saying so); ``groups`` is refused
-saying why (Fjord has no per-group configs). See docs/clients.md, "fjord configs".
+incremental AlterConfigs); ``brokers`` (describe: each broker asked for its own configs; alter:
+dynamic broker configs, one broker's with ``--entity-name N`` or the cluster-wide default with
+``--entity-default``, stored by the controller and applied by the brokers without a restart;
+read-only keys refused with Kafka's error); ``groups`` is refused saying why (Fjord has no
+per-group configs). See docs/configuration.md and docs/clients.md, "fjord configs".
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fjord.client import AdminClient, ConfigEntry
 #: Fjord's config sources under Kafka's names (DescribeConfigs' ConfigSource, as rpk prints).
 KAFKA_SOURCE_NAMES = {
     "TOPIC": "DYNAMIC_TOPIC_CONFIG",
+    "DYNAMIC_BROKER": "DYNAMIC_BROKER_CONFIG",
     "CLUSTER_DEFAULT": "DYNAMIC_DEFAULT_BROKER_CONFIG",
     "STATIC_BROKER": "STATIC_BROKER_CONFIG",
     "DEFAULT": "DEFAULT_CONFIG",
@@ -41,14 +44,6 @@ GROUPS_REFUSAL = (
     "group.min.session.timeout.ms and group.max.session.timeout.ms, which are set when they "
     "start (`fjord coordinator --config`, `fjord local up`)"
 )
-
-#: Why ``--alter --entity-type brokers`` is refused.
-BROKERS_ALTER_REFUSAL = (
-    "INVALID_REQUEST: broker configs are static in Fjord: a broker reads them once at start "
-    "(`fjord broker --config k=v`, cluster-wide defaults with `fjord local up --config k=v`); "
-    "topic configs change at run time (--alter --entity-type topics)"
-)
-
 
 def split_config_list(text: str, option: str) -> list[str]:
     """Kafka's ``--add-config`` list: items separated by commas, except inside ``[...]``
@@ -110,6 +105,12 @@ def entry_json(entry: ConfigEntry) -> dict[str, Any]:
     default=None,
     help="Its name: a topic, or a broker id (all topics or brokers when left out).",
 )
+@click.option(
+    "--entity-default",
+    "entity_default",
+    is_flag=True,
+    help="With --entity-type brokers: the cluster-wide default (dynamic) instead of one broker.",
+)
 @click.option("--describe", "mode", flag_value="describe", help="Show configs and their sources.")
 @click.option("--alter", "mode", flag_value="alter", help="Change configs.")
 @click.option("--all", "show_all", is_flag=True, help="With --describe: every key, defaults too.")
@@ -133,27 +134,39 @@ def configs(
     output: str,
     entity_type: str,
     entity_name: str | None,
+    entity_default: bool,
     mode: str | None,
     show_all: bool,
     add_config: tuple[str, ...],
     delete_config: tuple[str, ...],
 ) -> None:
     """Describe or change configs, like kafka-configs.sh: --describe [--all] shows each value
-    and its source (DYNAMIC_TOPIC_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG, STATIC_BROKER_CONFIG,
-    DEFAULT_CONFIG) for topics or brokers; --alter --add-config k=v,... --delete-config k,...
-    changes a topic's configs (broker configs are static)."""
+    and its source (DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
+    STATIC_BROKER_CONFIG, DEFAULT_CONFIG) for topics or brokers; --alter --add-config
+    k=v,... --delete-config k,... changes a topic's configs, or a broker's dynamic configs
+    (--entity-name N, or --entity-default for the cluster-wide default)."""
     if mode is None:
         raise click.UsageError("give --describe or --alter")
     if entity_type == "groups":
         raise click.ClickException(GROUPS_REFUSAL)
+    if entity_default and (entity_type != "brokers" or entity_name is not None):
+        raise click.UsageError("--entity-default goes with --entity-type brokers and no "
+                               "--entity-name")
     if mode == "alter":
         if entity_type == "brokers":
-            raise click.ClickException(BROKERS_ALTER_REFUSAL)
+            _alter_broker(bootstrap_server, entity_name, entity_default, add_config,
+                          delete_config)
+            return
         _alter_topic(bootstrap_server, entity_name, add_config, delete_config)
         return
     if add_config or delete_config:
         raise click.UsageError("--add-config and --delete-config need --alter")
     if entity_type == "brokers":
+        if entity_default:
+            with AdminClient(admin_client_config(bootstrap_server)) as admin:
+                defaults = admin.describe_broker_default_configs()
+            _print_configs("default", {"default": defaults}, True, output)
+            return
         _describe_brokers(bootstrap_server, entity_name, show_all, output)
         return
     with AdminClient(admin_client_config(bootstrap_server)) as admin:
@@ -199,9 +212,47 @@ def _print_configs(
         if i:
             click.echo("")
         what = "All" if show_all else ("Dynamic" if kind == "topic" else "Set")
-        click.echo(f"{what} configs for {kind} {name} are:" + ("" if entries else " (none)"))
+        title = (f"{what} configs for {kind} {name} are:" if kind != "default"
+                 else "Default configs for brokers in the cluster are:")
+        click.echo(title + ("" if entries else " (none)"))
         emit(output, None, [(e.name, e.value, KAFKA_SOURCE_NAMES.get(e.source, e.source))
                             for e in entries], ["KEY", "VALUE", "SOURCE"])
+
+
+def _changes(
+    add_config: tuple[str, ...], delete_config: tuple[str, ...]
+) -> dict[str, str | None]:
+    changes: dict[str, str | None] = dict(parse_add_config(add_config))
+    for text in delete_config:
+        changes.update(dict.fromkeys(split_config_list(text, "--delete-config")))
+    if not changes:
+        raise click.UsageError("--alter needs --add-config or --delete-config")
+    return changes
+
+
+def _alter_broker(
+    bootstrap_server: str | None,
+    name: str | None,
+    default: bool,
+    add_config: tuple[str, ...],
+    delete_config: tuple[str, ...],
+) -> None:
+    """Dynamic broker configs: one broker's or the cluster-wide default."""
+    if not default and name is None:
+        raise click.UsageError("--alter --entity-type brokers needs --entity-name ID or "
+                               "--entity-default")
+    broker: int | None = None
+    if not default:
+        try:
+            broker = int(str(name))
+        except ValueError:
+            raise click.BadParameter(f"a broker id is a number, got {name!r}",
+                                     param_hint="--entity-name") from None
+    changes = _changes(add_config, delete_config)
+    with AdminClient(admin_client_config(bootstrap_server)) as admin:
+        admin.alter_broker_configs({broker: changes})
+    what = "default broker" if broker is None else f"broker {broker}"
+    click.echo(f"Completed updating config for {what}.")
 
 
 def _alter_topic(
@@ -212,11 +263,7 @@ def _alter_topic(
 ) -> None:
     if not name:
         raise click.UsageError("--alter needs --entity-name")
-    changes: dict[str, str | None] = dict(parse_add_config(add_config))
-    for text in delete_config:
-        changes.update(dict.fromkeys(split_config_list(text, "--delete-config")))
-    if not changes:
-        raise click.UsageError("--alter needs --add-config or --delete-config")
+    changes = _changes(add_config, delete_config)
     with AdminClient(admin_client_config(bootstrap_server)) as admin:
         admin.alter_configs({name: changes})
     click.echo(f"Completed updating config for topic {name}.")

@@ -492,9 +492,9 @@ class AdminClient:
         self, broker_ids: Iterable[int] | None = None, *, timeout: float | None = None
     ) -> dict[int, list[ConfigEntry]]:
         """Every config each broker reads (all live brokers when None), with its effective
-        value and source (CLUSTER_DEFAULT, STATIC_BROKER, DEFAULT), asked of the broker itself
-        as Kafka's DescribeConfigs for a BROKER resource is. An id that is not a live broker
-        raises BROKER_NOT_AVAILABLE naming the live ones."""
+        value and source (DYNAMIC_BROKER, CLUSTER_DEFAULT, STATIC_BROKER, DEFAULT), asked of
+        the broker itself as Kafka's DescribeConfigs for a BROKER resource is. An id that is
+        not a live broker raises BROKER_NOT_AVAILABLE naming the live ones."""
         wanted = None if broker_ids is None else list(broker_ids)
 
         async def call(deadline: float) -> Any:
@@ -529,6 +529,70 @@ class AdminClient:
                         for e in response.entries]
             for broker_id, response in self._run(call, timeout).items()
         }  # fmt: skip
+
+    def alter_broker_configs(
+        self,
+        configs: Mapping[int | None, Mapping[str, str | None]],
+        *,
+        validate_only: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Dynamic broker configs, as ``kafka-configs.sh --entity-type brokers --alter``:
+        {broker id: {key: value}}, the key None for the cluster-wide default
+        (``--entity-default``); a value of None deletes the key (the next layer applies).
+        Keys by Kafka's broker name (``log.retention.ms``) or Fjord's (``retention.ms``).
+        Brokers apply the change without a restart. Raises the first entry's typed error:
+        INVALID_CONFIG naming an unknown key or a bad value, INVALID_REQUEST naming read-only
+        keys ("Cannot update these configs dynamically"); nothing of that entry changes."""
+        request = controller_pb2.AlterConfigsRequest(
+            validate_only=validate_only,
+            brokers=[
+                controller_pb2.AlterBrokerConfig(
+                    broker_id=0 if broker is None else broker,
+                    default=broker is None,
+                    set={k: str(v) for k, v in entries.items() if v is not None},
+                    delete=[k for k, v in entries.items() if v is None],
+                )
+                for broker, entries in configs.items()
+            ],
+        )
+
+        async def call(deadline: float) -> Any:
+            return await self._controller_call("AlterConfigs", request, deadline)
+
+        for result in self._run(call, timeout).broker_results:
+            code = error_code_from_number(result.error.code)
+            if code is not ErrorCode.NONE:
+                entity = "the cluster-wide default" if result.default else (
+                    f"broker {result.broker_id}")
+                raise error_for_code(code, f"{entity}: {result.error.message}")
+
+    def describe_broker_default_configs(
+        self, *, timeout: float | None = None
+    ) -> list[ConfigEntry]:
+        """The dynamic cluster-wide broker defaults (``kafka-configs.sh --describe
+        --entity-type brokers --entity-default``), as any live broker knows them."""
+
+        async def call(deadline: float) -> Any:
+            async def attempt() -> Any:
+                snapshot = await self._network.refresh_metadata()
+                if not snapshot.brokers:
+                    raise FjordError("no live broker", code=ErrorCode.BROKER_NOT_AVAILABLE)
+                node = snapshot.brokers[min(snapshot.brokers)]
+                try:
+                    return await self._network.broker(node.address).DescribeConfigs(
+                        broker_pb2.DescribeBrokerConfigsRequest(default=True),
+                        timeout=min(self._request_timeout_s, _remaining(deadline)),
+                    )
+                except Exception as exc:
+                    raise transport_error(exc, f"broker {node.id} {node.address}") from exc
+
+            return await self._network.call_with_retries(
+                attempt, deadline=deadline, backoff_s=self._backoff_s, what="DescribeConfigs"
+            )
+
+        return [ConfigEntry(e.name, e.value, e.is_default, e.source)
+                for e in self._run(call, timeout).entries]
 
     def list_topics(self, *, timeout: float | None = None) -> list[str]:
         """Names of every topic, sorted."""

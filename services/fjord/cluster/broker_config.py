@@ -89,6 +89,9 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
             "auto.create.topics.enable: not supported by Fjord yet; create topics with "
             "`fjord topics create`"
         )
+    from fjord.cluster.topic_config import check_topic_values  # it imports this module
+
+    check_topic_values({k: v for k, v in out.items() if k in TOPIC_CONFIG_KEYS})
     topic_settings(out, {}, {})  # validates every topic default now, naming the bad key
     ReplicationSettings.from_config(out)  # replica.* settings, naming the bad key
     ScrubberSettings.from_config(out)  # log.scrubber.* settings

@@ -31,6 +31,7 @@ from fjord.cluster.replication_config import REPLICATION_CONFIG_DEFAULTS
 from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS
 from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
+from fjord.records.recompress import TOPIC_COMPRESSION_TYPES
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 from fjord.topic_names import is_internal_topic
 
@@ -46,11 +47,25 @@ TOPIC_CONFIG_DEFAULTS: dict[str, str] = {
 }
 
 _CHOICES = {
-    "compression.type": ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
+    "compression.type": tuple(TOPIC_COMPRESSION_TYPES),
     "unclean.leader.election.enable": ("true", "false"),
     "preallocate": ("true", "false"),
 }
 _NON_NEGATIVE_INTS = ("message.timestamp.difference.max.ms",)
+
+#: Values Kafka accepts that Fjord refuses (INVALID_CONFIG naming the key) rather than store
+#: and ignore, with the reason; only the default value of each is accepted.
+UNSUPPORTED_VALUES: dict[str, str] = {
+    "preallocate": (
+        "only false: Fjord's segment files grow as records are appended (recovery and the "
+        "indexes rely on the file ending at the last batch), so preallocating them to "
+        "segment.bytes is not supported"
+    ),
+    "message.timestamp.difference.max.ms": (
+        f"only the default {2**63 - 1}: Fjord's broker does not check record timestamps "
+        "against its clock (that would decode every record of every batch)"
+    ),
+}
 
 assert set(TOPIC_CONFIG_DEFAULTS) == set(TOPIC_CONFIG_KEYS), "every topic key needs a default"
 
@@ -65,6 +80,17 @@ def _check_value(key: str, value: str) -> None:
             raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
         if number < 0:
             raise ConfigError(f"{key}: {number} is below the minimum 0")
+    if key in UNSUPPORTED_VALUES and value.strip().lower() != TOPIC_CONFIG_DEFAULTS[key]:
+        raise ConfigError(f"{key}: {value!r} is not supported, {UNSUPPORTED_VALUES[key]}")
+
+
+def check_topic_values(config: Mapping[str, str]) -> None:
+    """Every value of topic-level keys on its own (choices, Fjord's refusals of values it would
+    otherwise store and ignore); ConfigError naming the key. The keys must be topic keys."""
+    for key, value in config.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: expected a string value, got {value!r}")
+        _check_value(key, value)
 
 
 def validate_topic_config(
@@ -76,9 +102,7 @@ def validate_topic_config(
     for key, value in config.items():
         if key not in TOPIC_CONFIG_KEYS:
             raise ConfigError(f"{key}: unknown topic config")
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string value, got {value!r}")
-        _check_value(key, value)
+        check_topic_values({key: value})
         out[key] = value
     topic_settings({}, cluster_config, out)
     return out
@@ -165,8 +189,8 @@ def max_broker_partitions(cluster_config: Mapping[str, str]) -> int:
 
 @dataclass(frozen=True)
 class ConfigValue:
-    """One effective config entry; ``source`` is TOPIC, CLUSTER_DEFAULT, STATIC_BROKER (a
-    broker's own ``--config``) or DEFAULT."""
+    """One effective config entry; ``source`` is TOPIC, DYNAMIC_BROKER (a broker's own dynamic
+    config), CLUSTER_DEFAULT, STATIC_BROKER (a broker's own ``--config``) or DEFAULT."""
 
     name: str
     value: str
@@ -205,23 +229,32 @@ assert set(BROKER_ONLY_DEFAULTS) == set(BROKER_ONLY_KEYS), "every broker key nee
 
 
 def describe_broker_config(
-    broker_config: Mapping[str, str], cluster_config: Mapping[str, str]
+    broker_config: Mapping[str, str],
+    cluster_config: Mapping[str, str],
+    dynamic_config: Mapping[str, str] | None = None,
 ) -> list[ConfigValue]:
-    """Every key a broker reads (its own keys and the topic defaults it applies) with its
-    effective value and source, by name, as Kafka's DescribeConfigs answers for a broker:
-    CLUSTER_DEFAULT (the cluster's ``cluster-config``, which wins over a broker's own value for
-    the topic defaults, as Kafka's dynamic cluster-wide defaults win over static configs),
-    STATIC_BROKER (the broker's ``--config`` at start), else DEFAULT."""
+    """Every key a broker reads (its own keys and the topic defaults it applies, under Kafka's
+    broker names: ``log.retention.ms``) with its effective value and source, sorted by name, as
+    Kafka's DescribeConfigs answers for a broker. Precedence, highest first (Kafka's):
+    DYNAMIC_BROKER (the broker's own dynamic configs, ``broker-configs/<id>``), CLUSTER_DEFAULT
+    (the dynamic cluster-wide default, ``cluster-config``), STATIC_BROKER (the broker's
+    ``--config`` at start), DEFAULT. Only dynamic keys are taken from the dynamic layers."""
+    from fjord.cluster.dynamic_config import DYNAMIC_BROKER_KEYS, broker_name
+
+    dynamic = dynamic_config or {}
     defaults = {**TOPIC_CONFIG_DEFAULTS, **BROKER_ONLY_DEFAULTS}
     out = []
-    for key in sorted(defaults):
-        if key in cluster_config and key in TOPIC_CONFIG_KEYS:
-            out.append(ConfigValue(key, cluster_config[key], "CLUSTER_DEFAULT"))
+    for key in defaults:
+        if key in dynamic and key in DYNAMIC_BROKER_KEYS:
+            value, source = dynamic[key], "DYNAMIC_BROKER"
+        elif key in cluster_config and key in DYNAMIC_BROKER_KEYS:
+            value, source = cluster_config[key], "CLUSTER_DEFAULT"
         elif key in broker_config:
-            out.append(ConfigValue(key, broker_config[key], "STATIC_BROKER"))
+            value, source = broker_config[key], "STATIC_BROKER"
         else:
-            out.append(ConfigValue(key, defaults[key], "DEFAULT"))
-    return out
+            value, source = defaults[key], "DEFAULT"
+        out.append(ConfigValue(broker_name(key), value, source))
+    return sorted(out, key=lambda e: e.name)
 
 
 def unclean_election_allowed(

@@ -207,7 +207,21 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
             )
             for topic in request.topics
         ]
-        return controller_pb2.AlterConfigsResponse(results=results)
+        broker_results = []
+        for entry in request.brokers:
+            result = controller_pb2.BrokerConfigResult(broker_id=entry.broker_id,
+                                                       default=entry.default)
+            try:
+                self._require(caller, AclOperation.ALTER_CONFIGS, Resource.cluster())
+                await self.service.alter_broker_configs(
+                    None if entry.default else entry.broker_id, dict(entry.set),
+                    list(entry.delete), request.validate_only, replace_all=entry.replace_all,
+                )
+            except Exception as exc:
+                result.error.CopyFrom(error_pb(exc))
+            broker_results.append(result)
+        return controller_pb2.AlterConfigsResponse(results=results,
+                                                   broker_results=broker_results)
 
     async def DescribeConfigs(
         self, request: controller_pb2.DescribeConfigsRequest, context: grpc.aio.ServicerContext

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import aetcd
 from aetcd import rpc
 
+from fjord.cluster.dynamic_config import plan_broker_config
 from fjord.controller.defaults import (
     AUTO_LEADER_REBALANCE_ENABLE,
     BROKER_REREGISTRATION_GRACE_S,
@@ -51,6 +52,7 @@ from fjord.controller.planner import (
     plan_reconcile,
 )
 from fjord.errors import (
+    InvalidRequestError,
     NotControllerError,
     StaleBrokerEpochError,
     UnknownTopicOrPartitionError,
@@ -67,7 +69,7 @@ from fjord.metadata import (
     TopicRecord,
 )
 from fjord.metadata.defaults import ETCD_REQUEST_TIMEOUT_S
-from fjord.metadata.schema import AclEntries, ScramUser
+from fjord.metadata.schema import AclEntries, ClusterConfig, ScramUser
 from fjord.observability import set_active_controller, set_offline_partitions
 from fjord.security.acls import (
     AccessControlEntry,
@@ -528,6 +530,35 @@ class ControllerService:
             if not validate_only and record != self.image.topic(name):
                 await self._write([put_op(self.keys.topic(name), record.to_json())])
             return record
+
+    async def alter_broker_configs(
+        self,
+        broker_id: int | None,
+        set_configs: Mapping[str, str],
+        delete: list[str],
+        validate_only: bool,
+        *,
+        replace_all: bool = False,
+    ) -> dict[str, str]:
+        """Dynamic broker configs: broker ``broker_id``'s (``broker-configs/<id>``) or, for
+        None, the cluster-wide default (``cluster-config``, whose other keys are kept), checked
+        by fjord.cluster.dynamic_config (typed errors naming the keys; nothing written then).
+        Brokers apply the change when their watcher sees it. Returns the new entries."""
+        if broker_id is not None and broker_id < 0:
+            raise InvalidRequestError(f"broker id {broker_id}: expected an id >= 0")
+        async with self._write_lock:
+            self.require_active()
+            watched = self.watcher.image  # etcd's own entries, without this process's --config
+            current = (watched.cluster_config if broker_id is None
+                       else watched.broker_config(broker_id))
+            new = plan_broker_config(current, set_configs, delete, default=broker_id is None,
+                                     replace_all=replace_all)
+            key = (self.keys.cluster_config if broker_id is None
+                   else self.keys.broker_config(broker_id))
+            if not validate_only and new != dict(current):
+                await self._write([put_op(key, ClusterConfig(new).to_json()) if new
+                                   else delete_op(key)])
+            return new
 
     def _acl_ops(
         self, changed: Mapping[ResourcePattern, tuple[AccessControlEntry, ...]]

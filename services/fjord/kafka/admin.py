@@ -52,6 +52,11 @@ from kafka.protocol.admin.users import (
 from kafka.protocol.consumer.offsets import OffsetForLeaderEpochResponse
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
+from fjord.cluster.dynamic_config import (
+    READ_ONLY_BROKER_KEYS,
+    broker_key,
+    describe_default_broker_config,
+)
 from fjord.cluster.topic_config import describe_broker_config, describe_topic_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
@@ -81,7 +86,9 @@ log = logging.getLogger(__name__)
 TOPIC_RESOURCE = 2
 BROKER_RESOURCE = 4
 #: Kafka's ConfigSource values for Fjord's config sources.
-CONFIG_SOURCE = {"TOPIC": 1, "CLUSTER_DEFAULT": 3, "STATIC_BROKER": 4, "DEFAULT": 5}
+CONFIG_SOURCE = {
+    "TOPIC": 1, "DYNAMIC_BROKER": 2, "CLUSTER_DEFAULT": 3, "STATIC_BROKER": 4, "DEFAULT": 5
+}
 #: CreateAcls/DescribeAcls/DeleteAcls versions served: v2 (flexible, pattern types) is what
 #: confluent-kafka's AdminClient sends and what the tests exercise; others are not advertised.
 ACL_VERSIONS = (2, 2)
@@ -476,7 +483,7 @@ class BrokerAdminHandlers:
             current = record.config if record is not None else {}
             changes.append((resource, new, [k for k in current if k not in new]))
         return await self._alter(AlterConfigsResponse[ctx.api_version], changes,
-                                 bool(request.validate_only), ctx.caller)
+                                 bool(request.validate_only), ctx.caller, replace_all=True)
 
     async def incremental_alter_configs(self, request: Any, ctx: RequestContext) -> Any:
         """SET and DELETE per key; APPEND/SUBTRACT (list-valued keys) are refused with
@@ -507,29 +514,48 @@ class BrokerAdminHandlers:
         validate_only: bool,
         caller: Caller,
         refused: Mapping[int, str] | None = None,
+        *,
+        replace_all: bool = False,
     ) -> Any:
+        """Topic and BROKER resources forwarded to the controller in one AlterConfigs; a
+        BROKER resource named "" is the cluster-wide default (Kafka's --entity-default);
+        ``replace_all`` (Kafka's non-incremental AlterConfigs): a broker entity's dynamic keys
+        not given are deleted."""
         refused = dict(refused or {})
         outcome: dict[int, tuple[int, str]] = {}
         pb = controller_pb2.AlterConfigsRequest(validate_only=validate_only)
-        forwarded: list[int] = []
+        topics: list[int] = []
+        brokers: list[int] = []
         for i, (resource, new, delete) in enumerate(changes):
             if i in refused:
                 outcome[i] = (ErrorCode.INVALID_CONFIG.code, refused[i])
-            elif resource.resource_type != TOPIC_RESOURCE:
+            elif resource.resource_type == TOPIC_RESOURCE:
+                pb.topics.add(name=resource.resource_name, set=new, delete=delete)
+                topics.append(i)
+            elif resource.resource_type == BROKER_RESOURCE and (
+                resource.resource_name == "" or resource.resource_name.isdigit()
+            ):
+                default = resource.resource_name == ""
+                pb.brokers.add(broker_id=0 if default else int(resource.resource_name),
+                               default=default, set=new, delete=delete,
+                               replace_all=replace_all)
+                brokers.append(i)
+            else:
                 outcome[i] = (
                     ErrorCode.INVALID_REQUEST.code,
-                    "only topic configs can be altered (broker configs are static in Fjord)",
+                    f"resource type {resource.resource_type} {resource.resource_name!r}: Fjord "
+                    "alters topic configs and broker configs (a broker id, or '' for the "
+                    "cluster-wide default)",
                 )
-            else:
-                pb.topics.add(name=resource.resource_name, set=new, delete=delete)
-                forwarded.append(i)
-        if forwarded:
+        if topics or brokers:
             try:
                 answer = await self._forwarder.call("AlterConfigs", pb, caller=caller)
-                for i, result in zip(forwarded, answer.results, strict=True):
+                for i, result in zip(topics, answer.results, strict=True):
                     outcome[i] = (result.error.code, result.error.message)
+                for i, broker_result in zip(brokers, answer.broker_results, strict=True):
+                    outcome[i] = (broker_result.error.code, broker_result.error.message)
             except FjordError as exc:
-                for i in forwarded:
+                for i in topics + brokers:
                     outcome[i] = (exc.code.code, str(exc))
         response_cls = cls.AlterConfigsResourceResponse
         return cls(
@@ -573,12 +599,16 @@ class BrokerAdminHandlers:
                         (e.name, e.value, e.source)
                         for e in describe_topic_config(record.config, image.cluster_config)
                     ]
+            elif resource.resource_type == BROKER_RESOURCE and resource.resource_name == "":
+                entries = [(e.name, e.value, e.source)
+                           for e in describe_default_broker_config(image.cluster_config)]
             elif resource.resource_type == BROKER_RESOURCE and (
-                resource.resource_name in ("", str(self._broker_id))
+                resource.resource_name == str(self._broker_id)
             ):
                 entries = [
                     (e.name, e.value, e.source)
-                    for e in describe_broker_config(self._broker_config, image.cluster_config)
+                    for e in describe_broker_config(self._broker_config, image.cluster_config,
+                                                    image.broker_config(self._broker_id))
                 ]
             else:
                 error = ErrorCode.INVALID_REQUEST.code
@@ -599,7 +629,8 @@ class BrokerAdminHandlers:
                         entry_cls(
                             name=name,
                             value=value,
-                            read_only=resource.resource_type == BROKER_RESOURCE,  # static
+                            read_only=(resource.resource_type == BROKER_RESOURCE
+                                       and broker_key(name) in READ_ONLY_BROKER_KEYS),
                             config_source=CONFIG_SOURCE[source],
                             is_sensitive=False,
                             synonyms=[],

@@ -99,6 +99,7 @@ class MetadataImage:
 
     __slots__ = (
         "_acls",
+        "_broker_configs",
         "_broker_epochs",
         "_brokers",
         "_cluster_config",
@@ -125,6 +126,7 @@ class MetadataImage:
         self._topics: dict[str, TopicRecord] = {}
         self._partitions: dict[str, dict[int, PartitionState]] = {}
         self._cluster_config: dict[str, str] = {}
+        self._broker_configs: dict[int, dict[str, str]] = {}
         self._producer_ids: int | None = None
         self._coordinators: dict[int, CoordinatorRegistration] = {}
         self._coordinator_epochs: dict[int, int] = {}
@@ -172,6 +174,7 @@ class MetadataImage:
         # Inner partition dicts are copied lazily, only for topics that an event touches.
         other._partitions = dict(self._partitions)
         other._cluster_config = self._cluster_config
+        other._broker_configs = dict(self._broker_configs)
         other._producer_ids = self._producer_ids
         other._coordinators = dict(self._coordinators)
         other._coordinator_epochs = dict(self._coordinator_epochs)
@@ -248,6 +251,8 @@ class MetadataImage:
                 self._partitions.pop(topic, None)
         elif kind is KeyKind.CLUSTER_CONFIG:
             self._cluster_config = dict(value.values) if value else {}
+        elif kind is KeyKind.BROKER_CONFIG:
+            _put_or_pop(self._broker_configs, ident, dict(value.values) if value else None)
         elif kind is KeyKind.PRODUCER_IDS:
             self._producer_ids = value.next if value else None
         elif kind is KeyKind.COORDINATOR:
@@ -331,6 +336,10 @@ class MetadataImage:
     def cluster_config(self) -> Mapping[str, str]:
         return _frozen(self._cluster_config)
 
+    def broker_config(self, broker_id: int) -> Mapping[str, str]:
+        """Broker ``broker_id``'s dynamic configs (``broker-configs/<id>``; empty when none)."""
+        return _frozen(self._broker_configs.get(broker_id, {}))
+
     @property
     def next_producer_id(self) -> int | None:
         """The ``next`` of ``producer-ids``; ``None`` before the first allocation."""
@@ -407,6 +416,7 @@ _DECODERS = {
     KeyKind.TOPIC: TopicRecord.from_json,
     KeyKind.PARTITION: PartitionState.from_json,
     KeyKind.CLUSTER_CONFIG: ClusterConfig.from_json,
+    KeyKind.BROKER_CONFIG: ClusterConfig.from_json,
     KeyKind.PRODUCER_IDS: ProducerIdBlock.from_json,
     KeyKind.COORDINATOR: CoordinatorRegistration.from_json,
     KeyKind.OFFSETS_OWNER: OffsetsOwner.from_json,

@@ -13,7 +13,10 @@ key (relative to the cluster prefix)   value
                                        its create revision is the broker epoch
 ``topics/<name>``                      :class:`TopicRecord`
 ``topics/<name>/<partition>``          :class:`PartitionState`
-``cluster-config``                     :class:`ClusterConfig` (``{k: v}`` topic/broker defaults)
+``cluster-config``                     :class:`ClusterConfig` (``{k: v}`` topic/broker defaults:
+                                       Kafka's dynamic cluster-wide broker defaults)
+``broker-configs/<id>``                :class:`ClusterConfig`: one broker's dynamic configs
+                                       (Kafka's ``/config/brokers/<id>``)
 ``producer-ids``                       :class:`ProducerIdBlock` (``{"next": int}``)
 ``coordinators/<id>``                  :class:`CoordinatorRegistration`, bound to the
                                        coordinator's lease; its create revision is the
@@ -460,6 +463,7 @@ class KeyKind(Enum):
     TOPIC = "topic"
     PARTITION = "partition"
     CLUSTER_CONFIG = "cluster-config"
+    BROKER_CONFIG = "broker-configs"
     PRODUCER_IDS = "producer-ids"
     COORDINATOR = "coordinators"
     OFFSETS_OWNER = "offsets-owners"
@@ -483,6 +487,7 @@ class ParsedKey:
 _ID_KINDS = {
     "controllers": KeyKind.CONTROLLER_MEMBER,
     "brokers": KeyKind.BROKER,
+    "broker-configs": KeyKind.BROKER_CONFIG,
     "coordinators": KeyKind.COORDINATOR,
 }
 
@@ -537,6 +542,14 @@ class Keys:
     @property
     def cluster_config(self) -> str:
         return self.prefix + "cluster-config"
+
+    @property
+    def broker_configs_prefix(self) -> str:
+        return self.prefix + "broker-configs/"
+
+    def broker_config(self, broker_id: int) -> str:
+        """One broker's dynamic configs (``fjord configs --entity-type brokers --alter``)."""
+        return f"{self.broker_configs_prefix}{broker_id}"
 
     @property
     def producer_ids(self) -> str:
