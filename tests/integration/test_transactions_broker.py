@@ -20,6 +20,7 @@ from typing import Any
 
 import grpc
 import pytest
+from click.testing import CliRunner
 from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
@@ -36,6 +37,7 @@ with warnings.catch_warnings():
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
+from fjord.cli.main import cli
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import error_code_from_number
 from fjord.local.cluster import LocalCluster
@@ -231,6 +233,12 @@ def test_read_committed_hides_open_and_aborted_transactions(
     assert not fetch(cluster, leader, topic, 6, 1).aborted_transactions
 
     assert consume_values(cluster, topic, "read_committed", 8) == ["p0", "b3", "p7"]
+    printed = CliRunner().invoke(cli, [
+        "consume", "--bootstrap-server", cluster.bootstrap_servers, "--topic", topic,
+        "--from-beginning", "--isolation-level", "read_committed", "--max-messages", "3",
+    ])
+    assert printed.exit_code == 0, printed.output
+    assert printed.output.splitlines()[:3] == ["p0", "b3", "p7"]  # then "Processed ..."
     assert consume_values(cluster, topic, "read_uncommitted", 8) == [
         "p0", "a1", "a2", "b3", "a4", "p7"
     ]

@@ -223,6 +223,13 @@ def record_json(record: ConsumerRecord) -> dict[str, Any]:
 @click.option("--offset", default=None, help="earliest, latest or an offset (needs --partition).")
 @click.option("--max-messages", type=int, default=None, help="Exit after this many records.")
 @click.option(
+    "--isolation-level",
+    type=click.Choice(["read_uncommitted", "read_committed"]),
+    default=None,
+    help="read_committed: only committed transactions, up to the last stable offset "
+    "(default read_uncommitted, as Kafka's console consumer).",
+)
+@click.option(
     "--timeout-ms",
     type=int,
     default=None,
@@ -249,6 +256,7 @@ def consume(
     from_beginning: bool,
     offset: str | None,
     max_messages: int | None,
+    isolation_level: str | None,
     timeout_ms: int | None,
     properties: tuple[str, ...],
     consumer_properties: tuple[str, ...],
@@ -284,6 +292,8 @@ def consume(
         "bootstrap.servers": bootstrap,
         "auto.offset.reset": "earliest" if from_beginning else "latest",
     }
+    if isolation_level is not None:
+        config["isolation.level"] = isolation_level
     if group is not None:
         # Only what was printed is committed (auto commit, and on close), so --max-messages
         # never skips records the next run of the group should see.
