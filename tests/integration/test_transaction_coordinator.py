@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
+import confluent_kafka
 import grpc
 import pytest
 
@@ -290,4 +291,50 @@ def test_offsets_sent_to_a_transaction_count_only_when_it_commits(
         producer.abort_transaction(WAIT_S)
     finally:
         producer.close(10)
+        consumer.close()
+
+
+def test_confluent_kafka_transactional_producer(kafka_bootstrap: str, bootstrap: str) -> None:
+    """librdkafka's transactional producer through the Kafka listeners: init_transactions,
+    a committed and an aborted transaction, send_offsets_to_transaction; what a
+    read_committed consumer sees is exactly the committed records."""
+    source = f"ck-in-{uuid.uuid4().hex[:8]}"
+    txn_topic = f"ck-out-{uuid.uuid4().hex[:8]}"
+    group = f"ck-g-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(source, 1, 3), NewTopic(txn_topic, 3, 3)])
+    tid = f"ck-{uuid.uuid4().hex[:8]}"
+    producer = confluent_kafka.Producer(
+        {"bootstrap.servers": kafka_bootstrap, "transactional.id": tid, "linger.ms": 1}
+    )
+    producer.init_transactions(WAIT_S)
+    producer.begin_transaction()
+    for i in range(5):
+        producer.produce(txn_topic, f"ck-committed-{i}".encode(), key=str(i).encode())
+    producer.send_offsets_to_transaction(
+        [confluent_kafka.TopicPartition(source, 0, 3)],
+        confluent_kafka.Consumer(
+            {"bootstrap.servers": kafka_bootstrap, "group.id": group}
+        ).consumer_group_metadata(),
+        WAIT_S,
+    )
+    producer.commit_transaction(WAIT_S)
+    producer.begin_transaction()
+    producer.produce(txn_topic, b"ck-aborted", key=b"0")
+    producer.flush(WAIT_S)
+    producer.abort_transaction(WAIT_S)
+    producer.begin_transaction()
+    producer.produce(txn_topic, b"ck-last", key=b"1")
+    producer.commit_transaction(WAIT_S)
+    producer.flush(10)
+
+    values = read_committed(bootstrap, txn_topic, 3, 6)
+    assert sorted(values) == sorted(
+        [f"ck-committed-{i}".encode() for i in range(5)] + [b"ck-last"]
+    )
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        committed = consumer.committed([TopicPartition(source, 0)], timeout=10)
+        assert committed[TopicPartition(source, 0)] == 3
+    finally:
         consumer.close()

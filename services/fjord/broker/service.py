@@ -17,7 +17,7 @@ from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.cluster.dynamic_config import describe_default_broker_config
 from fjord.cluster.topic_config import describe_broker_config
-from fjord.errors import ErrorCode, FjordError, InvalidRequestError
+from fjord.errors import ErrorCode, FjordError
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.metadata.coordinator_lookup import (
@@ -287,7 +287,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, request: broker_pb2.InitProducerIdRequest, caller: Caller
     ) -> broker_pb2.InitProducerIdResponse:
         """A new producer id and epoch 0 for a caller with IdempotentWrite on the cluster (or
-        Write on some topic); transactional ids are refused."""
+        Write on some topic); a transactional id is answered NOT_COORDINATOR (its transaction
+        coordinator serves it)."""
         response = broker_pb2.InitProducerIdResponse(producer_id=-1, producer_epoch=-1)
         if not request.transactional_id and not (
             self.authorization.allows_idempotent_producer(caller)
@@ -299,8 +300,10 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return response
         try:
             if request.transactional_id:
-                raise InvalidRequestError(
-                    "transactional.id is not supported: Fjord has idempotent producers only"
+                raise FjordError(
+                    "a transactional producer's InitProducerId goes to its transaction "
+                    "coordinator (FindCoordinator key_type 1)",
+                    ErrorCode.NOT_COORDINATOR,
                 )
             if self._producer_ids is None:
                 raise FjordError(

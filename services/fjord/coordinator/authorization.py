@@ -27,6 +27,7 @@ from fjord.coordinator.group import (
     SyncGroupResponse,
 )
 from fjord.coordinator.manager import GroupManager
+from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
@@ -172,3 +173,80 @@ class CallerGroups:
     async def delete_group(self, group_id: str) -> ErrorCode:
         self._require(AclOperation.DELETE, group_id)
         return await self._manager.delete_group(group_id)
+
+
+class AuthorizedTransactions:
+    """A TransactionManager behind Kafka's ACL checks, for both doors: Write on the
+    TransactionalId for every transactional request; AddPartitionsToTxn also Write on each
+    topic (the others TOPIC_AUTHORIZATION_FAILED, the rest OPERATION_NOT_ATTEMPTED, nothing
+    added); AddOffsetsToTxn also Read on the group."""
+
+    def __init__(
+        self,
+        manager: TransactionManager,
+        image: Callable[[], MetadataImage] | None = None,
+        access: AccessControl = NO_AUTHORIZATION,
+    ) -> None:
+        if access.enabled and image is None:
+            raise ValueError("authorization needs the metadata image that holds the ACLs")
+        self.manager = manager
+        self._image: Callable[[], MetadataImage] = image or _no_image
+        self.access = access
+
+    def _require(self, caller: Caller, operation: AclOperation, resource: Resource) -> None:
+        if self.access.enabled:
+            self.access.require(self._image(), caller, operation, resource)
+
+    def _writer(self, caller: Caller, transactional_id: str) -> TransactionManager:
+        self._require(caller, AclOperation.WRITE, Resource.transactional_id(transactional_id))
+        return self.manager
+
+    async def init_producer_id(
+        self, caller: Caller, transactional_id: str, timeout_ms: int,
+        producer_id: int = -1, producer_epoch: int = -1,
+    ) -> tuple[int, int]:
+        return await self._writer(caller, transactional_id).init_producer_id(
+            transactional_id, timeout_ms, producer_id, producer_epoch
+        )
+
+    async def add_partitions(
+        self, caller: Caller, transactional_id: str, producer_id: int, producer_epoch: int,
+        partitions: Sequence[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        manager = self._writer(caller, transactional_id)
+        if self.access.enabled:
+            image = self._image()
+            denied = [
+                tp for tp in partitions
+                if not self.access.allows(image, caller, AclOperation.WRITE,
+                                          Resource.topic(tp.topic))
+            ]
+            if denied:
+                return {
+                    tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED if tp in denied
+                    else ErrorCode.OPERATION_NOT_ATTEMPTED
+                    for tp in partitions
+                }
+        return await manager.add_partitions(
+            transactional_id, producer_id, producer_epoch, partitions
+        )
+
+    async def add_offsets(
+        self, caller: Caller, transactional_id: str, producer_id: int, producer_epoch: int,
+        group_id: str,
+    ) -> None:
+        manager = self._writer(caller, transactional_id)
+        self._require(caller, AclOperation.READ, Resource.group(group_id))
+        await manager.add_offsets(transactional_id, producer_id, producer_epoch, group_id)
+
+    async def end_transaction(
+        self, caller: Caller, transactional_id: str, producer_id: int, producer_epoch: int,
+        committed: bool,
+    ) -> None:
+        await self._writer(caller, transactional_id).end_transaction(
+            transactional_id, producer_id, producer_epoch, committed
+        )
+
+    def require_writer(self, caller: Caller, transactional_id: str) -> None:
+        """TxnOffsetCommit's TransactionalId check (the group checks are the group's)."""
+        self._writer(caller, transactional_id)

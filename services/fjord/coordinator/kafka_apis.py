@@ -21,8 +21,9 @@ from kafka.protocol.metadata.metadata import MetadataRequest
 from kafka.protocol.producer.transaction import InitProducerIdRequest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
-from fjord.coordinator.authorization import AuthorizedGroups
+from fjord.coordinator.authorization import AuthorizedGroups, AuthorizedTransactions
 from fjord.coordinator.kafka_groups import GroupKafkaHandlers
+from fjord.coordinator.kafka_transactions import TransactionKafkaHandlers
 from fjord.errors import ErrorCode
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
@@ -101,6 +102,7 @@ class CoordinatorKafkaApis:
         groups: AuthorizedGroups,
         image: Callable[[], MetadataImage],
         broker_stub: Callable[[str], broker_pb2_grpc.BrokerStub],
+        transactions: AuthorizedTransactions | None = None,
     ) -> None:
         access = groups.access
         self._forwarder = ControllerForwarder(image)
@@ -119,13 +121,25 @@ class CoordinatorKafkaApis:
             coordinator_node_id(coordinator_id), None, image, {}, self._forwarder, access
         )
         producer_ids = ProducerIdForwarder(image, broker_stub, access)
+        txn_handlers = (
+            None if transactions is None else TransactionKafkaHandlers(transactions, groups)
+        )
+
+        async def init_producer_id(request: Any, ctx: RequestContext) -> Any:
+            # With a transactional id: this coordinator's transaction coordinator; without,
+            # a broker allocates an idempotent producer's id.
+            if request.transactional_id and txn_handlers is not None:
+                return await txn_handlers.init_producer_id(request, ctx)
+            return await producer_ids.init_producer_id(request, ctx)
+
         finder = FindCoordinatorHandler(image, self._offsets_topic, access)
         self.apis = [
             Api(3, *METADATA_VERSIONS, MetadataRequest, metadata.metadata),
             Api(10, *FIND_COORDINATOR_VERSIONS, FindCoordinatorRequest, finder.find_coordinator),
             Api(
-                22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, producer_ids.init_producer_id
+                22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, init_producer_id
             ),
+            *(txn_handlers.apis() if txn_handlers is not None else ()),
             *admin.cluster_apis(),
             *GroupKafkaHandlers(groups).apis(),
         ]

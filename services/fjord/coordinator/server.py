@@ -30,7 +30,7 @@ from fjord._proto import broker_pb2, common_pb2, coordinator_pb2, coordinator_pb
 from fjord.client.network import Network, transport_error
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_into, replay_partitions
-from fjord.coordinator.authorization import AuthorizedGroups
+from fjord.coordinator.authorization import AuthorizedGroups, AuthorizedTransactions
 from fjord.coordinator.group import GroupConfig
 from fjord.coordinator.kafka_apis import CoordinatorKafkaApis
 from fjord.coordinator.manager import GroupManager
@@ -286,9 +286,12 @@ class CoordinatorServer:
         groups = AuthorizedGroups(
             self.manager, self._image, access_control(opts.authorization)
         )
+        transactions = AuthorizedTransactions(
+            self.transactions, self._image, access_control(opts.authorization)
+        )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(
-                groups, self.transactions, ClusterActionGuard.for_service(opts.security)
+                groups, transactions, ClusterActionGuard.for_service(opts.security)
             ),
             self._server,
         )
@@ -298,7 +301,7 @@ class CoordinatorServer:
         await self._server.start()
         if opts.kafka_listener is not None:
             self._kafka_apis = CoordinatorKafkaApis(
-                opts.coordinator_id, groups, self._image, self._network.broker
+                opts.coordinator_id, groups, self._image, self._network.broker, transactions
             )
             self._kafka = await open_kafka_listener(
                 self._kafka_apis.dispatcher(),

@@ -15,12 +15,14 @@ from typing import TypeVar
 from grpc import aio
 
 from fjord._proto import common_pb2, coordinator_pb2, coordinator_pb2_grpc
-from fjord.coordinator.authorization import AuthorizedGroups, CallerGroups
+from fjord.coordinator.authorization import (
+    AuthorizedGroups,
+    AuthorizedTransactions,
+    CallerGroups,
+)
 from fjord.coordinator.group import OffsetCommitRequestPartition
 from fjord.coordinator.manager import GroupManager
-from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, InvalidRequestError
-from fjord.security.acls import AclOperation, Resource
 from fjord.serving import grpc_caller
 from fjord.tls import ClusterActionGuard
 from fjord.topic_partition import TopicPartition
@@ -89,7 +91,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     def __init__(
         self,
         groups: GroupManager | AuthorizedGroups,
-        transactions: TransactionManager | None = None,
+        transactions: AuthorizedTransactions | None = None,
         cluster_action: ClusterActionGuard | None = None,
     ) -> None:
         #: Every request reaches the manager through its caller's ACL-checked view.
@@ -102,23 +104,18 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
     # --- transactions (Kafka's ACLs: Write on the TransactionalId; AddPartitionsToTxn also
     # Write on each topic) ----------------------------------------------------------------------
 
-    def _txn(self, context: aio.ServicerContext, transactional_id: str) -> TransactionManager:
+    def _txn(self) -> AuthorizedTransactions:
         if self._transactions is None:
             raise FjordError("this coordinator serves no transactions",
                              ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        access = self._groups.access
-        if access.enabled:
-            access.require(
-                self._groups.image(), grpc_caller(context), AclOperation.WRITE,
-                Resource.transactional_id(transactional_id),
-            )
         return self._transactions
 
     async def InitTransactions(
         self, request: coordinator_pb2.InitTransactionsRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.InitTransactionsResponse:
         async def body() -> coordinator_pb2.InitTransactionsResponse:
-            pid, epoch = await self._txn(context, request.transactional_id).init_producer_id(
+            pid, epoch = await self._txn().init_producer_id(
+                grpc_caller(context),
                 request.transactional_id,
                 request.transaction_timeout_ms,
                 request.producer_id,
@@ -139,25 +136,11 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.AddPartitionsToTxnRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.AddPartitionsToTxnResponse:
         async def body() -> coordinator_pb2.AddPartitionsToTxnResponse:
-            manager = self._txn(context, request.transactional_id)
             wanted = [TopicPartition(p.topic, p.partition) for p in request.partitions]
-            access, caller = self._groups.access, grpc_caller(context)
-            denied = [
-                tp for tp in wanted
-                if access.enabled and not access.allows(
-                    self._groups.image(), caller, AclOperation.WRITE, Resource.topic(tp.topic)
-                )
-            ]
-            if denied:
-                errors = {
-                    tp: ErrorCode.TOPIC_AUTHORIZATION_FAILED if tp in denied
-                    else ErrorCode.OPERATION_NOT_ATTEMPTED
-                    for tp in wanted
-                }
-            else:
-                errors = await manager.add_partitions(
-                    request.transactional_id, request.producer_id, request.producer_epoch, wanted
-                )
+            errors = await self._txn().add_partitions(
+                grpc_caller(context), request.transactional_id, request.producer_id,
+                request.producer_epoch, wanted,
+            )
             return coordinator_pb2.AddPartitionsToTxnResponse(
                 error=error_pb(ErrorCode.NONE),
                 results=[
@@ -177,7 +160,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.EndTxnRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.EndTxnResponse:
         async def body() -> coordinator_pb2.EndTxnResponse:
-            await self._txn(context, request.transactional_id).end_transaction(
+            await self._txn().end_transaction(
+                grpc_caller(context),
                 request.transactional_id,
                 request.producer_id,
                 request.producer_epoch,
@@ -191,12 +175,8 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.AddOffsetsToTxnRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.AddOffsetsToTxnResponse:
         async def body() -> coordinator_pb2.AddOffsetsToTxnResponse:
-            manager = self._txn(context, request.transactional_id)
-            access = self._groups.access
-            if access.enabled:
-                access.require(self._groups.image(), grpc_caller(context), AclOperation.READ,
-                               Resource.group(request.group_id))
-            await manager.add_offsets(
+            await self._txn().add_offsets(
+                grpc_caller(context),
                 request.transactional_id, request.producer_id, request.producer_epoch,
                 request.group_id,
             )
@@ -210,7 +190,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         async def body() -> coordinator_pb2.OffsetCommitResponse:
             if not request.group_id:
                 raise InvalidGroupIdError("group id must be a non-empty string")
-            self._txn(context, request.transactional_id)  # Write on the TransactionalId
+            self._txn().require_writer(grpc_caller(context), request.transactional_id)
             offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
             for topic in request.topics:
                 for p in topic.partitions:
