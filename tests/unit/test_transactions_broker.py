@@ -421,3 +421,22 @@ def test_read_committed_returns_exactly_the_committed_records(
     expected = sorted(v for v in visible if start <= v[0] < lso)
     assert got == expected
     part.log.close()
+
+
+def test_a_txnindex_that_disagrees_with_the_log_never_keeps_the_partition_closed(
+    tmp_path: Path,
+) -> None:
+    part = leader(tmp_path / "t-0")
+    part.append_as_leader(txn_batch(7, 0), acks=1)  # 0-1
+    part.append_marker(marker(7, commit=False))  # 2
+    part.append_as_leader(txn_batch(8, 0), acks=1)  # 3-4
+    part.append_marker(marker(8, commit=False))  # 5
+    part.log.close()
+    (index,) = (tmp_path / "t-0").glob("*.txnindex")
+    # Another last stable offset (a hint only) for the first entry, and the second replaced
+    # by one that contradicts the log (a marker offset the replay will not produce).
+    index.write_bytes(AbortedTxn(2, 7, 0, 99).to_bytes() + AbortedTxn(9, 8, 3, 10).to_bytes())
+    again = leader(tmp_path / "t-0")
+    assert again.producer_state.ongoing == {}
+    assert (7, 0) in again.aborted_transactions(0, 6)
+    again.log.close()

@@ -8,6 +8,7 @@ allows).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -27,11 +28,14 @@ from fjord.errors import (
     NotEnoughReplicasError,
     NotLeaderOrFollowerError,
     OffsetOutOfRangeError,
+    StorageError,
     UnknownLeaderEpochError,
 )
 from fjord.records.control import ControlRecord, read_control_batch
 from fjord.records.header import BatchHeader, Compression, parse_header
 from fjord.storage import AppendInfo, PartitionLog
+
+_log = logging.getLogger(__name__)
 
 #: A request's leader epoch when the client does not know it (no fencing check).
 NO_EPOCH = -1
@@ -506,13 +510,15 @@ def load_partition_state(
     """The producer state of ``log`` (snapshot + replay), re-adding to the ``.txnindex`` every
     aborted transaction the replay meets (a no-op for entries already there): the index is
     rebuilt from the log for everything after the snapshot."""
-    return load_producer_state(
-        log,
-        expiration_ms,
-        on_aborted=lambda txn, lso: log.add_aborted_txn(
-            txn.producer_id, txn.first_offset, txn.last_offset, lso
-        ),
-    )
+
+    def restore(txn: CompletedTxn, lso: int) -> None:
+        try:
+            log.add_aborted_txn(txn.producer_id, txn.first_offset, txn.last_offset, lso)
+        except StorageError as exc:  # never keep a partition from opening: say so instead
+            _log.error("%s: aborted transaction %s not restored in the .txnindex: %s",
+                       log.directory, txn, exc)
+
+    return load_producer_state(log, expiration_ms, on_aborted=restore)
 
 
 def _iter_headers(records: bytes) -> Iterator[BatchHeader]:

@@ -97,10 +97,12 @@ class TransactionIndex:
 
     def append(self, entry: AbortedTxn) -> bool:
         """Add ``entry`` (a marker after every entry's); returns False, adding nothing, when
-        this exact entry is already there (a replay at start-up). Raises StorageError for an
-        entry out of marker order or a failed write."""
+        an entry for the same transaction (producer, first offset, marker) is already there (a
+        replay at start-up; its last stable offset is not compared: a search hint only).
+        Raises StorageError for an entry out of marker order or a failed write."""
         if self.entries and entry.last_offset <= self.entries[-1].last_offset:
-            if entry in self.entries:
+            if any(e.last_offset == entry.last_offset and e.producer_id == entry.producer_id
+                   and e.first_offset == entry.first_offset for e in self.entries):
                 return False
             raise StorageError(
                 f"{self.path}: aborted transaction with marker at {entry.last_offset} is not "
