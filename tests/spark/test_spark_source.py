@@ -412,3 +412,52 @@ def test_kafka_client_records_read_by_spark_and_spark_records_read_by_kafka_clie
         ((r.partition, r.key, r.value, list(r.headers), r.timestamp) for r in records),
         key=by_partition_and_value,
     )
+
+
+def test_read_task_honours_the_isolation_level(bootstrap: str, new_topic: Any) -> None:
+    """``fjord.isolation.level=read_committed`` (Spark's ``kafka.isolation.level``): the planned end
+    is the last stable offset and a read task returns committed records only; the default
+    reads the aborted ones too. The source's planning and read code, without a Spark job."""
+    import uuid
+
+    from fjord.client import Producer
+
+    topic = new_topic(1)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 1,
+                         "transactional.id": f"spark-iso-{uuid.uuid4().hex[:8]}"})
+    try:
+        producer.init_transactions(60)
+        for outcome in ("commit", "abort", "commit", "open"):
+            producer.begin_transaction()
+            producer.send(topic, f"{outcome}-value".encode())
+            producer.flush(60)
+            if outcome == "commit":
+                producer.commit_transaction(60)
+            elif outcome == "abort":
+                producer.abort_transaction(60)
+        # The last transaction stays open while the source plans and reads.
+        values = {}
+        for isolation in ("read_committed", "read_uncommitted"):
+            options = parse_reader_options(
+                {"bootstrap.servers": bootstrap, "subscribe": topic, "pollTimeoutMs": "10000",
+                 "fjord.isolation.level": isolation},
+                streaming=False,
+            )
+            view = ClusterView(options)
+            try:
+                tp = TopicPartition(topic, 0)
+                end = view.latest([tp])[tp]
+                (task,) = view.tasks([OffsetRange(tp, 0, end)])
+            finally:
+                view.close()
+            values[isolation] = [
+                v.decode() for b in read_partition(task, arrow_schema(reader_schema(False)))
+                for v in b.column("value").to_pylist()
+            ]
+        assert values["read_committed"] == ["commit-value", "commit-value"]
+        assert values["read_uncommitted"] == [
+            "commit-value", "abort-value", "commit-value", "open-value"
+        ]
+        producer.abort_transaction(60)
+    finally:
+        producer.close(10)
