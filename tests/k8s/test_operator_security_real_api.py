@@ -357,6 +357,59 @@ def test_acl_drift_is_corrected_both_ways(
     world.wait(lambda: world.ready("fjorduser", "alice"), "alice Ready for generation 2")
 
 
+def _condition(world: World, kind: str, name: str) -> dict[str, Any] | None:
+    obj = world.get(kind, name) or {}
+    for condition in (obj.get("status") or {}).get("conditions") or ():
+        if condition["type"] == "Error" and condition["status"] == "True":
+            return dict(condition)
+    return None
+
+
+def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
+    """Bad input loses nothing and says why: a user of a missing cluster, of a plaintext
+    cluster, an ACL Kafka refuses (the schema cannot tell), and a cluster CA Secret that is no
+    CA; no Secret is written for any of them."""
+    plain = {
+        "apiVersion": "fjord.io/v1alpha1", "kind": "FjordCluster",
+        # no Fjord behind it (port 9 refuses at once): only the users' verdicts matter here
+        "metadata": {"name": "plain", "namespace": NAMESPACE,
+                     "annotations": {s.BOOTSTRAP_ANNOTATION: "127.0.0.1:9"}},
+        "spec": {"brokers": {"replicas": 1}, "etcd": {"endpoints": ["http://etcd:2379"]}},
+    }
+    broken_ca = {
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": "broken-cluster-ca", "namespace": NAMESPACE},
+        "data": {"ca.crt": base64.b64encode(b"not a certificate").decode()},
+    }
+    broken = {**plain, "metadata": {**plain["metadata"], "name": "broken"},
+              "spec": {**plain["spec"], "security": {"tls": True}}}
+    nowhere = _user("nowhere", "tls", [])
+    nowhere["spec"]["cluster"] = "missing"
+    on_plain = _user("on-plain", "tls", [])
+    on_plain["spec"]["cluster"] = "plain"
+    bad_acl = _user("bad-acl", "tls", [{"resource": {"type": "group", "name": "g"},
+                                        "operations": ["Write"]}])
+    world.apply(plain, broken_ca, broken, nowhere, on_plain, bad_acl)
+    expected = {
+        ("fjorduser", "nowhere"): ("ClusterNotFound", "'missing' does not exist"),
+        ("fjorduser", "on-plain"): ("ClusterNotSecure", "spec.security.tls off"),
+        ("fjorduser", "bad-acl"): ("InvalidSpec",
+                                   "spec.authorization.acls[0]: Group does not take operation"),
+        ("fjordcluster", "broken"): ("InvalidClusterCA", "Secret broken-cluster-ca"),
+    }
+    for (kind, name), (reason, words) in expected.items():
+        condition = world.wait(lambda k=kind, n=name: _condition(world, k, n),
+                               f"{kind} {name} in Error")
+        assert condition["reason"] == reason and words in condition["message"], condition
+    for name in ("nowhere", "on-plain", "bad-acl", "broken-broker-tls"):
+        assert world.get("secret", name) is None, name
+    assert world.get("statefulset", "broken-broker") is None  # nothing built on a bad CA
+    world.kube.kubectl("delete", "fjorduser", "nowhere", "on-plain", "bad-acl", "-n", NAMESPACE,
+                       "--wait=false")
+    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "-n", NAMESPACE,
+                       "--wait=false")
+
+
 def test_deleting_users_removes_their_secrets_acls_and_credentials(
     world: World, users: dict[str, dict[str, str]]
 ) -> None:
