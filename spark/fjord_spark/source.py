@@ -159,6 +159,9 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
                 position = _after_out_of_range(consumer, tp, position, task, exc)
                 deadline = time.monotonic() + timeout_s
                 continue
+            # Under read_committed a poll may move the position past aborted records and
+            # transaction markers without returning any: progress all the same.
+            moved = consumer.position(tp) > position
             if records:
                 if records[-1].offset >= until:
                     records = records[: bisect.bisect_left(records, until, key=_offset_of)]
@@ -167,6 +170,8 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
                 if len(pending) >= defaults.ARROW_BATCH_ROWS:
                     yield records_to_batch(pending, schema, task.timestamp_type)
                     pending = []
+            elif moved:
+                deadline = time.monotonic() + timeout_s
             elif time.monotonic() >= deadline:
                 raise KafkaTimeoutError(
                     f"no records of {tp.topic}-{tp.partition} arrived within pollTimeoutMs="
