@@ -275,7 +275,7 @@ class ProducePartitionResponse(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., base_offset: _Optional[int] = ..., log_append_time_ms: _Optional[int] = ..., log_start_offset: _Optional[int] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "isolation_level", "replica_epoch")
+    __slots__ = ("replica_id", "max_wait_ms", "min_bytes", "max_bytes", "topics", "isolation_level", "replica_epoch", "session_id", "session_epoch", "forgotten")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MIN_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -283,6 +283,9 @@ class FetchRequest(_message.Message):
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_LEVEL_FIELD_NUMBER: _ClassVar[int]
     REPLICA_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    SESSION_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    FORGOTTEN_FIELD_NUMBER: _ClassVar[int]
     replica_id: int
     max_wait_ms: int
     min_bytes: int
@@ -290,7 +293,18 @@ class FetchRequest(_message.Message):
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopic]
     isolation_level: int
     replica_epoch: int
-    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., isolation_level: _Optional[int] = ..., replica_epoch: _Optional[int] = ...) -> None: ...
+    session_id: int
+    session_epoch: int
+    forgotten: _containers.RepeatedCompositeFieldContainer[ForgottenTopic]
+    def __init__(self, replica_id: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., min_bytes: _Optional[int] = ..., max_bytes: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[FetchTopic, _Mapping]]] = ..., isolation_level: _Optional[int] = ..., replica_epoch: _Optional[int] = ..., session_id: _Optional[int] = ..., session_epoch: _Optional[int] = ..., forgotten: _Optional[_Iterable[_Union[ForgottenTopic, _Mapping]]] = ...) -> None: ...
+
+class ForgottenTopic(_message.Message):
+    __slots__ = ("name", "partitions")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    partitions: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchTopic(_message.Message):
     __slots__ = ("name", "partitions")
@@ -319,12 +333,14 @@ class FetchPartition(_message.Message):
     def __init__(self, partition: _Optional[int] = ..., fetch_offset: _Optional[int] = ..., partition_max_bytes: _Optional[int] = ..., current_leader_epoch: _Optional[int] = ..., last_fetched_epoch: _Optional[int] = ..., log_start_offset: _Optional[int] = ..., damaged_at_fetch_offset: _Optional[bool] = ...) -> None: ...
 
 class FetchResponse(_message.Message):
-    __slots__ = ("error", "topics")
+    __slots__ = ("error", "topics", "session_id")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     topics: _containers.RepeatedCompositeFieldContainer[FetchTopicResponse]
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ...) -> None: ...
+    session_id: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., topics: _Optional[_Iterable[_Union[FetchTopicResponse, _Mapping]]] = ..., session_id: _Optional[int] = ...) -> None: ...
 
 class FetchTopicResponse(_message.Message):
     __slots__ = ("name", "partitions")
