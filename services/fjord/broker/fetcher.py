@@ -19,8 +19,15 @@ from grpc import aio
 
 from fjord._proto import broker_pb2_grpc
 from fjord.broker import defaults
+from fjord.broker.fetch_session import FetchSessionHandler
 from fjord.broker.replica_manager import ReplicaManager
-from fjord.broker.replication import FollowerTarget, build_fetch_request, group_by_source
+from fjord.broker.replication import (
+    FollowerPosition,
+    FollowerTarget,
+    build_fetch_request,
+    group_by_source,
+)
+from fjord.errors import ErrorCode
 from fjord.tls import open_channel
 from fjord.topic_partition import TopicPartition
 
@@ -29,6 +36,11 @@ log = logging.getLogger(__name__)
 #: Extra seconds a follower's Fetch call may take beyond the leader's max wait before the
 #: follower gives up on it (a stopped or partitioned leader), then backs off and retries.
 FETCH_CALL_MARGIN_S = 5.0
+
+#: Top-level fetch errors that only end the fetch session (the next fetch is a full one).
+SESSION_ERRORS = frozenset(
+    {ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code, ErrorCode.INVALID_FETCH_SESSION_EPOCH.code}
+)
 
 
 class SourceFetcher:
@@ -60,6 +72,19 @@ class SourceFetcher:
         self._channel_address: str | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        #: The incremental fetch session with the leader (KIP-227): idle partitions are
+        #: neither sent nor answered; any failure starts over with a full fetch.
+        self.session: FetchSessionHandler[TopicPartition, FollowerPosition] = (
+            FetchSessionHandler()
+        )
+        #: Each followed partition's position as last computed, and the partitions whose
+        #: position may have moved since (in an answer, an error, a new target). Positions of
+        #: the others are reused; all are recomputed every ``_recompute_all_s`` (a safety net
+        #: for changes outside this fetcher, e.g. the scrubber's truncations).
+        self._positions: dict[TopicPartition, FollowerPosition] = {}
+        self._stale: set[TopicPartition] = set()
+        self._recomputed_all_at = float("-inf")
+        self._recompute_all_s = replicas.replication.lag_time_max_ms / 1000
 
     def set_targets(self, targets: dict[TopicPartition, FollowerTarget]) -> None:
         if targets == self.targets:
@@ -67,9 +92,13 @@ class SourceFetcher:
         for key, target in targets.items():
             if self.targets.get(key) != target:
                 self._delayed_until.pop(key, None)
+                self._stale.add(key)
         for key in list(self._delayed_until):
             if key not in targets:
                 del self._delayed_until[key]
+        for key in list(self._positions):
+            if key not in targets:
+                del self._positions[key]
         self.targets = dict(targets)
         self._changed.set()
 
@@ -131,6 +160,37 @@ class SourceFetcher:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._changed.wait(), max(0.0, seconds))
 
+    def _current_positions(self, now: float) -> dict[TopicPartition, FollowerPosition]:
+        """Where to fetch each followed partition that is not backing off (recomputing only
+        the stale ones, except every ``_recompute_all_s``)."""
+        if not self._replicas.disk_writable:
+            return {}
+        if now - self._recomputed_all_at >= self._recompute_all_s:
+            self._recomputed_all_at = now
+            self._positions.clear()
+            recompute: set[TopicPartition] | dict[TopicPartition, FollowerTarget] = self.targets
+        else:
+            recompute = self._stale
+        delayed = self._delayed_until
+        done = []
+        waiting = []  # backing off: recomputed once the backoff is over
+        for key in recompute:
+            if delayed and delayed.get(key, 0.0) > now:
+                waiting.append(key)
+                continue
+            target = self.targets.get(key)
+            pos = None if target is None else self._replicas.follower_position(key, target)
+            if pos is None:
+                self._positions.pop(key, None)
+            else:
+                self._positions[key] = pos
+            done.append(key)
+        self._stale.difference_update(done)
+        self._stale.update(waiting)
+        if not delayed:
+            return dict(self._positions)
+        return {k: p for k, p in self._positions.items() if delayed.get(k, 0.0) <= now}
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         settings = self._replicas.replication
@@ -138,15 +198,7 @@ class SourceFetcher:
         while not self._stopping:
             self._changed.clear()  # a change from here on wakes the next pause at once
             now = loop.time()
-            positions = []
-            keys = []
-            for key, target in self.targets.items():
-                if self._delayed_until.get(key, 0.0) > now:
-                    continue
-                pos = self._replicas.follower_position(key, target)
-                if pos is not None:
-                    positions.append(pos)
-                    keys.append((key, target))
+            positions = self._current_positions(now)
             if not positions:
                 wake = min(self._delayed_until.values(), default=now + backoff_s)
                 await self._pause(max(0.001, min(backoff_s, wake - now)))
@@ -155,8 +207,10 @@ class SourceFetcher:
             if stub is None:  # the leader is not registered (yet): wait for metadata
                 await self._pause(backoff_s)
                 continue
+            plan = self.session.build(positions)
             request = build_fetch_request(
-                self._replicas.broker_id, self._broker_epoch(), positions, settings
+                self._replicas.broker_id, self._broker_epoch(), plan.to_send.values(), settings,
+                session_id=plan.session_id, session_epoch=plan.epoch, forgotten=plan.forgotten,
             )
             try:
                 response = await stub.Fetch(
@@ -165,6 +219,7 @@ class SourceFetcher:
             except asyncio.CancelledError:
                 raise
             except grpc.RpcError as exc:
+                self.session.reset()
                 if self._stopping:  # possibly our own cancel, turned into the call's error
                     return
                 log.info(
@@ -178,19 +233,25 @@ class SourceFetcher:
                 continue
             if self._stopping:  # the answer arrived as the stop began: apply nothing of it
                 return
-            if response.error.code != 0:
+            if not self.session.on_response(plan, response.error.code, response.session_id):
+                if response.error.code in SESSION_ERRORS:
+                    # Evicted, or the leader restarted: the next fetch (at once) is full.
+                    log.info("fetch from broker %d: %s; starting a new fetch session",
+                             self.source_id, response.error.message)
+                    continue
                 log.warning(
                     "fetch from broker %d refused: %s", self.source_id, response.error.message
                 )
                 await self._pause(backoff_s)
                 continue
-            wanted = dict(keys)
+            wanted = {key: self.targets[key] for key in positions if key in self.targets}
             for topic in response.topics:
                 for out in topic.partitions:
                     key = TopicPartition(topic.name, out.partition)
                     fetched_for = wanted.get(key)
                     if fetched_for is None:
                         continue
+                    self._stale.add(key)
                     try:
                         result = self._replicas.on_follower_fetch_response(key, fetched_for, out)
                     except Exception:

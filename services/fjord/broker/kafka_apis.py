@@ -31,9 +31,9 @@ from kafka.protocol.producer.transaction import (
 )
 
 from fjord._proto import broker_pb2, common_pb2
+from fjord.broker.fetch_session import FINAL_EPOCH, NO_SESSION
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.service import BrokerServicer, refused_txn_markers
-from fjord.errors import ErrorCode
 from fjord.kafka.admin import (
     BrokerAdminHandlers,
 )
@@ -52,10 +52,8 @@ from fjord.kafka.producer_ids import (
 )
 from fjord.metadata import MetadataImage
 
-#: Kafka's "no session" fetch session id (Fjord creates no fetch sessions: every fetch is a
-#: full fetch).
-NO_FETCH_SESSION = 0
-FETCH_SESSION_ID_NOT_FOUND = ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code
+#: Kafka's "no session" fetch session id.
+NO_FETCH_SESSION = NO_SESSION
 
 
 class BrokerKafkaHandlers:
@@ -156,23 +154,22 @@ class BrokerKafkaHandlers:
         cls = FetchResponse[version]
         topic_cls = cls.FetchableTopicResponse
         part_cls = topic_cls.PartitionData
-        if version >= 7 and request.session_id != NO_FETCH_SESSION:
-            # An incremental fetch in a session Fjord never created: the client starts over
-            # with a full fetch (Kafka's answer for an unknown session).
-            return cls(
-                throttle_time_ms=0,
-                error_code=FETCH_SESSION_ID_NOT_FOUND,
-                session_id=NO_FETCH_SESSION,
-                responses=[],
-            )
         # Kafka clients fetch as consumers: replication between Fjord brokers is gRPC only.
+        # From v7 on, the client's fetch session (KIP-227) is honoured: epoch 0 opens one,
+        # -1 fetches without, N continues it (only changed partitions sent, only news
+        # answered); before v7 every fetch is full and sessionless.
         pb = broker_pb2.FetchRequest(
             replica_id=-1,
             max_wait_ms=request.max_wait_ms,
             min_bytes=request.min_bytes,
             max_bytes=request.max_bytes,
             isolation_level=request.isolation_level,
+            session_id=request.session_id if version >= 7 else NO_FETCH_SESSION,
+            session_epoch=request.session_epoch if version >= 7 else FINAL_EPOCH,
         )
+        if version >= 7:
+            for forgotten in request.forgotten_topics_data or ():
+                pb.forgotten.add(name=forgotten.topic, partitions=forgotten.partitions)
         for topic in request.topics:
             pb_topic = pb.topics.add(name=topic.topic)
             for p in topic.partitions:
@@ -183,7 +180,7 @@ class BrokerKafkaHandlers:
                     current_leader_epoch=p.current_leader_epoch if version >= 9 else -1,
                     last_fetched_epoch=-1,
                 )
-        answer = await self._servicer.fetch(ctx.caller, pb)
+        answer = await self._servicer.fetch(ctx.caller, pb, open_session=True)
         top_error = answer.error.code
         responses = []
         for t in answer.topics:
@@ -214,7 +211,7 @@ class BrokerKafkaHandlers:
         return cls(
             throttle_time_ms=0,
             error_code=top_error if version >= 7 else 0,
-            session_id=NO_FETCH_SESSION,
+            session_id=answer.session_id,
             responses=responses,
         )
 

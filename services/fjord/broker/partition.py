@@ -363,6 +363,23 @@ class Partition:
             return False
         return self._recompute_high_watermark()
 
+    def refresh_follower_fetch(
+        self, replica_id: int, fetch_offset: int, leader_epoch: int, now_ms: int
+    ) -> bool:
+        """A follower's fetch session did not name this partition: the follower is still at
+        ``fetch_offset``, where its last fetch of it (which passed every check, in this leader
+        epoch) left it. Counts as that fetch again for its caught-up time (the ISR), nothing
+        else: the high watermark cannot move, the follower's offset being the one recorded.
+        Returns False when it proves nothing (not leading in ``leader_epoch``, or another
+        offset recorded: the partition changed, and the session answers it on its own)."""
+        if not self.is_leader or leader_epoch != self.leader_epoch:
+            return False
+        state = self._isr.followers.get(replica_id)
+        if state is None or state.log_end_offset != fetch_offset:
+            return False
+        state.on_fetch(fetch_offset, self.log_end_offset, now_ms)
+        return True
+
     # --- ISR changes (leader) ---------------------------------------------------------------
 
     def propose_isr_shrink(self, now_ms: int, lag_max_ms: int) -> tuple[int, ...] | None:

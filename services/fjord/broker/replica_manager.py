@@ -21,6 +21,15 @@ from fjord.broker import defaults
 from fjord.broker.coordinator_fence import CoordinatorEpochFence
 from fjord.broker.damage import DamageAction, damage_action, no_healthy_copy_message
 from fjord.broker.fetch import FetchSlot, assemble_fetch
+from fjord.broker.fetch_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    NO_SESSION,
+    FetchSession,
+    FetchSessionCache,
+    FetchSessionError,
+    has_news,
+)
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
 from fjord.broker.replication import (
@@ -213,6 +222,16 @@ class ReplicaManager:
         self._fetch_waiters: Purgatory[DelayedFetch] = Purgatory()
         self._produce_waiters: Purgatory[DelayedProduce] = Purgatory()
         self._wakeups: dict[DelayedFetch | DelayedProduce, asyncio.Future[None]] = {}
+        #: Incremental fetch sessions (KIP-227) of followers and Kafka consumers, the parked
+        #: session fetches (woken by touches of their partitions, and all of them by close),
+        #: how often a session fetch looks at every partition of its session (every two
+        #: replica.lag.time.max.ms: a safety net, touches say what changed) and how often a
+        #: follower's session fetch counts as a fetch of every partition in it (a third of it:
+        #: the caught-up times the ISR check, every half of it, reads stay younger than it).
+        self._fetch_sessions: FetchSessionCache[TopicPartition, Any] = FetchSessionCache()
+        self._session_waits: set[asyncio.Future[None]] = set()
+        self._session_full_pass_s = 2 * self.replication.lag_time_max_ms / 1000
+        self._session_refresh_s = self.replication.lag_time_max_ms / 3000
         self._metadata_lock = asyncio.Lock()
         self._strays_removed = False
         self.coordinator_fence = CoordinatorEpochFence()
@@ -277,6 +296,7 @@ class ReplicaManager:
                 to_open.append((key, assignment, settings))
                 continue
             if existing.assignment != assignment:
+                self._fetch_sessions.touch(key)
                 epoch_changed = existing.assignment.leader_epoch != assignment.leader_epoch
                 if existing.update_assignment(assignment, self._clock_ms()):
                     self._notify_high_watermark(key, existing, None)
@@ -298,6 +318,7 @@ class ReplicaManager:
                 if self.closing:
                     return
                 self.partitions[key] = partition
+                self._fetch_sessions.touch(key)
         if len(to_open) > defaults.OPEN_PARTITIONS_LOGGED:
             log.info("hosting %d new partitions (%s ... %s)", len(to_open),
                      "-".join(map(str, to_open[0][0])), "-".join(map(str, to_open[-1][0])))
@@ -391,6 +412,7 @@ class ReplicaManager:
         self, key: TopicPartition, partition: Partition, new_bytes: int | None
     ) -> None:
         """The partition's high watermark advanced (by ``new_bytes`` bytes, None: unknown)."""
+        self._fetch_sessions.touch(key)
         hw = partition.high_watermark
         for produce_op in self._produce_waiters.watchers(key):
             if produce_op.on_high_watermark(key, hw):
@@ -401,6 +423,7 @@ class ReplicaManager:
 
     def _notify_log_end(self, key: TopicPartition, new_bytes: int) -> None:
         """Bytes were appended beyond the high watermark: only followers can read them."""
+        self._fetch_sessions.touch(key)
         for fetch_op in self._fetch_waiters.watchers(key):
             if fetch_op.for_replica and fetch_op.on_visible_bytes(key, new_bytes):
                 self._complete(fetch_op)
@@ -411,10 +434,12 @@ class ReplicaManager:
             future.set_result(None)
 
     def _wake_producers(self, key: TopicPartition) -> None:
+        self._fetch_sessions.touch(key)  # leadership changed: fetchers' answers too
         for op in self._produce_waiters.watchers(key):
             self._complete(op)
 
     def _wake_fetchers(self, key: TopicPartition) -> None:
+        self._fetch_sessions.touch(key)
         for op in self._fetch_waiters.watchers(key):
             self._complete(op)
 
@@ -430,7 +455,8 @@ class ReplicaManager:
                 if (future := self._wakeups.get(op)) is not None and not future.done()
             )
 
-        return waiting(self._fetch_waiters), waiting(self._produce_waiters)
+        sessions = sum(1 for woken in self._session_waits if not woken.done())
+        return waiting(self._fetch_waiters) + sessions, waiting(self._produce_waiters)
 
     async def _wait(
         self,
@@ -460,6 +486,9 @@ class ReplicaManager:
         self.closing = True
         for op in list(self._wakeups):
             self._complete(op)
+        for woken in list(self._session_waits):
+            if not woken.done():
+                woken.set_result(None)
 
     # --- produce ------------------------------------------------------------------------------
 
@@ -702,8 +731,17 @@ class ReplicaManager:
 
     # --- fetch --------------------------------------------------------------------------------
 
-    async def fetch(self, request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
-        """A long poll: answer once ``min_bytes`` are available or ``max_wait_ms`` passed."""
+    async def fetch(
+        self, request: broker_pb2.FetchRequest, *, open_session: bool | None = None
+    ) -> broker_pb2.FetchResponse:
+        """A long poll: answer once ``min_bytes`` are available or ``max_wait_ms`` passed.
+
+        Session metadata (``session_id``/``session_epoch``, Kafka's KIP-227, see
+        :mod:`fjord.broker.fetch_session`) makes it incremental. ``open_session`` says whether
+        a fetch with neither (proto3's zeros, Kafka's INITIAL epoch) opens a session: by default
+        only followers' do, so that a gRPC consumer that knows nothing of sessions stays
+        sessionless; the Kafka listener passes True (Kafka's numbering exactly).
+        """
         if request.max_bytes < 0 or request.min_bytes < 0 or request.max_wait_ms < 0:
             response = broker_pb2.FetchResponse()
             _set_error(
@@ -711,124 +749,255 @@ class ReplicaManager:
                 InvalidRequestError("max_bytes, min_bytes and max_wait_ms must not be negative"),
             )
             return response
+        if open_session is None:
+            open_session = request.replica_id >= 0
+        epoch = request.session_epoch
+        if epoch == INITIAL_EPOCH and request.session_id == NO_SESSION and not open_session:
+            epoch = FINAL_EPOCH
+        if request.session_id == NO_SESSION and epoch == FINAL_EPOCH:
+            requested = [
+                (TopicPartition(topic.name, fp.partition), fp)
+                for topic in request.topics
+                for fp in topic.partitions
+            ]
+            return await self._fetch_sessionless(request, requested)
+        return await self._fetch_in_session(request, epoch)
+
+    async def _fetch_sessionless(
+        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]]
+    ) -> broker_pb2.FetchResponse:
         loop = asyncio.get_running_loop()
         wait_s = min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
         deadline = loop.time() + wait_s
         while True:
-            response, total, keys, has_error = await self._fetch_once(request)
+            answers, total, keys, has_error = await self._fetch_once(request, requested)
             if total >= request.min_bytes or has_error or not keys or self.closing:
-                return response
+                return _render_fetch(answers)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return response
+                return _render_fetch(answers)
             op = DelayedFetch(keys, request.min_bytes, total, for_replica=request.replica_id >= 0)
             await self._wait(op, self._fetch_waiters, remaining)
             if loop.time() >= deadline:
-                return (await self._fetch_once(request))[0]
+                return _render_fetch((await self._fetch_once(request, requested))[0])
+
+    async def _fetch_in_session(
+        self, request: broker_pb2.FetchRequest, epoch: int
+    ) -> broker_pb2.FetchResponse:
+        """A fetch that opens, continues or closes a fetch session.
+
+        Only the partitions that may have news are looked at: those the request names, those
+        touched since the session's last answer (:meth:`FetchSessionCache.touch`, called
+        wherever a partition's log end, high watermark, log start or leadership changes), and,
+        every ``session_full_pass_s``, all of them (a follower's caught-up time for the ISR
+        is refreshed there, and nothing a touch missed stays unanswered longer). The answer
+        holds only partitions with news, unless the fetch is full.
+        """
+        loop = asyncio.get_running_loop()
+        requested = {
+            TopicPartition(topic.name, fp.partition): fp
+            for topic in request.topics
+            for fp in topic.partitions
+        }
+        forgotten = [
+            TopicPartition(topic.name, number)
+            for topic in request.forgotten
+            for number in topic.partitions
+        ]
+        owner = ("replica", request.replica_id) if request.replica_id >= 0 else None
+        now = self._clock_ms() / 1000  # the injected clock: tests move it for the ISR
+        try:
+            context = self._fetch_sessions.new_context(
+                request.session_id, epoch, requested, forgotten, now, owner
+            )
+        except FetchSessionError as exc:
+            response = broker_pb2.FetchResponse()
+            response.error.code = exc.code.code
+            response.error.message = str(exc)
+            return response
+        session = context.session
+        if session is None:  # FINAL epoch: the session (if any) closed, a sessionless fetch
+            return await self._fetch_sessionless(request, list(requested.items()))
+        deadline = loop.time() + min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
+        full_pass = context.full or now - session.last_full_pass >= self._session_full_pass_s
+        if full_pass:
+            session.last_full_pass = session.last_refresh = now
+            look_at: Iterable[TopicPartition] = list(session.partitions)
+            session.dirty.clear()
+        else:
+            look_at = set(requested)
+            if (request.replica_id >= 0 and now - session.last_refresh >= self._session_refresh_s
+                    and self._current_incarnation(request.replica_id, request.replica_epoch)):
+                session.last_refresh = now
+                self._refresh_follower_session(request.replica_id, session, look_at)
+        # key -> (answer, state); the latest answer of each key looked at in any pass.
+        results: dict[TopicPartition, _FetchAnswer] = {}
+        woken: asyncio.Future[None] | None = None
+
+        def wake() -> None:
+            if woken is not None and not woken.done():
+                woken.set_result(None)
+
+        while True:
+            keys_now = set(look_at) | session.dirty
+            session.dirty = set()
+            # Keys that carried data before are read again: one pass's byte limits hold.
+            keys_now.update(k for k, a in results.items() if a.records)
+            items = [
+                (key, cached.request)
+                for key in keys_now
+                if (cached := session.partitions.get(key)) is not None
+            ]
+            items.sort(key=lambda item: item[0])
+            answers, total, _keys, has_error = await self._fetch_once(request, items)
+            for answer in answers:
+                results[answer.key] = answer
+            look_at = ()
+            remaining = deadline - loop.time()
+            if (total >= request.min_bytes or has_error or remaining <= 0 or self.closing
+                    or self._fetch_sessions.get(session.session_id) is not session):
+                break
+            woken = loop.create_future()
+            session.woken = wake
+            if session.dirty:
+                wake()
+            parked = metrics.BROKER_PURGATORY_SIZE.labels(operation="fetch")
+            parked.inc()
+            self._session_waits.add(woken)
+            try:
+                await asyncio.wait_for(woken, remaining)
+            except TimeoutError:
+                pass
+            finally:
+                parked.dec()
+                self._session_waits.discard(woken)
+                session.woken = None
+                woken = None
+        chosen: list[_FetchAnswer] = []
+        for key in sorted(results):
+            answer = results[key]
+            cached = session.partitions.get(key)
+            if cached is None:
+                continue  # forgotten meanwhile (a newer fetch of the session)
+            state = answer.state()
+            if context.full or has_news(cached, state, answer.always_sent()):
+                chosen.append(answer)
+            cached.sent_state = state
+        response = _render_fetch(chosen)
+        response.session_id = session.session_id
+        return response
+
+    def _refresh_follower_session(
+        self, replica_id: int, session: FetchSession[TopicPartition, Any],
+        skip: set[TopicPartition],
+    ) -> None:
+        """A follower's incremental fetch proves again what its previous fetches of the
+        partitions it did not name proved: it still holds everything below their fetch offsets
+        (Kafka's leader sees each of them in every fetch). Record that for the ISR, without
+        answering them: untouched, they have no news."""
+        now_ms = self._clock_ms()
+        partitions = self.partitions
+        for key, cached in session.partitions.items():
+            if key in skip:
+                continue
+            partition = partitions.get(key)
+            if partition is not None:
+                fp = cached.request
+                partition.refresh_follower_fetch(
+                    replica_id, fp.fetch_offset, fp.current_leader_epoch, now_ms
+                )
 
     async def _fetch_once(
-        self, request: broker_pb2.FetchRequest
-    ) -> tuple[broker_pb2.FetchResponse, int, list[TopicPartition], bool]:
-        """One pass: check every partition, then read. Returns (response, bytes read, keys
-        a delayed fetch should wait on, whether any partition had an error)."""
-        response = broker_pb2.FetchResponse()
+        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]]
+    ) -> tuple[list[_FetchAnswer], int, list[TopicPartition], bool]:
+        """One pass: check every partition of ``requested`` (in that order), then read.
+        Returns (one answer per partition, bytes read, keys a delayed fetch should wait on,
+        whether any partition had an error)."""
         replica_id = request.replica_id
         is_follower = replica_id >= 0
         read_committed = not is_follower and request.isolation_level == READ_COMMITTED
         committed_reads: list[tuple[Any, Partition, int, int]] = []
         max_bytes = min(request.max_bytes or defaults.FETCH_MAX_BYTES, defaults.FETCH_MAX_BYTES)
         slots: list[FetchSlot] = []
-        targets: list[tuple[Any, TopicPartition, _PartitionReader]] = []
+        targets: list[tuple[_FetchAnswer, TopicPartition, _PartitionReader]] = []
         keys: list[TopicPartition] = []
+        answers: list[_FetchAnswer] = []
         has_error = False
-        for topic in request.topics:
-            topic_out = response.topics.add(name=topic.name)
-            for fp in topic.partitions:
-                out = topic_out.partitions.add(
-                    partition=fp.partition,
-                    high_watermark=-1,
-                    last_stable_offset=-1,
-                    log_start_offset=-1,
-                    leader_id=-1,
-                    leader_epoch=-1,
-                )
-                key = TopicPartition(topic.name, fp.partition)
-                partition = self.partitions.get(key)
-                try:
-                    if partition is None:
-                        raise self._missing_partition_error(topic.name, fp.partition)
-                    if is_follower and partition.on_newer_leader_epoch(
-                        fp.current_leader_epoch
+        for key, fp in requested:
+            out = _FetchAnswer(key)
+            answers.append(out)
+            partition = self.partitions.get(key)
+            try:
+                if partition is None:
+                    raise self._missing_partition_error(key[0], key[1])
+                if is_follower and partition.on_newer_leader_epoch(fp.current_leader_epoch):
+                    log.warning(
+                        "%s-%d: replica %d fetched with leader epoch %d, newer than ours "
+                        "(%d): not acting as leader until newer metadata arrives",
+                        key[0], key[1], replica_id, fp.current_leader_epoch,
+                        partition.leader_epoch,
+                    )
+                    self._wake_producers(key)
+                partition.check_leader(fp.current_leader_epoch)
+                diverging = None
+                if is_follower and fp.damaged_at_fetch_offset:
+                    # Check our copy as we read it again (the follower found a bad CRC).
+                    log.warning("%s-%d: follower %d reports that the batch at %d failed "
+                                "its check; verifying this copy", key[0], key[1],
+                                replica_id, fp.fetch_offset)
+                    partition.log.distrust(fp.fetch_offset)
+                    self._damage_sources[key] = "report"
+                if is_follower:
+                    diverging = partition.diverging_epoch(fp.last_fetched_epoch, fp.fetch_offset)
+                    if diverging is None and self._current_incarnation(
+                        replica_id, request.replica_epoch
                     ):
-                        log.warning(
-                            "%s-%d: replica %d fetched with leader epoch %d, newer than ours "
-                            "(%d): not acting as leader until newer metadata arrives",
-                            key[0], key[1], replica_id, fp.current_leader_epoch,
-                            partition.leader_epoch,
-                        )
-                        self._wake_producers(key)
-                    partition.check_leader(fp.current_leader_epoch)
-                    diverging = None
-                    if is_follower and fp.damaged_at_fetch_offset:
-                        # Check our copy as we read it again (the follower found a bad CRC).
-                        log.warning("%s-%d: follower %d reports that the batch at %d failed "
-                                    "its check; verifying this copy", key[0], key[1],
-                                    replica_id, fp.fetch_offset)
-                        partition.log.distrust(fp.fetch_offset)
-                        self._damage_sources[key] = "report"
-                    if is_follower:
-                        diverging = partition.diverging_epoch(
-                            fp.last_fetched_epoch, fp.fetch_offset
-                        )
-                        if diverging is None and self._current_incarnation(
-                            replica_id, request.replica_epoch
+                        if partition.record_follower_fetch(
+                            replica_id, fp.fetch_offset, self._clock_ms()
                         ):
-                            if partition.record_follower_fetch(
-                                replica_id, fp.fetch_offset, self._clock_ms()
-                            ):
-                                self._notify_high_watermark(key, partition, None)
-                            new_isr = partition.propose_isr_expansion(replica_id)
-                            if new_isr is not None:
-                                self._request_isr_change(key, partition, new_isr)
-                    # A diverging follower may fetch past our log end (its extra records are
-                    # what it must truncate): it gets the divergence, not OFFSET_OUT_OF_RANGE.
-                    upper = (partition.fetch_upper_bound(fp.fetch_offset, replica_id)
-                             if diverging is None else 0)
-                except FjordError as exc:
-                    _set_error(out, exc)
-                    if partition is not None:
-                        out.leader_id = partition.assignment.leader
-                        out.leader_epoch = partition.leader_epoch
-                        # An out-of-range follower restarts from here when it fell behind.
-                        out.log_start_offset = partition.log_start_offset
-                    has_error = True
-                    continue
-                hw = partition.high_watermark
-                lso = partition.last_stable_offset
-                out.high_watermark = hw
-                out.last_stable_offset = lso
-                out.log_start_offset = partition.log_start_offset
-                out.leader_id = partition.assignment.leader
-                out.leader_epoch = partition.leader_epoch
-                if diverging is not None:
-                    # The follower must truncate first: no data, and answer at once.
-                    out.diverging_epoch.epoch, out.diverging_epoch.end_offset = diverging
-                    has_error = True
-                    continue
-                keys.append(key)
-                offset = fp.fetch_offset
-                if read_committed:
-                    upper = min(upper, lso)
-                if offset >= upper:
-                    continue  # nothing visible yet: no read at all
-                limit = fp.partition_max_bytes
-                if limit <= 0:
-                    limit = defaults.PARTITION_FETCH_MAX_BYTES
-                reader = _PartitionReader(partition.log, offset, upper)
-                slots.append(FetchSlot(limit, reader))
-                targets.append((out, key, reader))
-                if read_committed:
-                    committed_reads.append((out, partition, offset, upper))
+                            self._notify_high_watermark(key, partition, None)
+                        new_isr = partition.propose_isr_expansion(replica_id)
+                        if new_isr is not None:
+                            self._request_isr_change(key, partition, new_isr)
+                # A diverging follower may fetch past our log end (its extra records are
+                # what it must truncate): it gets the divergence, not OFFSET_OUT_OF_RANGE.
+                upper = (partition.fetch_upper_bound(fp.fetch_offset, replica_id)
+                         if diverging is None else 0)
+            except FjordError as exc:
+                out.error = exc
+                if partition is not None:
+                    out.leader_id = partition.assignment.leader
+                    out.leader_epoch = partition.leader_epoch
+                    # An out-of-range follower restarts from here when it fell behind.
+                    out.log_start_offset = partition.log_start_offset
+                has_error = True
+                continue
+            hw = partition.high_watermark
+            lso = partition.last_stable_offset
+            out.high_watermark = hw
+            out.last_stable_offset = lso
+            out.log_start_offset = partition.log_start_offset
+            out.leader_id = partition.assignment.leader
+            out.leader_epoch = partition.leader_epoch
+            if diverging is not None:
+                # The follower must truncate first: no data, and answer at once.
+                out.diverging = diverging
+                has_error = True
+                continue
+            keys.append(key)
+            offset = fp.fetch_offset
+            if read_committed:
+                upper = min(upper, lso)
+            if offset >= upper:
+                continue  # nothing visible yet: no read at all
+            limit = fp.partition_max_bytes
+            if limit <= 0:
+                limit = defaults.PARTITION_FETCH_MAX_BYTES
+            reader = _PartitionReader(partition.log, offset, upper)
+            slots.append(FetchSlot(limit, reader))
+            targets.append((out, key, reader))
+            if read_committed:
+                committed_reads.append((out, partition, offset, upper))
         total = 0
         if slots:
             if min(max_bytes, sum(s.partition_max_bytes for s in slots)) > (
@@ -846,7 +1015,7 @@ class ReplicaManager:
                 if isinstance(reader.error, LogDamagedError):
                     reader.error = self._damage_error(read_key)
                 if reader.error is not None:
-                    _set_error(out, reader.error)
+                    out.error = reader.error
                     has_error = True
                 elif data:
                     out.records = data
@@ -857,9 +1026,8 @@ class ReplicaManager:
             if out.records:
                 # Kafka's upper bound: the end of what is returned (never past the LSO).
                 upper = min(upper, max(offset + 1, end_of_whole_batches(out.records)))
-                for pid, first in partition.aborted_transactions(offset, upper):
-                    out.aborted_transactions.add(producer_id=pid, first_offset=first)
-        return response, total, keys, has_error
+                out.aborted = partition.aborted_transactions(offset, upper)
+        return answers, total, keys, has_error
 
     # --- list offsets -------------------------------------------------------------------------
 
@@ -1012,6 +1180,7 @@ class ReplicaManager:
         damage = None if partition is None else partition.log.damage
         if partition is None or damage is None:
             return None
+        self._fetch_sessions.touch(key)
         assignment = partition.assignment
         action = damage_action(self.broker_id, assignment.leader, assignment.isr)
         new = self._damage_seen.get(key) != damage.offset
@@ -1369,6 +1538,7 @@ class ReplicaManager:
     def on_log_start_moved(self, keys: Iterable[TopicPartition]) -> None:
         """Retention or delete_records moved log starts: keep high watermarks consistent."""
         for key in keys:
+            self._fetch_sessions.touch(key)  # followers follow the log start
             partition = self.partitions.get(key)
             if partition is not None and partition.update_assignment(partition.assignment):
                 self._notify_high_watermark(key, partition, None)
@@ -1409,3 +1579,65 @@ def _max_timestamp(plog: PartitionLog, visible_end: int) -> tuple[int, int] | No
         if best is None or ts > best[1]:
             best = (int(offset), int(ts))
     return best
+
+
+class _FetchAnswer:
+    """One partition's answer to a fetch, before it becomes protobuf (a session fetch picks the
+    answers with news first)."""
+
+    __slots__ = (
+        "aborted", "diverging", "error", "high_watermark", "key", "last_stable_offset",
+        "leader_epoch", "leader_id", "log_start_offset", "records",
+    )
+
+    def __init__(self, key: TopicPartition) -> None:
+        self.key = key
+        self.error: FjordError | None = None
+        self.high_watermark = -1
+        self.last_stable_offset = -1
+        self.log_start_offset = -1
+        self.leader_id = -1
+        self.leader_epoch = -1
+        self.diverging: tuple[int, int] | None = None
+        self.records = b""
+        #: read_committed: (producer id, first offset) of the aborted transactions that
+        #: overlap ``records``.
+        self.aborted: Iterable[tuple[int, int]] = ()
+
+    def state(self) -> tuple[int, int, int, int, int]:
+        """What an unchanged partition would repeat in every answer (a session leaves it out
+        while this stays the same)."""
+        return (self.high_watermark, self.last_stable_offset, self.log_start_offset,
+                self.leader_id, self.leader_epoch)
+
+    def always_sent(self) -> bool:
+        return bool(self.records) or self.error is not None or self.diverging is not None
+
+
+def _render_fetch(answers: Iterable[_FetchAnswer]) -> broker_pb2.FetchResponse:
+    """The FetchResponse of ``answers``, consecutive answers of one topic under one entry."""
+    response = broker_pb2.FetchResponse()
+    topic_out: Any = None
+    topic_name: str | None = None
+    for answer in answers:
+        name, number = answer.key
+        if name != topic_name:
+            topic_out = response.topics.add(name=name)
+            topic_name = name
+        out = topic_out.partitions.add(
+            partition=number,
+            high_watermark=answer.high_watermark,
+            last_stable_offset=answer.last_stable_offset,
+            log_start_offset=answer.log_start_offset,
+            leader_id=answer.leader_id,
+            leader_epoch=answer.leader_epoch,
+        )
+        if answer.error is not None:
+            _set_error(out, answer.error)
+        if answer.diverging is not None:
+            out.diverging_epoch.epoch, out.diverging_epoch.end_offset = answer.diverging
+        if answer.records:
+            out.records = answer.records
+            for pid, first in answer.aborted:
+                out.aborted_transactions.add(producer_id=pid, first_offset=first)
+    return response

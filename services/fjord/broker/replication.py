@@ -57,16 +57,30 @@ def build_fetch_request(
     replica_epoch: int,
     positions: Iterable[FollowerPosition],
     settings: ReplicationSettings,
+    *,
+    session_id: int = 0,
+    session_epoch: int = -1,
+    forgotten: Iterable[TopicPartition] = (),
 ) -> broker_pb2.FetchRequest:
-    """The Fetch a follower sends to one leader for all the partitions it follows there (topics
-    grouped, in the order given)."""
+    """The Fetch a follower sends to one leader for the partitions it follows there (topics
+    grouped, in the order given): all of them, or in an incremental fetch session
+    (:mod:`fjord.broker.fetch_session`) only those added or changed, with the ``forgotten``
+    ones to drop. The default session metadata is Kafka's "no session" (epoch -1)."""
     request = broker_pb2.FetchRequest(
         replica_id=replica_id,
         replica_epoch=replica_epoch,
         max_wait_ms=settings.fetch_wait_max_ms,
         min_bytes=settings.fetch_min_bytes,
         max_bytes=settings.fetch_response_max_bytes,
+        session_id=session_id,
+        session_epoch=session_epoch,
     )
+    dropped: dict[str, broker_pb2.ForgottenTopic] = {}
+    for topic_name, number in forgotten:
+        entry = dropped.get(topic_name)
+        if entry is None:
+            entry = dropped[topic_name] = request.forgotten.add(name=topic_name)
+        entry.partitions.append(number)
     by_topic: dict[str, broker_pb2.FetchTopic] = {}
     for pos in positions:
         topic = by_topic.get(pos.topic)

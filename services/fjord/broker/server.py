@@ -87,6 +87,7 @@ from fjord.serving import (
 from fjord.storage import LogManager
 from fjord.storage.disk_health import DiskCondition
 from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +311,8 @@ class BrokerServer:
         self._offsets_topic = OffsetsTopicCreator(lambda: self._image())
         self._fetchers: ReplicaFetcherManager | None = None
         self._hw_checkpoint = HighWatermarkCheckpoint(options.data_dir)
+        #: What the periodic checkpoint last wrote (None: nothing yet this run).
+        self._hw_checkpointed: dict[TopicPartition, int] | None = None
         self.disk = DiskMonitor(options.data_dir, self._on_disk_unwritable, self._on_disk_writable)
         #: The broker epoch: the etcd revision of this process's current registration.
         self.broker_epoch = -1
@@ -781,7 +784,11 @@ class BrokerServer:
 
     async def _checkpoint_hw(self) -> None:
         assert self.replicas is not None
-        await asyncio.to_thread(self._hw_checkpoint.write, self.replicas.high_watermarks())
+        entries = self.replicas.high_watermarks()
+        if entries == self._hw_checkpointed:
+            return  # unchanged since the last write: an idle broker fsyncs nothing
+        await asyncio.to_thread(self._hw_checkpoint.write, entries)
+        self._hw_checkpointed = entries
 
     # --- maintenance ------------------------------------------------------------------------------
 
@@ -809,10 +816,11 @@ class BrokerServer:
         assert self.replicas is not None
         now_ms = int(time.time() * 1000)
         failed: Exception | None = None
-        for _key, partition in self.replicas.hosted():
-            if partition.log.needs_flush(now_ms):
+        due = [p.log for p in self.replicas.partitions.values() if p.log.needs_flush(now_ms)]
+        for plog in due:
+            if not plog.closed:
                 try:
-                    await asyncio.to_thread(partition.log.flush)
+                    await asyncio.to_thread(plog.flush)
                 except OSError as exc:  # one full disk fails them all: report once per pass
                     failed = exc
         if failed is not None:
@@ -826,6 +834,8 @@ class BrokerServer:
         moved = []
         for key, partition in self.replicas.hosted():
             plog = partition.log
+            if not plog.retention_may_delete():
+                continue  # one thread hop per partition costs more than the check (issue 18)
             if await asyncio.to_thread(plog.apply_retention, now_ms, partition.high_watermark):
                 moved.append(key)
         self.replicas.on_log_start_moved(moved)
@@ -851,5 +861,6 @@ class BrokerServer:
         assert self.replicas is not None
         now_ms = int(time.time() * 1000)
         for _key, partition in self.replicas.hosted():
-            await asyncio.to_thread(partition.log.maybe_roll, now_ms)
+            if partition.log.roll_due(now_ms):  # the thread hop only where a roll is due
+                await asyncio.to_thread(partition.log.maybe_roll, now_ms)
 

@@ -232,10 +232,12 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return response
 
     async def fetch(
-        self, caller: Caller, request: broker_pb2.FetchRequest
+        self, caller: Caller, request: broker_pb2.FetchRequest, *, open_session: bool = False
     ) -> broker_pb2.FetchResponse:
         """A follower's fetch needs ClusterAction on the cluster, a consumer's Read on each
-        topic (refused topics: TOPIC_AUTHORIZATION_FAILED, nothing read)."""
+        topic (refused topics: TOPIC_AUTHORIZATION_FAILED, nothing read). ``open_session``:
+        a consumer's fetch with session epoch 0 opens a fetch session (Kafka's numbering; the
+        Kafka listener's), else it is sessionless (fjord.client's gRPC fetches)."""
         gate = self.authorization
         if request.replica_id >= 0:
             if not gate.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
@@ -246,7 +248,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return await self._replicas.fetch(request)
         allowed, refused = gate.split_topics(caller, AclOperation.READ, request)
         response = (
-            await self._replicas.fetch(allowed) if allowed.topics or not refused
+            await self._replicas.fetch(allowed, open_session=open_session)
+            if allowed.topics or not refused or request.session_epoch > 0
             else broker_pb2.FetchResponse()
         )
         gate.refuse_fetch(caller, refused, response)

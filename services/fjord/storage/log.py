@@ -586,6 +586,17 @@ class PartitionLog:
             self._roll(now)
             return True
 
+    def roll_due(self, now_ms: int) -> bool:
+        """Whether :meth:`maybe_roll` would roll now: a lock-free check the broker makes on
+        its event loop before handing the roll to a worker thread (which checks again)."""
+        active = self.active_segment
+        return not active.is_empty and now_ms - active.created_ms >= self.config.segment_ms
+
+    def retention_may_delete(self) -> bool:
+        """Whether :meth:`apply_retention` could delete anything (a closed segment exists and
+        the policy deletes): a lock-free check made before handing it to a worker thread."""
+        return self.config.delete and len(self._segments) > 1
+
     def roll(self, now_ms: int | None = None) -> None:
         """Start a new active segment now (no-op when the active one is empty)."""
         with self._lock:
@@ -868,6 +879,8 @@ class PartitionLog:
     def needs_flush(self, now_ms: int | None = None) -> bool:
         """Whether flush.messages or flush.ms asks for an fsync now, or a rolled segment is
         still unsynced (the broker then calls :meth:`flush` in a worker thread)."""
+        if not self._unsynced_segments and self._first_unflushed_ms is None:
+            return False  # the idle case, without the lock (one call per partition per second)
         now = wall_clock_ms() if now_ms is None else now_ms
         with self._lock:
             if self._unsynced_segments:
