@@ -440,3 +440,14 @@ def test_a_txnindex_that_disagrees_with_the_log_never_keeps_the_partition_closed
     assert again.producer_state.ongoing == {}
     assert (7, 0) in again.aborted_transactions(0, 6)
     again.log.close()
+
+
+def test_the_lso_never_falls_below_the_log_start(tmp_path: Path) -> None:
+    part = leader(tmp_path / "t-0")
+    part.append_as_leader(txn_batch(7, 0), acks=1)  # 0-1, left open
+    for _ in range(3):
+        part.append_as_leader(plain(), acks=1)  # 2, 3, 4
+    assert part.last_stable_offset == 0
+    part.log.delete_records(3)
+    assert part.last_stable_offset == 3
+    part.log.close()

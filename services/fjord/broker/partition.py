@@ -179,8 +179,10 @@ class Partition:
     @property
     def last_stable_offset(self) -> int:
         """Kafka's LSO: no read_committed consumer sees at or past it (min of the first offset
-        of an open or not yet replicated transaction and the high watermark)."""
-        return self.producer_state.last_stable_offset(self._high_watermark)
+        of an open or not yet replicated transaction and the high watermark), never below the
+        log start (retention may delete the start of a transaction left open)."""
+        return max(self.log_start_offset,
+                   self.producer_state.last_stable_offset(self._high_watermark))
 
     @property
     def log_start_offset(self) -> int:
