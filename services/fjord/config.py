@@ -13,6 +13,7 @@ in ``docs/clients.md`` list the same definitions (a unit test checks they agree)
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -355,7 +356,9 @@ def parse_config(definitions: Mapping[str, ConfigDef], raw: Mapping[str, Any]) -
         raise ConfigError(f"configuration must be a dict, got {type(raw).__name__}")
     unknown = sorted(str(k) for k in raw if k not in definitions)
     if unknown:
-        raise ConfigError(f"unknown configuration key {unknown[0]!r}")
+        close = difflib.get_close_matches(unknown[0], list(definitions), n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"unknown configuration key {unknown[0]!r}{hint}")
     values: dict[str, Any] = {}
     for name, definition in definitions.items():
         if name in raw:

@@ -36,3 +36,7 @@ ARROW_BATCH_ROWS = 20_000
 
 #: ``acks`` of the producer inside a write task unless ``fjord.acks`` is given (Kafka's default).
 WRITER_ACKS = "all"
+
+#: ``maxTriggerDelay`` default: with ``minOffsetsPerTrigger``, the longest a micro-batch waits
+#: for enough records (Spark's Kafka source: 15m).
+MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000

@@ -169,3 +169,89 @@ def plan_ranges(
         if until > begin:
             ranges.append(OffsetRange(tp, begin, until))
     return ranges
+
+
+def divide_range(r: OffsetRange, parts: int) -> list[OffsetRange]:
+    """``r`` cut into ``parts`` consecutive ranges of nearly equal size (Spark's
+    getDividedPartition: integer shares, the last ones taking the round-off); empty ones
+    omitted."""
+    out: list[OffsetRange] = []
+    remaining, begin = r.size, r.from_offset
+    for part in range(parts):
+        share = remaining // (parts - part)
+        remaining -= share
+        end = min(begin + share, r.until_offset)
+        if end > begin:
+            out.append(OffsetRange(r.tp, begin, end))
+        begin = end
+    return out
+
+
+def split_ranges(
+    ranges: list[OffsetRange], min_partitions: int | None, max_records_per_partition: int | None
+) -> list[OffsetRange]:
+    """Spark's KafkaOffsetRangeCalculator: first every range above
+    ``max_records_per_partition`` is cut into ceil(size / max) parts; then, while there are
+    fewer ranges than ``min_partitions``, the big ones are cut in proportion to their size
+    (``round(size / total * minPartitions)`` parts, at least 1), small ones (1 part) left
+    whole and not counted in the proportion.
+
+    Invariants: the result covers exactly the records of ``ranges`` (same partitions, no gap,
+    no overlap, order within a partition kept); no range is empty; with
+    ``max_records_per_partition`` none is bigger than it."""
+    ranges = [r for r in ranges if r.size > 0]
+    if max_records_per_partition is not None:
+        ranges = [
+            piece
+            for r in ranges
+            for piece in divide_range(r, -(-r.size // max_records_per_partition))
+        ]
+    if min_partitions is None or min_partitions <= len(ranges):
+        return ranges
+    total = sum(r.size for r in ranges)
+
+    def part_count(size: int, of_total: int, parts: int) -> int:
+        # Scala's math.round rounds half up.
+        return max(int(size / of_total * parts + 0.5), 1)
+
+    whole = [part_count(r.size, total, min_partitions) == 1 for r in ranges]
+    whole_size = sum(r.size for r, w in zip(ranges, whole, strict=True) if w)
+    split_total = total - whole_size
+    split_parts = max(min_partitions - sum(whole), 1)
+    out: list[OffsetRange] = []
+    for r, is_whole in zip(ranges, whole, strict=True):
+        parts = 1 if is_whole else part_count(r.size, split_total, split_parts)
+        out.extend(divide_range(r, parts))
+    return out
+
+
+class TriggerDelay:
+    """``minOffsetsPerTrigger`` with ``maxTriggerDelay`` (Spark's Kafka source's delayBatch):
+    a micro-batch waits until at least ``min_records`` records are available, or until
+    ``max_delay_ms`` have passed since the last batch that ran.
+
+    Pure: the caller passes the clock. Invariant: ``last_trigger_ms`` moves only when a batch
+    is allowed to run. It starts at construction, so after a restart the first batch with too
+    few records waits at most ``max_delay_ms``."""
+
+    def __init__(self, min_records: int, max_delay_ms: int, now_ms: int) -> None:
+        if min_records < 1 or max_delay_ms < 0:
+            raise ValueError(f"bad trigger delay: min {min_records}, max delay {max_delay_ms}")
+        self.min_records = min_records
+        self.max_delay_ms = max_delay_ms
+        self.last_trigger_ms = now_ms
+
+    def should_wait(self, available: int, now_ms: int) -> bool:
+        """True: skip this trigger (too few records and not waited long enough)."""
+        if available >= self.min_records or now_ms - self.last_trigger_ms >= self.max_delay_ms:
+            self.last_trigger_ms = now_ms
+            return False
+        return True
+
+
+def available_records(
+    start: Mapping[TopicPartition, int], latest: Mapping[TopicPartition, int]
+) -> int:
+    """Records between two offset documents (partitions new in ``latest`` count from 0 here;
+    callers fill their start in first)."""
+    return sum(max(end - start.get(tp, 0), 0) for tp, end in latest.items())

@@ -39,7 +39,14 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from fjord.client import AdminClient, Consumer, ConsumerRecord, Producer, TopicPartition
+from fjord.client import (
+    AdminClient,
+    Consumer,
+    ConsumerRecord,
+    OffsetAndMetadata,
+    Producer,
+    TopicPartition,
+)
 from fjord.errors import (
     ConfigError,
     ErrorCode,
@@ -61,11 +68,14 @@ from fjord_spark.errors import DataLossError
 from fjord_spark.offsets import (
     OffsetRange,
     Offsets,
+    TriggerDelay,
+    available_records,
     limit_offsets,
     offsets_from_json,
     offsets_to_json,
     plan_ranges,
     resolve_offsets,
+    split_ranges,
 )
 from fjord_spark.options import (
     ReaderOptions,
@@ -296,27 +306,86 @@ class ClusterView:
     def latest(self, tps: Sequence[TopicPartition]) -> Offsets:
         return dict(self.consumer.end_offsets(tps)) if tps else {}
 
-    def at_timestamp(self, tps: Sequence[TopicPartition], timestamp_ms: int) -> Offsets:
-        """The first offset at or after ``timestamp_ms`` per partition; where there is none,
-        the end (``startingOffsetsByTimestampStrategy=latest``) or an error (``error``)."""
-        if not tps:
+    def at_timestamps(
+        self, stamps: Mapping[TopicPartition, int], option: str, strategy: str
+    ) -> Offsets:
+        """The first offset at or after each partition's timestamp; where there is none, the
+        end (``strategy`` "latest") or an error naming ``option`` ("error")."""
+        if not stamps:
             return {}
-        found = self.consumer.offsets_for_times({tp: timestamp_ms for tp in tps})
+        found = self.consumer.offsets_for_times(dict(stamps))
         missing = [tp for tp, hit in found.items() if hit is None]
-        if missing and self.options.timestamp_strategy == "error":
-            names = ", ".join(f"{tp.topic}-{tp.partition}" for tp in missing)
+        if missing and strategy == "error":
+            names = ", ".join(f"{tp.topic}-{tp.partition} ({stamps[tp]})" for tp in missing)
             raise OffsetOutOfRangeError(
-                f"no record at or after startingTimestamp={timestamp_ms} in {names}; set "
+                f"no record at or after the timestamp of option {option} in {names}; set "
                 "startingOffsetsByTimestampStrategy to latest to start at the end there"
             )
         latest = self.latest(missing)
         return {tp: (hit.offset if hit is not None else latest[tp]) for tp, hit in found.items()}
 
+    @staticmethod
+    def _per_partition(
+        stamps: Mapping[TopicPartition, int], tps: list[TopicPartition], option: str
+    ) -> dict[TopicPartition, int]:
+        """Spark's rule for ``*OffsetsByTimestamp``: the JSON names exactly the partitions the
+        query reads."""
+        extra = sorted(set(stamps) - set(tps))
+        absent = sorted(set(tps) - set(stamps))
+        if extra or absent:
+
+            def show(group: list[TopicPartition]) -> str:
+                return ", ".join(f"{tp.topic}-{tp.partition}" for tp in group) or "none"
+
+            raise ConfigError(
+                f"option {option} must name exactly the partitions the query reads: missing "
+                f"{show(absent)}; not read by this query {show(extra)}"
+            )
+        return {tp: stamps[tp] for tp in tps}
+
     def starting_offsets(self, tps: list[TopicPartition]) -> Offsets:
-        if self.options.starting_timestamp is not None:
-            return self.at_timestamp(tps, self.options.starting_timestamp)
+        """startingTimestamp, else startingOffsetsByTimestamp, else startingOffsets (Spark's
+        precedence)."""
+        options = self.options
+        if options.starting_timestamp is not None:
+            stamps = {tp: options.starting_timestamp for tp in tps}
+            return self.at_timestamps(stamps, "startingTimestamp", options.timestamp_strategy)
+        if options.starting_by_timestamp is not None:
+            stamps = self._per_partition(
+                options.starting_by_timestamp, tps, "startingOffsetsByTimestamp"
+            )
+            return self.at_timestamps(
+                stamps, "startingOffsetsByTimestamp", options.timestamp_strategy
+            )
         return resolve_offsets(
-            self.options.starting, tps, self.earliest(tps), self.latest(tps), "startingOffsets"
+            options.starting, tps, self.earliest(tps), self.latest(tps), "startingOffsets"
+        )
+
+    def ending_offsets(self, tps: list[TopicPartition], earliest: Offsets) -> Offsets:
+        """endingTimestamp, else endingOffsetsByTimestamp, else endingOffsets; a partition
+        without a record at or after the timestamp ends at its latest offset (Spark's rule)."""
+        options = self.options
+        if options.ending_timestamp is not None:
+            stamps = {tp: options.ending_timestamp for tp in tps}
+            return self.at_timestamps(stamps, "endingTimestamp", "latest")
+        if options.ending_by_timestamp is not None:
+            stamps = self._per_partition(
+                options.ending_by_timestamp, tps, "endingOffsetsByTimestamp"
+            )
+            return self.at_timestamps(stamps, "endingOffsetsByTimestamp", "latest")
+        assert options.ending is not None
+        return resolve_offsets(options.ending, tps, earliest, self.latest(tps), "endingOffsets")
+
+    def plan(
+        self, start: Mapping[TopicPartition, int], end: Mapping[TopicPartition, int]
+    ) -> list[FjordInputPartition]:
+        """The tasks reading ``[start, end)``: one range per partition, split by
+        ``minPartitions`` / ``maxRecordsPerPartition`` (Spark's offset range calculator)."""
+        log_start = self.earliest(sorted(end))
+        ranges = plan_ranges(start, end, log_start, self.options.fail_on_data_loss)
+        options = self.options
+        return self.tasks(
+            split_ranges(ranges, options.min_partitions, options.max_records_per_partition)
         )
 
     def timestamp_type(self, topic: str) -> int:
@@ -366,12 +435,8 @@ class FjordBatchReader(DataSourceReader):
         try:
             tps = view.partitions()
             start = view.starting_offsets(tps)
-            assert self.options.ending is not None
-            earliest = view.earliest(tps)
-            end = resolve_offsets(
-                self.options.ending, tps, earliest, view.latest(tps), "endingOffsets"
-            )
-            return view.tasks(plan_ranges(start, end, earliest, self.options.fail_on_data_loss))
+            end = view.ending_offsets(tps, view.earliest(tps))
+            return view.plan(start, end)
         finally:
             view.close()
 
@@ -385,9 +450,14 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     Offsets are Spark's Kafka source's JSON (``{"topic": {"0": 42}}``: the next offset to read
     per partition), kept by Spark in the query's checkpoint, so a restarted query resumes
-    exactly where its last committed micro-batch ended. ``commit(end)`` is only Spark telling
-    that batches up to ``end`` are done (it comes one batch behind): nothing is kept here.
-    With ``Trigger.AvailableNow`` the end offsets are fixed when the query starts.
+    exactly where its last committed micro-batch ended. With ``Trigger.AvailableNow`` the end
+    offsets are fixed when the query starts.
+
+    With ``kafka.group.id`` / ``groupIdPrefix`` the end of every micro-batch Spark has
+    committed is also committed to that consumer group, as a report (Spark never reads it
+    back): ``commit(end)`` comes one batch behind, so the start of each ``latestOffset`` call
+    (the end of the last batch, committed before Spark plans the next) is reported as well.
+    A report that fails is logged and retried at the next trigger; it never fails the query.
     """
 
     def __init__(self, options: ReaderOptions, schema: StructType) -> None:
@@ -395,6 +465,38 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.arrow_schema = arrow_schema(schema)
         self.view = ClusterView(options)
         self._available_now_end: Offsets | None = None
+        self._delay = (
+            None
+            if options.min_offsets_per_trigger is None
+            else TriggerDelay(
+                options.min_offsets_per_trigger, options.max_trigger_delay_ms, _now_ms()
+            )
+        )
+        self._committer: Consumer | None = None
+        self._reported: Offsets = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_committer"] = None
+        return state
+
+    def report_to_group(self, offsets: Offsets) -> None:
+        """Commit ``offsets`` (ends of micro-batches Spark has committed) to the query's group,
+        if it has one and they moved. Failures are logged, never raised."""
+        group = self.options.group_id
+        if group is None:
+            return
+        moved = {tp: o for tp, o in offsets.items() if self._reported.get(tp) != o}
+        if not moved:
+            return
+        try:
+            if self._committer is None:
+                self._committer = Consumer(self.options.group_committer_config())
+            self._committer.commit({tp: OffsetAndMetadata(o) for tp, o in moved.items()})
+        except FjordError as exc:
+            log.warning("could not report offsets to consumer group %r: %s", group, exc)
+            return
+        self._reported.update(moved)
 
     def initialOffset(self) -> dict[str, Any]:
         tps = self.view.partitions()
@@ -413,10 +515,20 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self.view.latest(self.view.partitions())
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        latest = self._latest()
         begin = offsets_from_json(start)
+        self.report_to_group(begin)  # the batch that ended there is committed by now
+        latest = self._latest()
         new = [tp for tp in latest if tp not in begin]
         begin.update(self.view.earliest(new))
+        waiting = (
+            self._delay is not None
+            and self._available_now_end is None
+            and not (isinstance(limit, ReadAllAvailable) and self.options.max_offsets_per_trigger)
+        )
+        if waiting:
+            assert self._delay is not None
+            if self._delay.should_wait(available_records(begin, latest), _now_ms()):
+                return start  # too few records yet: no micro-batch this trigger
         if isinstance(limit, ReadMaxRows):
             latest = limit_offsets(begin, latest, limit.max_rows)
         return offsets_to_json(latest)
@@ -425,20 +537,26 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offsets_to_json(self._latest())
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        begin, until = offsets_from_json(start), offsets_from_json(end)
-        log_start = self.view.earliest(sorted(until))
-        ranges = plan_ranges(begin, until, log_start, self.options.fail_on_data_loss)
-        return self.view.tasks(ranges)
+        return self.view.plan(offsets_from_json(start), offsets_from_json(end))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, FjordInputPartition)
         return read_partition(partition, self.arrow_schema)
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Nothing to do: progress lives in Spark's checkpoint, not in Fjord."""
+        """Spark committed the batches up to ``end``: report it to the group (if any). The
+        checkpoint stays the truth; nothing here is read back."""
+        self.report_to_group(offsets_from_json(end))
 
     def stop(self) -> None:
         self.view.close()
+        if self._committer is not None:
+            self._committer.close()
+            self._committer = None
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
 
 
 # -- writing ------------------------------------------------------------------------------------

@@ -26,14 +26,18 @@ from fjord_spark.errors import DataLossError, JavaNotFoundError
 from fjord_spark.java import check_java, parse_java_major_version
 from fjord_spark.offsets import (
     OffsetRange,
+    TriggerDelay,
+    available_records,
     limit_offsets,
     offsets_from_json,
     offsets_to_json,
     plan_ranges,
     resolve_offsets,
+    split_ranges,
 )
 from fjord_spark.options import (
     OffsetSpec,
+    parse_duration_ms,
     parse_reader_options,
     parse_writer_options,
 )
@@ -146,6 +150,162 @@ def test_writer_options() -> None:
         parse_writer_options({**BOOT, "topic": " "})
     with pytest.raises(ConfigError, match="bootstrap"):
         parse_writer_options({"topic": "x"})
+
+
+def test_unknown_options_are_refused_naming_the_closest_known_one() -> None:
+    """Spark's own Kafka source ignores a typo such as startingOffset and reads from latest."""
+    cases = [
+        ({"subscribe": "t", "startingOffset": "earliest"}, True, "'startingOffsets'"),
+        ({"subscribe": "t", "maxOffsetPerTrigger": "5"}, True, "'maxOffsetsPerTrigger'"),
+        ({"subscribe": "t", "minPartition": "5"}, False, "'minPartitions'"),
+        ({"subscribe": "t", "zzz": "5"}, False, "unknown option 'zzz' for the fjord source$"),
+        ({"subscribe": "t", "path": "/x"}, False, "takes no path"),
+    ]
+    for options, streaming, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            parse_reader_options({**BOOT, **options}, streaming=streaming)
+    with pytest.raises(ConfigError, match="'topic'"):
+        parse_writer_options({**BOOT, "topics": "t"})
+    # What Spark itself adds to a streaming writer's options is not ours to refuse.
+    parse_writer_options({**BOOT, "checkpointLocation": "/c", "queryName": "q"})
+
+
+def test_kafka_prefixed_options_reach_the_client_and_are_validated_by_it() -> None:
+    opts = parse_reader_options(
+        {
+            "kafka.bootstrap.servers": "h:1",
+            "subscribe": "t",
+            "kafka.fetch.max.bytes": "1024",
+            "fjord.request.timeout.ms": "5000",
+            "kafka.security.protocol": "SSL",
+            "kafka.ssl.ca.location": "/ca.pem",
+            "kafka.ssl.certificate.location": "/c.pem",
+            "kafka.ssl.key.location": "/k.pem",
+        },
+        streaming=True,
+    )
+    assert opts.bootstrap_servers == "h:1"
+    for config in (opts.task_consumer_config(), opts.admin_config()):
+        assert config["security.protocol"] == "SSL" and config["ssl.ca.location"] == "/ca.pem"
+        assert config["ssl.certificate.location"] == "/c.pem"
+    assert opts.task_consumer_config()["fetch.max.bytes"] == "1024"
+    writer = parse_writer_options({**BOOT, "kafka.security.protocol": "SSL", "kafka.acks": "1"})
+    assert writer.producer_config()["security.protocol"] == "SSL"
+    assert writer.producer_config()["acks"] == "1"
+    refused = [
+        ({"kafka.fetch.max.byte": "1"}, r"'fetch\.max\.byte' \(did you mean 'fetch\.max\.bytes'"),
+        ({"kafka.security.protocol": "TLS"}, r"security\.protocol"),
+        ({"kafka.sasl.mechanism": "SCRAM-SHA-512"}, r"kafka\.sasl\.mechanism: SASL is not"),
+        ({"kafka.security.protocol": "SASL_SSL"}, r"SASL_SSL is not supported"),
+        ({"kafka.auto.offset.reset": "earliest"}, "startingOffsets"),
+        ({"kafka.enable.auto.commit": "true"}, "commits each micro-batch"),
+        ({"kafka.linger.ms": "1", "fjord.linger.ms": "2"}, "disagree"),
+        ({"kafka.bootstrap.servers": "x:2"}, "disagree"),
+    ]
+    for options, message in refused:
+        with pytest.raises(ConfigError, match=message):
+            parse_reader_options({**BOOT, "subscribe": "t", **options}, streaming=True)
+    with pytest.raises(ConfigError, match=r"'lingr\.ms' \(did you mean 'linger\.ms'"):
+        parse_writer_options({**BOOT, "kafka.lingr.ms": "5"})
+
+
+def test_group_options_report_streaming_queries_only() -> None:
+    fixed = parse_reader_options({**BOOT, "subscribe": "t", "kafka.group.id": "g"}, streaming=True)
+    assert fixed.group_id == "g" and "group.id" not in fixed.task_consumer_config()
+    assert fixed.group_committer_config()["group.id"] == "g"
+    assert fixed.group_committer_config()["enable.auto.commit"] is False
+    prefixed = parse_reader_options(
+        {**BOOT, "subscribe": "t", "groupIdPrefix": "p"}, streaming=True
+    )
+    assert prefixed.group_id is not None and prefixed.group_id.startswith("p-")
+    assert parse_reader_options({**BOOT, "subscribe": "t"}, streaming=True).group_id is None
+    for options, message in [
+        ({"kafka.group.id": "g", "groupIdPrefix": "p"}, "only one of"),
+        ({"kafka.group.id": " "}, "empty"),
+        ({"fjord.group.id": "g"}, "kafka.group.id"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            parse_reader_options({**BOOT, "subscribe": "t", **options}, streaming=True)
+    with pytest.raises(ConfigError, match="streaming queries only"):
+        parse_reader_options({**BOOT, "subscribe": "t", "kafka.group.id": "g"}, streaming=False)
+
+
+def test_new_source_options_parse_with_sparks_rules() -> None:
+    stream = parse_reader_options(
+        {
+            **BOOT,
+            "subscribe": "t",
+            "minOffsetsPerTrigger": "10",
+            "maxOffsetsPerTrigger": "100",
+            "maxTriggerDelay": "30s",
+            "minPartitions": "8",
+            "maxRecordsPerPartition": "1000",
+            "startingOffsetsByTimestamp": json.dumps({"t": {"0": 5, "1": 7}}),
+            "kafkaConsumer.pollTimeoutMs": "700",
+        },
+        streaming=True,
+    )
+    assert (stream.min_offsets_per_trigger, stream.max_trigger_delay_ms) == (10, 30_000)
+    assert (stream.min_partitions, stream.max_records_per_partition) == (8, 1000)
+    assert stream.starting_by_timestamp == {T0: 5, T1: 7} and stream.poll_timeout_ms == 700
+    assert (
+        parse_reader_options(
+            {**BOOT, "subscribe": "t", "minOffsetsPerTrigger": "1"}, streaming=True
+        ).max_trigger_delay_ms
+        == defaults.MAX_TRIGGER_DELAY_MS
+    )
+    batch = parse_reader_options(
+        {**BOOT, "subscribe": "t", "endingOffsetsByTimestamp": json.dumps({"t": {"0": 9}})},
+        streaming=False,
+    )
+    assert batch.ending_by_timestamp == {T0: 9}
+    assert (
+        parse_reader_options(
+            {**BOOT, "subscribe": "t", "endingTimestamp": "123"}, streaming=False
+        ).ending_timestamp
+        == 123
+    )
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "message"),
+    [
+        ({"minPartitions": "-1"}, False, "minPartitions: -1 is below 1"),
+        ({"minPartitions": "0"}, True, "minPartitions: 0 is below 1"),
+        ({"maxRecordsPerPartition": "0"}, False, "maxRecordsPerPartition: 0 is below 1"),
+        ({"minOffsetsPerTrigger": "-5"}, True, "minOffsetsPerTrigger: -5 is below 1"),
+        ({"minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "5"}, True, "above"),
+        ({"maxTriggerDelay": "5m"}, True, "only applies with minOffsetsPerTrigger"),
+        ({"minOffsetsPerTrigger": "1", "maxTriggerDelay": "soon"}, True, "duration"),
+        ({"minOffsetsPerTrigger": "1", "maxTriggerDelay": "5 weeks"}, True, "duration"),
+        ({"endingTimestamp": "-1"}, False, "endingTimestamp: -1 is below 0"),
+        ({"endingTimestamp": "1"}, True, "batch queries only"),
+        ({"endingOffsetsByTimestamp": '{"t": {"0": 1}}'}, True, "batch queries only"),
+        ({"maxOffsetsPerTrigger": "5"}, False, "streaming queries only"),
+        ({"startingOffsetsByTimestamp": '{"t": {"0": -1}}'}, True, "invalid timestamp"),
+        ({"startingOffsetsByTimestamp": '{"t": {}}'}, True, "needs an object"),
+        ({"startingOffsetsByTimestamp": "[]"}, True, "JSON object"),
+        ({"startingTimestamp": "1", "startingOffsetsByTimestamp": '{"t": {"0": 1}}'}, True, "one"),
+        ({"endingTimestamp": "1", "endingOffsetsByTimestamp": '{"t": {"0": 1}}'}, False, "one"),
+        ({"pollTimeoutMs": "1", "kafkaConsumer.pollTimeoutMs": "2"}, True, "only one"),
+    ],
+)
+def test_bad_new_source_options_name_the_problem(
+    options: dict[str, str], streaming: bool, message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        parse_reader_options({**BOOT, "subscribe": "t", **options}, streaming=streaming)
+
+
+def test_durations_are_sparks_time_strings() -> None:
+    assert [parse_duration_ms("d", v) for v in ("15m", "30s", "250ms", "2h", "1d", "42")] == [
+        900_000,
+        30_000,
+        250,
+        7_200_000,
+        86_400_000,
+        42,
+    ]
 
 
 # -- offsets --------------------------------------------------------------------------------
@@ -330,3 +490,64 @@ def test_check_java(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
     monkeypatch.setenv("JAVA_HOME", str(tmp_path))
     with pytest.raises(JavaNotFoundError, match="JAVA_HOME"):
         check_java()
+
+
+# -- range splitting and trigger delay ------------------------------------------------------
+
+
+def test_split_ranges_as_sparks_offset_range_calculator() -> None:
+    big, small = OffsetRange(T0, 0, 1000), OffsetRange(T1, 0, 10)
+    assert split_ranges([big, small], None, None) == [big, small]
+    assert split_ranges([big, small], 2, None) == [big, small]  # enough already
+    # minPartitions 4: T1 stays whole (round(10/1010*4) = 0 -> 1), T0 gets the other 3.
+    assert split_ranges([big, small], 4, None) == [
+        OffsetRange(T0, 0, 333),
+        OffsetRange(T0, 333, 666),
+        OffsetRange(T0, 666, 1000),
+        small,
+    ]
+    assert split_ranges([OffsetRange(T0, 5, 15)], None, 4) == [
+        OffsetRange(T0, 5, 8),
+        OffsetRange(T0, 8, 11),
+        OffsetRange(T0, 11, 15),
+    ]
+    assert split_ranges([OffsetRange(T0, 0, 0)], 3, None) == []
+
+
+@given(
+    st.lists(st.integers(0, 500), min_size=1, max_size=5),
+    st.one_of(st.none(), st.integers(1, 40)),
+    st.one_of(st.none(), st.integers(1, 200)),
+)
+def test_split_ranges_cover_exactly_the_records(
+    sizes: list[int], min_partitions: int | None, max_records: int | None
+) -> None:
+    ranges = [OffsetRange(TopicPartition("t", i), 7 * i, 7 * i + n) for i, n in enumerate(sizes)]
+    pieces = split_ranges(ranges, min_partitions, max_records)
+    assert all(p.size > 0 for p in pieces)
+    if max_records is not None:
+        assert all(p.size <= max_records for p in pieces)
+    for r in ranges:
+        mine = [p for p in pieces if p.tp == r.tp]
+        covered = [o for p in mine for o in range(p.from_offset, p.until_offset)]
+        assert covered == list(range(r.from_offset, r.until_offset))  # no gap, overlap, reorder
+    if min_partitions is not None and max_records is None:
+        non_empty = sum(1 for r in ranges if r.size)
+        total = sum(sizes)
+        # As many pieces as asked for, give or take rounding, never fewer than before.
+        assert non_empty <= len(pieces) <= max(non_empty, min(total, min_partitions + len(sizes)))
+
+
+def test_trigger_delay_waits_for_min_records_or_max_delay() -> None:
+    delay = TriggerDelay(min_records=100, max_delay_ms=30_000, now_ms=1_000)
+    assert delay.should_wait(99, now_ms=2_000)
+    assert not delay.should_wait(100, now_ms=3_000)  # enough: runs, and the clock restarts
+    assert delay.should_wait(1, now_ms=32_999)
+    assert not delay.should_wait(1, now_ms=33_000)  # waited maxTriggerDelay: runs anyway
+    assert delay.should_wait(0, now_ms=33_001)
+    with pytest.raises(ValueError):
+        TriggerDelay(0, 1, 0)
+
+
+def test_available_records_counts_only_forward() -> None:
+    assert available_records({T0: 5, T1: 9}, {T0: 8, T1: 7, U0: 4}) == 3 + 0 + 4

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import datetime
 import json
+import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -461,3 +464,177 @@ def test_read_task_honours_the_isolation_level(bootstrap: str, new_topic: Any) -
         producer.abort_transaction(60)
     finally:
         producer.close(10)
+
+
+# -- issue 19: the options Spark's Kafka source has, and reporting to a consumer group -----------
+
+
+def produce_at(bootstrap: str, topic: str, stamps: list[int], partition: int = 0) -> None:
+    """One record per timestamp (value ``t<ms>``), in order, into ``partition``."""
+    from fjord.client import Producer
+
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
+        futures = [
+            producer.send(topic, value=f"t{ts}".encode(), partition=partition, timestamp_ms=ts)
+            for ts in stamps
+        ]
+        producer.flush()
+        for future in futures:
+            future.result(30)
+
+
+def test_batch_split_into_more_tasks_and_bounded_by_timestamps(
+    spark: Any, bootstrap: str, new_topic: Any
+) -> None:
+    topic = new_topic(1)
+    base = 1_700_000_000_000
+    produce_at(bootstrap, topic, [base + i for i in range(100)])
+
+    def offsets(df: Any) -> list[int]:
+        return sorted(r.offset for r in df.select("offset").collect())
+
+    split = reader(spark, bootstrap, subscribe=topic, minPartitions="4").load()
+    assert split.rdd.getNumPartitions() == 4  # one Fjord partition read by 4 tasks
+    assert offsets(split) == list(range(100))
+    capped = reader(spark, bootstrap, subscribe=topic, maxRecordsPerPartition="30").load()
+    assert capped.rdd.getNumPartitions() == 4  # ceil(100 / 30)
+    assert offsets(capped) == list(range(100))
+    window = reader(
+        spark,
+        bootstrap,
+        subscribe=topic,
+        startingOffsetsByTimestamp=json.dumps({topic: {"0": base + 10}}),
+        endingTimestamp=str(base + 50),
+    ).load()
+    assert offsets(window) == list(range(10, 50))
+    tail = reader(
+        spark,
+        bootstrap,
+        subscribe=topic,
+        startingTimestamp=str(base + 90),
+        endingOffsetsByTimestamp=json.dumps({topic: {"0": base + 10_000}}),  # none: to latest
+    ).load()
+    assert offsets(tail) == list(range(90, 100))
+    with pytest.raises(Exception, match=r"minPartitions: -1 is below 1"):
+        reader(spark, bootstrap, subscribe=topic, minPartitions="-1").load().collect()
+    with pytest.raises(Exception, match="did you mean 'startingOffsets'"):
+        reader(spark, bootstrap, subscribe=topic, startingOffset="earliest").load().collect()
+    with pytest.raises(Exception, match="must name exactly the partitions"):
+        reader(
+            spark, bootstrap, subscribe=topic, endingOffsetsByTimestamp='{"nope": {"0": 1}}'
+        ).load().collect()
+
+
+def test_pattern_picks_up_a_new_topic_and_reports_to_its_group(
+    spark: Any, bootstrap: str, admin: Any, tmp_path: Path
+) -> None:
+    """subscribePattern + startingTimestamp end to end: records older than the timestamp are
+    skipped, a topic created while the query runs is read from its start; every micro-batch's
+    end reaches the consumer group kafka.group.id, where describe shows lag 0 at the end."""
+    from fjord.client import NewTopic
+
+    prefix = f"spark-pat-{uuid.uuid4().hex[:8]}"
+    first, second, group = f"{prefix}-a", f"{prefix}-b", f"{prefix}-group"
+    admin.create_topics([NewTopic(first, 2, 1)])
+    now = int(time.time() * 1000)
+    produce_at(bootstrap, first, [now - 60_000] * 5)  # before startingTimestamp: skipped
+    produce_at(bootstrap, first, [now + i for i in range(7)], partition=1)
+    values: list[bytes] = []
+
+    def collect(batch_df: Any, batch_id: int) -> None:
+        values.extend(bytes(r.value) for r in batch_df.select("value").collect())
+
+    query = (
+        spark.readStream.format("fjord")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribePattern", f"{prefix}-.*")
+        .option("startingTimestamp", str(now - 1_000))
+        .option("startingOffsetsByTimestampStrategy", "latest")
+        .option("kafka.group.id", group)
+        .load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
+
+    def has(count: int) -> bool:
+        if not query.isActive:
+            raise AssertionError(f"the query stopped: {query.exception()}")
+        return len(values) >= count
+
+    try:
+        wait_for(lambda: has(7), "the records at or after startingTimestamp", SPARK_WAIT_S)
+        admin.create_topics([NewTopic(second, 1, 1)])
+        produce_at(bootstrap, second, [now - 120_000, now - 110_000])  # old, but a new topic
+        wait_for(lambda: has(9), "the records of the topic created meanwhile", SPARK_WAIT_S)
+
+        def reported() -> list[Any]:
+            rows = admin.describe_consumer_group_lag(group)
+            return (
+                rows
+                if {(r.topic, r.partition) for r in rows} == {(first, 0), (first, 1), (second, 0)}
+                and all(r.lag == 0 for r in rows)
+                else []
+            )
+
+        rows = wait_for(reported, "the group to report every partition caught up", SPARK_WAIT_S)
+    finally:
+        query.stop()
+    assert sorted(values) == sorted(
+        [f"t{now + i}".encode() for i in range(7)]
+        + [f"t{now - 120_000}".encode(), f"t{now - 110_000}".encode()]
+    )
+    assert {(r.topic, r.partition): r.current_offset for r in rows} == {
+        (first, 0): 5,
+        (first, 1): 7,
+        (second, 0): 2,
+    }
+
+
+def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(
+    spark: Any, bootstrap: str, new_topic: Any, tmp_path: Path
+) -> None:
+    topic = new_topic(1)
+    query = (
+        spark.readStream.format("fjord")
+        .option("bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("minOffsetsPerTrigger", "50")
+        .option("maxTriggerDelay", "4s")
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+    def batches(count: int) -> list[tuple[float, int]]:
+        """(trigger start in s, rows) of the micro-batches that read something."""
+        if not query.isActive:
+            raise AssertionError(f"the query stopped: {query.exception()}")
+        seen = [
+            (
+                datetime.datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp(),
+                p["numInputRows"],
+            )
+            for p in query.recentProgress
+            if p["numInputRows"]
+        ]
+        return seen if len(seen) >= count else []
+
+    try:
+        produce(bootstrap, topic, 60)
+        wait_for(lambda: batches(1), "the batch of 60", SPARK_WAIT_S)
+        produce(bootstrap, topic, 10, start=60)
+        (first_at, first), (second_at, second) = wait_for(
+            lambda: batches(2), "the batch of 10 after maxTriggerDelay", SPARK_WAIT_S
+        )[:2]
+    finally:
+        query.stop()
+    assert (first, second) == (60, 10)
+    # 10 < 50 records: held until maxTriggerDelay had passed since the batch of 60 ran (its
+    # trigger started before the source's clock restarted; the next one's started just before
+    # the source looked again).
+    assert second_at - first_at >= 4.0 - 0.5
