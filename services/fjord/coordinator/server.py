@@ -79,7 +79,11 @@ from fjord.serving import (
 )
 from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
 from fjord.topic_partition import TopicPartition
-from fjord.transactions.defaults import ABORT_TIMED_OUT_INTERVAL_MS, TRANSACTION_STATE_TOPIC
+from fjord.transactions.defaults import (
+    ABORT_TIMED_OUT_INTERVAL_MS,
+    TRANSACTION_MAX_TIMEOUT_MS,
+    TRANSACTION_STATE_TOPIC,
+)
 from fjord.transactions.log import TransactionLogLoader
 
 log = logging.getLogger(__name__)
@@ -96,6 +100,8 @@ _SERVICE_CONFIG_KEYS = (
     "offsets.retention.minutes",
     "offsets.retention.check.interval.ms",
     "offsets.commit.timeout.ms",
+    "transaction.max.timeout.ms",
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms",
 )
 CONFIG_KEYS = tuple(sorted([*_GROUP_CONFIG_KEYS, *_SERVICE_CONFIG_KEYS]))
 
@@ -107,6 +113,10 @@ def parse_coordinator_config(config: Mapping[str, str]) -> tuple[GroupConfig, di
     service: dict[str, int] = {
         "offsets.retention.check.interval.ms": defaults.OFFSETS_RETENTION_CHECK_INTERVAL_MS,
         "offsets.commit.timeout.ms": defaults.OFFSETS_COMMIT_TIMEOUT_MS,
+        "transaction.max.timeout.ms": TRANSACTION_MAX_TIMEOUT_MS,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
+            ABORT_TIMED_OUT_INTERVAL_MS
+        ),
     }
     for key, text in config.items():
         if key not in CONFIG_KEYS:
@@ -214,6 +224,9 @@ class CoordinatorServer:
         self.group_config, service = parse_coordinator_config(options.config)
         self._retention_check_s = service["offsets.retention.check.interval.ms"] / 1000
         self._commit_timeout_ms = service["offsets.commit.timeout.ms"]
+        self._txn_sweep_s = (
+            service["transaction.abort.timed.out.transaction.cleanup.interval.ms"] / 1000
+        )
         self._client_id = f"coordinator-{options.coordinator_id}"
         self._etcd: aetcd.Client | None = None
         self._watcher: MetadataWatcher | None = None
@@ -233,6 +246,7 @@ class CoordinatorServer:
             self._new_producer_id,
             self._complete_txn_offsets,
             partition_exists=self._partition_exists,
+            max_timeout_ms=service["transaction.max.timeout.ms"],
         )
         self._txn_load_wakeup = asyncio.Event()
         self._next_pid_broker = 0
@@ -323,7 +337,7 @@ class CoordinatorServer:
         self._spawn(self._load_partitions(), "__consumer_offsets loader")
         self._spawn(self._load_txn_partitions(), "__transaction_state loader")
         self._spawn(
-            self._periodic(ABORT_TIMED_OUT_INTERVAL_MS / 1000, self._abort_timed_out),
+            self._periodic(self._txn_sweep_s, self._abort_timed_out),
             "transaction timeouts",
         )
         self._spawn(self._periodic(self._retention_check_s, self._expire_offsets), "offset expiry")
