@@ -54,6 +54,9 @@ class ClusterObservation:
     reassigning: frozenset[TopicPartition] = frozenset()
     #: The phase recorded in status by the previous reconciliation.
     previous_phase: ScalingPhase = ScalingPhase.STABLE
+    #: Each registered broker's rack (``broker.rack``; None: unset): moves onto new brokers
+    #: and drains keep a partition's replicas on distinct racks when every broker has one.
+    racks: Mapping[int, str | None] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +157,9 @@ def decide_scaling(obs: ClusterObservation) -> ScalingDecision:
         # After a scale-out (also when the recorded phase was lost: a broker of the spec holds
         # nothing while there are replicas enough for all), spread partitions onto the new
         # brokers. Otherwise the operator never moves data on its own.
-        plan = plan_reassignment(obs.assignment, wanted) if obs.assignment else {}
+        plan = (
+            plan_reassignment(obs.assignment, wanted, racks=obs.racks) if obs.assignment else {}
+        )
         if plan:
             return _step(
                 ScalingPhase.REBALANCING,
@@ -228,7 +233,9 @@ def _decide_scale_in(
     holding = {key for key, replicas in obs.assignment.items() if going & set(replicas)}
     if holding:
         try:
-            plan = plan_reassignment(obs.assignment, wanted | going, drain=going)
+            plan = plan_reassignment(
+                obs.assignment, wanted | going, drain=going, racks=obs.racks
+            )
         except InvalidReplicationFactorError as exc:  # checked above; kept as a clear refusal
             return _step(
                 ScalingPhase.REFUSED,

@@ -113,9 +113,11 @@ def plan_cluster(
     reassigning: frozenset[TopicPartition],
     now: datetime,
     tls_revisions: Mapping[str, str] | None = None,
+    racks: Mapping[int, str | None] | None = None,
 ) -> ClusterPlan:
     """The plan for ``body`` given what was observed (see :class:`ClusterObservation`);
-    ``tls_revisions``: each role's TLS Secret revision (secure clusters)."""
+    ``tls_revisions``: each role's TLS Secret revision (secure clusters); ``racks``: each
+    registered broker's rack."""
     spec = body.get("spec") or {}
     meta = body.get("metadata") or {}
     previous = body.get("status") or {}
@@ -137,6 +139,7 @@ def plan_cluster(
             assignment=assignment,
             reassigning=reassigning,
             previous_phase=previous_phase,
+            racks=dict(racks or {}),
         )
     )
     if decision.refused:
@@ -234,6 +237,11 @@ class FjordAdmin:
         for key, reassignment in moving.items():
             assignment[key] = list(reassignment.target_replicas)
         return frozenset(b.id for b in cluster.brokers), assignment, frozenset(moving)
+
+    async def observe_racks(self) -> dict[int, str | None]:
+        """Each registered broker's rack (None: the broker has none)."""
+        cluster = await self._call("describe_cluster")
+        return {b.id: (b.rack or None) for b in cluster.brokers}
 
     async def observe_roll(self) -> tuple[frozenset[int], dict[TopicPartition, PartitionIsr]]:
         """(registered broker ids, every partition's replicas, ISR and effective
@@ -678,6 +686,7 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
         None if live_sts is None else int((live_sts.get("status") or {}).get("readyReplicas") or 0)
     )
     registered: frozenset[int] | None = None
+    racks: dict[int, str | None] = {}
     assignment: dict[TopicPartition, list[int]] = {}
     reassigning: frozenset[TopicPartition] = frozenset()
     now = datetime.now(UTC)
@@ -692,15 +701,15 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
             return ClusterPlan([], {}, status, retry=False)
     if live_sts is not None and not problems:
         try:
-            registered, assignment, reassigning = await (
-                await rt.cluster_admin(body)
-            ).observe_cluster()
+            admin = await rt.cluster_admin(body)
+            registered, assignment, reassigning = await admin.observe_cluster()
+            racks = await admin.observe_racks()
         except Exception as exc:
             if not _unreachable(exc):
                 raise
             log.info("cluster %s/%s not reachable yet: %s", namespace, name, exc)
     plan = plan_cluster(
-        body, sts_replicas, ready, registered, assignment, reassigning, now, revisions
+        body, sts_replicas, ready, registered, assignment, reassigning, now, revisions, racks
     )
     try:
         for obj in plan.objects:

@@ -584,3 +584,30 @@ def test_nothing_is_rolled_before_the_statefulset_controller_saw_the_template() 
     assert not stale.settled and stale.to_restart == ()
     unknown = roll_targets(_sts(None), [_pod(0, "x")], replicas=1)
     assert not unknown.settled and unknown.to_restart == ()
+
+
+def test_scale_out_moves_and_drains_keep_replicas_on_distinct_racks() -> None:
+    racks: dict[int, str | None] = {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"}
+    assignment = {("t", p): [p % 3, (p + 1) % 3, (p + 2) % 3] for p in range(6)}
+    out = decide_scaling(
+        ClusterObservation(
+            desired=6, statefulset_replicas=6, registered=frozenset(range(6)),
+            assignment=assignment, previous_phase=ScalingPhase.WAITING_FOR_BROKERS, racks=racks,
+        )
+    )
+    assert out.phase is ScalingPhase.REBALANCING and out.reassign
+    grown = {**assignment, **out.reassign}
+    assert {b for r in grown.values() for b in r} == set(range(6))
+    for replicas in grown.values():
+        assert sorted(str(racks[b]) for b in replicas) == ["a", "b", "c"]
+    drain = decide_scaling(
+        ClusterObservation(
+            desired=5, statefulset_replicas=6, registered=frozenset(range(6)),
+            assignment=grown, racks=racks,
+        )
+    )
+    assert drain.phase is ScalingPhase.DRAINING
+    drained = {**grown, **drain.reassign}
+    for replicas in drained.values():
+        assert 5 not in replicas
+        assert sorted(str(racks[b]) for b in replicas) == ["a", "b", "c"]

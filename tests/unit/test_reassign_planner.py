@@ -135,3 +135,72 @@ def test_per_topic_rf_leaves_other_topics_alone() -> None:
 def test_impossible_replication_factor_is_refused(rf: int, drain: tuple[int, ...]) -> None:
     with pytest.raises(InvalidReplicationFactorError):
         plan_reassignment({("t", 0): [1]}, [1, 2], target_rf=rf, drain=drain)
+
+
+# -- racks ----------------------------------------------------------------------------------
+
+
+@st.composite
+def racked_clusters(
+    draw: st.DrawFn,
+) -> tuple[dict[Key, list[int]], list[int], int, list[int], dict[int, str]]:
+    """clusters() with a rack for every broker (2-4 racks, any sizes)."""
+    current, brokers, rf, drain = draw(clusters())
+    names = [f"zone-{c}" for c in "abcd"[: draw(st.integers(2, 4))]]
+    racks = {b: draw(st.sampled_from(names)) for b in brokers}
+    eligible = [b for b in brokers if b not in drain]
+    # at least two racks among the eligible brokers (else the plan is rack-unaware)
+    if len({racks[b] for b in eligible}) < 2 and len(eligible) >= 2:
+        racks[eligible[0]] = next(n for n in names if n != racks[eligible[1]])
+    return current, brokers, rf, drain, racks
+
+
+@settings(max_examples=200, deadline=None)
+@given(racked_clusters())
+def test_rack_aware_plans_put_replicas_on_distinct_racks(
+    case: tuple[dict[Key, list[int]], list[int], int, list[int], dict[int, str]],
+) -> None:
+    from fjord.cluster.reassignment_plan import rack_limit, rack_violations
+
+    current, brokers, rf, drain, racks = case
+    eligible = [b for b in brokers if b not in drain]
+    plan = plan_reassignment(current, brokers, target_rf=rf, drain=drain, racks=racks)
+    final = _final(current, plan)
+    eligible_racks = {b: racks[b] for b in eligible}
+    aware = len(set(eligible_racks.values())) > 1
+    for key, replicas in final.items():
+        assert len(replicas) == rf and len(set(replicas)) == rf, (key, replicas)
+        assert set(replicas) <= set(eligible), (key, replicas)
+        if aware:
+            # Within every rack's limit: distinct racks while rf <= racks.
+            assert rack_violations(replicas, eligible_racks) == 0, (key, replicas, racks)
+            if rf <= len(set(eligible_racks.values())):
+                assert len({racks[b] for b in replicas}) == rf, (key, replicas, racks)
+    if aware:
+        limits = rack_limit(rf, eligible_racks)
+        assert sum(limits.values()) >= rf
+
+
+def test_rack_aware_scale_out_and_drain_keep_distinct_racks() -> None:
+    racks = {0: "a", 1: "b", 2: "c", 3: "a", 4: "b", 5: "c"}
+    # Three brokers in three zones, RF 3: one replica per zone.
+    current = {("t", p): [p % 3, (p + 1) % 3, (p + 2) % 3] for p in range(6)}
+    grown = _final(current, plan_reassignment(current, range(6), racks=racks))
+    for replicas in grown.values():
+        assert sorted(racks[b] for b in replicas) == ["a", "b", "c"]
+    held = Counter(b for r in grown.values() for b in r)
+    assert set(held) == set(range(6)) and max(held.values()) - min(held.values()) <= 1
+    # Draining broker 5 (zone c): its replicas go to broker 2, the other zone-c broker.
+    drained = _final(grown, plan_reassignment(grown, range(6), drain={5}, racks=racks))
+    for key, replicas in drained.items():
+        assert 5 not in replicas
+        assert sorted(racks[b] for b in replicas) == ["a", "b", "c"], (key, replicas)
+    # Without racks the same drain may put two replicas in one zone; with them never.
+
+
+def test_a_rack_unaware_plan_is_unchanged_when_a_broker_has_no_rack() -> None:
+    current = {("t", p): [p % 3, (p + 1) % 3] for p in range(6)}
+    racks: dict[int, str | None] = {0: "a", 1: "b", 2: None, 3: "a"}
+    assert plan_reassignment(current, range(4), racks=racks) == plan_reassignment(
+        current, range(4)
+    )

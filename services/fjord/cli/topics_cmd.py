@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,24 @@ def _replication_factor(t: TopicDescription) -> int:
     return max((len(p.replicas) for p in t.partitions), default=0)
 
 
-def topic_json(t: TopicDescription, configs: dict[str, str] | None = None) -> dict[str, Any]:
+#: In the Racks column: a replica on a live broker without a rack, and one on a broker that is
+#: not live now (its rack is not known).
+NO_RACK = "-"
+UNKNOWN_RACK = "?"
+
+
+def replica_racks(replicas: Sequence[int], racks: Mapping[int, str | None]) -> list[str]:
+    """The rack of each replica, in replica order (``racks``: the live brokers' racks)."""
+    return [
+        (racks[b] or NO_RACK) if b in racks else UNKNOWN_RACK for b in replicas
+    ]
+
+
+def topic_json(
+    t: TopicDescription,
+    configs: dict[str, str] | None = None,
+    racks: Mapping[int, str | None] | None = None,
+) -> dict[str, Any]:
     data: dict[str, Any] = {
         "name": t.name,
         "topic_id": t.topic_id,
@@ -45,6 +63,12 @@ def topic_json(t: TopicDescription, configs: dict[str, str] | None = None) -> di
                 "replicas": list(p.replicas),
                 "isr": list(p.isr),
                 "offline_replicas": list(p.offline_replicas),
+                **(
+                    {"replica_racks": [
+                        racks.get(b) if b in racks else None for b in p.replicas
+                    ]}
+                    if racks is not None else {}
+                ),
             }
             for p in t.partitions
         ],
@@ -121,16 +145,18 @@ def list_(bootstrap_server: str | None, output: str, exclude_internal: bool) -> 
 @click.option("--topic", "names", multiple=True, help="Topic to describe (default: all).")
 @friendly_errors
 def describe(bootstrap_server: str | None, output: str, names: tuple[str, ...]) -> None:
-    """Partitions (leader, replicas, ISR) and configs of topics."""
+    """Partitions (leader, replicas, ISR, the racks of the replicas) and configs of topics."""
     with _admin(bootstrap_server) as admin:
         described = admin.describe_topics(list(names) if names else None)
         configs = admin.describe_configs([t.name for t in described]) if described else {}
+        racks = {b.id: b.rack or None for b in admin.describe_cluster().brokers}
     non_default = {
         name: {e.name: e.value for e in entries if not e.is_default}
         for name, entries in configs.items()
     }
     if output == "json":
-        emit(output, [topic_json(t, non_default.get(t.name, {})) for t in described], [], [])
+        emit(output, [topic_json(t, non_default.get(t.name, {}), racks) for t in described],
+             [], [])
         return
     for t in described:
         settings = ",".join(f"{k}={v}" for k, v in sorted(non_default.get(t.name, {}).items()))
@@ -148,10 +174,11 @@ def describe(bootstrap_server: str | None, output: str, names: tuple[str, ...]) 
                     p.leader,
                     ",".join(map(str, p.replicas)),
                     ",".join(map(str, p.isr)),
+                    ",".join(replica_racks(p.replicas, racks)),
                 )
                 for p in t.partitions
             ],
-            ["Topic", "Partition", "Leader", "Replicas", "Isr"],
+            ["Topic", "Partition", "Leader", "Replicas", "Isr", "Racks"],
         )
 
 

@@ -919,7 +919,8 @@ class AdminClient:
         self, topic: str, replication_factor: int, *, timeout: float | None = None
     ) -> dict[TopicPartition, list[int]]:
         """The reassignment that gives ``topic`` ``replication_factor`` replicas per partition
-        with the fewest moves, balanced over the live brokers (the pure planner
+        with the fewest moves, balanced over the live brokers, on distinct racks when every
+        broker has one (the pure planner
         :func:`fjord.cluster.reassignment_plan.plan_reassignment`). Refuses with
         REASSIGNMENT_IN_PROGRESS while a partition of the topic is moving."""
         from fjord.cluster.reassignment_plan import plan_reassignment
@@ -932,11 +933,15 @@ class AdminClient:
             raise ReassignmentInProgressError(
                 f"partitions {sorted(p for _, p in moving)} of {topic!r} are being reassigned"
             )
-        brokers = [node.id for node in self.describe_cluster(timeout=timeout).brokers]
+        nodes = self.describe_cluster(timeout=timeout).brokers
         current = {
             TopicPartition(topic, p.partition): list(p.replicas) for p in description.partitions
         }
-        return plan_reassignment(current, brokers, target_rf=replication_factor)
+        # Rack-aware when every live broker has a rack (replicas on distinct racks).
+        racks = {node.id: node.rack or None for node in nodes}
+        return plan_reassignment(
+            current, [node.id for node in nodes], target_rf=replication_factor, racks=racks
+        )
 
     def alter_replication_factor(
         self, topic: str, replication_factor: int, *, timeout: float | None = None

@@ -21,8 +21,14 @@ def plan_reassignment(
     *,
     target_rf: int | Mapping[str, int] | None = None,
     drain: Collection[int] = (),
+    racks: Mapping[int, str | None] | None = None,
 ) -> dict[TopicPartition, list[int]]:
     """Target replica lists for the partitions that must change (unchanged ones are omitted).
+
+    ``racks``: each broker's rack (``broker.rack``). When every eligible broker has one and
+    there are at least two, the plan is rack-aware (:func:`_plan_rack_aware`, Kafka's rule for
+    when racks count, as at topic creation): replicas of a partition on distinct racks while
+    racks remain, balance best effort. Otherwise racks are ignored and the guarantees below hold.
 
     ``current``: every partition's replicas (first = preferred leader). ``brokers``: the
     brokers that may hold replicas (live ones; brokers being added included). ``target_rf``:
@@ -61,6 +67,12 @@ def plan_reassignment(
             )
     if not current:
         return {}
+    if racks is not None:
+        known = {b: racks.get(b) for b in eligible}
+        if all(r is not None for r in known.values()) and len(set(known.values())) > 1:
+            return _plan_rack_aware(
+                current, wanted, eligible, {b: str(r) for b, r in known.items()}
+            )
     total = sum(wanted.values())
     floor, extra = divmod(total, len(eligible))
     ceiling = floor + (1 if extra else 0)
@@ -227,3 +239,150 @@ def _fill_by_flow(
     for key, broker in sorted(chosen):
         assignment[key].append(broker)
         load[broker] += 1
+
+
+def rack_limit(replication_factor: int, racks: Mapping[int, str]) -> dict[str, int]:
+    """How many replicas of one partition each rack may hold: ``ceil(rf / racks)`` (one each
+    while rf <= racks: distinct racks), never more than the rack has brokers; when those
+    limits cannot seat rf replicas (small racks), the largest racks take the rest."""
+    sizes = Counter(racks.values())
+    per_rack = -(-replication_factor // len(sizes))
+    limit = {rack: min(per_rack, size) for rack, size in sizes.items()}
+    while sum(limit.values()) < replication_factor:
+        rack = max(sizes, key=lambda r: (sizes[r] - limit[r], r))
+        if sizes[rack] == limit[rack]:
+            break  # rf > brokers: refused before this point
+        limit[rack] += 1
+    return limit
+
+
+def rack_violations(replicas: Sequence[int], racks: Mapping[int, str]) -> int:
+    """Replicas beyond their rack's :func:`rack_limit` (0: the partition is rack-safe)."""
+    limit = rack_limit(len(replicas), racks)
+    counts = Counter(racks[b] for b in replicas)
+    return sum(max(0, n - limit[r]) for r, n in counts.items())
+
+
+def _plan_rack_aware(
+    current: Mapping[TopicPartition, Sequence[int]],
+    wanted: Mapping[TopicPartition, int],
+    eligible: list[int],
+    racks: Mapping[int, str],
+) -> dict[TopicPartition, list[int]]:
+    """plan_reassignment with racks: every partition ends with at most :func:`rack_limit`
+    replicas per rack (distinct racks while rf <= racks); replicas already on eligible
+    brokers and within their rack's limit stay; additions go to the least loaded broker of a
+    rack the partition may still use; then single moves from a most to a least loaded broker
+    while one keeps the racks' limits (best effort: racks of unequal sizes can make an exact
+    balance impossible); preferred leaders stay first while replicas and are spread as in
+    the rack-unaware plan."""
+    eligible_set = set(eligible)
+    load: Counter[int] = Counter({b: 0 for b in eligible})
+    assignment: dict[TopicPartition, list[int]] = {}
+    for key, replicas in current.items():
+        assignment[key] = [r for r in replicas if r in eligible_set]
+        load.update(assignment[key])
+
+    def rack_count(replicas: Sequence[int], rack: str) -> int:
+        return sum(1 for b in replicas if racks[b] == rack)
+
+    # 1. Drop replicas over their rack's limit, then down to the replication factor: from the
+    #    fullest rack first, the most loaded broker there, never the preferred leader while
+    #    another can go.
+    for key in sorted(assignment):
+        replicas = assignment[key]
+        limit = rack_limit(wanted[key], racks)
+        while True:
+            over = [b for b in replicas if rack_count(replicas, racks[b]) > limit[racks[b]]]
+            if len(replicas) > wanted[key]:
+                fullest = max(
+                    rack_count(replicas, racks[b]) - limit[racks[b]] for b in replicas
+                )
+                over = over or [
+                    b for b in replicas
+                    if rack_count(replicas, racks[b]) - limit[racks[b]] == fullest
+                ]
+            if not over:
+                break
+            droppable = [b for b in over if b != replicas[0]] or over
+            victim = max(droppable, key=lambda b: (load[b], b))
+            replicas.remove(victim)
+            load[victim] -= 1
+
+    # 2. Fill: the least loaded broker of a rack the partition may still use.
+    for key in sorted(assignment, key=lambda k: (len(assignment[k]) - wanted[k], k)):
+        replicas = assignment[key]
+        limit = rack_limit(wanted[key], racks)
+        while len(replicas) < wanted[key]:
+            choices = [
+                b for b in eligible
+                if b not in replicas and rack_count(replicas, racks[b]) < limit[racks[b]]
+            ]
+            if not choices:  # cannot happen with rf <= brokers; kept as a plain fallback
+                choices = [b for b in eligible if b not in replicas]
+            choice = min(choices, key=lambda b: (load[b], rack_count(replicas, racks[b]), b))
+            replicas.append(choice)
+            load[choice] += 1
+
+    # 3. Rebalance while a move keeps every rack within its limit. Each move lowers the sum
+    #    of squared loads, so this ends.
+    def move() -> bool:
+        by_load = sorted(eligible, key=lambda b: (load[b], b))
+        for high in reversed(by_load):
+            for low in by_load:
+                if load[high] - load[low] <= 1:
+                    break
+                candidates = []
+                for key in sorted(assignment):
+                    replicas = assignment[key]
+                    if high not in replicas or low in replicas:
+                        continue
+                    limit = rack_limit(wanted[key], racks)
+                    if racks[low] != racks[high] and (
+                        rack_count(replicas, racks[low]) >= limit[racks[low]]
+                    ):
+                        continue
+                    candidates.append(key)
+                if candidates:
+                    key = min(
+                        candidates,
+                        key=lambda k: (high in current[k], assignment[k].index(high) == 0, k),
+                    )
+                    replicas = assignment[key]
+                    replicas[replicas.index(high)] = low
+                    load[high] -= 1
+                    load[low] += 1
+                    return True
+        return False
+
+    while move():
+        pass
+
+    # 4. Spread preferred leaders (leadership only: a reorder within the partition).
+    leaders: Counter[int] = Counter({b: 0 for b in eligible})
+    leaders.update(replicas[0] for replicas in assignment.values() if replicas)
+    for _ in range(len(assignment) * len(eligible)):
+        moved = False
+        for high in sorted(eligible, key=lambda b: (-leaders[b], b)):
+            for key in sorted(assignment):
+                replicas = assignment[key]
+                if len(replicas) < 2 or replicas[0] != high:
+                    continue
+                follower = min(replicas[1:], key=lambda b: (leaders[b], b))
+                if leaders[high] - leaders[follower] > 1:
+                    replicas.remove(follower)
+                    replicas.insert(0, follower)
+                    leaders[high] -= 1
+                    leaders[follower] += 1
+                    moved = True
+                    break
+            if moved:
+                break
+        if not moved:
+            break
+
+    return {
+        key: replicas
+        for key, replicas in assignment.items()
+        if list(current[key]) != replicas
+    }

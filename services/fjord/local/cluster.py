@@ -157,6 +157,7 @@ class LocalCluster:
         secure: bool = False,
         authorization: bool = False,
         kafka_sasl: bool = False,
+        racks: Mapping[int, str] | None = None,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -195,6 +196,8 @@ class LocalCluster:
         #: The Kafka-protocol doors authenticate with SASL SCRAM: SASL_SSL:// when secure,
         #: else SASL_PLAINTEXT:// (users: fjord users / AdminClient.alter_user_scram_credentials).
         self.kafka_sasl = kafka_sasl
+        #: Each broker's rack (``fjord broker --rack``); brokers not named have none.
+        self.racks = dict(racks or {})
         self._pki: LocalPki | None = None
         self._client_security: ClientSecurity | None = None
         self._owner = False  # True once start() may write the state file
@@ -441,6 +444,7 @@ class LocalCluster:
                 "--data-dir", str(data), "--etcd", self.etcd_url,
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
+                *(["--rack", self.racks[broker_id]] if broker_id in self.racks else []),
                 *self._security_args("broker", broker_id),
             ],
             self.broker_port + broker_id if self.broker_port else 0,
