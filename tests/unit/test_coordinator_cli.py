@@ -53,6 +53,7 @@ def test_settings_reach_the_group_config() -> None:
             "group.min.session.timeout.ms": "100",
             "offsets.retention.minutes": "2",
             "offsets.retention.check.interval.ms": "1000",
+            "transaction.max.timeout.ms": "60000",
         }
     )
     assert group.initial_rebalance_delay_ms == 0
@@ -62,6 +63,8 @@ def test_settings_reach_the_group_config() -> None:
     assert service == {
         "offsets.retention.check.interval.ms": 1000,
         "offsets.commit.timeout.ms": defaults.OFFSETS_COMMIT_TIMEOUT_MS,
+        "transaction.max.timeout.ms": 60_000,
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": 10_000,
     }
     with pytest.raises(ConfigError, match=r"group\.min\.session\.timeout\.ms"):
         parse_coordinator_config(
