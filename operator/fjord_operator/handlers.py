@@ -813,6 +813,13 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
         return done(Outcome.ERROR, "ClusterNotSecure",
                     f"FjordCluster {spec.get('cluster')!r} has spec.security.tls off: users "
                     "need a cluster with TLS", True)
+    if kind == SCRAM and security.kafka_authentication != SCRAM:
+        # A credential no listener accepts would be accepted and ignored: refuse it instead.
+        return done(Outcome.ERROR, "ScramNotServed",
+                    f"FjordCluster {spec.get('cluster')!r} has a Kafka listener that takes "
+                    "client certificates (spec.security.kafkaAuthentication: tls): a "
+                    "scram-sha-512 user could not log in; use authentication type tls or set "
+                    "kafkaAuthentication: scram-sha-512", True)
     ca_data = decode_secret(
         await rt.kube.get("v1", "Secret", namespace, ca_secret_name(cluster["metadata"]["name"]))
     )

@@ -383,30 +383,37 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
     }
     broken = {**plain, "metadata": {**plain["metadata"], "name": "broken"},
               "spec": {**plain["spec"], "security": {"tls": True}}}
+    certificates_only = {**plain, "metadata": {**plain["metadata"], "name": "certs-only"},
+                         "spec": {**plain["spec"], "security": {"tls": True}}}
+    scram_on_certs = _user("scram-on-certs", "scram-sha-512", [])
+    scram_on_certs["spec"]["cluster"] = "certs-only"
     nowhere = _user("nowhere", "tls", [])
     nowhere["spec"]["cluster"] = "missing"
     on_plain = _user("on-plain", "tls", [])
     on_plain["spec"]["cluster"] = "plain"
     bad_acl = _user("bad-acl", "tls", [{"resource": {"type": "group", "name": "g"},
                                         "operations": ["Write"]}])
-    world.apply(plain, broken_ca, broken, nowhere, on_plain, bad_acl)
+    world.apply(plain, broken_ca, broken, certificates_only, nowhere, on_plain, bad_acl,
+                scram_on_certs)
     expected = {
         ("fjorduser", "nowhere"): ("ClusterNotFound", "'missing' does not exist"),
         ("fjorduser", "on-plain"): ("ClusterNotSecure", "spec.security.tls off"),
         ("fjorduser", "bad-acl"): ("InvalidSpec",
                                    "spec.authorization.acls[0]: Group does not take operation"),
         ("fjordcluster", "broken"): ("InvalidClusterCA", "Secret broken-cluster-ca"),
+        # a credential no listener of that cluster accepts is refused, not stored and ignored
+        ("fjorduser", "scram-on-certs"): ("ScramNotServed", "kafkaAuthentication: tls"),
     }
     for (kind, name), (reason, words) in expected.items():
         condition = world.wait(lambda k=kind, n=name: _condition(world, k, n),
                                f"{kind} {name} in Error")
         assert condition["reason"] == reason and words in condition["message"], condition
-    for name in ("nowhere", "on-plain", "bad-acl", "broken-broker-tls"):
+    for name in ("nowhere", "on-plain", "bad-acl", "broken-broker-tls", "scram-on-certs"):
         assert world.get("secret", name) is None, name
     assert world.get("statefulset", "broken-broker") is None  # nothing built on a bad CA
-    world.kube.kubectl("delete", "fjorduser", "nowhere", "on-plain", "bad-acl", "-n", NAMESPACE,
-                       "--wait=false")
-    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "-n", NAMESPACE,
+    world.kube.kubectl("delete", "fjorduser", "nowhere", "on-plain", "bad-acl", "scram-on-certs",
+                       "-n", NAMESPACE, "--wait=false")
+    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "-n", NAMESPACE,
                        "--wait=false")
 
 
