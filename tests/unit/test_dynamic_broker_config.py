@@ -86,3 +86,19 @@ def test_precedence_and_sources() -> None:
     assert "num.partitions" not in entries and "retention.ms" not in entries
     assert [(e.name, e.value) for e in describe_default_broker_config(cluster)] == [
         ("log.retention.ms", "10"), ("log.segment.bytes", "3000")]
+
+
+def test_static_configs_take_kafkas_broker_names() -> None:
+    """server.properties' names work where a whole cluster's or a broker's static config is
+    given (fjord local up --config, a FjordCluster's config, fjord broker/controller --config)."""
+    from fjord.cluster.broker_config import canonical_keys
+    from fjord.cluster.topic_config import split_cluster_config, validate_cluster_config
+
+    controller, brokers = split_cluster_config(
+        {"log.retention.ms": "5", "num.partitions": "2", "log.cleaner.backoff.ms": "9"})
+    assert controller == {"retention.ms": "5", "num.partitions": "2"}
+    assert brokers == {"retention.ms": "5", "log.cleaner.backoff.ms": "9"}
+    assert validate_cluster_config({"message.max.bytes": "2000"}) == {
+        "max.message.bytes": "2000"}
+    with pytest.raises(ConfigError, match=r"retention\.ms: the same setting as log\.retention\.ms"):
+        canonical_keys({"log.retention.ms": "5", "retention.ms": "6"})

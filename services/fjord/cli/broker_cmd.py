@@ -16,6 +16,7 @@ from fjord.cli.security_options import (
     load_service_security,
     security_config_option,
 )
+from fjord.cluster.broker_config import canonical_keys
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.kafka.listeners import (
@@ -34,7 +35,10 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
         if not sep or not key.strip():
             raise click.BadParameter(f"expected k=v, got {item!r}", param_hint="--config")
         out[key.strip()] = value.strip()
-    return out
+    try:
+        return canonical_keys(out)  # Kafka's broker names (log.retention.ms) as Fjord's keys
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
 
 
 @click.command("broker")

@@ -38,6 +38,50 @@ CONTROLLER_ONLY_KEYS = frozenset(
 )
 
 
+#: Kafka's broker-level names of the topic configs (the broker default of each), as Kafka's
+#: ServerTopicConfigSynonyms; the topic configs not listed have the same name on a broker.
+BROKER_SYNONYMS: dict[str, str] = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "message.max.bytes": "max.message.bytes",
+    "log.message.timestamp.type": "message.timestamp.type",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.message.timestamp.difference.max.ms": "message.timestamp.difference.max.ms",
+    "log.preallocate": "preallocate",
+}
+
+
+
+def broker_key(name: str) -> str:
+    """Fjord's key for a broker config name (Kafka's ``log.retention.ms`` -> ``retention.ms``;
+    any other name unchanged)."""
+    return BROKER_SYNONYMS.get(name, name)
+
+
+def canonical_keys(config: Mapping[str, str]) -> dict[str, str]:
+    """``config`` with Kafka's broker names (``log.retention.ms``, server.properties' names)
+    turned into Fjord's keys (``retention.ms``); ConfigError when both names of one key are
+    given."""
+    out: dict[str, str] = {}
+    names: dict[str, str] = {}
+    for name, value in config.items():
+        key = broker_key(name)
+        if key in out:
+            raise ConfigError(f"{name}: the same setting as {names[key]}, given twice")
+        out[key], names[key] = value, name
+    return out
+
+
 def retention_check_interval_s(config: Mapping[str, str]) -> float:
     """``log.retention.check.interval.ms`` in seconds (a positive integer; ConfigError naming
     the key otherwise)."""

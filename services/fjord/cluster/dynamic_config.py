@@ -25,34 +25,14 @@ from collections.abc import Iterable, Mapping
 
 from fjord.cluster.broker_config import (
     BROKER_ONLY_KEYS,
+    BROKER_SYNONYMS,
     CONTROLLER_ONLY_KEYS,
     TOPIC_CONFIG_KEYS,
+    broker_key,
     validate_broker_config,
 )
 from fjord.cluster.topic_config import ConfigValue
 from fjord.errors import ConfigError, InvalidRequestError
-
-#: Kafka's broker-level names of the topic configs (the broker default of each), as Kafka's
-#: ServerTopicConfigSynonyms; the topic configs not listed have the same name on a broker.
-BROKER_SYNONYMS: dict[str, str] = {
-    "log.segment.bytes": "segment.bytes",
-    "log.roll.ms": "segment.ms",
-    "log.index.size.max.bytes": "segment.index.bytes",
-    "log.index.interval.bytes": "index.interval.bytes",
-    "log.retention.ms": "retention.ms",
-    "log.retention.bytes": "retention.bytes",
-    "log.flush.interval.messages": "flush.messages",
-    "log.flush.interval.ms": "flush.ms",
-    "message.max.bytes": "max.message.bytes",
-    "log.message.timestamp.type": "message.timestamp.type",
-    "log.cleanup.policy": "cleanup.policy",
-    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
-    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
-    "log.cleaner.max.compaction.lag.ms": "max.compaction.lag.ms",
-    "log.cleaner.delete.retention.ms": "delete.retention.ms",
-    "log.message.timestamp.difference.max.ms": "message.timestamp.difference.max.ms",
-    "log.preallocate": "preallocate",
-}
 
 #: Fjord's key -> the name Kafka gives it on a broker.
 BROKER_NAMES: dict[str, str] = {
@@ -80,12 +60,6 @@ CLUSTER_WIDE_ONLY_KEYS = frozenset({"unclean.leader.election.enable"})
 READ_ONLY_BROKER_KEYS = (BROKER_ONLY_KEYS - DYNAMIC_BROKER_ONLY_KEYS) | CONTROLLER_ONLY_KEYS
 
 assert set(BROKER_SYNONYMS.values()) <= TOPIC_CONFIG_KEYS
-
-
-def broker_key(name: str) -> str:
-    """Fjord's key for a broker config name (Kafka's ``log.retention.ms`` -> ``retention.ms``;
-    any other name unchanged)."""
-    return BROKER_SYNONYMS.get(name, name)
 
 
 def broker_name(key: str) -> str:

@@ -13,6 +13,7 @@ from fjord.cluster.broker_config import (
     BROKER_ONLY_KEYS,
     CONTROLLER_ONLY_KEYS,
     TOPIC_CONFIG_KEYS,
+    canonical_keys,
     topic_settings,
     validate_broker_config,
 )
@@ -132,10 +133,11 @@ def check_min_insync_replicas(
 
 
 def validate_cluster_config(config: Mapping[str, str]) -> dict[str, str]:
-    """``cluster-config`` entries: topic defaults plus the controller's own keys."""
+    """``cluster-config`` entries: topic defaults plus the controller's own keys (Kafka's
+    broker names accepted: ``log.retention.ms`` is stored as ``retention.ms``)."""
     out: dict[str, str] = {}
     topic_part: dict[str, str] = {}
-    for key, value in config.items():
+    for key, value in canonical_keys(config).items():
         if key in CONTROLLER_CONFIG_KEYS:
             positive_int(key, value)
         elif key in TOPIC_CONFIG_KEYS:
@@ -158,6 +160,7 @@ def split_cluster_config(config: Mapping[str, str]) -> tuple[dict[str, str], dic
     (replica.*, log.retention.check.interval.ms, ...) only to brokers. Unknown keys or invalid
     values raise ConfigError naming the key.
     """
+    config = canonical_keys(config)  # server.properties' names (log.retention.ms) too
     broker_only = {k: v for k, v in config.items() if k in BROKER_ONLY_KEYS}
     controller = validate_cluster_config({k: v for k, v in config.items() if k not in broker_only})
     brokers = {k: v for k, v in config.items() if k in TOPIC_CONFIG_KEYS or k in broker_only}
