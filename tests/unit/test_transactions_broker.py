@@ -199,6 +199,8 @@ def test_leader_lso_txnindex_follower_and_restart(tmp_path: Path) -> None:
     copy = follower(tmp_path / "follower" / "t-0")
     while copy.log_end_offset < part.log_end_offset:  # a read stops at a segment's end
         copy.append_as_follower(part.log.read(copy.log_end_offset, 1 << 20), part.high_watermark)
+    # Replicated markers are forgotten as the high watermark passes them (followers too).
+    assert not copy.producer_state.unreplicated and not part.producer_state.unreplicated
     assert copy.producer_state.ongoing == part.producer_state.ongoing == {7: 11}
     assert copy.aborted_transactions(0, 13) == part.aborted_transactions(0, 13)
     assert copy.last_stable_offset == 11

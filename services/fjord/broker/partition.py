@@ -500,6 +500,8 @@ class Partition:
         new = max(self.log_start_offset, min(leader_high_watermark, self.log_end_offset))
         advanced = new > self._high_watermark
         self._high_watermark = new
+        if advanced:
+            self.producer_state.on_high_watermark(new)
         return advanced
 
     def follower_end_offset(self, replica_id: int) -> int | None:
@@ -517,6 +519,7 @@ class Partition:
         candidate = self._isr.high_watermark_candidate(end, start)
         if candidate > self._high_watermark:
             self._high_watermark = candidate
+            self.producer_state.on_high_watermark(candidate)
             return True
         if self._high_watermark > end:  # truncated below it (only happens across epochs)
             self._high_watermark = end

@@ -234,13 +234,20 @@ class ProducerStateManager:
 
     # --- transactions -------------------------------------------------------------------------
 
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """Forget the completed transactions whose marker is below ``high_watermark`` (they
+        are replicated: they no longer hold the last stable offset back). Cheap: the partition
+        calls it whenever its high watermark moves, so the list stays short on followers too."""
+        pending = self.unreplicated
+        while pending and pending[0][0] < high_watermark:
+            pending.popleft()
+
     def first_unstable_offset(self, high_watermark: int) -> int | None:
         """The first offset of an open transaction, or of a completed one whose marker is at or
         above ``high_watermark``; None when every transaction below is complete and replicated.
         Forgets completed transactions whose marker is below the high watermark."""
+        self.on_high_watermark(high_watermark)
         pending = self.unreplicated
-        while pending and pending[0][0] < high_watermark:
-            pending.popleft()
         firsts = [first for _, first in pending]
         if self.ongoing:
             firsts.extend(self.ongoing.values())
