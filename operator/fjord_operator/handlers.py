@@ -833,7 +833,14 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
         admin = await rt.cluster_admin(cluster)
     except (ValueError, SecuritySpecError) as exc:
         return done(Outcome.ERROR, "InvalidClusterCA", str(exc), True)
-    live = decode_secret(await rt.kube.get("v1", "Secret", namespace, name))
+    live_secret = await rt.kube.get("v1", "Secret", namespace, name)
+    if live_secret is not None and not owned_by(live_secret, meta.get("uid")):
+        # Never overwrite (or later delete) a Secret this user does not own: a FjordUser named
+        # like the cluster CA Secret would otherwise replace the CA key.
+        return done(Outcome.ERROR, "SecretNameTaken",
+                    f"Secret {name} exists and does not belong to this FjordUser; nothing was "
+                    "changed (name the user differently)", True)
+    live = decode_secret(live_secret)
     credentials = plan_user_credentials(
         name, kind, ca, live, now, security.validity, security.renew_before
     )
@@ -865,6 +872,12 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
     )
 
 
+def owned_by(obj: Mapping[str, Any], uid: str | None) -> bool:
+    """Whether ``obj`` names ``uid`` among its owner references."""
+    owners = (obj.get("metadata") or {}).get("ownerReferences") or ()
+    return uid is not None and any(o.get("uid") == uid for o in owners)
+
+
 async def finalize_user(rt: Runtime, body: Mapping[str, Any]) -> None:
     """A FjordUser being deleted: its ACLs and SCRAM credential go from the cluster (when
     the cluster still exists), then its Secret."""
@@ -879,7 +892,9 @@ async def finalize_user(rt: Runtime, body: Mapping[str, Any]) -> None:
         if admin is not None:
             await admin.delete_principal_acls(user_principal(name))
             await admin.delete_scram(name, await admin.scram_mechanisms(name))
-    await rt.kube.delete("v1", "Secret", namespace, name)
+    live_secret = await rt.kube.get("v1", "Secret", namespace, name)
+    if live_secret is not None and owned_by(live_secret, meta.get("uid")):
+        await rt.kube.delete("v1", "Secret", namespace, name)
 
 
 async def _roll_brokers(

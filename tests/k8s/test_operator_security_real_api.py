@@ -387,6 +387,10 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
                          "spec": {**plain["spec"], "security": {"tls": True}}}
     scram_on_certs = _user("scram-on-certs", "scram-sha-512", [])
     scram_on_certs["spec"]["cluster"] = "certs-only"
+    # a user named like the cluster CA Secret must never replace (or delete) the CA
+    ca_name = f"{CLUSTER}-cluster-ca"
+    ca_before = world.secret(ca_name)
+    squatter = _user(ca_name, "tls", [])
     nowhere = _user("nowhere", "tls", [])
     nowhere["spec"]["cluster"] = "missing"
     on_plain = _user("on-plain", "tls", [])
@@ -394,7 +398,7 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
     bad_acl = _user("bad-acl", "tls", [{"resource": {"type": "group", "name": "g"},
                                         "operations": ["Write"]}])
     world.apply(plain, broken_ca, broken, certificates_only, nowhere, on_plain, bad_acl,
-                scram_on_certs)
+                scram_on_certs, squatter)
     expected = {
         ("fjorduser", "nowhere"): ("ClusterNotFound", "'missing' does not exist"),
         ("fjorduser", "on-plain"): ("ClusterNotSecure", "spec.security.tls off"),
@@ -403,6 +407,7 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
         ("fjordcluster", "broken"): ("InvalidClusterCA", "Secret broken-cluster-ca"),
         # a credential no listener of that cluster accepts is refused, not stored and ignored
         ("fjorduser", "scram-on-certs"): ("ScramNotServed", "kafkaAuthentication: tls"),
+        ("fjorduser", ca_name): ("SecretNameTaken", f"Secret {ca_name} exists and does not"),
     }
     for (kind, name), (reason, words) in expected.items():
         condition = world.wait(lambda k=kind, n=name: _condition(world, k, n),
@@ -412,7 +417,9 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
         assert world.get("secret", name) is None, name
     assert world.get("statefulset", "broken-broker") is None  # nothing built on a bad CA
     world.kube.kubectl("delete", "fjorduser", "nowhere", "on-plain", "bad-acl", "scram-on-certs",
-                       "-n", NAMESPACE, "--wait=false")
+                       ca_name, "-n", NAMESPACE, "--wait=false")
+    world.wait(lambda: world.get("fjorduser", ca_name) is None, "the squatting user deleted")
+    assert world.secret(ca_name) == ca_before  # the CA untouched throughout
     world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "-n", NAMESPACE,
                        "--wait=false")
 
