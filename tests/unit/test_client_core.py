@@ -426,3 +426,95 @@ def test_completed_fetch_takes_from_the_position_in_chunks() -> None:
     rest = cf.take(10)
     assert [r.offset for r in rest] == [6, 7, 8] and cf.next_offset == 9
     assert cf.exhausted and cf.take(5) == []
+
+
+# -- the producer's fast path (issue 18) ----------------------------------------------------------
+
+
+def test_fast_path_appends_only_to_the_open_batch_with_room() -> None:
+    acc = make_accumulator(batch_size=220)  # 61 + 3 records of 47 bytes; a fourth overflows
+    first, wake = acc.append(TP0, 1000, None, b"a" * 40, (), 0)
+    assert first is not None and wake
+    batch = acc.open_batch(TP0)
+    assert batch is not None
+    fast = [acc.try_append_open(batch, 1001 + i, b"b" * 40) for i in range(3)]
+    assert [f is not None for f in fast] == [True, True, False]  # the third does not fit
+    # The locked path closes the full batch (sealed: no fast append either, even a tiny one).
+    locked, _ = acc.append(TP0, 1005, None, b"c" * 40, (), 0)
+    assert locked is not None and acc.open_batch(TP0) is not batch
+    assert acc.try_append_open(batch, 1006, b"") is None
+    # The new open batch takes fast appends; once drained (built) it refuses them.
+    second = acc.open_batch(TP0)
+    assert second is not None
+    tail = acc.try_append_open(second, 1007, b"d")
+    assert tail is not None
+    drained = acc.drain([TP0], 1 << 20, now_ms=10_000)
+    assert [b.record_count for b in drained] == [3, 2]
+    assert acc.try_append_open(second, 1008, b"e") is None
+    records = [r for b in drained for r in decode_records(b.payload)]
+    assert [(r.offset, r.timestamp, r.value) for r in records] == [
+        (0, 1000, b"a" * 40), (1, 1001, b"b" * 40), (2, 1002, b"b" * 40),
+        (0, 1005, b"c" * 40), (1, 1007, b"d"),
+    ]  # fmt: skip
+    # Every future reports its own record's offset.
+    handle_produce_results(
+        acc, drained[:1], {TP0: PartitionResult(ErrorCode.NONE, base_offset=100)}, 10_000,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+    )  # fmt: skip
+    assert [f.result(0).offset for f in (first, fast[0], fast[1])] == [100, 101, 102]
+    assert not tail.done()  # its batch was not answered
+
+
+def test_fast_path_refused_after_close_and_for_another_epoch() -> None:
+    acc = make_accumulator(batch_size=1000)
+    acc.append(TP0, 1, None, b"v", (), 0)
+    batch = acc.open_batch(TP0)
+    assert batch is not None
+    acc.append(TP0, 2, None, b"v", (), 0, coordinator_epoch=3)  # closes the epoch-0 batch
+    assert acc.try_append_open(batch, 3, b"v") is None
+    epoch3 = acc.open_batch(TP0)
+    assert epoch3 is not None and epoch3.coordinator_epoch == 3
+    acc.close()
+    assert acc.try_append_open(epoch3, 4, b"v") is None
+
+
+def test_fast_and_locked_appends_from_threads_get_their_own_offsets() -> None:
+    """Appends without the lock (C builder) and under it (another thread) interleave; every
+    future still names its own record: each record's index comes from the step appending it."""
+    acc = make_accumulator(batch_size=1 << 20, buffer_memory=1 << 24)
+    acc.append(TP0, 0, None, b"seed", (), 0)
+    batch = acc.open_batch(TP0)
+    assert batch is not None
+    futures: dict[bytes, RecordFuture] = {}
+
+    def fast(tag: bytes) -> None:
+        for i in range(2000):
+            value = tag + b"%d" % i
+            future = acc.try_append_open(batch, 1, value)
+            assert future is not None
+            futures[value] = future
+
+    def locked(tag: bytes) -> None:
+        for i in range(2000):
+            value = tag + b"%d" % i
+            future, _ = acc.append(TP0, 1, None, value, (), 0)
+            assert future is not None
+            futures[value] = future
+
+    threads = [
+        threading.Thread(target=fast, args=(b"f",)),
+        threading.Thread(target=locked, args=(b"l",)),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    drained = acc.drain([TP0], 1 << 30, now_ms=10_000)
+    assert len(drained) == 1
+    handle_produce_results(
+        acc, drained, {TP0: PartitionResult(ErrorCode.NONE, base_offset=0)}, 10_000,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+    )  # fmt: skip
+    stored = {r.value: r.offset for r in decode_records(drained[0].payload)}
+    assert len(stored) == 4001
+    assert all(stored[value] == future.result(0).offset for value, future in futures.items())

@@ -440,3 +440,36 @@ def test_round_trip_property(records, codec, base_offset) -> None:
     assert header.max_timestamp == max(r[0] for r in records)
     assert header.base_timestamp == records[0][0]
     assert [h.record_count for _, h in iter_batches(batch)] == [len(records)]
+
+
+def test_try_append_seal_and_take_records() -> None:
+    """The producer's fast-path calls: the record's index or -1, never an exception for a
+    full, sealed or built batch; take_records returns the section with its count and
+    timestamps in one step."""
+    from fjord.client.futures import BatchCompletion, RecordFuture
+
+    builder = BatchBuilder(batch_size=61 + 3 * 8)  # three records with a 1-byte value
+    assert [builder.try_append(100 + i, None, b"v") for i in range(4)] == [0, 1, 2, -1]
+    builder = BatchBuilder()
+    assert builder.try_append(5, b"k", b"v", (("h", b"x"),)) == 0
+    completion = BatchCompletion("t", 1)
+    future = builder.try_append_future(RecordFuture, completion, 7, None, b"w")
+    assert isinstance(future, RecordFuture) and not future.done()
+    completion.complete(40)
+    assert (future.result(0).offset, future.result(0).timestamp) == (41, 7)
+    builder.seal()
+    assert builder.try_append(8, None, b"x") == -1
+    assert builder.try_append_future(RecordFuture, completion, 8, None, b"x") is None
+    assert builder.append(9, None, b"y")  # seal() only stops the fast path
+    built = builder.build()
+    assert builder.try_append(10, None, b"z") == -1
+    assert [(r.offset, r.timestamp, r.value) for r in decode_records(built)] == [
+        (0, 5, b"v"), (1, 7, b"w"), (2, 9, b"y"),
+    ]  # fmt: skip
+    with pytest.raises(InvalidRecordError):
+        builder.take_records()
+    fresh = BatchBuilder()
+    fresh.append(3, None, b"a")
+    fresh.append(1, None, b"b")
+    section, count, base, newest = fresh.take_records()
+    assert (count, base, newest) == (2, 3, 3) and len(section) == fresh.size_in_bytes - 61

@@ -25,6 +25,7 @@ from fjord.client.types import Headers, TopicPartition
 from fjord.config import MAX_IN_FLIGHT_FOR_IDEMPOTENCE
 from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
 from fjord.records.header import stamp_producer_state
+from fjord.records.speedups import ATOMIC_APPEND
 
 _MAX_SEQUENCE = 0x7FFFFFFF
 _MAX_EPOCH = 0x7FFF
@@ -36,6 +37,21 @@ class Builder(Protocol):
     def append(
         self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers = ()
     ) -> bool: ...
+
+    def try_append(
+        self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers = ()
+    ) -> int: ...
+
+    def try_append_future(
+        self,
+        future_type: type[RecordFuture],
+        completion: BatchCompletion,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+    ) -> RecordFuture | None: ...
+
+    def seal(self) -> None: ...
 
     @property
     def record_count(self) -> int: ...
@@ -278,14 +294,15 @@ class RecordAccumulator:
                 raise FjordError("the producer is closed", code=ErrorCode.INVALID_REQUEST)
             batch = self._open.get(tp)
             if batch is not None and batch.coordinator_epoch != coordinator_epoch:
-                del self._open[tp]
+                self._close_open(tp, batch)
                 batch = None
             if batch is not None:
-                builder = batch.builder
-                count = builder.record_count
-                if builder.append(timestamp_ms, key, value, headers):
-                    return RecordFuture(batch.completion, count, timestamp_ms), False
-                del self._open[tp]  # full: it waits for the sender, appends go to a new one
+                # try_append: the record's index comes from the same step that appends it (a
+                # lock-free fast-path append from another thread cannot slip in between).
+                index = batch.builder.try_append(timestamp_ms, key, value, headers)
+                if index >= 0:
+                    return RecordFuture(batch.completion, index, timestamp_ms), False
+                self._close_open(tp, batch)  # full: it waits for the sender; a new one opens
             queue = self._queues.get(tp)
             if queue is None:
                 queue = self._queues[tp] = deque()
@@ -304,6 +321,40 @@ class RecordAccumulator:
             self._incomplete.add(batch.completion)
             # A new batch means the previous one is full, or a linger timer must start.
             return RecordFuture(batch.completion, 0, timestamp_ms), True
+
+    def open_batch(self, tp: TopicPartition) -> ProducerBatch | None:
+        """The batch of ``tp`` that appends go to now (None: the next append opens one)."""
+        return self._open.get(tp)
+
+    def try_append_open(
+        self, batch: ProducerBatch, timestamp_ms: int, value: bytes
+    ) -> RecordFuture | None:
+        """The producer's fast path: append a record without key or headers to ``batch`` if it
+        is still its partition's open batch and has room; None (nothing appended) otherwise,
+        and the caller takes :meth:`append`. A batch stops being the open one only here, under
+        the lock, and is sealed then (its builder refuses ``try_append``), so with a builder
+        whose appends and build are atomic against each other
+        (``fjord.records.speedups.ATOMIC_APPEND``, the C builder) no lock is taken: a batch
+        the sender builds meanwhile refuses the record, one it builds after holds it. The
+        same order guarantee as :meth:`append`: a batch that is no longer the open one never
+        takes a record."""
+        if self.closed:
+            return None
+        builder = batch.builder
+        if ATOMIC_APPEND:
+            return builder.try_append_future(
+                RecordFuture, batch.completion, timestamp_ms, None, value
+            )
+        with self._lock:
+            return builder.try_append_future(
+                RecordFuture, batch.completion, timestamp_ms, None, value
+            )
+
+    def _close_open(self, tp: TopicPartition, batch: ProducerBatch) -> None:
+        # With the lock held: ``batch`` stops taking appends (it is full, built, or of another
+        # coordinator epoch); the fast path must not append to it either.
+        del self._open[tp]
+        batch.builder.seal()
 
     def _reserve(self, nbytes: int, max_block_s: float) -> None:
         # Called with the lock held. A batch bigger than the whole buffer is let through alone.
@@ -401,7 +452,7 @@ class RecordAccumulator:
                         break
                     payload = head.close()
                     if self._open.get(tp) is head:
-                        del self._open[tp]  # built: no more appends
+                        self._close_open(tp, head)  # built: no more appends
                     if drained and total + len(payload) > max_request_bytes:
                         return drained
                     queue.popleft()

@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fjord.client.types import RecordMetadata
+from fjord.records.speedups import EXTENSION, IMPLEMENTATION
 
 log = logging.getLogger(__name__)
 
@@ -90,13 +91,10 @@ def _run_callback(fn: DoneCallback, future: RecordFuture) -> None:
         log.exception("exception in a produce callback %r", fn)
 
 
-class RecordFuture:
-    """The future of one sent record, with :class:`concurrent.futures.Future`'s interface.
-
-    ``result()`` returns :class:`RecordMetadata` or raises the batch's error (a
-    :class:`fjord.errors.FjordError`); waiting longer than ``timeout`` raises ``TimeoutError``.
-    A record future cannot be cancelled once sent (``cancel()`` returns False), as in Kafka.
-    """
+class PyRecordFutureBase:
+    """The fields of :class:`RecordFuture`: its batch's completion, its index in the batch and
+    its timestamp (pure Python; ``fjord.records._speedups.RecordFutureBase`` is the same in C,
+    which the producer's C fast path creates futures of in the same call as the append)."""
 
     __slots__ = ("_batch", "_relative_offset", "_timestamp")
 
@@ -104,6 +102,28 @@ class RecordFuture:
         self._batch = batch
         self._relative_offset = relative_offset
         self._timestamp = timestamp
+
+
+if TYPE_CHECKING:
+    _RecordFutureBase = PyRecordFutureBase
+else:
+    _RecordFutureBase = (
+        EXTENSION.RecordFutureBase
+        if IMPLEMENTATION == "c" and EXTENSION is not None
+        else PyRecordFutureBase
+    )
+
+
+class RecordFuture(_RecordFutureBase):
+    """The future of one sent record, with :class:`concurrent.futures.Future`'s interface.
+
+    ``result()`` returns :class:`RecordMetadata` or raises the batch's error (a
+    :class:`fjord.errors.FjordError`); waiting longer than ``timeout`` raises ``TimeoutError``.
+    A record future cannot be cancelled once sent (``cancel()`` returns False), as in Kafka.
+    ``RecordFuture(completion, relative_offset, timestamp)``.
+    """
+
+    __slots__ = ()
 
     def done(self) -> bool:
         return self._batch.done

@@ -65,6 +65,7 @@ from fjord.errors import (
 )
 from fjord.records import Compression
 from fjord.records.builder import BatchBuilder
+from fjord.records.speedups import ATOMIC_APPEND
 from fjord.security import ClientSecurity
 from fjord.topic_names import validate_topic_name
 
@@ -596,6 +597,10 @@ class Producer(_ProducerBase):
 
     def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
         super().__init__(config, tracer_provider)
+        # send()'s fast path: per topic, the open batch its sticky partition fills, and the
+        # largest value that needs no size check (0 with tracing: records get a header).
+        self._sticky_batches: dict[str, ProducerBatch] = {}
+        self._fast_value_limit = 0 if self._trace_records else self._max_record - _HEADER_OVERHEAD
         self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
         self._io_thread_id = self._io.thread_id
         self._sender_task = self._io.submit(self._start_sender())
@@ -641,6 +646,28 @@ class Producer(_ProducerBase):
     ) -> RecordFuture:
         """Queue a record; returns its future at once (blocks only for the topic's first
         metadata or when ``buffer.memory`` is full, each up to ``max.block.ms``)."""
+        if (
+            key is None
+            and partition is None
+            and headers is None
+            and timestamp_ms is None
+            and type(value) is bytes
+            and not self._closed
+        ):
+            # Fast path (issue 18): a record without key or headers goes into the batch its
+            # topic's sticky partition is filling, while that batch is open and has room (never
+            # for a transactional producer: its cache stays empty).
+            batch = self._sticky_batches.get(topic)
+            if batch is not None and len(value) <= self._fast_value_limit:
+                timestamp = int(time.time() * 1000)
+                if ATOMIC_APPEND:  # (accumulator.try_append_open, inlined: this is per record)
+                    future = batch.builder.try_append_future(
+                        RecordFuture, batch.completion, timestamp, None, value
+                    )
+                else:
+                    future = self._accumulator.try_append_open(batch, timestamp, value)
+                if future is not None:
+                    return future
         if self._closed:
             raise FjordError("send() after close()", code=ErrorCode.INVALID_REQUEST)
         if self._txn is not None:
@@ -667,6 +694,13 @@ class Producer(_ProducerBase):
         future, wake = self._append(
             tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, max_block
         )
+        if key is None and partition is None and not header_items and self._txn is None:
+            # The batch the next null-key records of this topic fill (see the fast path).
+            batch = self._accumulator.open_batch(tps[self._sticky.partition(topic, len(tps))])
+            if batch is not None and batch.coordinator_epoch == 0:
+                self._sticky_batches[topic] = batch
+            else:
+                self._sticky_batches.pop(topic, None)
         if wake:
             self._wake_sender()
         return future

@@ -5,8 +5,9 @@
  *
  *   RecordAppender      the record-by-record half of BatchBuilder: append() encodes one record
  *                       (length varint, attributes 0, timestamp delta varlong, offset delta
- *                       varint, key, value, headers) into a growing buffer; take_records()
- *                       returns the records section. BatchBuilder (builder.py) subclasses it and
+ *                       varint, key, value, headers) into a growing buffer; try_append() the
+ *                       same, answering the record's index or -1; take_records() returns the
+ *                       records section with its count and timestamps, in one step. BatchBuilder (builder.py) subclasses it and
  *                       writes the 61-byte header (CRC-32C by the crc32c package) in Python.
  *   decode_record_tuples(data, base_offset, base_timestamp, record_count, last_offset_delta)
  *                       -> [(offset, timestamp, key, value, headers), ...]
@@ -143,6 +144,100 @@ get_zigzag(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t end, int64_t *
     return -1;
 }
 
+/* ---------------------------------------------------------------- RecordFutureBase */
+
+/* The fields of fjord.client.futures.RecordFuture (a Python subclass adds the methods): the
+ * batch's completion, the record's index in the batch, its timestamp. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *batch;
+    long long relative_offset;
+    long long timestamp;
+} FutureBase;
+
+static int
+FutureBase_init(FutureBase *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"batch", "relative_offset", "timestamp", NULL};
+    PyObject *batch;
+    long long relative_offset, timestamp;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OLL", kwlist, &batch, &relative_offset,
+                                     &timestamp))
+        return -1;
+    Py_INCREF(batch);
+    Py_XSETREF(self->batch, batch);
+    self->relative_offset = relative_offset;
+    self->timestamp = timestamp;
+    return 0;
+}
+
+static int
+FutureBase_traverse(FutureBase *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->batch);
+    return 0;
+}
+
+static int
+FutureBase_clear(FutureBase *self)
+{
+    Py_CLEAR(self->batch);
+    return 0;
+}
+
+static void
+FutureBase_dealloc(FutureBase *self)
+{
+    PyObject_GC_UnTrack(self);
+    FutureBase_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+FutureBase_get_batch(FutureBase *self, void *Py_UNUSED(closure))
+{
+    if (self->batch == NULL)
+        Py_RETURN_NONE;
+    Py_INCREF(self->batch);
+    return self->batch;
+}
+
+static PyObject *
+FutureBase_get_relative_offset(FutureBase *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->relative_offset);
+}
+
+static PyObject *
+FutureBase_get_timestamp(FutureBase *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromLongLong(self->timestamp);
+}
+
+static PyGetSetDef FutureBase_getset[] = {
+    {"_batch", (getter)FutureBase_get_batch, NULL, "The batch's completion.", NULL},
+    {"_relative_offset", (getter)FutureBase_get_relative_offset, NULL,
+     "The record's index in its batch.", NULL},
+    {"_timestamp", (getter)FutureBase_get_timestamp, NULL, "The record's timestamp (ms).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FutureBaseType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fjord.records._speedups.RecordFutureBase",
+    .tp_doc = "RecordFutureBase(batch, relative_offset, timestamp): the fields of "
+              "fjord.client.futures.RecordFuture.",
+    .tp_basicsize = sizeof(FutureBase),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FutureBase_init,
+    .tp_traverse = (traverseproc)FutureBase_traverse,
+    .tp_clear = (inquiry)FutureBase_clear,
+    .tp_dealloc = (destructor)FutureBase_dealloc,
+    .tp_getset = FutureBase_getset,
+};
+
 /* ---------------------------------------------------------------- RecordAppender */
 
 typedef struct {
@@ -156,6 +251,7 @@ typedef struct {
     int64_t base_timestamp; /* the first record's timestamp */
     int64_t max_timestamp;
     int closed;             /* take_records() was called: no more appends */
+    int sealed;             /* seal() was called: try_append() refuses every record */
 } Appender;
 
 #define BATCH_HEADER_SIZE 61
@@ -180,6 +276,7 @@ Appender_init(Appender *self, PyObject *args, PyObject *kwds)
     self->base_timestamp = 0;
     self->max_timestamp = -1;
     self->closed = 0;
+    self->sealed = 0;
     return 0;
 }
 
@@ -248,14 +345,16 @@ as_field(PyObject *obj, const char *what, const char **ptr, Py_ssize_t *len, PyO
     return 0;
 }
 
-static PyObject *
-Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+/* The arguments (timestamp_ms, key, value, headers=()) of append() / try_append(), positional
+ * or by keyword, into argv (headers NULL when not given). */
+static int
+parse_append_args(PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames, PyObject **argv)
 {
     static const char *names[4] = {"timestamp_ms", "key", "value", "headers"};
-    PyObject *argv[4] = {NULL, NULL, NULL, NULL};
+    argv[0] = argv[1] = argv[2] = argv[3] = NULL;
     if (nargs > 4) {
         PyErr_Format(PyExc_TypeError, "append() takes at most 4 arguments (%zd given)", nargs);
-        return NULL;
+        return -1;
     }
     for (Py_ssize_t i = 0; i < nargs; i++)
         argv[i] = args[i];
@@ -269,7 +368,7 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
                     if (argv[i] != NULL) {
                         PyErr_Format(PyExc_TypeError, "append() got multiple values for '%s'",
                                      names[i]);
-                        return NULL;
+                        return -1;
                     }
                     argv[i] = args[nargs + k];
                     found = 1;
@@ -279,31 +378,43 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
             if (!found) {
                 PyErr_Format(PyExc_TypeError, "append() got an unexpected keyword argument %R",
                              kw);
-                return NULL;
+                return -1;
             }
         }
     }
     for (int i = 0; i < 3; i++) {
         if (argv[i] == NULL) {
             PyErr_Format(PyExc_TypeError, "append() missing required argument '%s'", names[i]);
-            return NULL;
+            return -1;
         }
     }
-    PyObject *timestamp_obj = argv[0], *key_obj = argv[1], *value_obj = argv[2];
-    PyObject *headers_obj = argv[3];
+    return 0;
+}
 
+#define APPEND_REFUSED (-1)  /* does not fit, or (try mode) closed or sealed */
+#define APPEND_ERROR (-2)    /* an exception is set */
+
+/* Append one record. Returns its index in the batch, APPEND_REFUSED or APPEND_ERROR. Not in
+ * try mode, a closed appender raises (InvalidRecordError) and seal() is ignored. */
+static int64_t
+append_core(Appender *self, PyObject *timestamp_obj, PyObject *key_obj, PyObject *value_obj,
+            PyObject *headers_obj, int try_mode)
+{
+    int64_t result = APPEND_ERROR;
+    if (try_mode && (self->closed || self->sealed))
+        return APPEND_REFUSED;
     if (self->closed) {
         PyObject *message = PyUnicode_FromString("cannot append to a batch that has been built");
         if (message != NULL) {
             raise_invalid_record(message);
             Py_DECREF(message);
         }
-        return NULL;
+        return APPEND_ERROR;
     }
     if (!PyLong_CheckExact(timestamp_obj)) {
         PyObject *type_name = PyType_GetName(Py_TYPE(timestamp_obj));
         if (type_name == NULL)
-            return NULL;
+            return APPEND_ERROR;
         PyObject *message = PyUnicode_FromFormat("record timestamp must be an int (ms), got %U",
                                                  type_name);
         Py_DECREF(type_name);
@@ -311,17 +422,16 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
             raise_invalid_record(message);
             Py_DECREF(message);
         }
-        return NULL;
+        return APPEND_ERROR;
     }
     int overflow = 0;
     long long timestamp = PyLong_AsLongLongAndOverflow(timestamp_obj, &overflow);
     if (timestamp == -1 && PyErr_Occurred())
-        return NULL;
+        return APPEND_ERROR;
 
     const char *key = NULL, *value = NULL;
     Py_ssize_t key_len, value_len;
     PyObject *key_owned = NULL, *value_owned = NULL, *headers_bytes = NULL;
-    PyObject *result = NULL;
     if (as_field(key_obj, "key", &key, &key_len, &key_owned) < 0)
         goto done;
     if (as_field(value_obj, "value", &value, &value_len, &value_owned) < 0)
@@ -379,8 +489,7 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
     Py_ssize_t length_size = zigzag_size(body_len);
     Py_ssize_t size = self->size + length_size + body_len;
     if (count && (size > self->batch_size || count == INT32_MAX_VALUE)) {
-        result = Py_False;
-        Py_INCREF(result);
+        result = APPEND_REFUSED;
         goto done;
     }
     if (Appender_reserve(self, length_size + body_len) < 0)
@@ -418,13 +527,80 @@ Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObjec
     }
     self->size = size;
     self->count = count + 1;
-    result = Py_True;
-    Py_INCREF(result);
+    result = count;
 done:
     Py_XDECREF(key_owned);
     Py_XDECREF(value_owned);
     Py_XDECREF(headers_bytes);
     return result;
+}
+
+static PyObject *
+Appender_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[4];
+    if (parse_append_args(args, nargs, kwnames, argv) < 0)
+        return NULL;
+    int64_t index = append_core(self, argv[0], argv[1], argv[2], argv[3], 0);
+    if (index == APPEND_ERROR)
+        return NULL;
+    return PyBool_FromLong(index >= 0);
+}
+
+static PyObject *
+Appender_try_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames)
+{
+    PyObject *argv[4];
+    if (parse_append_args(args, nargs, kwnames, argv) < 0)
+        return NULL;
+    int64_t index = append_core(self, argv[0], argv[1], argv[2], argv[3], 1);
+    if (index == APPEND_ERROR)
+        return NULL;
+    return PyLong_FromLongLong(index);
+}
+
+/* try_append_future(future_type, completion, timestamp_ms, key, value): the producer's fast
+ * path in one call. Appends (as try_append, no headers) and returns
+ * future_type(completion, index, timestamp_ms), or None when the record was refused. */
+static PyObject *
+Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "try_append_future() takes 5 arguments (future_type, completion, "
+                     "timestamp_ms, key, value), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *future_type = args[0];
+    if (!PyType_Check(future_type)
+        || !PyType_IsSubtype((PyTypeObject *)future_type, &FutureBaseType)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "try_append_future(): future_type must subclass RecordFutureBase");
+        return NULL;
+    }
+    int64_t index = append_core(self, args[2], args[3], args[4], NULL, 1);
+    if (index == APPEND_ERROR)
+        return NULL;
+    if (index < 0)
+        Py_RETURN_NONE;
+    long long timestamp = PyLong_AsLongLong(args[2]);  /* (append_core checked it) */
+    PyTypeObject *type = (PyTypeObject *)future_type;
+    PyObject *future = type->tp_alloc(type, 0);
+    if (future == NULL)
+        return NULL;
+    FutureBase *base = (FutureBase *)future;
+    Py_INCREF(args[1]);
+    base->batch = args[1];
+    base->relative_offset = index;
+    base->timestamp = timestamp;
+    return future;
+}
+
+static PyObject *
+Appender_seal(Appender *self, PyObject *Py_UNUSED(ignored))
+{
+    self->sealed = 1;
+    Py_RETURN_NONE;
 }
 
 static PyObject *
@@ -438,14 +614,16 @@ Appender_take_records(Appender *self, PyObject *Py_UNUSED(ignored))
         }
         return NULL;
     }
-    PyObject *records = PyBytes_FromStringAndSize(self->buf ? self->buf : "", self->len);
-    if (records == NULL)
+    PyObject *taken = Py_BuildValue("(y#LLL)", self->buf ? self->buf : "", self->len,
+                                    (long long)self->count, (long long)self->base_timestamp,
+                                    (long long)self->max_timestamp);
+    if (taken == NULL)
         return NULL;
     self->closed = 1;
     PyMem_Free(self->buf);
     self->buf = NULL;
     self->cap = 0;
-    return records;
+    return taken;
 }
 
 static PyObject *
@@ -482,8 +660,22 @@ static PyMethodDef Appender_methods[] = {
     {"append", (PyCFunction)(void (*)(void))Appender_append, METH_FASTCALL | METH_KEYWORDS,
      "append(timestamp_ms, key, value, headers=()) -> bool: add a record; False (adding "
      "nothing) when it would overflow batch_size (the first record is always accepted)."},
+    {"try_append", (PyCFunction)(void (*)(void))Appender_try_append,
+     METH_FASTCALL | METH_KEYWORDS,
+     "try_append(timestamp_ms, key, value, headers=()) -> int: as append(), but returns the "
+     "record's index in the batch, or -1 (adding nothing) when it would overflow batch_size "
+     "or the records were already taken (never raises for that)."},
+    {"try_append_future", (PyCFunction)(void (*)(void))Appender_try_append_future,
+     METH_FASTCALL,
+     "try_append_future(future_type, completion, timestamp_ms, key, value) -> future or None: "
+     "try_append() without headers, then future_type(completion, index, timestamp_ms) in the "
+     "same call (the producer's fast path)."},
+    {"seal", (PyCFunction)Appender_seal, METH_NOARGS,
+     "From now on try_append() and try_append_future() refuse every record (the producer's "
+     "accumulator seals a batch that stops being its partition's open one)."},
     {"take_records", (PyCFunction)Appender_take_records, METH_NOARGS,
-     "The records section (uncompressed); no append is accepted afterwards."},
+     "take_records() -> (records section, record count, base timestamp, max timestamp), "
+     "taken at once (no append can slip in between); no append is accepted afterwards."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -901,7 +1093,7 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&AppenderType) < 0)
+    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FutureBaseType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
@@ -909,6 +1101,12 @@ PyInit__speedups(void)
     Py_INCREF(&AppenderType);
     if (PyModule_AddObject(module, "RecordAppender", (PyObject *)&AppenderType) < 0) {
         Py_DECREF(&AppenderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&FutureBaseType);
+    if (PyModule_AddObject(module, "RecordFutureBase", (PyObject *)&FutureBaseType) < 0) {
+        Py_DECREF(&FutureBaseType);
         Py_DECREF(module);
         return NULL;
     }

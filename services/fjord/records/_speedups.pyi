@@ -1,11 +1,21 @@
 """Types of the C extension built from _speedups.c (see fjord.records.speedups)."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from fjord.records.record import Header
 
 _T = TypeVar("_T", bound=tuple[Any, ...])
+_F = TypeVar("_F")
+
+class RecordFutureBase:
+    def __init__(self, batch: Any, relative_offset: int, timestamp: int) -> None: ...
+    @property
+    def _batch(self) -> Any: ...
+    @property
+    def _relative_offset(self) -> int: ...
+    @property
+    def _timestamp(self) -> int: ...
 
 class RecordAppender:
     def __init__(self, batch_size: int) -> None: ...
@@ -16,7 +26,23 @@ class RecordAppender:
         value: bytes | None,
         headers: Sequence[tuple[str, bytes | None]] = (),
     ) -> bool: ...
-    def take_records(self) -> bytes: ...
+    def try_append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> int: ...
+    def try_append_future(
+        self,
+        future_type: Callable[[Any, int, int], _F],
+        completion: Any,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+    ) -> _F | None: ...
+    def seal(self) -> None: ...
+    def take_records(self) -> tuple[bytes, int, int, int]: ...
     @property
     def record_count(self) -> int: ...
     @property

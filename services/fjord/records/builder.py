@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fjord.errors import InvalidRecordError, UnsupportedCompressionError
 from fjord.records.codecs import compress
@@ -32,6 +32,7 @@ from fjord.records.header import (
 from fjord.records.speedups import EXTENSION, IMPLEMENTATION
 from fjord.records.varint import SMALL_LIMIT, ZIGZAG_TABLE, encode_zigzag, zigzag_size
 
+_F = TypeVar("_F")
 _NULL_LENGTH = ZIGZAG_TABLE[SMALL_LIMIT - 1]  # zigzag(-1): a null key, value or header value
 _NO_HEADERS = ZIGZAG_TABLE[SMALL_LIMIT]  # zigzag(0): headers count 0
 _ATTRIBUTES = b"\x00"  # record attributes: unused in v2, always 0
@@ -129,6 +130,7 @@ class PyRecordAppender:
         "_count",
         "_max_timestamp",
         "_parts",
+        "_sealed",
         "_size",
         "_taken",
     )
@@ -143,6 +145,7 @@ class PyRecordAppender:
         self._base_timestamp = 0
         self._max_timestamp = -1
         self._taken = False
+        self._sealed = False
 
     @property
     def record_count(self) -> int:
@@ -245,14 +248,50 @@ class PyRecordAppender:
         self._count = count + 1
         return True
 
-    def take_records(self) -> bytes:
-        """The records section (uncompressed); no append is accepted afterwards."""
+    def try_append(
+        self,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]] = (),
+    ) -> int:
+        """As :meth:`append`, but returns the record's index in the batch, or -1 (adding
+        nothing) when it would overflow ``batch_size`` or the records were already taken.
+        Also -1 once :meth:`seal` was called. (Unlike the C one, this is not atomic against
+        another thread's :meth:`take_records`: callers that do not hold a lock must check
+        ``fjord.records.speedups.ATOMIC_APPEND``.)"""
+        if self._taken or self._sealed:
+            return -1
+        count = self._count
+        return count if self.append(timestamp_ms, key, value, headers) else -1
+
+    def try_append_future(
+        self,
+        future_type: Callable[[Any, int, int], _F],
+        completion: Any,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+    ) -> _F | None:
+        """:meth:`try_append` without headers, then ``future_type(completion, index,
+        timestamp_ms)`` (the producer's fast path in one call); None when refused."""
+        index = self.try_append(timestamp_ms, key, value)
+        return None if index < 0 else future_type(completion, index, timestamp_ms)
+
+    def seal(self) -> None:
+        """From now on :meth:`try_append` refuses every record (:meth:`append` is unaffected):
+        the producer's accumulator seals a batch that stops being its partition's open one."""
+        self._sealed = True
+
+    def take_records(self) -> tuple[bytes, int, int, int]:
+        """``(records section, record count, base timestamp, max timestamp)``; no append is
+        accepted afterwards."""
         if self._taken:
             raise InvalidRecordError("the records were already taken")
         self._taken = True
         records = b"".join(self._parts)
         self._parts = []
-        return records
+        return records, self._count, self._base_timestamp, self._max_timestamp
 
 
 if TYPE_CHECKING:
@@ -303,7 +342,7 @@ class _BatchBuilding:
         def base_timestamp(self) -> int: ...
         @property
         def max_timestamp(self) -> int: ...
-        def take_records(self) -> bytes: ...
+        def take_records(self) -> tuple[bytes, int, int, int]: ...
 
     def __init__(
         self,
@@ -356,13 +395,12 @@ class _BatchBuilding:
         """
         if self._built is not None:
             return self._built
-        count = self.record_count
-        if count == 0:
+        if self.record_count == 0:
             raise InvalidRecordError("cannot build a batch without records")
-        max_timestamp = self.max_timestamp
+        # One step: with the C appender another thread's try_append cannot slip in between.
+        records, count, base_timestamp, max_timestamp = self.take_records()
         # Only a timestamp within a few seconds of the int64 limit can get here out of range.
         _check_range("max timestamp", max_timestamp, _INT64_MIN, _INT64_MAX)
-        records = self.take_records()
         if self._compression != Compression.NONE:
             records = compress(self._compression, records)
         attributes = int(self._compression)
@@ -381,7 +419,7 @@ class _BatchBuilding:
                 0,
                 attributes,
                 count - 1,
-                self.base_timestamp,
+                base_timestamp,
                 max_timestamp,
                 self._producer_id,
                 self._producer_epoch,

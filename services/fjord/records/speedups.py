@@ -38,3 +38,8 @@ EXTENSION: ModuleType | None = _load_extension()
 
 #: The implementation in use: ``"c"`` or ``"python"``.
 IMPLEMENTATION = "c" if EXTENSION is not None and not pure_python_forced() else "python"
+
+#: Whether :meth:`BatchBuilder.try_append` and ``build()`` are atomic against each other (the C
+#: appender: neither releases the GIL), so that a producer may append to an open batch without
+#: the accumulator's lock while the sender thread may close it.
+ATOMIC_APPEND = IMPLEMENTATION == "c"
