@@ -696,7 +696,8 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
         try:
             revisions = await reconcile_certificates(rt, body, now)
         except SecuritySpecError as exc:
-            verdict = Verdict(Outcome.ERROR, "InvalidClusterCA", str(exc))
+            reason = "SecretNameTaken" if isinstance(exc, SecretNameTaken) else "InvalidClusterCA"
+            verdict = Verdict(Outcome.ERROR, reason, str(exc))
             status = status_patch(verdict, meta.get("generation"), body.get("status"), now)
             return ClusterPlan([], {}, status, retry=False)
     if live_sts is not None and not problems:
@@ -756,6 +757,13 @@ async def reconcile_certificates(
     roles: dict[str, Any] = {}
     for role in ("broker", "controller", "coordinator"):
         live = await rt.kube.get("v1", "Secret", namespace, service_secret_name(name, role))
+        if live is not None and not owned_by(live, meta.get("uid")):
+            # Only the CA Secret may be supplied; a service Secret of another owner (a
+            # FjordUser of that name, say) is never taken over.
+            raise SecretNameTaken(
+                f"Secret {service_secret_name(name, role)} exists and does not belong to this "
+                "FjordCluster; nothing was changed"
+            )
         roles[role] = decode_secret(live)
     plan = plan_certificates(body, security, ca_data, roles, now)
     for obj in plan.secrets:
@@ -763,6 +771,10 @@ async def reconcile_certificates(
     for role, why in plan.renewed.items():
         log.info("cluster %s/%s: %s certificate renewed (%s)", namespace, name, role, why)
     return plan.revisions
+
+
+class SecretNameTaken(SecuritySpecError):
+    """A Secret the operator would write exists and belongs to something else."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -391,6 +391,12 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
     ca_name = f"{CLUSTER}-cluster-ca"
     ca_before = world.secret(ca_name)
     squatter = _user(ca_name, "tls", [])
+    # ... and a cluster never takes over a service Secret name that belongs to something else
+    foreign = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+               "metadata": {"name": "taken-broker-tls", "namespace": NAMESPACE},
+               "data": {"app": base64.b64encode(b"someone else's").decode()}}
+    taken = {**plain, "metadata": {**plain["metadata"], "name": "taken"},
+             "spec": {**plain["spec"], "security": {"tls": True}}}
     nowhere = _user("nowhere", "tls", [])
     nowhere["spec"]["cluster"] = "missing"
     on_plain = _user("on-plain", "tls", [])
@@ -398,7 +404,7 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
     bad_acl = _user("bad-acl", "tls", [{"resource": {"type": "group", "name": "g"},
                                         "operations": ["Write"]}])
     world.apply(plain, broken_ca, broken, certificates_only, nowhere, on_plain, bad_acl,
-                scram_on_certs, squatter)
+                scram_on_certs, squatter, foreign, taken)
     expected = {
         ("fjorduser", "nowhere"): ("ClusterNotFound", "'missing' does not exist"),
         ("fjorduser", "on-plain"): ("ClusterNotSecure", "spec.security.tls off"),
@@ -408,6 +414,7 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
         # a credential no listener of that cluster accepts is refused, not stored and ignored
         ("fjorduser", "scram-on-certs"): ("ScramNotServed", "kafkaAuthentication: tls"),
         ("fjorduser", ca_name): ("SecretNameTaken", f"Secret {ca_name} exists and does not"),
+        ("fjordcluster", "taken"): ("SecretNameTaken", "Secret taken-broker-tls exists"),
     }
     for (kind, name), (reason, words) in expected.items():
         condition = world.wait(lambda k=kind, n=name: _condition(world, k, n),
@@ -420,8 +427,9 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
                        ca_name, "-n", NAMESPACE, "--wait=false")
     world.wait(lambda: world.get("fjorduser", ca_name) is None, "the squatting user deleted")
     assert world.secret(ca_name) == ca_before  # the CA untouched throughout
-    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "-n", NAMESPACE,
-                       "--wait=false")
+    assert world.secret("taken-broker-tls") == {"app": b"someone else's"}
+    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "taken", "-n",
+                       NAMESPACE, "--wait=false")
 
 
 def test_deleting_users_removes_their_secrets_acls_and_credentials(
