@@ -190,6 +190,13 @@ class RecordTooLargeError(FjordError):
     code = ErrorCode.MESSAGE_TOO_LARGE
 
 
+class InvalidTimestampError(FjordError):
+    """A record timestamp outside the topic's ``message.timestamp.difference.max.ms`` of the
+    broker's clock (Kafka's InvalidTimestampException); nothing of the batch is appended."""
+
+    code = ErrorCode.INVALID_TIMESTAMP
+
+
 class UnsupportedCompressionError(FjordError):
     """A compression codec id that Fjord does not know."""
 

@@ -29,7 +29,7 @@ import pytest
 from fjord.broker.log_cleaner import LogCleaner
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.scrubber import Scrubber
-from fjord.client import AdminClient, NewTopic, Producer
+from fjord.client import AdminClient, NewTopic, Producer, TopicPartition
 from fjord.cluster.broker_config import (
     retention_check_interval_s,
     topic_settings,
@@ -304,19 +304,45 @@ def proof_unclean_election(**_: Any) -> None:
                                         image.cluster_config)
 
 
-@proves("message.timestamp.difference.max.ms", "preallocate")
+@proves("preallocate")
 def proof_refused_values(bootstrap: str, **_: Any) -> None:
     with AdminClient({"bootstrap.servers": bootstrap}) as admin:
         refused_at_create(admin, {"preallocate": "true"}, "preallocate", "not supported")
-        refused_at_create(admin, {"message.timestamp.difference.max.ms": "60000"},
-                          "message.timestamp.difference.max.ms", "not supported")
         name = f"cat-defaults-{uuid.uuid4().hex[:8]}"
-        admin.create_topics([NewTopic(name, 1, 1, {
-            "preallocate": "false", "message.timestamp.difference.max.ms": str(2**63 - 1)})])
+        admin.create_topics([NewTopic(name, 1, 1, {"preallocate": "false"})])
         assert admin.alter_configs({name: {"preallocate": "true"}},
                                    raise_on_error=False)[name].code is ErrorCode.INVALID_CONFIG
-    with pytest.raises(ConfigError, match=re.escape("preallocate")):
+    with pytest.raises(ConfigError, match="preallocate"):
         validate_broker_config({"preallocate": "true"})
+
+
+@proves("message.timestamp.difference.max.ms")
+def proof_timestamp_difference(bootstrap: str, **_: Any) -> None:
+    """A record an hour old is refused on a topic allowing a minute (nothing appended), taken
+    on one allowing the default; LogAppendTime topics are not checked."""
+    names = {setting: f"cat-ts-{uuid.uuid4().hex[:8]}" for setting in ("minute", "default",
+                                                                       "append")}
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([
+            NewTopic(names["minute"], 1, 1, {"message.timestamp.difference.max.ms": "60000"}),
+            NewTopic(names["default"], 1, 1, {}),
+            NewTopic(names["append"], 1, 1, {"message.timestamp.difference.max.ms": "60000",
+                                             "message.timestamp.type": "LogAppendTime"}),
+        ])
+        refused_at_create(admin, {"message.timestamp.difference.max.ms": "-1"},
+                          "message.timestamp.difference.max.ms")
+        hour_ago = int(time.time() * 1000) - 3_600_000
+        with Producer({"bootstrap.servers": bootstrap, "acks": "all", "retries": 0}) as p:
+            p.send(names["minute"], b"now", partition=0).result(WAIT_S)
+            with pytest.raises(FjordError) as caught:
+                p.send(names["minute"], b"old", partition=0,
+                       timestamp_ms=hour_ago).result(WAIT_S)
+            assert caught.value.code is ErrorCode.INVALID_TIMESTAMP
+            assert "message.timestamp.difference.max.ms=60000" in str(caught.value)
+            p.send(names["default"], b"old", partition=0, timestamp_ms=hour_ago).result(WAIT_S)
+            p.send(names["append"], b"old", partition=0, timestamp_ms=hour_ago).result(WAIT_S)
+        tp = TopicPartition(names["minute"], 0)
+        assert admin.list_offsets({tp: "latest"})[tp] == 1  # the old record was not appended
 
 
 # --- broker keys ---------------------------------------------------------------------------

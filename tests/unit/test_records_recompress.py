@@ -14,10 +14,20 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     from kafka.record.default_records import DefaultRecordBatch, DefaultRecordBatchBuilder
 
-from fjord.errors import ConfigError, CorruptRecordError, RecordTooLargeError
+from fjord.errors import (
+    ConfigError,
+    CorruptRecordError,
+    InvalidTimestampError,
+    RecordTooLargeError,
+)
 from fjord.records import BatchBuilder, Compression, TimestampType, read_batches
 from fjord.records.control import build_control_batch
-from fjord.records.recompress import needs_recompression, recompress, topic_codec
+from fjord.records.recompress import (
+    check_timestamps,
+    needs_recompression,
+    recompress,
+    topic_codec,
+)
 
 SAMPLE = [
     (1_700_000_000_000, b"key-0", b"value-0" * 30, ()),
@@ -100,3 +110,18 @@ def test_topic_codec_names() -> None:
     assert topic_codec(" ZSTD ") is Compression.ZSTD
     with pytest.raises(ConfigError, match=r"compression\.type: 'none' is not one of producer"):
         topic_codec("none")
+
+
+def test_timestamps_checked_record_by_record() -> None:
+    """message.timestamp.difference.max.ms: every record, including one earlier than the
+    batch's base timestamp (a negative delta the header does not show)."""
+    now = 1_700_000_000_005
+    check_timestamps(batch(Compression.GZIP), now, 10_000)  # SAMPLE spans now-1005 .. now+4
+    with pytest.raises(InvalidTimestampError, match=r"timestamp 1699999999000 .* delta 2"):
+        check_timestamps(batch(Compression.ZSTD), now, 1_000)  # only the third is too early
+    control = build_control_batch(9, 1, committed=True, coordinator_epoch=2, timestamp_ms=5)
+    check_timestamps(control, now, 0)  # control batches are not checked
+    damaged = bytearray(batch(Compression.NONE))
+    damaged[-1] ^= 0xFF
+    with pytest.raises(CorruptRecordError):
+        check_timestamps(bytes(damaged), now, 10**12)

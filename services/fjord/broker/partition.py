@@ -118,6 +118,7 @@ class Partition:
         "compression",
         "leader_epoch_start_offset",
         "log",
+        "max_timestamp_difference_ms",
         "min_insync_replicas",
         "partition",
         "producer_state",
@@ -135,6 +136,7 @@ class Partition:
         *,
         min_insync_replicas: int,
         compression: Compression | None = None,
+        max_timestamp_difference_ms: int | None = None,
         initial_high_watermark: int | None = None,
         now_ms: int = 0,
         producer_state: ProducerStateManager | None = None,
@@ -147,6 +149,8 @@ class Partition:
         #: The topic's compression.type as a codec (None: ``producer``): the produce path
         #: rewrites batches in another codec before append_as_leader (fjord.records.recompress).
         self.compression = compression
+        #: message.timestamp.difference.max.ms to enforce before an append (None: not checked).
+        self.max_timestamp_difference_ms = max_timestamp_difference_ms
         self.assignment = assignment
         # Idempotence state: the newest snapshot plus a header scan of the log after it.
         self.producer_state = producer_state or load_partition_state(log)
@@ -229,10 +233,15 @@ class Partition:
             self.log.epoch_cache.assign(self.assignment.leader_epoch, self.log_end_offset)
 
     def update_config(
-        self, *, min_insync_replicas: int, compression: Compression | None = None
+        self,
+        *,
+        min_insync_replicas: int,
+        compression: Compression | None = None,
+        max_timestamp_difference_ms: int | None = None,
     ) -> None:
         self.min_insync_replicas = min_insync_replicas
         self.compression = compression
+        self.max_timestamp_difference_ms = max_timestamp_difference_ms
 
     # --- checks -----------------------------------------------------------------------------------
 

@@ -62,8 +62,8 @@ from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.metadata import MetadataImage
 from fjord.observability import metrics
 from fjord.records.control import build_control_batch
-from fjord.records.header import end_of_whole_batches
-from fjord.records.recompress import needs_recompression, recompress
+from fjord.records.header import Compression, end_of_whole_batches
+from fjord.records.recompress import check_timestamps, needs_recompression, recompress
 from fjord.storage import PartitionLog
 from fjord.topic_names import topic_name_problem
 from fjord.topic_partition import TopicPartition
@@ -302,8 +302,11 @@ class ReplicaManager:
                     self._notify_high_watermark(key, existing, None)
                 if epoch_changed:
                     self._wake_producers(key)
-            existing.update_config(min_insync_replicas=settings.min_insync_replicas,
-                                   compression=settings.compression)
+            existing.update_config(
+                min_insync_replicas=settings.min_insync_replicas,
+                compression=settings.compression,
+                max_timestamp_difference_ms=settings.max_timestamp_difference_ms,
+            )
             if getattr(existing.log, "config", None) != settings.log_config:
                 existing.log.config = settings.log_config  # alter-configs reach open logs
         # Partitions this broker already hosts are up to date; new ones are opened (directory,
@@ -373,6 +376,7 @@ class ReplicaManager:
                 assignment,
                 min_insync_replicas=settings.min_insync_replicas,
                 compression=settings.compression,
+                max_timestamp_difference_ms=settings.max_timestamp_difference_ms,
                 initial_high_watermark=self._initial_high_watermarks.pop(key, None),
                 now_ms=now_ms,
             )))
@@ -552,26 +556,41 @@ class ReplicaManager:
     async def _recompressed(
         self, request: broker_pb2.ProduceRequest
     ) -> dict[TopicPartition, bytes | FjordError]:
-        """Kafka's compression.type on the leader: each partition payload with a batch whose
-        codec differs from its topic's (not ``producer``) rewritten in that codec, or the
-        typed error that makes the partition's append fail (a damaged batch: nothing is
-        appended). Large payloads are rewritten in a worker thread, off the event loop."""
+        """Kafka's LogValidator on the leader, for topics whose configs ask for it: record
+        timestamps checked against message.timestamp.difference.max.ms (INVALID_TIMESTAMP),
+        then each payload with a batch whose codec differs from its topic's compression.type
+        (not ``producer``) rewritten in that codec; or the typed error that makes the
+        partition's append fail (nothing is appended). Partitions whose topic asks for
+        neither are not in the answer and cost nothing. Large payloads are handled in a worker
+        thread, off the event loop."""
         out: dict[TopicPartition, bytes | FjordError] = {}
         for topic in request.topics:
             for p in topic.partitions:
                 key = TopicPartition(topic.name, p.partition)
                 partition = self.partitions.get(key)
-                if partition is None or partition.compression is None or not p.records:
+                if partition is None or not p.records:
                     continue
                 codec = partition.compression
-                if not needs_recompression(p.records, codec):
+                difference = partition.max_timestamp_difference_ms
+                rewrite = codec is not None and needs_recompression(p.records, codec)
+                if not rewrite and difference is None:
                     continue
                 limit = partition.log.config.max_message_bytes
+
+                def validate(records: bytes = p.records, codec: Compression | None = codec,
+                             difference: int | None = difference, rewrite: bool = rewrite,
+                             limit: int = limit) -> bytes:
+                    if difference is not None:  # against the wall clock, as Kafka's
+                        check_timestamps(records, int(time.time() * 1000), difference)
+                    if rewrite and codec is not None:  # Compression.NONE is falsy
+                        return recompress(records, codec, limit)
+                    return records
+
                 try:
                     if len(p.records) > defaults.RECOMPRESS_INLINE_MAX_BYTES:
-                        out[key] = await asyncio.to_thread(recompress, p.records, codec, limit)
+                        out[key] = await asyncio.to_thread(validate)
                     else:
-                        out[key] = recompress(p.records, codec, limit)
+                        out[key] = validate()
                 except FjordError as exc:
                     out[key] = exc
         return out

@@ -19,7 +19,7 @@ from fjord.errors import ConfigError
 from fjord.records.header import Compression
 from fjord.records.recompress import topic_codec
 from fjord.storage.config import LogConfig
-from fjord.storage.defaults import DEFAULT_LOG_CONFIG, OTHER_TOPIC_CONFIG_KEYS
+from fjord.storage.defaults import DEFAULT_LOG_CONFIG, LONG_MAX, OTHER_TOPIC_CONFIG_KEYS
 
 #: Every topic config key a broker understands (storage's keys and the other components').
 TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
@@ -111,6 +111,9 @@ class TopicSettings:
     log_config: LogConfig
     min_insync_replicas: int
     compression: Compression | None = None
+    #: ``message.timestamp.difference.max.ms`` when the leader must check record timestamps
+    #: (a CreateTime topic with a value below Kafka's "never"); None otherwise.
+    max_timestamp_difference_ms: int | None = None
 
 
 def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
@@ -159,8 +162,16 @@ def topic_settings(
                 merged[key] = value
     log_config = LogConfig.from_dict(merged)
     raw_isr = merged.get("min.insync.replicas", str(defaults.DEFAULT_MIN_INSYNC_REPLICAS))
+    key = "message.timestamp.difference.max.ms"
+    try:
+        difference = int(merged.get(key, str(LONG_MAX)).strip())
+    except ValueError:
+        raise ConfigError(f"{key}: expected an integer, got {merged[key]!r}") from None
+    if difference < 0:
+        raise ConfigError(f"{key}: {difference} is below the minimum 0")
     return TopicSettings(
         log_config,
         positive_int("min.insync.replicas", raw_isr),
         topic_codec(merged.get("compression.type", "producer")),
+        None if difference >= LONG_MAX or log_config.log_append_time else difference,
     )

@@ -91,8 +91,9 @@ _TOPIC_EFFECTS: dict[str, str] = {
     "smaller; a topic whose replication factor is below it is refused at creation.",
     "unclean.leader.election.enable": "true lets the controller elect a replica outside the "
     "ISR when no ISR member is alive (acknowledged records can be lost).",
-    "message.timestamp.difference.max.ms": "Record timestamps are not checked against the "
-    "broker's clock (the default).",
+    "message.timestamp.difference.max.ms": "On a CreateTime topic, a produce holding a record "
+    "whose timestamp differs from the leader's clock by more is refused with "
+    "INVALID_TIMESTAMP (the leader then decodes every record; the default never checks).",
     "preallocate": "Segment files are not preallocated (false).",
 }
 

@@ -62,10 +62,6 @@ UNSUPPORTED_VALUES: dict[str, str] = {
         "indexes rely on the file ending at the last batch), so preallocating them to "
         "segment.bytes is not supported"
     ),
-    "message.timestamp.difference.max.ms": (
-        f"only the default {2**63 - 1}: Fjord's broker does not check record timestamps "
-        "against its clock (that would decode every record of every batch)"
-    ),
 }
 
 assert set(TOPIC_CONFIG_DEFAULTS) == set(TOPIC_CONFIG_KEYS), "every topic key needs a default"

@@ -1,4 +1,5 @@
-"""A topic's ``compression.type`` applied to produced batches (Kafka's LogValidator), pure.
+"""What the leader does to produced batches for their topic's configs (Kafka's LogValidator),
+pure: ``compression.type`` (recompression) and ``message.timestamp.difference.max.ms``.
 
 Kafka's broker keeps a batch as the producer compressed it when the topic's ``compression.type``
 is ``producer`` (the default) or names the batch's own codec; otherwise it decompresses the
@@ -15,7 +16,7 @@ header-only batches and batches already in the target codec are copied byte for 
 
 from __future__ import annotations
 
-from fjord.errors import ConfigError
+from fjord.errors import ConfigError, InvalidTimestampError
 from fjord.records.builder import rebuild_batch
 from fjord.records.header import Compression, parse_header, validate_batch
 from fjord.records.reader import RecordBatch, decode_record_tuples
@@ -85,3 +86,34 @@ def recompress(payload: bytes, codec: Compression, max_batch_bytes: int | None =
             parts.append(raw)
         pos += header.size
     return b"".join(parts)
+
+
+def check_timestamps(payload: bytes, now_ms: int, max_difference_ms: int) -> None:
+    """Kafka's ``message.timestamp.difference.max.ms`` for CreateTime topics: raise
+    InvalidTimestampError naming the record when any record's timestamp differs from
+    ``now_ms`` by more than ``max_difference_ms`` (the whole payload is then refused, as Kafka
+    refuses the partition's append). Control batches are not checked; each batch's CRC is
+    checked before its records are read (CorruptRecordError). Decodes every record: only
+    called for topics that set the key."""
+    view = memoryview(payload)
+    low, high = now_ms - max_difference_ms, now_ms + max_difference_ms
+    pos = 0
+    while pos < len(view):
+        header = validate_batch(view, pos)
+        raw = view[pos : pos + header.size]
+        pos += header.size
+        if header.is_control or header.record_count == 0:
+            continue
+        records = decode_record_tuples(
+            RecordBatch(raw).records_section(), header.base_offset, header.base_timestamp,
+            header.record_count, header.last_offset_delta,
+        )
+        stamps = [(offset, ts) for offset, ts, *_ in records]
+        for offset, timestamp in stamps:
+            if not low <= timestamp <= high:
+                raise InvalidTimestampError(
+                    f"timestamp {timestamp} of the record at offset delta "
+                    f"{offset - header.base_offset} is out of range: it must be within "
+                    f"[{low}, {high}] (message.timestamp.difference.max.ms={max_difference_ms} "
+                    f"of the broker's clock {now_ms})"
+                )
