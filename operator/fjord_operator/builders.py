@@ -327,6 +327,37 @@ def config_map(body: Mapping[str, Any]) -> Obj:
     }
 
 
+def rack_topology_key(spec: Mapping[str, Any]) -> str | None:
+    """``spec.brokers.rack.topologyKey`` (None: rack awareness off)."""
+    rack = (spec.get("brokers") or {}).get("rack") or {}
+    key = rack.get("topologyKey") if isinstance(rack, Mapping) else None
+    return str(key) if key else None
+
+
+def _wait_for_rack_script() -> str:
+    """Shell that waits for the pod's ``fjord.io/rack`` annotation (the operator writes it
+    from the node's label; the downward API file shows it) and puts ``--rack VALUE`` in front
+    of the arguments; gives up after RACK_WAIT_S with a message (the kubelet restarts it).
+    The downward API writes each annotation as ``key="value"`` (Go-quoted)."""
+    file = f'"${{FJORD_POD_INFO_DIR:-{s.POD_INFO_DIR}}}/annotations"'  # the variable: tests
+    key = s.RACK_ANNOTATION.replace(".", r"\.")
+    message = (
+        f"no {s.RACK_ANNOTATION} annotation on this pod after {s.RACK_WAIT_S} s: the operator "
+        "writes it from the node label spec.brokers.rack.topologyKey names (is the operator "
+        "running, does the node have the label?)"
+    )
+    return (
+        "waited=0; "
+        f"while ! grep -q '^{key}=' {file} 2>/dev/null; do "
+        f'if [ "$waited" -ge {s.RACK_WAIT_S} ]; then echo \'{message}\' >&2; exit 1; fi; '
+        "sleep 1; waited=$((waited + 1)); done; "
+        + r"""rack=$(sed -n 's|^KEY="\(.*\)"$|\1|p' FILE); """.replace("KEY", key).replace(
+            "FILE", file
+        )
+        + 'set -- --rack "$rack" "$@"; '
+    )
+
+
 def broker_pod_annotations(body: Mapping[str, Any]) -> dict[str, str]:
     """Annotations of the broker pod template. ``fjord.io/restart`` is copied from the
     FjordCluster (``kubectl annotate fjc NAME fjord.io/restart=$(date +%s) --overwrite``): a
@@ -348,8 +379,10 @@ def broker_statefulset(
     config_args = _config_args(config_parts(spec)[1])
     pod_host = f"$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc"
     door = kafka_door(spec)
+    rack_key = rack_topology_key(spec)
     script = (
-        'exec fjord broker --id "${HOSTNAME##*-}" '
+        (_wait_for_rack_script() if rack_key else "")
+        + 'exec fjord broker --id "${HOSTNAME##*-}" '
         f"--listen 0.0.0.0:{s.BROKER_PORT} "
         f'--advertised-host "{pod_host}" '
         f"--listeners {door}://0.0.0.0:{s.KAFKA_PORT} "
@@ -362,6 +395,10 @@ def broker_statefulset(
         extra_ports=[_KAFKA_CONTAINER_PORT],
     )
     container["volumeMounts"] = [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
+    if rack_key:
+        container["volumeMounts"].append(
+            {"name": "pod-info", "mountPath": s.POD_INFO_DIR, "readOnly": True}
+        )
     claim_spec: Obj = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.get("size", s.DEFAULT_BROKER_STORAGE)}},
@@ -373,6 +410,31 @@ def broker_statefulset(
         "terminationGracePeriodSeconds": 60,
         "containers": [container],
     }
+    if rack_key:
+        pod_spec["volumes"] = [
+            {
+                "name": "pod-info",
+                "downwardAPI": {
+                    "items": [
+                        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+                    ]
+                },
+            }
+        ]
+        # Spread brokers over the racks where the scheduler can (Strimzi does the same).
+        pod_spec["affinity"] = {
+            "podAntiAffinity": {
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": {"matchLabels": selector_labels(name, "broker")},
+                            "topologyKey": rack_key,
+                        },
+                    }
+                ]
+            }
+        }
     template_meta: Obj = {
         "labels": labels(name, "broker"),
         "annotations": broker_pod_annotations(body),

@@ -326,6 +326,56 @@ def roll_targets(
     )
 
 
+# -- racks from node labels ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RackPlan:
+    """``patches``: pod name -> the rack to write into its ``fjord.io/rack`` annotation;
+    ``racks``: broker id -> rack, every scheduled broker pod whose node has the label;
+    ``missing``: why a scheduled pod has no rack (its broker waits at start)."""
+
+    patches: Mapping[str, str]
+    racks: Mapping[int, str]
+    missing: tuple[str, ...]
+
+
+def rack_annotations(
+    pods: Sequence[Mapping[str, object]],
+    node_labels: Mapping[str, Mapping[str, str]],
+    topology_key: str,
+    annotation: str,
+) -> RackPlan:
+    """The rack each scheduled broker pod gets: the ``topology_key`` label of its node
+    (``node_labels``: node name -> labels, for the nodes of these pods). Pods not yet
+    scheduled or terminating are left alone; a pod whose annotation already holds its rack
+    needs no patch."""
+    patches: dict[str, str] = {}
+    racks: dict[int, str] = {}
+    missing: list[str] = []
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        spec = pod.get("spec") or {}
+        assert isinstance(meta, Mapping) and isinstance(spec, Mapping)
+        name = str(meta.get("name", ""))
+        node = spec.get("nodeName")
+        if not node or meta.get("deletionTimestamp"):
+            continue
+        rack = (node_labels.get(str(node)) or {}).get(topology_key)
+        if not rack:
+            missing.append(f"node {node} of pod {name} has no label {topology_key}")
+            continue
+        try:
+            racks[int(name.rsplit("-", 1)[1])] = rack
+        except (IndexError, ValueError):
+            continue
+        current = (meta.get("annotations") or {})
+        assert isinstance(current, Mapping)
+        if current.get(annotation) != rack:
+            patches[name] = rack
+    return RackPlan(patches, racks, tuple(missing))
+
+
 # -- topics -------------------------------------------------------------------------------------
 
 

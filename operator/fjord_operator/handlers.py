@@ -51,6 +51,7 @@ from fjord_operator.decisions import (
     decide_scaling,
     decide_topic,
     prune_samples,
+    rack_annotations,
     roll_targets,
     samples_from_status,
     samples_to_status,
@@ -460,6 +461,32 @@ class KubeApi:
             raise
         return live.to_dict() if hasattr(live, "to_dict") else dict(live)
 
+    async def node_labels(self, name: str) -> dict[str, str]:
+        """The labels of node ``name`` (empty when the node does not exist)."""
+        from lightkube.resources.core_v1 import Node
+
+        try:
+            node = await self.client().get(Node, name)
+        except Exception as exc:
+            if http_status(exc) == 404:
+                return {}
+            raise
+        return dict(node.metadata.labels or {})
+
+    async def annotate(
+        self, api_version: str, kind: str, namespace: str, name: str, annotations: Mapping[str, str]
+    ) -> None:
+        """Merge ``annotations`` into one object's annotations."""
+        from lightkube.types import PatchType
+
+        await self.client().patch(
+            self._resource_of({"apiVersion": api_version, "kind": kind}),
+            name,
+            {"metadata": {"annotations": dict(annotations)}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
     async def list(
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
     ) -> list[dict[str, Any]]:
@@ -735,9 +762,33 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
                 **status_patch(verdict, meta.get("generation"), body.get("status"), now),
             }
             return ClusterPlan(plan.objects, {}, status, retry=True)
+    if live_sts is not None and builders.rack_topology_key(body.get("spec") or {}):
+        plan = await _assign_racks(rt, body, plan)
     if live_sts is not None and registered is not None:
         plan = await _roll_brokers(rt, body, live_sts, plan, now)
     return plan
+
+
+async def _assign_racks(rt: Runtime, body: Mapping[str, Any], plan: ClusterPlan) -> ClusterPlan:
+    """Rack awareness (``spec.brokers.rack.topologyKey``): annotate each scheduled broker pod
+    with its node's label (the broker waits for it at start and registers with ``--rack``);
+    ``status.racks`` lists each broker's rack. Comes back soon while a pod waits."""
+    meta = body["metadata"]
+    namespace, name = meta.get("namespace", "default"), meta["name"]
+    key = builders.rack_topology_key(body.get("spec") or {})
+    assert key is not None
+    pods = await rt.kube.list("v1", "Pod", namespace, builders.selector_labels(name, "broker"))
+    nodes = {str(p["spec"]["nodeName"]) for p in pods if (p.get("spec") or {}).get("nodeName")}
+    labels = {node: await rt.kube.node_labels(node) for node in sorted(nodes)}
+    racks = rack_annotations(pods, labels, key, s.RACK_ANNOTATION)
+    for pod, rack in sorted(racks.patches.items()):
+        log.info("cluster %s/%s: pod %s is in rack %s", namespace, name, pod, rack)
+        await rt.kube.annotate("v1", "Pod", namespace, pod, {s.RACK_ANNOTATION: rack})
+    for problem in racks.missing:
+        log.warning("cluster %s/%s: %s", namespace, name, problem)
+    status = {**plan.status, "racks": {str(b): r for b, r in sorted(racks.racks.items())}}
+    waiting = bool(racks.patches or racks.missing)
+    return ClusterPlan(plan.objects, plan.reassign, status, retry=plan.retry or waiting)
 
 
 async def reconcile_certificates(

@@ -27,6 +27,15 @@ USER_PLURAL = "fjordusers"
 #: broker, safely and one at a time (as ``kubectl rollout restart`` does for a Deployment).
 RESTART_ANNOTATION = "fjord.io/restart"
 
+#: Annotation the operator puts on a broker pod when spec.brokers.rack is set: the value of
+#: the rack topology key's label on the pod's node. The broker reads it (downward API) at start
+#: and registers with ``--rack``.
+RACK_ANNOTATION = "fjord.io/rack"
+#: Where a broker pod sees its own annotations (a downward API volume), and how long its start
+#: waits for RACK_ANNOTATION before it exits (the kubelet then starts it again).
+POD_INFO_DIR = "/etc/fjord/pod"
+RACK_WAIT_S = 300
+
 #: Annotation on a FjordCluster naming the Fjord bootstrap servers the operator talks to
 #: (external clusters, tests); without it the client Service ``<name>-broker`` is used.
 BOOTSTRAP_ANNOTATION = "fjord.io/bootstrap-servers"

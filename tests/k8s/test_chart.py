@@ -244,7 +244,9 @@ def test_rbac_is_least_privilege(values: Path | None) -> None:
             "apiGroups": ["apiextensions.k8s.io"],
             "resources": ["customresourcedefinitions"],
             "verbs": ["get", "list", "watch"],
-        }
+        },
+        # rack awareness: one node's labels, by name (never list, never write)
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
     ]
 
 
@@ -280,7 +282,7 @@ def test_operator_gets_exactly_what_it_reconciles(values: Path | None) -> None:
         ("policy", "poddisruptionbudgets"): write,
         ("", "secrets"): write,
         # delete: rolling restarts of brokers (template change, certificate renewal), one at a time
-        ("", "pods"): {"get", "list", "watch", "delete"},
+        ("", "pods"): {"get", "list", "watch", "delete", "patch"},
         ("", "events"): {"create"},
     }
 

@@ -370,6 +370,8 @@ OPERATOR_NEEDS = [
     ("patch", "configmaps", IN_CLUSTER_NS),
     ("create", "poddisruptionbudgets.policy", IN_CLUSTER_NS),
     ("list", "pods", IN_CLUSTER_NS),
+    ("patch", "pods", IN_CLUSTER_NS),  # rack awareness: the fjord.io/rack annotation
+    ("get", "nodes", ""),  # rack awareness: the node's zone label
     ("delete", "pods", IN_CLUSTER_NS),  # rolling restarts of brokers, one pod at a time
     ("create", "secrets", IN_CLUSTER_NS),  # the cluster CA, services' and users' credentials
     ("delete", "secrets", IN_CLUSTER_NS),
@@ -388,6 +390,7 @@ OPERATOR_MUST_NOT = [
     ("create", "roles.rbac.authorization.k8s.io", IN_CLUSTER_NS),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", ""),
     ("list", "nodes", ""),
+    ("patch", "nodes", ""),
     ("create", "serviceaccounts/token", IN_CLUSTER_NS),
 ]
 

@@ -398,3 +398,76 @@ def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
     assert template["spec"]["template"]["metadata"]["annotations"] == {"fjord.io/restart": "1"}
     missing = load.acked - read_values(bootstrap, topic=ROLLED_TOPIC, partitions=ROLLED_PARTITIONS)
     assert not missing, f"{len(missing)} acknowledged records not read back; {summary}"
+
+
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+def test_rack_awareness_annotates_each_broker_pod_with_its_nodes_zone(
+    real_kube: RealKube,
+    kubelet: RealKubelet,
+    operator_log: Path,
+    fjord_local: LocalCluster,
+    bootstrap: str,
+) -> None:
+    """``spec.brokers.rack.topologyKey``: the operator reads the node each broker pod is bound
+    to (the harness binds them to ``fjord-harness-node``, a real Node object here with a zone
+    label) and annotates the pod ``fjord.io/rack=<zone>`` (what the broker's start script turns
+    into ``--rack``; that script is tested in a real shell in test_operator_builders);
+    ``status.racks`` lists them. The spec change rolls the brokers (the template gains the
+    downward API volume), one at a time."""
+    from tests.k8s.kube.kubelet import NODE
+
+    if real_kube.get_json("node", NODE) is None:
+        _apply(real_kube, {"apiVersion": "v1", "kind": "Node",
+                           "metadata": {"name": NODE, "labels": {ZONE_KEY: "zone-a"}}})
+    _apply(
+        real_kube,
+        {
+            "apiVersion": API_VERSION,
+            "kind": "FjordCluster",
+            "metadata": {
+                "name": CLUSTER,
+                "namespace": NAMESPACE,
+                "annotations": {BOOTSTRAP_ANNOTATION: bootstrap},
+            },
+            "spec": {
+                "brokers": {
+                    "replicas": 3,
+                    "storage": {"size": "1Gi"},
+                    "rack": {"topologyKey": ZONE_KEY},
+                },
+                "controllers": {"replicas": 2},
+                "coordinators": {"replicas": 1},
+                "etcd": {"endpoints": [fjord_local.etcd_url]},
+            },
+        },
+    )
+
+    def annotated() -> bool:
+        pods = _broker_pods(real_kube)
+        cluster = real_kube.get_json("fjordcluster", CLUSTER, "-n", NAMESPACE) or {}
+        return (
+            sorted(pods) == [0, 1, 2]
+            and all(
+                (p["metadata"].get("annotations") or {}).get("fjord.io/rack") == "zone-a"
+                for p in pods.values()
+            )
+            and (cluster.get("status") or {}).get("racks") == {"0": "zone-a", "1": "zone-a",
+                                                                "2": "zone-a"}
+        )
+
+    _wait(annotated, "every broker pod annotated with its zone", operator_log, SCALE_TIMEOUT_S)
+    sts = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
+    pod = sts["spec"]["template"]["spec"]
+    assert any(v.get("downwardAPI") for v in pod.get("volumes") or []), pod
+    assert pod["affinity"]["podAntiAffinity"], pod
+    # The new template rolls the brokers through the safe roller; it ends Idle and Ready.
+    _wait(
+        lambda: (o := _ready(real_kube, "fjordcluster", CLUSTER))
+        and o["status"].get("rolling", {}).get("phase") == "Idle"
+        and _ready_broker_pods(real_kube) == {0, 1, 2},
+        "the roll to the rack-aware template done",
+        operator_log,
+        SCALE_TIMEOUT_S,
+    )

@@ -366,3 +366,63 @@ def test_brokers_are_rolled_by_the_operator_and_a_restart_annotation_changes_the
     assert sts["spec"]["template"]["metadata"]["annotations"] == {
         s.RESTART_ANNOTATION: "1764100000"
     }
+
+
+def test_rack_awareness_reads_the_pod_annotation_and_spreads_brokers(tmp_path: Path) -> None:
+    body = cluster(brokers={"replicas": 3, "rack": {"topologyKey": "topology.kubernetes.io/zone"}})
+    pod = builders.broker_statefulset(body, 3)["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert {"name": "pod-info", "mountPath": s.POD_INFO_DIR, "readOnly": True} in container[
+        "volumeMounts"
+    ]
+    assert pod["volumes"] == [{
+        "name": "pod-info",
+        "downwardAPI": {
+            "items": [{"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+        },
+    }]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "topology.kubernetes.io/zone"
+    # The downward API writes key="value" lines; the broker starts with --rack VALUE.
+    info = tmp_path / "pod"
+    info.mkdir()
+    (info / "annotations").write_text(
+        'fjord.io/restart="1"\nfjord.io/rack="eu-west-1b"\nother="x"\n'
+    )
+    argv = run_container_command(
+        container["command"], tmp_path, HOSTNAME="fjord-broker-2", FJORD_POD_INFO_DIR=str(info)
+    )
+    assert flag(argv, "--rack") == "eu-west-1b"
+    assert flag(argv, "--id") == "2"
+    # Without rack awareness nothing of it is in the pod.
+    plain = builders.broker_statefulset(cluster(), 3)["spec"]["template"]["spec"]
+    assert "volumes" not in plain and "affinity" not in plain
+    assert "--rack" not in run_container_command(
+        plain["containers"][0]["command"], tmp_path, HOSTNAME="fjord-broker-0"
+    )
+
+
+def test_a_broker_without_its_rack_annotation_waits_then_exits_naming_why(
+    tmp_path: Path,
+) -> None:
+    body = cluster(brokers={"replicas": 1, "rack": {"topologyKey": "topology.kubernetes.io/zone"}})
+    (container,) = builders.broker_statefulset(body, 1)["spec"]["template"]["spec"]["containers"]
+    # The script polls once a second; a test cannot wait RACK_WAIT_S, so it checks the bound
+    # is in the script and that the annotation arriving later is picked up.
+    script = container["command"][2]
+    assert f'-ge {s.RACK_WAIT_S} ]' in script and "does the node have the label?" in script
+    info = tmp_path / "pod"
+    info.mkdir()
+    fake = tmp_path / "fjord"
+    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "FJORD_ETCD": "e", "FJORD_CLUSTER_ID": "c",
+           "HOSTNAME": "fjord-broker-0", "FJORD_POD_INFO_DIR": str(info)}
+    proc = subprocess.Popen(container["command"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        (info / "annotations").write_text('fjord.io/rack="zone-c"\n')
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    argv = out.splitlines()
+    assert flag(argv, "--rack") == "zone-c"

@@ -611,3 +611,26 @@ def test_scale_out_moves_and_drains_keep_replicas_on_distinct_racks() -> None:
     for replicas in drained.values():
         assert 5 not in replicas
         assert sorted(str(racks[b]) for b in replicas) == ["a", "b", "c"]
+
+
+def test_rack_annotations_come_from_the_nodes_label() -> None:
+    from fjord_operator.decisions import rack_annotations
+
+    def pod(ordinal: int, node: str | None, rack: str | None = None, gone: bool = False) -> Any:
+        meta: dict[str, Any] = {"name": f"fjord-broker-{ordinal}"}
+        if rack is not None:
+            meta["annotations"] = {"fjord.io/rack": rack}
+        if gone:
+            meta["deletionTimestamp"] = "2026-11-25T23:00:00Z"
+        return {"metadata": meta, "spec": {"nodeName": node} if node else {}}
+
+    zone = "topology.kubernetes.io/zone"
+    nodes = {"n1": {zone: "eu-1a"}, "n2": {zone: "eu-1b"}, "n3": {"other": "x"}}
+    plan = rack_annotations(
+        [pod(0, "n1"), pod(1, "n2", rack="eu-1b"), pod(2, None), pod(3, "n3"),
+         pod(4, "n1", gone=True), pod(5, "n2", rack="stale")],
+        nodes, zone, "fjord.io/rack",
+    )
+    assert plan.patches == {"fjord-broker-0": "eu-1a", "fjord-broker-5": "eu-1b"}
+    assert plan.racks == {0: "eu-1a", 1: "eu-1b", 5: "eu-1b"}
+    assert plan.missing == (f"node n3 of pod fjord-broker-3 has no label {zone}",)

@@ -95,7 +95,8 @@ namespace) or the ClusterRole (watchAllNamespaces). docs/kubernetes.md explains 
   resources: ["pods"]
   # delete: rolling restarts of brokers (OnDelete StatefulSet; a changed template or a
   # certificate renewal), one pod at a time through the safe roller.
-  verbs: ["get", "list", "watch", "delete"]
+  # patch: the fjord.io/rack annotation of broker pods (rack awareness).
+  verbs: ["get", "list", "watch", "delete", "patch"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]
