@@ -49,6 +49,7 @@ pytestmark = pytest.mark.integration
 
 BROKERS = (0, 1, 2)
 WAIT_S = 30.0
+FAILOVER_WAIT_S = 90.0
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,9 @@ def new_topic(admin: AdminClient, replicas: int) -> str:
     return name
 
 
-def leader_of(cluster: LocalCluster, topic: str, not_: int | None = None) -> int:
+def leader_of(
+    cluster: LocalCluster, topic: str, not_: int | None = None, timeout: float = WAIT_S
+) -> int:
     """The partition's leader once it serves (ListOffsets answers without error)."""
 
     def serving() -> int | None:
@@ -113,7 +116,7 @@ def leader_of(cluster: LocalCluster, topic: str, not_: int | None = None) -> int
                 return b
         return None
 
-    return wait_for(serving, f"a serving leader of {topic}", accept=is_value)
+    return wait_for(serving, f"a serving leader of {topic}", timeout, accept=is_value)
 
 
 def txn_batch(pid: int, seq: int, values: list[str], epoch: int = 0) -> bytes:
@@ -265,7 +268,7 @@ def test_restarted_broker_keeps_lso_and_aborted_index(
     produce(cluster, broker, topic, txn_batch(c, 0, ["c2"]))  # 2: open
     cluster.kill("broker", broker)  # SIGKILL: an unclean stop
     cluster.start_broker(broker)
-    assert leader_of(cluster, topic) == broker
+    assert leader_of(cluster, topic, timeout=FAILOVER_WAIT_S) == broker
     out = fetch(cluster, broker, topic, 0, 1)
     assert (out.high_watermark, out.last_stable_offset) == (3, 2)
     assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(d, 0)]
@@ -285,7 +288,8 @@ def test_follower_elected_leader_has_the_same_transactions(
     wait_for(lambda: all(replicated_end(cluster, topic, b) == 4 for b in BROKERS),
              "every replica at 4")
     cluster.kill("broker", old)
-    new = leader_of(cluster, topic, not_=old)
+    # Lease expiry, election, the new leader opening the partition: slow on a loaded machine.
+    new = leader_of(cluster, topic, not_=old, timeout=FAILOVER_WAIT_S)
     out = fetch(cluster, new, topic, 0, 1)
     assert (out.high_watermark, out.last_stable_offset) == (4, 2)
     assert [(t.producer_id, t.first_offset) for t in out.aborted_transactions] == [(e, 0)]
