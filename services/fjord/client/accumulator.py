@@ -100,7 +100,7 @@ class ProducerBatch:
         self,
         tp: TopicPartition,
         builder: Builder,
-        now_ms: int,
+        now_ms: float,
         reserved: int,
         coordinator_epoch: int = 0,
     ) -> None:
@@ -112,7 +112,7 @@ class ProducerBatch:
         self.payload: bytes | None = None
         self.attempts = 0
         self.last_error: FjordError | None = None
-        self.retry_after_ms = 0
+        self.retry_after_ms: float = 0
         self.reserved_bytes = reserved
         self.base_sequence = -1  # idempotence: assigned when first drained, -1 before
 
@@ -244,13 +244,13 @@ class RecordAccumulator:
         buffer_memory: int,
         delivery_timeout_ms: int,
         guarantee_order: bool = False,
-        clock: Callable[[], int] | None = None,
+        clock: Callable[[], float] | None = None,
         idempotence: IdempotenceState | None = None,
     ) -> None:
         self._new_builder = builder_factory
         # Milliseconds for batch creation times when append() is given now_ms=-1 (the producer
         # passes -1 so the clock is read once per batch, not once per record).
-        self._clock = clock or (lambda: int(time.monotonic() * 1000))
+        self._clock = clock or (lambda: time.monotonic() * 1000)
         self._open: dict[TopicPartition, ProducerBatch] = {}
         self._batch_size = batch_size
         self._linger_ms = linger_ms
@@ -276,7 +276,7 @@ class RecordAccumulator:
         key: bytes | None,
         value: bytes | None,
         headers: Headers,
-        now_ms: int,
+        now_ms: float,
         *,
         abort_on_new_batch: bool = False,
         max_block_s: float = 0.0,
@@ -385,11 +385,11 @@ class RecordAccumulator:
 
     # -- the sender's side --------------------------------------------------------------------
 
-    def ready(self, now_ms: int) -> tuple[list[TopicPartition], int]:
+    def ready(self, now_ms: float) -> tuple[list[TopicPartition], float]:
         """Partitions whose head batch may be sent now, and the ms until the next one may
         (linger or retry backoff), at most 1000 ms."""
         ready: list[TopicPartition] = []
-        next_ms = 1000
+        next_ms: float = 1000
         with self._lock:
             sending_all = self._flushes > 0 or self.closed
             idem = self.idempotence
@@ -420,7 +420,7 @@ class RecordAccumulator:
             return bool(self._incomplete)
 
     def drain(
-        self, partitions: Iterable[TopicPartition], max_request_bytes: int, now_ms: int
+        self, partitions: Iterable[TopicPartition], max_request_bytes: int, now_ms: float
     ) -> list[ProducerBatch]:
         """Take the sendable batches at the head of each partition's queue, in order (every
         batch but an open, non-full last one still lingering), closing them; at most
@@ -468,7 +468,7 @@ class RecordAccumulator:
                         break  # one batch per partition per request (Kafka's rule)
         return drained
 
-    def reenqueue(self, batch: ProducerBatch, now_ms: int, backoff_ms: int) -> None:
+    def reenqueue(self, batch: ProducerBatch, now_ms: float, backoff_ms: int) -> None:
         """Put a batch that failed with a retriable error back at the head of its queue."""
         with self._lock:
             batch.retry_after_ms = now_ms + backoff_ms
@@ -520,7 +520,7 @@ class RecordAccumulator:
             self._muted.discard(batch.tp)
             self._space.notify_all()
 
-    def expired(self, batch: ProducerBatch, now_ms: int) -> bool:
+    def expired(self, batch: ProducerBatch, now_ms: float) -> bool:
         return now_ms - batch.created_ms >= self._delivery_timeout_ms
 
     def expiry_error(
@@ -542,7 +542,7 @@ class RecordAccumulator:
         error.__cause__ = last
         return error
 
-    def expire(self, now_ms: int) -> list[ProducerBatch]:
+    def expire(self, now_ms: float) -> list[ProducerBatch]:
         """Remove and return the queued batches older than ``delivery.timeout.ms``."""
         out: list[ProducerBatch] = []
         with self._lock:
@@ -598,7 +598,7 @@ def handle_produce_results(
     accumulator: RecordAccumulator,
     batches: list[ProducerBatch],
     results: dict[TopicPartition, PartitionResult] | BaseException,
-    now_ms: int,
+    now_ms: float,
     *,
     retries: int,
     retry_backoff_ms: int,

@@ -83,8 +83,10 @@ _CODECS = {
 _HEADER_OVERHEAD = 80  # record and batch framing around one record's key and value, generously
 
 
-def _mono_ms() -> int:
-    return int(time.monotonic() * 1000)
+def _mono_ms() -> float:
+    # Not rounded: the sender sleeps until a batch's linger.ms ends exactly (an int clock made
+    # that up to a millisecond late, on top of the event loop's own rounding).
+    return time.monotonic() * 1000
 
 
 def _to_bytes(data: Any, what: str) -> bytes | None:
@@ -132,7 +134,7 @@ class _Sender:
         self.partition_counts: dict[str, int] = {}
         self._refresh_task: asyncio.Task[Any] | None = None
         self._requests: set[asyncio.Task[None]] = set()
-        self._last_refresh_ms = 0
+        self._last_refresh_ms: float = 0
         self._init_task: asyncio.Task[None] | None = None
         #: The transactional producer's state (None: not transactional).
         self.txn: ClientTransactionManager | None = None
