@@ -7,11 +7,19 @@
 # brokers' Kafka listener, 9404 metrics.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- builder: the fjord wheel (pure Python; every dependency ships binary wheels) -------------
+# --- builder: the fjord wheel (its C extension compiled here; dependencies ship binary wheels) -
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# gcc compiles the C extension fjord.records._speedups into the wheel (setup.py; without it the
+# wheel is pure Python and Fjord runs the same code slower: docs/performance.md). This stage
+# only: the runtime image gets the wheel, no compiler. Versions unpinned (DL3008): Debian's
+# security updates replace them in the archive, so a pin would stop the build.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py README.md ./
 COPY services ./services
 COPY operator ./operator
 COPY spark/fjord_spark ./spark/fjord_spark
