@@ -235,6 +235,24 @@ def test_a_certificate_about_to_expire_is_renewed_and_the_pods_template_changes(
     assert "broker certificate renewed" in world.log.read_text(errors="replace")
 
 
+def test_the_operator_administers_the_secure_cluster_with_its_own_certificate(
+    world: World,
+) -> None:
+    """Over mutual TLS with ACLs on, as its own CA-issued identity: the cluster's registered
+    brokers in status, and a FjordTopic created in Fjord."""
+    world.wait(lambda: ((world.get("fjordcluster", CLUSTER) or {}).get("status") or {}).get(
+        "brokers") == 1, "status.brokers from the secure cluster's admin API")
+    world.apply({
+        "apiVersion": "fjord.io/v1alpha1", "kind": "FjordTopic",
+        "metadata": {"name": "payments", "namespace": NAMESPACE},
+        "spec": {"cluster": CLUSTER, "partitions": 2, "replicationFactor": 1},
+    })
+    world.wait(lambda: world.ready("fjordtopic", "payments"), "FjordTopic payments Ready")
+    with world.admin() as admin:
+        (described,) = admin.describe_topics(["payments"])
+    assert len(described.partitions) == 2
+
+
 def _user(name: str, kind: str, acls: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "apiVersion": "fjord.io/v1alpha1", "kind": "FjordUser",
