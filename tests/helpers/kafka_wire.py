@@ -7,6 +7,10 @@ import socket
 import struct
 from typing import Any
 
+from kafka.protocol.metadata import MetadataRequest, MetadataResponse
+
+from fjord.testing.waiting import wait_for
+
 WAIT_S = 30.0
 
 
@@ -36,3 +40,15 @@ def roundtrip(sock: socket.socket, request: Any, response_class: Any, version: i
     response = response_class.decode(recv_exactly(sock, size), version=version, header=True)
     assert response.header.correlation_id == correlation_id
     return response
+
+
+def wait_for_topic(sock: socket.socket, name: str, partitions: int = 1) -> None:
+    """Until the broker at ``sock`` shows ``name`` with ``partitions`` partitions in Metadata."""
+    cls = MetadataRequest[12]
+
+    def shown() -> bool:
+        meta = roundtrip(sock, cls(topics=[cls.MetadataRequestTopic(name=name)],
+                                   allow_auto_topic_creation=False), MetadataResponse, 12)
+        return meta.topics[0].error_code == 0 and len(meta.topics[0].partitions) == partitions
+
+    wait_for(shown, f"{name} with {partitions} partitions in the broker's metadata")

@@ -16,7 +16,9 @@ from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 
 from fjord.client import AdminClient, NewTopic, Producer
 from fjord.testing.waiting import wait_for
-from tests.integration.test_kafka_protocol import _connect, _roundtrip, _wait_for_topic
+from tests.helpers.kafka_wire import connect as _connect
+from tests.helpers.kafka_wire import roundtrip as _roundtrip
+from tests.helpers.kafka_wire import wait_for_topic as _wait_for_topic
 
 pytestmark = pytest.mark.integration
 

@@ -33,6 +33,7 @@ from fjord.testing.waiting import is_value, wait_for
 from tests.helpers.kafka_wire import connect as _connect
 from tests.helpers.kafka_wire import recv_exactly as _recv_exactly
 from tests.helpers.kafka_wire import roundtrip as _roundtrip
+from tests.helpers.kafka_wire import wait_for_topic as _wait_for_topic
 
 pytestmark = pytest.mark.integration
 
@@ -594,15 +595,3 @@ def test_every_advertised_admin_version_answers(local_cluster: Any, admin: Admin
             name=topic, partitions=[rcls.DeleteRecordsTopic.DeleteRecordsPartition(
                 partition_index=0, offset=21)])]), DeleteRecordsResponse, 2)
         assert answer.topics[0].partitions[0].error_code == 1  # OFFSET_OUT_OF_RANGE
-
-
-def _wait_for_topic(sock: socket.socket, name: str, partitions: int = 1) -> None:
-    """Until this broker's metadata shows ``name`` with ``partitions`` partitions."""
-    cls = MetadataRequest[12]
-
-    def shown() -> bool:
-        meta = _roundtrip(sock, cls(topics=[cls.MetadataRequestTopic(name=name)],
-                                    allow_auto_topic_creation=False), MetadataResponse, 12)
-        return meta.topics[0].error_code == 0 and len(meta.topics[0].partitions) == partitions
-
-    wait_for(shown, f"{name} with {partitions} partitions in the broker's metadata")
