@@ -630,7 +630,14 @@ class Runtime:
         if identity is None:
             identity = self.identities[meta["uid"]] = OperatorIdentity()
         config = identity.client_config(ca, datetime.now(UTC))
-        return self.admin(builders.bootstrap_servers(cluster), config)
+        admin = self.admin(builders.bootstrap_servers(cluster), config)
+        previous = identity.admin
+        if previous is not None and previous is not admin:
+            # A re-issued certificate (or a moved cluster): the old client goes.
+            self.admins = {k: v for k, v in self.admins.items() if v is not previous}
+            await asyncio.to_thread(previous.close)
+        identity.admin = admin
+        return admin
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -655,6 +662,8 @@ class OperatorIdentity:
         import tempfile
 
         self.directory = Path(tempfile.mkdtemp(prefix="fjord-operator-"))
+        #: The admin client built on the current certificate (closed when it is re-issued).
+        self.admin: FjordAdmin | None = None
         self._config: dict[str, str] | None = None
         self._renew_at: datetime | None = None
         self._ca_pem: bytes | None = None

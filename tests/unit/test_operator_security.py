@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import datetime
 import ssl
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -473,3 +474,33 @@ def test_binding_type_is_the_acl_model() -> None:
     (binding,) = user_acls("x", user_spec(acls=[{"resource": {"type": "topic", "name": "t"},
                                                  "operation": "Read"}]))
     assert isinstance(binding, AclBinding)
+
+
+def test_the_operators_identity_is_reissued_at_half_its_life_into_private_files() -> None:
+    import os
+    import stat
+
+    from fjord_operator.handlers import OperatorIdentity
+
+    ca = _authority()
+    identity = OperatorIdentity()
+    try:
+        assert stat.S_IMODE(os.stat(identity.directory).st_mode) == 0o700
+        now = datetime.datetime.now(datetime.UTC)
+        first = identity.client_config(ca, now)
+        assert identity.client_config(ca, now + datetime.timedelta(hours=11)) == first
+        assert first["security.protocol"] == "SSL"
+        cert = load_certificate(Path(first["ssl.certificate.location"]).read_bytes())
+        assert cert is not None and signed_by(cert, ca)
+        assert subject(cert, NameOID.COMMON_NAME) == ["fjord-operator"]
+        assert subject(cert, NameOID.ORGANIZATIONAL_UNIT_NAME) == ["fjord-service"]
+        for path in first.values():
+            if path.startswith("/"):
+                assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        renewed = identity.client_config(ca, now + datetime.timedelta(hours=12))
+        assert renewed["ssl.certificate.location"] != first["ssl.certificate.location"]
+        other_ca = identity.client_config(make_ca("a new CA"), now)
+        assert other_ca["ssl.ca.location"] != renewed["ssl.ca.location"]
+    finally:
+        identity.remove()
+    assert not identity.directory.exists()
