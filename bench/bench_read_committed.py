@@ -30,6 +30,7 @@ from fjord.client.fetcher import CompletedFetch, FetchBuffer
 from fjord.client.types import TopicPartition
 from fjord.records import BatchBuilder, stamp_batch
 from fjord.records.control import build_control_batch
+from fjord.records.speedups import IMPLEMENTATION
 
 TP = TopicPartition("bench", 0)
 PRODUCERS = 4
@@ -119,7 +120,8 @@ def main() -> None:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     body = "\n".join([
         f"{command}, {now}; machine: {os.cpu_count()} CPUs, {cpu_model()}, Python "
-        f"{platform.python_version()}; load average {load:.1f} when it ran (shared machine); "
+        f"{platform.python_version()}, records implementation: {IMPLEMENTATION}; "
+        f"load average {load:.1f} when it ran (shared machine); "
         "best of the rounds; one core; the consumer's filter only (CompletedFetch/FetchBuffer "
         "over one fetched buffer, no broker).",
         "",
