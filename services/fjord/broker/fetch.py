@@ -6,12 +6,13 @@ upper bound); this module only decides the limits, Kafka's way (KIP-74).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Sized
 from dataclasses import dataclass
 
 #: ``reader(max_bytes) -> bytes``: whole batches from the fetch offset, at most ``max_bytes``
-#: except that the first batch is returned whole even when it alone is larger.
-Reader = Callable[[int], bytes]
+#: except that the first batch is returned whole even when it alone is larger. Only the
+#: length of what it returns matters here: the bytes, or where they are (a FileRegion).
+Reader = Callable[[int], Sized]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +23,7 @@ class FetchSlot:
     reader: Reader
 
 
-def assemble_fetch(slots: Sequence[FetchSlot], max_bytes: int) -> list[bytes]:
+def assemble_fetch(slots: Sequence[FetchSlot], max_bytes: int) -> list[Sized]:
     """Read each slot in order and return its bytes (same order, ``b""`` for none).
 
     Rules (Kafka's): the response holds at most ``max_bytes`` in total and each partition at most
@@ -32,7 +33,7 @@ def assemble_fetch(slots: Sequence[FetchSlot], max_bytes: int) -> list[bytes]:
     Invariant of the result: ``sum(len) <= max_bytes`` unless exactly one slot is non-empty and
     holds a single oversized batch.
     """
-    out: list[bytes] = []
+    out: list[Sized] = []
     remaining = max_bytes
     have_data = False
     for slot in slots:

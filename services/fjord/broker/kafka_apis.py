@@ -50,6 +50,7 @@ from fjord.kafka.producer_ids import (
     init_producer_id_pb,
     init_producer_id_response,
 )
+from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.metadata import MetadataImage
 
 #: Kafka's "no session" fetch session id.
@@ -180,7 +181,15 @@ class BrokerKafkaHandlers:
                     current_leader_epoch=p.current_leader_epoch if version >= 9 else -1,
                     last_fetched_epoch=-1,
                 )
-        answer = await self._servicer.fetch(ctx.caller, pb, open_session=True)
+        # Zero copy on plaintext doors: records of verified segments stay in their files
+        # (markers here), the listener sendfiles them (fjord.kafka.zerocopy).
+        file_backed = (
+            FileBackedResponse(None) if ctx.zero_copy else None
+        )
+        answer = await self._servicer.fetch(
+            ctx.caller, pb, open_session=True,
+            region_marker=None if file_backed is None else file_backed.add,
+        )
         top_error = answer.error.code
         responses = []
         for t in answer.topics:
@@ -208,12 +217,16 @@ class BrokerKafkaHandlers:
                     )
                 )
             responses.append(topic_cls(topic=t.name, partitions=partitions))
-        return cls(
+        response = cls(
             throttle_time_ms=0,
             error_code=top_error if version >= 7 else 0,
             session_id=answer.session_id,
             responses=responses,
         )
+        if file_backed is None or not file_backed.regions:
+            return response
+        file_backed.response = response
+        return file_backed
 
     # --- ListOffsets ----------------------------------------------------------------------------
 

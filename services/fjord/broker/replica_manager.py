@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from fjord._proto import broker_pb2
 from fjord.broker import defaults
@@ -65,11 +65,15 @@ from fjord.records.control import build_control_batch
 from fjord.records.header import Compression, end_of_whole_batches
 from fjord.records.recompress import check_timestamps, needs_recompression, recompress
 from fjord.storage import PartitionLog
+from fjord.storage.region import FileRegion
 from fjord.topic_names import topic_name_problem
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
+
+#: Zero copy: the marker to put in a FetchResponse where a FileRegion's records go.
+RegionMarker = Callable[[FileRegion], bytes]
 
 
 EARLIEST_TIMESTAMP = -2
@@ -751,7 +755,8 @@ class ReplicaManager:
     # --- fetch --------------------------------------------------------------------------------
 
     async def fetch(
-        self, request: broker_pb2.FetchRequest, *, open_session: bool | None = None
+        self, request: broker_pb2.FetchRequest, *, open_session: bool | None = None,
+        region_marker: RegionMarker | None = None,
     ) -> broker_pb2.FetchResponse:
         """A long poll: answer once ``min_bytes`` are available or ``max_wait_ms`` passed.
 
@@ -760,6 +765,10 @@ class ReplicaManager:
         a fetch with neither (proto3's zeros, Kafka's INITIAL epoch) opens a session: by default
         only followers' do, so that a gRPC consumer that knows nothing of sessions stays
         sessionless; the Kafka listener passes True (Kafka's numbering exactly).
+
+        ``region_marker`` (zero copy, the Kafka listener's plaintext doors): records of
+        verified segments are not read; each partition's ``records`` holds instead the marker
+        this function returns for the :class:`FileRegion` where they are.
         """
         if request.max_bytes < 0 or request.min_bytes < 0 or request.max_wait_ms < 0:
             response = broker_pb2.FetchResponse()
@@ -779,29 +788,36 @@ class ReplicaManager:
                 for topic in request.topics
                 for fp in topic.partitions
             ]
-            return await self._fetch_sessionless(request, requested)
-        return await self._fetch_in_session(request, epoch)
+            return await self._fetch_sessionless(request, requested, region_marker)
+        return await self._fetch_in_session(request, epoch, region_marker)
 
     async def _fetch_sessionless(
-        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]]
+        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]],
+        region_marker: RegionMarker | None = None,
     ) -> broker_pb2.FetchResponse:
         loop = asyncio.get_running_loop()
         wait_s = min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
         deadline = loop.time() + wait_s
         while True:
-            answers, total, keys, has_error = await self._fetch_once(request, requested)
+            answers, total, keys, has_error = await self._fetch_once(
+                request, requested, region_marker is not None
+            )
             if total >= request.min_bytes or has_error or not keys or self.closing:
-                return _render_fetch(answers)
+                return _render_fetch(answers, region_marker)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return _render_fetch(answers)
+                return _render_fetch(answers, region_marker)
             op = DelayedFetch(keys, request.min_bytes, total, for_replica=request.replica_id >= 0)
             await self._wait(op, self._fetch_waiters, remaining)
             if loop.time() >= deadline:
-                return _render_fetch((await self._fetch_once(request, requested))[0])
+                answers = (await self._fetch_once(
+                    request, requested, region_marker is not None
+                ))[0]
+                return _render_fetch(answers, region_marker)
 
     async def _fetch_in_session(
-        self, request: broker_pb2.FetchRequest, epoch: int
+        self, request: broker_pb2.FetchRequest, epoch: int,
+        region_marker: RegionMarker | None = None,
     ) -> broker_pb2.FetchResponse:
         """A fetch that opens, continues or closes a fetch session.
 
@@ -836,7 +852,9 @@ class ReplicaManager:
             return response
         session = context.session
         if session is None:  # FINAL epoch: the session (if any) closed, a sessionless fetch
-            return await self._fetch_sessionless(request, list(requested.items()))
+            return await self._fetch_sessionless(
+                request, list(requested.items()), region_marker
+            )
         deadline = loop.time() + min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
         full_pass = context.full or now - session.last_full_pass >= self._session_full_pass_s
         if full_pass:
@@ -868,8 +886,13 @@ class ReplicaManager:
                 if (cached := session.partitions.get(key)) is not None
             ]
             items.sort(key=lambda item: item[0])
-            answers, total, _keys, has_error = await self._fetch_once(request, items)
+            answers, total, _keys, has_error = await self._fetch_once(
+                request, items, region_marker is not None
+            )
             for answer in answers:
+                replaced = results.get(answer.key)
+                if replaced is not None and isinstance(replaced.records, FileRegion):
+                    replaced.records.close()  # read again in this pass
                 results[answer.key] = answer
             look_at = ()
             remaining = deadline - loop.time()
@@ -902,7 +925,7 @@ class ReplicaManager:
             if context.full or has_news(cached, state, answer.always_sent()):
                 chosen.append(answer)
             cached.sent_state = state
-        response = _render_fetch(chosen)
+        response = _render_fetch(chosen, region_marker)
         response.session_id = session.session_id
         return response
 
@@ -927,7 +950,8 @@ class ReplicaManager:
                 )
 
     async def _fetch_once(
-        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]]
+        self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]],
+        as_regions: bool = False,
     ) -> tuple[list[_FetchAnswer], int, list[TopicPartition], bool]:
         """One pass: check every partition of ``requested`` (in that order), then read.
         Returns (one answer per partition, bytes read, keys a delayed fetch should wait on,
@@ -1012,7 +1036,7 @@ class ReplicaManager:
             limit = fp.partition_max_bytes
             if limit <= 0:
                 limit = defaults.PARTITION_FETCH_MAX_BYTES
-            reader = _PartitionReader(partition.log, offset, upper)
+            reader = _PartitionReader(partition.log, offset, upper, as_regions)
             slots.append(FetchSlot(limit, reader))
             targets.append((out, key, reader))
             if read_committed:
@@ -1037,14 +1061,17 @@ class ReplicaManager:
                     out.error = reader.error
                     has_error = True
                 elif data:
-                    out.records = data
+                    out.records = cast("bytes | FileRegion", data)
                     total += len(data)
                     if not is_follower:
                         metrics.record_bytes_out(topic_name, len(data))
         for out, partition, offset, upper in committed_reads:
             if out.records:
                 # Kafka's upper bound: the end of what is returned (never past the LSO).
-                upper = min(upper, max(offset + 1, end_of_whole_batches(out.records)))
+                records = out.records
+                end = (records.end_offset if isinstance(records, FileRegion)
+                       else end_of_whole_batches(records))
+                upper = min(upper, max(offset + 1, end))
                 out.aborted = partition.aborted_transactions(offset, upper)
         return answers, total, keys, has_error
 
@@ -1568,16 +1595,22 @@ class _PartitionReader:
     retention passed the offset since the checks) becomes that partition's error, not the
     whole call's."""
 
-    __slots__ = ("error", "offset", "plog", "upper")
+    __slots__ = ("as_region", "error", "offset", "plog", "upper")
 
-    def __init__(self, plog: PartitionLog, offset: int, upper: int) -> None:
+    def __init__(
+        self, plog: PartitionLog, offset: int, upper: int, as_region: bool = False
+    ) -> None:
         self.plog = plog
         self.offset = offset
         self.upper = upper
+        #: Where the bytes are (a FileRegion, zero copy) rather than the bytes, when it can.
+        self.as_region = as_region
         self.error: FjordError | None = None
 
-    def __call__(self, limit: int) -> bytes:
+    def __call__(self, limit: int) -> bytes | FileRegion:
         try:
+            if self.as_region:
+                return self.plog.read_region(self.offset, limit, self.upper)
             return self.plog.read(self.offset, limit, self.upper)
         except FjordError as exc:
             self.error = exc
@@ -1618,7 +1651,7 @@ class _FetchAnswer:
         self.leader_id = -1
         self.leader_epoch = -1
         self.diverging: tuple[int, int] | None = None
-        self.records = b""
+        self.records: bytes | FileRegion = b""
         #: read_committed: (producer id, first offset) of the aborted transactions that
         #: overlap ``records``.
         self.aborted: Iterable[tuple[int, int]] = ()
@@ -1633,8 +1666,11 @@ class _FetchAnswer:
         return bool(self.records) or self.error is not None or self.diverging is not None
 
 
-def _render_fetch(answers: Iterable[_FetchAnswer]) -> broker_pb2.FetchResponse:
-    """The FetchResponse of ``answers``, consecutive answers of one topic under one entry."""
+def _render_fetch(
+    answers: Iterable[_FetchAnswer], region_marker: RegionMarker | None = None
+) -> broker_pb2.FetchResponse:
+    """The FetchResponse of ``answers``, consecutive answers of one topic under one entry
+    (records in a FileRegion as the marker ``region_marker`` gives for it)."""
     response = broker_pb2.FetchResponse()
     topic_out: Any = None
     topic_name: str | None = None
@@ -1656,7 +1692,12 @@ def _render_fetch(answers: Iterable[_FetchAnswer]) -> broker_pb2.FetchResponse:
         if answer.diverging is not None:
             out.diverging_epoch.epoch, out.diverging_epoch.end_offset = answer.diverging
         if answer.records:
-            out.records = answer.records
+            records = answer.records
+            if isinstance(records, FileRegion):
+                assert region_marker is not None
+                out.records = region_marker(records)
+            else:
+                out.records = records
             for pid, first in answer.aborted:
                 out.aborted_transactions.add(producer_id=pid, first_offset=first)
     return response

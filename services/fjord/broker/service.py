@@ -14,7 +14,7 @@ from grpc import aio
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.authorization import BrokerAuthorization
 from fjord.broker.producer_ids import ProducerIdAllocator
-from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.replica_manager import RegionMarker, ReplicaManager
 from fjord.cluster.dynamic_config import describe_default_broker_config
 from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError
@@ -232,12 +232,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return response
 
     async def fetch(
-        self, caller: Caller, request: broker_pb2.FetchRequest, *, open_session: bool = False
+        self, caller: Caller, request: broker_pb2.FetchRequest, *, open_session: bool = False,
+        region_marker: RegionMarker | None = None,
     ) -> broker_pb2.FetchResponse:
         """A follower's fetch needs ClusterAction on the cluster, a consumer's Read on each
         topic (refused topics: TOPIC_AUTHORIZATION_FAILED, nothing read). ``open_session``:
         a consumer's fetch with session epoch 0 opens a fetch session (Kafka's numbering; the
-        Kafka listener's), else it is sessionless (fjord.client's gRPC fetches)."""
+        Kafka listener's), else it is sessionless (fjord.client's gRPC fetches).
+        ``region_marker``: zero copy (see ReplicaManager.fetch)."""
         gate = self.authorization
         if request.replica_id >= 0:
             if not gate.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
@@ -248,7 +250,9 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return await self._replicas.fetch(request)
         allowed, refused = gate.split_topics(caller, AclOperation.READ, request)
         response = (
-            await self._replicas.fetch(allowed, open_session=open_session)
+            await self._replicas.fetch(
+                allowed, open_session=open_session, region_marker=region_marker
+            )
             if allowed.topics or not refused or request.session_epoch > 0
             else broker_pb2.FetchResponse()
         )

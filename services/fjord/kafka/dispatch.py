@@ -17,6 +17,7 @@ request frame it decides, Kafka's way:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,8 +31,11 @@ from fjord.kafka.codec import (
     encode_response,
     peek_prefix,
 )
+from fjord.kafka.zerocopy import FileBackedResponse, Part, SpliceError, splice_frame
 from fjord.security import ANONYMOUS, Principal
 from fjord.security.acls import Caller
+
+log = logging.getLogger(__name__)
 
 API_VERSIONS_KEY = 18
 #: ApiVersions versions this dispatcher answers.
@@ -52,6 +56,9 @@ class RequestContext:
     #: Who sent it: ``User:<CN>`` of the connection's verified client certificate (SSL://
     #: doors), else ``User:ANONYMOUS`` (fjord.security.Principal; what ACLs will check).
     principal: Principal = ANONYMOUS
+    #: The connection can take records by ``sendfile`` (a plaintext door): a Fetch handler may
+    #: answer with a :class:`~fjord.kafka.zerocopy.FileBackedResponse`.
+    zero_copy: bool = False
 
     @property
     def caller(self) -> Caller:
@@ -86,9 +93,11 @@ class Api:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
-    """Send ``frame`` (None: nothing to send) and keep reading."""
+    """Send ``frame`` (None: nothing to send) and keep reading. ``parts`` (instead of
+    ``frame``): a frame in pieces, bytes to write and file regions to ``sendfile``."""
 
     frame: bytes | bytearray | None
+    parts: list[Part] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,11 +159,13 @@ class KafkaDispatcher:
         )
 
     def prepare(
-        self, frame: bytes | memoryview, client_host: str = "", principal: Principal = ANONYMOUS
+        self, frame: bytes | memoryview, client_host: str = "", principal: Principal = ANONYMOUS,
+        zero_copy: bool = False,
     ) -> Reply | Close | Call:
         """Decode one request frame (size prefix excluded) that arrived from ``client_host``,
         without running its handler: the answer when the dispatcher gives it itself
-        (ApiVersions, or a Close), else the :class:`Call` to :meth:`run`."""
+        (ApiVersions, or a Close), else the :class:`Call` to :meth:`run`. ``zero_copy``: the
+        connection can ``sendfile`` (see :attr:`RequestContext.zero_copy`)."""
         try:
             prefix = peek_prefix(frame)
         except MalformedFrameError as exc:
@@ -186,7 +197,8 @@ class KafkaDispatcher:
             return Close(str(exc))
         header = request.header
         context = RequestContext(
-            key, version, prefix.correlation_id, header.client_id, client_host, principal
+            key, version, prefix.correlation_id, header.client_id, client_host, principal,
+            zero_copy,
         )
         return Call(api, request, context)
 
@@ -196,6 +208,15 @@ class KafkaDispatcher:
         if response is None:
             return Reply(None)
         context = call.context
+        if isinstance(response, FileBackedResponse):
+            frame = encode_response(response.response, context.correlation_id,
+                                    context.api_version)
+            try:
+                return Reply(None, splice_frame(frame, response.regions))
+            except SpliceError as exc:
+                log.warning("zero-copy fetch answer sent as bytes: %s", exc)
+                response.read_back()
+                response = response.response
         return Reply(encode_response(response, context.correlation_id, context.api_version))
 
     async def dispatch(self, frame: bytes | memoryview, client_host: str = "") -> Reply | Close:

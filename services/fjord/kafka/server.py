@@ -30,8 +30,11 @@ from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
 from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
 from fjord.kafka.sasl import SASL_API_VERSIONS, ReplyThenClose, SaslConnection
+from fjord.kafka.zerocopy import Part
+from fjord.observability import metrics
 from fjord.security import ANONYMOUS, Principal
 from fjord.security.scram import SCRAM_MECHANISMS, CredentialLookup
+from fjord.storage.region import FileRegion
 from fjord.tls import ssl_peer_principal
 
 log = logging.getLogger(__name__)
@@ -71,6 +74,7 @@ class KafkaListener:
         name: str = "kafka",
         ssl_context: ssl.SSLContext | None = None,
         sasl: SaslSettings | None = None,
+        zero_copy: bool = True,
     ) -> None:
         self._sasl = sasl
         self._dispatcher = dispatcher.advertising(SASL_API_VERSIONS) if sasl else dispatcher
@@ -84,6 +88,8 @@ class KafkaListener:
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        #: Plaintext doors send Fetch records from the segment files with sendfile.
+        self._zero_copy = zero_copy
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (port 0 picks a free one)."""
@@ -160,6 +166,7 @@ class KafkaListener:
         sasl = (
             SaslConnection(self._sasl.mechanisms, self._sasl.lookup) if self._sasl else None
         )
+        zero_copy = self._ssl is None and self._zero_copy  # sendfile needs the plain socket
         while True:
             try:
                 async with asyncio.timeout(self._idle_timeout_s):
@@ -197,7 +204,7 @@ class KafkaListener:
                     continue
                 if sasl.principal is not None:
                     principal = sasl.principal
-            prepared = self._dispatcher.prepare(frame, host, principal)
+            prepared = self._dispatcher.prepare(frame, host, principal, zero_copy)
             if isinstance(prepared, Close):
                 return prepared.reason
             if isinstance(prepared, Reply):
@@ -276,6 +283,33 @@ class _Pipeline:
             self._writer_task.result()  # raises the handler's or the socket's error
             raise ConnectionError("the connection's writer stopped")
 
+    async def _write_parts(self, parts: list[Part]) -> None:
+        """Write a frame in pieces: bytes as usual, file regions with ``loop.sendfile`` (the
+        kernel copies them from the page cache to the socket). Every region is closed; one
+        that comes up short (its segment truncated meanwhile) ends the connection, since the
+        frame's size is on the wire already."""
+        loop = asyncio.get_running_loop()
+        try:
+            for part in parts:
+                if not isinstance(part, FileRegion):
+                    self._writer.write(part)
+                    continue
+                await self._writer.drain()
+                with open(part.fd, "rb", buffering=0, closefd=False) as file:
+                    sent = await loop.sendfile(
+                        self._writer.transport, file, part.offset, part.count
+                    )
+                metrics.record_sendfile_bytes(sent)
+                if sent != part.count:
+                    raise ConnectionError(
+                        f"sent {sent} of {part.count} record bytes: the segment shrank"
+                    )
+            await self._writer.drain()
+        finally:
+            for part in parts:
+                if isinstance(part, FileRegion):
+                    part.close()
+
     async def _write_answers(self) -> None:
         try:
             while True:
@@ -283,7 +317,9 @@ class _Pipeline:
                 if answer is None:
                     return
                 reply = await answer
-                if reply.frame is not None:
+                if reply.parts is not None:
+                    await self._write_parts(reply.parts)
+                elif reply.frame is not None:
                     self._writer.write(reply.frame)
                     await self._writer.drain()
                 self._outstanding -= 1

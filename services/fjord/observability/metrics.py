@@ -87,6 +87,10 @@ BROKER_BYTES_OUT = Counter(
     "Record batch bytes returned to consumer fetches, per topic (replication not counted).",
     ["topic"],
 )
+KAFKA_SENDFILE_BYTES = Counter(
+    "fjord_kafka_sendfile_bytes",
+    "Record bytes the Kafka listener sent from segment files with sendfile (zero copy).",
+)
 BROKER_MESSAGES_IN = Counter(
     "fjord_broker_messages_in",
     "Records appended by produce requests, per topic.",
@@ -259,6 +263,10 @@ def record_bytes_in(topic: str, num_bytes: int, num_records: int = 0) -> None:
 def record_bytes_out(topic: str, num_bytes: int) -> None:
     """Count ``num_bytes`` of batches served to consumers from ``topic``."""
     BROKER_BYTES_OUT.labels(topic).inc(num_bytes)
+
+
+def record_sendfile_bytes(num_bytes: int) -> None:
+    KAFKA_SENDFILE_BYTES.inc(num_bytes)
 
 
 def set_partitions_led(count: int) -> None:

@@ -35,6 +35,7 @@ from fjord.storage.config import LogConfig
 from fjord.storage.disk_health import describe_os_error, is_out_of_space
 from fjord.storage.epoch import LeaderEpochCache
 from fjord.storage.index import MAX_RELATIVE_OFFSET
+from fjord.storage.region import FileRegion
 from fjord.storage.scrub import LogDamage, check_batches
 from fjord.storage.segment import NO_TIMESTAMP, LogSegment
 from fjord.storage.swap import (
@@ -621,6 +622,22 @@ class PartitionLog:
         ``max_offset`` (the high watermark) and at most to the end of that segment.
         Empty at the log end. Raises :class:`OffsetOutOfRangeError` outside
         ``[log_start_offset, log_end_offset]``."""
+        data = self._read(offset, max_bytes, max_offset, as_region=False)
+        assert isinstance(data, bytes)
+        return data
+
+    def read_region(
+        self, offset: int, max_bytes: int, max_offset: int | None = None
+    ) -> FileRegion | bytes:
+        """What :meth:`read` returns, as the place in the segment file where those bytes are
+        (a :class:`FileRegion` holding its own descriptor, for ``sendfile``) when the segment
+        was verified in this process; else (its batches must be checked as they are read)
+        the bytes themselves."""
+        return self._read(offset, max_bytes, max_offset, as_region=True)
+
+    def _read(
+        self, offset: int, max_bytes: int, max_offset: int | None, *, as_region: bool
+    ) -> FileRegion | bytes:
         with self._lock:
             self._check_open()
             if offset < self.log_start_offset or offset > self.log_end_offset:
@@ -652,6 +669,8 @@ class PartitionLog:
                 end = max(
                     segment.last_boundary_within(start, start + max_bytes), start + first.size
                 )
+            if as_region and segment.verified:
+                return FileRegion(os.dup(segment.fd), start, end - start, segment.offset_at(end))
             data = segment.read(start, end)
             if segment.verified:
                 return data

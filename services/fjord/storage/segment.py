@@ -352,6 +352,13 @@ class LogSegment:
     def read(self, start: int, end: int) -> bytes:
         return os.pread(self.fd, end - start, start)
 
+    def offset_at(self, position: int) -> int:
+        """The offset after the batches that end at ``position`` (a batch boundary): the base
+        offset of the batch starting there, ``next_offset`` at the end."""
+        if position >= self.size:
+            return self.next_offset
+        return parse_header(os.pread(self.fd, BATCH_HEADER_SIZE, position)).base_offset
+
     # ---- changing ------------------------------------------------------------------------
 
     def truncate_to(self, offset: int) -> int:
