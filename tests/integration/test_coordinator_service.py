@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import signal
 import time
 import urllib.request
@@ -219,9 +220,10 @@ def test_two_member_group_assigns_commits_and_fetches(local_cluster: LocalCluste
     bootstrap = local_cluster.bootstrap_servers
     topic = new_topic(bootstrap, 4)
     group_id = f"g2-{uuid.uuid4().hex[:10]}"
+    stamped_ms = int(time.time() * 1000) - 3_600_000  # record i is stamped an hour ago + i s
     with Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}) as producer:
         for i in range(10):
-            producer.send(topic, value=b"v%d" % i, partition=0)
+            producer.send(topic, value=b"v%d" % i, partition=0, timestamp_ms=stamped_ms + 1000 * i)
         producer.flush(30)
 
     async def scenario() -> None:
@@ -338,6 +340,22 @@ def test_two_member_group_assigns_commits_and_fetches(local_cluster: LocalCluste
                 return await asyncio.to_thread(scrape, metrics)
 
             await ask_until(metrics_text, "the lag gauge", accept=lambda text: sample in text)
+            # Time lag: now minus the timestamp of the first uncommitted record (offset 4).
+            seconds = re.compile(
+                rf'^fjord_group_lag_seconds{{group="{group_id}",partition="0",topic="{topic}"}} '
+                r"(\S+)$",
+                re.M,
+            )
+            before_s = time.time()
+            text = await ask_until(
+                metrics_text, "the time lag gauge", accept=lambda text: seconds.search(text)
+            )
+            match = seconds.search(text)
+            assert match is not None
+            first_uncommitted_s = (stamped_ms + 4000) / 1000
+            # Set by a refresh at most one interval (5 s) before the scrape.
+            assert before_s - first_uncommitted_s - 10 <= float(match.group(1))
+            assert float(match.group(1)) <= time.time() - first_uncommitted_s
 
             # Both leave: Empty; delete: tombstones written, the group is gone.
             left = await stub.LeaveGroup(

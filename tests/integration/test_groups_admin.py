@@ -127,26 +127,40 @@ def test_simple_group_list_describe_lag(admin: AdminClient, topic: str, bootstra
 
     description = admin.describe_consumer_groups([group])[group]
     assert (description.state, description.members) == ("Empty", ())
+    before_ms = time.time() * 1000
     rows = admin.describe_consumer_group_lag(group)
+    after_ms = time.time() * 1000
     assert [(r.partition, r.current_offset, r.log_end_offset, r.lag) for r in rows] == [
         (0, 2, COUNTS[0], COUNTS[0] - 2),
         (1, 3, COUNTS[1], 0),
     ]
     assert all(r.consumer_id is None for r in rows)
+    # Time lag: now minus the timestamp of the first record not committed (offset 2 of
+    # partition 0 was stamped BASE_MS + 2000); 0 where the group is caught up.
+    first_uncommitted_ms = BASE_MS + 2000
+    assert rows[0].time_lag_s is not None
+    assert (before_ms - first_uncommitted_ms) / 1000 <= rows[0].time_lag_s
+    assert rows[0].time_lag_s <= (after_ms - first_uncommitted_ms) / 1000
+    assert rows[1].time_lag_s == 0
 
     data = json.loads(ok(run(bootstrap, "describe", "--group", group, "-o", "json")))
     assert data["state"] == "Empty" and data["group"] == group
     assert [
         (r["partition"], r["current_offset"], r["log_end_offset"], r["lag"]) for r in data["rows"]
     ] == [(0, 2, 5, 3), (1, 3, 3, 0)]
+    assert data["rows"][0]["time_lag_seconds"] >= rows[0].time_lag_s
+    assert data["rows"][1]["time_lag_seconds"] == 0
     table = ok(run(bootstrap, "describe", "--group", group))
     assert f"Consumer group '{group}' has no active members." in table
     header, _, *lines = table.splitlines()[1:]
     assert header.split() == list(OFFSET_HEADERS)
-    assert [line.split() for line in lines] == [
+    cells = [line.split() for line in lines]
+    assert [row[:6] + row[7:] for row in cells] == [
         [group, topic, "0", "2", "5", "3", "-", "-", "-"],
         [group, topic, "1", "3", "3", "0", "-", "-", "-"],
     ]
+    assert re.fullmatch(r"\d+d\d\dh|\d+h\d\dm|\d+m\d\ds|[\d.]+s", cells[0][6]), cells[0]
+    assert cells[0][6] != "0s" and cells[1][6] == "0s"
     assert group in ok(run(bootstrap, "list")).split()
     assert re.search(rf"^{re.escape(group)}\s+Empty\b", ok(run(bootstrap, "list", "--state")), re.M)
     listed_json = json.loads(ok(run(bootstrap, "list", "--state", "Empty", "-o", "json")))

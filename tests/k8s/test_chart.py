@@ -405,6 +405,7 @@ def test_alerts_use_metrics_fjord_exports_with_their_labels() -> None:
     alerts = {r["alert"]: r for group in rule["spec"]["groups"] for r in group["rules"]}
     assert set(alerts) == {
         "FjordConsumerGroupLagHigh",
+        "FjordConsumerGroupLagRecordsHigh",
         "FjordUnderReplicatedPartitions",
         "FjordOfflinePartitions",
         "FjordNoActiveController",
@@ -416,11 +417,14 @@ def test_alerts_use_metrics_fjord_exports_with_their_labels() -> None:
         used = set(re.findall(r"\bfjord_[a-z_]+", metrics_part))
         assert used, name
         assert used <= set(known), (name, used - set(known))
-    lag = alerts["FjordConsumerGroupLagHigh"]
-    assert lag["expr"].endswith("> 50000") and lag["for"] == "15m"
-    lag_metric = re.search(r"\bfjord_[a-z_]+lag\b", lag["expr"])
-    assert lag_metric is not None
-    assert {"group", "topic"} <= set(known[lag_metric.group(0)])
+    lag = alerts["FjordConsumerGroupLagHigh"]  # fires on seconds (issue 19)
+    assert "(fjord_group_lag_seconds) > 900" in lag["expr"] and lag["for"] == "15m"
+    records = alerts["FjordConsumerGroupLagRecordsHigh"]
+    assert "(fjord_group_lag) > 50000" in records["expr"] and records["for"] == "15m"
+    for alert in (lag, records):
+        lag_metric = re.search(r"\bfjord_group_lag(_seconds)?\b", alert["expr"])
+        assert lag_metric is not None
+        assert {"group", "topic"} <= set(known[lag_metric.group(0)])
     assert alerts["FjordOfflinePartitions"]["labels"]["severity"] == "critical"
     assert rule["metadata"]["labels"]["release"] == "prometheus"
 

@@ -590,6 +590,7 @@ def test_pattern_picks_up_a_new_topic_and_reports_to_its_group(
         (first, 1): 7,
         (second, 0): 2,
     }
+    assert all(r.time_lag_s == 0 for r in rows)  # TIME-LAG of a caught-up query
 
 
 def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(

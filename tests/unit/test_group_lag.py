@@ -25,8 +25,10 @@ from fjord.groups.lag import (
     parse_topic_selector,
     plan_offset_reset,
     reset_scope,
+    time_lag_seconds,
     total_lag,
 )
+from fjord.topic_partition import TopicPartition
 
 
 def test_describe_rows():
@@ -248,3 +250,41 @@ def test_from_file_scope_is_the_files_partitions():
         )
     with pytest.raises(InvalidRequestError, match="not in the --from-file plan"):
         plan(parse_reset_csv("t,0,20"))  # TPS has t-1 too
+
+
+# -- time lag ------------------------------------------------------------------------------------
+
+
+def test_time_lag_is_now_minus_the_first_uncommitted_records_timestamp() -> None:
+    now = 1_700_000_100_000
+    assert time_lag_seconds(5, 9, now - 42_500, now) == 42.5
+    assert time_lag_seconds(9, 9, None, now) == 0.0  # caught up: nothing waits
+    assert time_lag_seconds(12, 9, None, now) == 0.0  # committed past the end (truncation)
+    assert time_lag_seconds(5, 9, now + 3_000, now) == 0.0  # producer clock ahead: never < 0
+    assert time_lag_seconds(None, 9, now, now) is None  # nothing committed
+    assert time_lag_seconds(-1, 9, now, now) is None
+    assert time_lag_seconds(5, None, now, now) is None  # partition gone
+    assert time_lag_seconds(5, 9, None, now) is None  # record not read
+    assert time_lag_seconds(5, 9, -1, now) is None  # record without a timestamp
+
+
+@given(
+    st.integers(0, 1000), st.integers(0, 1000), st.integers(0, 10**13), st.integers(0, 10**13)
+)
+def test_time_lag_is_zero_exactly_when_caught_up(
+    committed: int, end: int, stamp: int, now: int
+) -> None:
+    lag = time_lag_seconds(committed, end, stamp, now)
+    assert lag is not None and lag >= 0
+    if committed >= end:
+        assert lag == 0
+    else:
+        assert lag == max(now - stamp, 0) / 1000
+
+
+def test_lag_rows_carry_time_lag_only_when_asked() -> None:
+    tp0, tp1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    plain = lag_rows({tp0: 3, tp1: 5}, {tp0: 8, tp1: 5})
+    assert [r.time_lag_s for r in plain] == [None, None]
+    timed = lag_rows({tp0: 3, tp1: 5}, {tp0: 8, tp1: 5}, (), {tp0: 1_000}, now_ms=61_000)
+    assert [(r.lag, r.time_lag_s) for r in timed] == [(5, 60.0), (0, 0.0)]

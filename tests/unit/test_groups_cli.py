@@ -16,6 +16,7 @@ from fjord.cli.groups_cmd import (
     OFFSET_HEADERS,
     describe_json,
     format_assignment,
+    format_time_lag,
     group_summary,
     member_rows,
     offset_rows,
@@ -65,7 +66,7 @@ MEMBER = MemberDescription("c-1", None, "app", "/10.0.0.1", (TopicPartition("ord
 STABLE = ConsumerGroupDescription("g", "Stable", "consumer", "range", (MEMBER,), "h:1")
 EMPTY = ConsumerGroupDescription("g", "Empty", "consumer", "", (), "h:1")
 ROWS = [
-    LagRow("orders", 0, 5, 9, 4, "c-1", "/10.0.0.1", "app"),
+    LagRow("orders", 0, 5, 9, 4, "c-1", "/10.0.0.1", "app", 192.5),
     LagRow("orders", 1, None, 7, None, None, None, None),
 ]
 
@@ -115,6 +116,12 @@ def test_parse_datetime_zones() -> None:
         parse_datetime_ms("yesterday")
 
 
+def test_time_lag_reads_as_a_person_reads_it() -> None:
+    cases = [(None, "-"), (0.0, "0s"), (4.25, "4.2s"), (59.9, "59.9s"), (192.5, "3m12s"),
+             (7500, "2h05m"), (3 * 86400 + 4 * 3600 + 5, "3d04h")]
+    assert [format_time_lag(s) for s, _ in cases] == [text for _, text in cases]
+
+
 def test_parse_states() -> None:
     assert parse_states("Stable, Empty,") == ["Stable", "Empty"]
     assert parse_states("") == []
@@ -122,8 +129,8 @@ def test_parse_states() -> None:
 
 def test_offset_rows_and_json() -> None:
     assert offset_rows("g", ROWS) == [
-        ("g", "orders", 0, 5, 9, 4, "c-1", "/10.0.0.1", "app"),
-        ("g", "orders", 1, "-", 7, "-", "-", "-", "-"),
+        ("g", "orders", 0, 5, 9, 4, "3m12s", "c-1", "/10.0.0.1", "app"),
+        ("g", "orders", 1, "-", 7, "-", "-", "-", "-", "-"),
     ]
     assert len(OFFSET_HEADERS) == len(offset_rows("g", ROWS)[0])
     data = describe_json(STABLE, ROWS)
@@ -134,6 +141,7 @@ def test_offset_rows_and_json() -> None:
         "current_offset": None,
         "log_end_offset": 7,
         "lag": None,
+        "time_lag_seconds": None,
         "consumer_id": None,
         "host": None,
         "client_id": None,

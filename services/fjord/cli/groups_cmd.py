@@ -46,6 +46,7 @@ OFFSET_HEADERS = (
     "CURRENT-OFFSET",
     "LOG-END-OFFSET",
     "LAG",
+    "TIME-LAG",
     "CONSUMER-ID",
     "HOST",
     "CLIENT-ID",
@@ -141,6 +142,24 @@ def group_summary(description: ConsumerGroupDescription) -> str:
     )
 
 
+def format_time_lag(seconds: float | None) -> str:
+    """TIME-LAG as a person reads it: ``0s``, ``4.2s``, ``3m12s``, ``2h05m``, ``3d04h``; "-"
+    when unknown."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return "0s" if seconds == 0 else f"{seconds:.1f}s"
+    whole = int(seconds)
+    minutes, secs = divmod(whole, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s"
+
+
 def offset_rows(group_id: str, rows: Sequence[LagRow]) -> list[tuple[Any, ...]]:
     return [
         (
@@ -150,6 +169,7 @@ def offset_rows(group_id: str, rows: Sequence[LagRow]) -> list[tuple[Any, ...]]:
             _dash(r.current_offset),
             _dash(r.log_end_offset),
             _dash(r.lag),
+            format_time_lag(r.time_lag_s),
             _dash(r.consumer_id),
             _dash(r.host),
             _dash(r.client_id),
@@ -184,6 +204,7 @@ def describe_json(description: ConsumerGroupDescription, rows: Sequence[LagRow])
                 "current_offset": r.current_offset,
                 "log_end_offset": r.log_end_offset,
                 "lag": r.lag,
+                "time_lag_seconds": r.time_lag_s,
                 "consumer_id": r.consumer_id,
                 "host": r.host,
                 "client_id": r.client_id,

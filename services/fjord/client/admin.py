@@ -1385,7 +1385,9 @@ class AdminClient:
     ) -> list[LagRow]:
         """The rows of ``kafka-consumer-groups --describe``: every partition with a committed
         offset or an owner, its log end offset (None for a partition that no longer exists),
-        lag, and the member holding it (:func:`fjord.groups.lag.lag_rows`). Pass the
+        lag, time lag (now minus the timestamp of the first record not yet committed, read
+        with one Fetch per partition that is behind) and the member holding it
+        (:func:`fjord.groups.lag.lag_rows`). Pass the
         ``description`` just fetched to save a DescribeGroups call."""
         deadline = time.monotonic() + (self._timeout_s if timeout is None else timeout)
         if description is None:
@@ -1403,11 +1405,15 @@ class AdminClient:
             {tp: "latest" for tp in wanted if tp.partition < existing.get(tp.topic, 0)},
             timeout=_remaining(deadline),
         )
-        return lag_rows(
-            {tp: o.offset for tp, o in committed.items() if o is not None},
-            {tp: o for tp, o in ends.items() if o is not None},
-            members,
+        offsets = {tp: o.offset for tp, o in committed.items() if o is not None}
+        known_ends = {tp: o for tp, o in ends.items() if o is not None}
+        behind = {tp: o for tp, o in offsets.items() if 0 <= o < known_ends.get(tp, -1)}
+        stamps = (
+            self._offsets_reader().first_record_timestamps(behind, _remaining(deadline))
+            if behind
+            else {}
         )
+        return lag_rows(offsets, known_ends, members, stamps, int(time.time() * 1000))
 
     def _partition_counts(self, timeout: float) -> dict[str, int]:
         return {t.name: len(t.partitions) for t in self.describe_topics(None, timeout=timeout)}

@@ -379,6 +379,30 @@ class Consumer:
             return None
         return max(0, end - position)
 
+    def first_record_timestamps(
+        self, offsets: Mapping[TopicPartition, int], timeout: float | None = None
+    ) -> dict[TopicPartition, int | None]:
+        """Fjord's addition: the timestamp of the first record at or after each offset (one
+        Fetch per partition, concurrently; the consumer's position does not move). None where
+        there is none (the offset is the log end) or the read failed. What time lag needs:
+        the timestamp of the first record a group has not committed."""
+        self._check_open()
+        wait = self._request_timeout_s if timeout is None else timeout
+        asked = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+
+        async def lookup() -> dict[TopicPartition, int | None]:
+            tps = list(asked)
+            unknown = {tp.topic for tp in tps if tp not in self._network.snapshot.leaders}
+            if unknown:
+                with contextlib.suppress(FjordError):
+                    await self._network.refresh_metadata(unknown)
+            found = await asyncio.gather(
+                *(self._offsets.first_record(tp, asked[tp]) for tp in tps)
+            )
+            return {tp: None if hit is None else hit[1] for tp, hit in zip(tps, found, strict=True)}
+
+        return self._io.run(lookup(), wait + 1)
+
     def beginning_offsets(
         self, partitions: Iterable[TopicPartition], timeout: float | None = None
     ) -> dict[TopicPartition, int]:

@@ -35,6 +35,8 @@ log = logging.getLogger(__name__)
 EARLIEST_TIMESTAMP = -2
 LATEST_TIMESTAMP = -1
 _STRATEGY_TIMESTAMP = {"earliest": EARLIEST_TIMESTAMP, "latest": LATEST_TIMESTAMP}
+NO_TIMESTAMP_BOUND = -(2**63)
+"""A ``min_timestamp`` every record passes (records without a timestamp carry -1)."""
 
 CommittedLookup = Callable[
     [list[TopicPartition], float], Awaitable[dict[TopicPartition, OffsetAndMetadata]]
@@ -81,42 +83,53 @@ class OffsetFetcher:
         first *record* with such a timestamp, so read that batch and find it. When the read
         fails the broker's (batch-granular) answer is kept."""
         refined = dict(found)
-        snapshot = self._network.snapshot
         for tp, (offset, _) in found.items():
-            node = snapshot.leader_of(tp)
-            if offset < 0 or node is None:
+            if offset < 0:
                 continue
-            request = broker_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=0,
-                min_bytes=0,
-                max_bytes=self._config["max.partition.fetch.bytes"],
-                topics=[
-                    broker_pb2.FetchTopic(
-                        name=tp.topic,
-                        partitions=[
-                            broker_pb2.FetchPartition(
-                                partition=tp.partition,
-                                fetch_offset=offset,
-                                partition_max_bytes=self._config["max.partition.fetch.bytes"],
-                                current_leader_epoch=snapshot.leader_epoch_of(tp),
-                                last_fetched_epoch=-1,
-                            )
-                        ],
-                    )
-                ],
-            )
-            try:
-                response = await self._network.broker(node.address).Fetch(
-                    request, timeout=self._request_timeout_s
-                )
-            except Exception as exc:
-                log.debug("offsets_for_times refinement of %s failed: %s", tp, exc)
-                continue
-            match = first_record_at_or_after(response, tp, offset, asked[tp])
+            match = await self.first_record(tp, offset, asked[tp])
             if match is not None:
                 refined[tp] = match
         return refined
+
+    async def first_record(
+        self, tp: TopicPartition, offset: int, min_timestamp: int = NO_TIMESTAMP_BOUND
+    ) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after ``offset`` whose timestamp is
+        >= ``min_timestamp``, read with one Fetch of the partition's leader (at least one batch:
+        the broker never splits one). None when the leader is unknown, the read fails or that
+        Fetch holds no such record (e.g. ``offset`` is the log end)."""
+        snapshot = self._network.snapshot
+        node = snapshot.leader_of(tp)
+        if node is None:
+            return None
+        request = broker_pb2.FetchRequest(
+            replica_id=-1,
+            max_wait_ms=0,
+            min_bytes=0,
+            max_bytes=self._config["max.partition.fetch.bytes"],
+            topics=[
+                broker_pb2.FetchTopic(
+                    name=tp.topic,
+                    partitions=[
+                        broker_pb2.FetchPartition(
+                            partition=tp.partition,
+                            fetch_offset=offset,
+                            partition_max_bytes=self._config["max.partition.fetch.bytes"],
+                            current_leader_epoch=snapshot.leader_epoch_of(tp),
+                            last_fetched_epoch=-1,
+                        )
+                    ],
+                )
+            ],
+        )
+        try:
+            response = await self._network.broker(node.address).Fetch(
+                request, timeout=self._request_timeout_s
+            )
+        except Exception as exc:
+            log.debug("read of the first record of %s at %d failed: %s", tp, offset, exc)
+            return None
+        return first_record_at_or_after(response, tp, offset, min_timestamp)
 
     async def reset_positions(self, tps: list[TopicPartition], timeout: float) -> None:
         """Give each of ``tps`` that still has a reset strategy its position ("none" stays

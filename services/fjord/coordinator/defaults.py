@@ -71,5 +71,10 @@ OFFSETS_LOAD_POLL_S = 0.5
 #: offset) and the per-state group counts are refreshed for the groups this coordinator serves.
 LAG_REFRESH_INTERVAL_S = 5.0
 
-#: Deadline of one ListOffsets call made for the lag gauges.
+#: Deadline of one ListOffsets call made for the lag gauges (and of one Fetch of the first
+#: uncommitted record for ``fjord_group_lag_seconds``).
 LAG_LIST_OFFSETS_TIMEOUT_S = 5.0
+
+#: ``max_bytes`` of the Fetch that reads the first uncommitted record's timestamp for
+#: ``fjord_group_lag_seconds`` (the broker still returns a whole first batch if it is bigger).
+LAG_FETCH_MAX_BYTES = 64 * 1024

@@ -28,6 +28,7 @@ from grpc import aio
 
 from fjord._proto import broker_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client.network import Network, transport_error
+from fjord.client.offset_fetcher import NO_TIMESTAMP_BOUND, first_record_at_or_after
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_into, replay_partitions
 from fjord.coordinator.authorization import AuthorizedGroups, AuthorizedTransactions
@@ -44,6 +45,7 @@ from fjord.errors import (
     error_for_code,
 )
 from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.groups.lag import time_lag_seconds
 from fjord.kafka.listeners import advertised_kafka_address
 from fjord.kafka.server import KafkaListener, SaslSettings, open_kafka_listener
 from fjord.metadata import (
@@ -64,6 +66,7 @@ from fjord.observability.metrics import (
     remove_group_lag,
     set_group_count,
     set_group_lag,
+    set_group_lag_seconds,
     start_metrics_server,
     stop_metrics_server,
 )
@@ -264,6 +267,9 @@ class CoordinatorServer:
         self._load_wakeup = asyncio.Event()
         self._replay_cancelled = threading.Event()
         self._lag_series: set[tuple[str, str, int]] = set()
+        # (topic-partition, offset) -> timestamp of the first record at or after it: a
+        # committed offset that does not move is read once, not every refresh.
+        self._first_record_ms: dict[tuple[TopicPartition, int], int] = {}
         self._metrics_port: int | None = None
         self.port = options.listen_port
         self._kafka: KafkaListener | None = None
@@ -840,24 +846,89 @@ class CoordinatorServer:
 
     async def _refresh_lag(self) -> None:
         """Set ``fjord_group_lag`` for every committed offset of the served groups (log end
-        offset = high watermark from the partition leader's ListOffsets) and the per-state
-        group counts; series of groups/partitions no longer served are removed."""
+        offset = high watermark from the partition leader's ListOffsets), and
+        ``fjord_group_lag_seconds`` (now minus the timestamp of the first uncommitted record,
+        :func:`fjord.groups.lag.time_lag_seconds`), and the per-state group counts; series of
+        groups/partitions no longer served are removed."""
         for state, count in self.manager.state_counts().items():
             set_group_count(state, count)
         committed = self.manager.committed_offsets()
         wanted = {tp for offsets in committed.values() for tp in offsets}
         ends = await self._log_end_offsets(wanted)
+        behind = {
+            (TopicPartition(topic, partition), offset)
+            for offsets in committed.values()
+            for (topic, partition), offset in offsets.items()
+            if 0 <= offset < ends.get(TopicPartition(topic, partition), -1)
+        }
+        stamps = await self._first_record_timestamps(behind)
+        now_ms = int(time.time() * 1000)
         current: set[tuple[str, str, int]] = set()
         for group, offsets in committed.items():
             for (topic, partition), offset in offsets.items():
-                end = ends.get(TopicPartition(topic, partition))
+                tp = TopicPartition(topic, partition)
+                end = ends.get(tp)
                 if end is None:
                     continue
                 set_group_lag(group, topic, partition, max(end - offset, 0))
+                set_group_lag_seconds(
+                    group, topic, partition,
+                    time_lag_seconds(offset, end, stamps.get((tp, offset)), now_ms),
+                )
                 current.add((group, topic, partition))
         for group, topic, partition in self._lag_series - current:
             remove_group_lag(group, topic, partition)
         self._lag_series = current
+
+    async def _first_record_timestamps(
+        self, wanted: set[tuple[TopicPartition, int]]
+    ) -> dict[tuple[TopicPartition, int], int]:
+        """Timestamp of the first record at or after each (partition, committed offset), read
+        with one Fetch to the partition's leader per pair not cached from an earlier refresh;
+        pairs whose read fails are left out (their time lag is unknown this round). The cache
+        keeps only the pairs still wanted."""
+        image = self._image()
+        cached = {key: ts for key, ts in self._first_record_ms.items() if key in wanted}
+
+        async def read(tp: TopicPartition, offset: int) -> None:
+            state = image.partition(tp.topic, tp.partition)
+            leader = None if state is None else image.broker(state.leader)
+            if leader is None:
+                return
+            request = broker_pb2.FetchRequest(
+                replica_id=-1,
+                max_wait_ms=0,
+                min_bytes=0,
+                max_bytes=defaults.LAG_FETCH_MAX_BYTES,
+                topics=[
+                    broker_pb2.FetchTopic(
+                        name=tp.topic,
+                        partitions=[
+                            broker_pb2.FetchPartition(
+                                partition=tp.partition,
+                                fetch_offset=offset,
+                                partition_max_bytes=defaults.LAG_FETCH_MAX_BYTES,
+                                current_leader_epoch=-1,
+                                last_fetched_epoch=-1,
+                            )
+                        ],
+                    )
+                ],
+            )
+            try:
+                response = await self._network.broker(leader.address).Fetch(
+                    request, timeout=defaults.LAG_LIST_OFFSETS_TIMEOUT_S
+                )
+            except (TimeoutError, grpc.aio.AioRpcError) as exc:
+                log.debug("Fetch of %s at %d for time lag failed: %s", tp, offset, exc)
+                return
+            hit = first_record_at_or_after(response, tp, offset, NO_TIMESTAMP_BOUND)
+            if hit is not None:
+                cached[(tp, offset)] = hit[1]
+
+        await asyncio.gather(*(read(tp, o) for tp, o in wanted if (tp, o) not in cached))
+        self._first_record_ms = cached
+        return cached
 
     async def _log_end_offsets(self, tps: set[TopicPartition]) -> dict[TopicPartition, int]:
         """High watermarks by ListOffsets(latest) to each partition's leader (from the

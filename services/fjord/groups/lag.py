@@ -38,16 +38,43 @@ class LagRow:
     consumer_id: str | None
     host: str | None
     client_id: str | None
+    time_lag_s: float | None = None
+    """Seconds behind (:func:`time_lag_seconds`); None ("-") when unknown."""
+
+
+def time_lag_seconds(
+    committed: int | None,
+    log_end_offset: int | None,
+    first_uncommitted_timestamp_ms: int | None,
+    now_ms: int,
+) -> float | None:
+    """How far behind in time a group is on one partition: now minus the timestamp of the
+    first record not yet committed (the record at the committed offset, or the next one that
+    exists). 0 when caught up (committed >= log end offset: nothing is waiting); None when the
+    committed offset, the log end or that record's timestamp is unknown (a record without a
+    timestamp, -1, is unknown too). Never negative: a record stamped in the future (producer
+    clock ahead) counts as 0 s behind."""
+    if committed is None or committed < 0 or log_end_offset is None:
+        return None
+    if committed >= log_end_offset:
+        return 0.0
+    if first_uncommitted_timestamp_ms is None or first_uncommitted_timestamp_ms < 0:
+        return None
+    return max(now_ms - first_uncommitted_timestamp_ms, 0) / 1000
 
 
 def lag_rows(
     committed: Mapping[TopicPartition, int],
     log_end_offsets: Mapping[TopicPartition, int],
     members: Iterable[MemberPartitions] = (),
+    first_uncommitted_timestamps: Mapping[TopicPartition, int | None] | None = None,
+    now_ms: int = 0,
 ) -> list[LagRow]:
     """Rows for every partition that has a committed offset or is assigned to a member, sorted
     by (topic, partition), lag = log end offset - committed offset (never below 0: a committed
-    offset past the end, e.g. after truncation, shows lag 0 as Kafka does)."""
+    offset past the end, e.g. after truncation, shows lag 0 as Kafka does). With
+    ``first_uncommitted_timestamps`` (the timestamp of the record at each committed offset)
+    and the clock ``now_ms``, each row's time lag too (:func:`time_lag_seconds`)."""
     owner: dict[TopicPartition, MemberPartitions] = {}
     for member in members:
         for tp in member.partitions:
@@ -60,6 +87,11 @@ def lag_rows(
             current = None  # OffsetFetch's -1: nothing committed
         end = log_end_offsets.get(tp)
         lag = None if current is None or end is None else max(end - current, 0)
+        time_lag = (
+            None
+            if first_uncommitted_timestamps is None
+            else time_lag_seconds(current, end, first_uncommitted_timestamps.get(tp), now_ms)
+        )
         holder = owner.get(tp)
         rows.append(
             LagRow(
@@ -71,6 +103,7 @@ def lag_rows(
                 holder.consumer_id if holder else None,
                 holder.host if holder else None,
                 holder.client_id if holder else None,
+                time_lag,
             )
         )
     return rows

@@ -229,6 +229,12 @@ GROUP_LAG = Gauge(
     "Log end offset minus committed offset, per group, topic and partition.",
     ["group", "topic", "partition"],
 )
+GROUP_LAG_SECONDS = Gauge(
+    "fjord_group_lag_seconds",
+    "Now minus the timestamp of the first record not yet committed (0 when caught up), per "
+    "group, topic and partition.",
+    ["group", "topic", "partition"],
+)
 GROUP_COUNT = Gauge(
     "fjord_group_count",
     "Consumer groups served by this coordinator, per state (Empty, Stable, ...).",
@@ -359,15 +365,27 @@ def set_group_lag(group: str, topic: str, partition: int, lag: int) -> None:
     GROUP_LAG.labels(group, topic, str(partition)).set(lag)
 
 
+def set_group_lag_seconds(group: str, topic: str, partition: int, seconds: float | None) -> None:
+    """The time lag of one partition; None (unknown: the record could not be read) removes the
+    series rather than leave a stale value."""
+    if seconds is None:
+        with contextlib.suppress(KeyError):
+            GROUP_LAG_SECONDS.remove(group, topic, str(partition))
+    else:
+        GROUP_LAG_SECONDS.labels(group, topic, str(partition)).set(seconds)
+
+
 def set_group_count(state: str, count: int) -> None:
     """How many groups this coordinator serves in ``state`` (Kafka's state names)."""
     GROUP_COUNT.labels(state).set(count)
 
 
 def remove_group_lag(group: str, topic: str, partition: int) -> None:
-    """Forget a lag series (the group was deleted or no longer owns the partition)."""
-    with contextlib.suppress(KeyError):
-        GROUP_LAG.remove(group, topic, str(partition))
+    """Forget the lag series, offsets and seconds (the group was deleted or no longer owns the
+    partition)."""
+    for gauge in (GROUP_LAG, GROUP_LAG_SECONDS):
+        with contextlib.suppress(KeyError):
+            gauge.remove(group, topic, str(partition))
 
 
 _RPC_METRICS = {
