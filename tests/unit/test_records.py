@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -457,14 +458,17 @@ def test_try_append_seal_and_take_records() -> None:
     assert isinstance(future, RecordFuture) and not future.done()
     completion.complete(40)
     assert (future.result(0).offset, future.result(0).timestamp) == (41, 7)
+    before = int(time.time() * 1000)
+    now = builder.try_append_future(RecordFuture, completion, None, None, b"n")  # None: now
+    assert now is not None and before <= now._timestamp <= int(time.time() * 1000)
     builder.seal()
     assert builder.try_append(8, None, b"x") == -1
     assert builder.try_append_future(RecordFuture, completion, 8, None, b"x") is None
     assert builder.append(9, None, b"y")  # seal() only stops the fast path
     built = builder.build()
     assert builder.try_append(10, None, b"z") == -1
-    assert [(r.offset, r.timestamp, r.value) for r in decode_records(built)] == [
-        (0, 5, b"v"), (1, 7, b"w"), (2, 9, b"y"),
+    assert [(r.offset, r.value) for r in decode_records(built)] == [
+        (0, b"v"), (1, b"w"), (2, b"n"), (3, b"y"),
     ]  # fmt: skip
     with pytest.raises(InvalidRecordError):
         builder.take_records()

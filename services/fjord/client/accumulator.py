@@ -46,7 +46,7 @@ class Builder(Protocol):
         self,
         future_type: type[RecordFuture],
         completion: BatchCompletion,
-        timestamp_ms: int,
+        timestamp_ms: int | None,
         key: bytes | None,
         value: bytes | None,
     ) -> RecordFuture | None: ...
@@ -327,7 +327,7 @@ class RecordAccumulator:
         return self._open.get(tp)
 
     def try_append_open(
-        self, batch: ProducerBatch, timestamp_ms: int, value: bytes
+        self, batch: ProducerBatch, timestamp_ms: int | None, value: bytes
     ) -> RecordFuture | None:
         """The producer's fast path: append a record without key or headers to ``batch`` if it
         is still its partition's open batch and has room; None (nothing appended) otherwise,
@@ -337,7 +337,7 @@ class RecordAccumulator:
         (``fjord.records.speedups.ATOMIC_APPEND``, the C builder) no lock is taken: a batch
         the sender builds meanwhile refuses the record, one it builds after holds it. The
         same order guarantee as :meth:`append`: a batch that is no longer the open one never
-        takes a record."""
+        takes a record. ``timestamp_ms`` None: now (the wall clock, read by the builder)."""
         if self.closed:
             return None
         builder = batch.builder

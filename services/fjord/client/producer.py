@@ -661,13 +661,13 @@ class Producer(_ProducerBase):
             # for a transactional producer: its cache stays empty).
             batch = self._sticky_batches.get(topic)
             if batch is not None and len(value) <= self._fast_value_limit:
-                timestamp = int(time.time() * 1000)
+                # Timestamp None: now, read by the builder (in C: one Python call less).
                 if ATOMIC_APPEND:  # (accumulator.try_append_open, inlined: this is per record)
                     future = batch.builder.try_append_future(
-                        RecordFuture, batch.completion, timestamp, None, value
+                        RecordFuture, batch.completion, None, None, value
                     )
                 else:
-                    future = self._accumulator.try_append_open(batch, timestamp, value)
+                    future = self._accumulator.try_append_open(batch, None, value)
                 if future is not None:
                     return future
         if self._closed:

@@ -29,10 +29,12 @@
  * interleave (the producer's accumulator relies on that for its lock-free appends).
  */
 
+#define _POSIX_C_SOURCE 200809L
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #define MIN_RECORD_BODY 6
 #define INT32_MAX_VALUE 2147483647LL
@@ -561,7 +563,8 @@ Appender_try_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyO
 
 /* try_append_future(future_type, completion, timestamp_ms, key, value): the producer's fast
  * path in one call. Appends (as try_append, no headers) and returns
- * future_type(completion, index, timestamp_ms), or None when the record was refused. */
+ * future_type(completion, index, timestamp_ms), or None when the record was refused.
+ * timestamp_ms None: now, from the wall clock. */
 static PyObject *
 Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -578,12 +581,25 @@ Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nar
                         "try_append_future(): future_type must subclass RecordFutureBase");
         return NULL;
     }
-    int64_t index = append_core(self, args[2], args[3], args[4], NULL, 1);
+    PyObject *timestamp_obj = args[2];
+    PyObject *now = NULL;
+    if (timestamp_obj == Py_None) {
+        /* The wall clock in ms, as int(time.time() * 1000) (one Python call less per record). */
+        struct timespec clock;
+        if (clock_gettime(CLOCK_REALTIME, &clock) != 0)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        now = PyLong_FromLongLong((long long)clock.tv_sec * 1000 + clock.tv_nsec / 1000000);
+        if (now == NULL)
+            return NULL;
+        timestamp_obj = now;
+    }
+    int64_t index = append_core(self, timestamp_obj, args[3], args[4], NULL, 1);
+    long long timestamp = index >= 0 ? PyLong_AsLongLong(timestamp_obj) : 0;  /* (checked) */
+    Py_XDECREF(now);
     if (index == APPEND_ERROR)
         return NULL;
     if (index < 0)
         Py_RETURN_NONE;
-    long long timestamp = PyLong_AsLongLong(args[2]);  /* (append_core checked it) */
     PyTypeObject *type = (PyTypeObject *)future_type;
     PyObject *future = type->tp_alloc(type, 0);
     if (future == NULL)
@@ -669,7 +685,7 @@ static PyMethodDef Appender_methods[] = {
      METH_FASTCALL,
      "try_append_future(future_type, completion, timestamp_ms, key, value) -> future or None: "
      "try_append() without headers, then future_type(completion, index, timestamp_ms) in the "
-     "same call (the producer's fast path)."},
+     "same call (the producer's fast path); timestamp_ms None: now (wall clock, ms)."},
     {"seal", (PyCFunction)Appender_seal, METH_NOARGS,
      "From now on try_append() and try_append_future() refuse every record (the producer's "
      "accumulator seals a batch that stops being its partition's open one)."},

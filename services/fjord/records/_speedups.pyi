@@ -37,7 +37,7 @@ class RecordAppender:
         self,
         future_type: Callable[[Any, int, int], _F],
         completion: Any,
-        timestamp_ms: int,
+        timestamp_ms: int | None,
         key: bytes | None,
         value: bytes | None,
     ) -> _F | None: ...

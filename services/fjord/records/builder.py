@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -269,12 +270,15 @@ class PyRecordAppender:
         self,
         future_type: Callable[[Any, int, int], _F],
         completion: Any,
-        timestamp_ms: int,
+        timestamp_ms: int | None,
         key: bytes | None,
         value: bytes | None,
     ) -> _F | None:
         """:meth:`try_append` without headers, then ``future_type(completion, index,
-        timestamp_ms)`` (the producer's fast path in one call); None when refused."""
+        timestamp_ms)`` (the producer's fast path in one call); None when refused.
+        ``timestamp_ms`` None: now (``int(time.time() * 1000)``)."""
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
         index = self.try_append(timestamp_ms, key, value)
         return None if index < 0 else future_type(completion, index, timestamp_ms)
 
