@@ -1,10 +1,11 @@
 """Issue 17's proof: the seeds' shipping service (orders -> shipments) as an exactly-once
 consume -> transform -> produce loop (:mod:`fjord.testing.eos_transformer`, a real process)
 on a private cluster (3 brokers, 2 coordinators, RF 3), with SIGKILLs in the middle of its
-transactions: of the transformer itself (restarted with the same ``transactional.id``), and of
-the coordinator serving its transactions; and a zombie: the transformer frozen (SIGSTOP) while
-its successor takes over, then thawed: it is fenced and exits. Under ``read_committed`` the
-shipments hold every order exactly once, and the group's committed offsets reach the end.
+transactions: of the transformer itself (restarted with the same ``transactional.id``), of the
+coordinator serving its transactions and of a partition leader; and a zombie: the transformer
+frozen (SIGSTOP) while its successor takes over, then thawed: it is fenced and exits. Under
+``read_committed`` the shipments hold every order exactly once, and the group's committed
+offsets reach the end.
 """
 
 from __future__ import annotations
@@ -27,10 +28,7 @@ from fjord.local.cluster import LocalCluster
 from fjord.testing.eos_transformer import FENCED_EXIT
 from fjord.testing.waiting import wait_for
 
-ORDERS = 600
-LATE_ORDERS = 200  # sent while the zombie is frozen: work for its successor
-LAST_ORDERS = 60  # sent once it is thawed: whatever partitions it gets back have input
-TOTAL = ORDERS + LATE_ORDERS + LAST_ORDERS
+STEP_ORDERS = 300  # orders sent before each fault
 WAIT_S = 120.0
 TID = "shipper"
 GROUP = "shipping"
@@ -82,49 +80,68 @@ def test_every_order_shipped_exactly_once_through_kills_and_a_zombie(tmp_path: P
     with cluster:
         with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
             admin.create_topics([NewTopic("orders", 3, 3), NewTopic("shipments", 3, 3)])
-        send_orders(cluster, 0, ORDERS)
+        sent = 0
 
+        def more_orders(count: int = STEP_ORDERS) -> None:
+            # Fresh input before every fault, so the transformer is mid-stream when it hits.
+            nonlocal sent
+            send_orders(cluster, sent, count)
+            sent += count
+
+        def progresses(log: Path, what: str) -> None:
+            before = committed_so_far(log)
+            wait_for(lambda: committed_so_far(log) > before + 30, what, WAIT_S)
+
+        more_orders()
         logs = tmp_path / "transformer.log"
         transformer = start_transformer(cluster, logs)
         try:
             # 1. SIGKILL the transformer mid-stream (it had committed some), restart it.
-            wait_for(lambda: committed_so_far(logs) >= 60, "first commits", WAIT_S)
+            progresses(logs, "first commits")
             transformer.kill()
             transformer.wait(30)
+            more_orders()
             transformer = start_transformer(cluster, logs)
+            progresses(logs, "commits after the transformer's restart")
 
-            # 2. SIGKILL the coordinator serving its transactions; restart it later.
-            before = committed_so_far(logs)
-            wait_for(lambda: committed_so_far(logs) > before + 30, "commits after restart",
-                     WAIT_S)
+            # 2. SIGKILL the coordinator serving its transactions; restart it.
+            more_orders()
             victim = wait_for(lambda: transaction_coordinator(cluster), "txn coordinator",
                               WAIT_S)
             cluster.kill("coordinator", victim)
-            before = committed_so_far(logs)
-            wait_for(lambda: committed_so_far(logs) > before + 30,
-                     "commits after the coordinator's death", WAIT_S)
+            progresses(logs, "commits after the coordinator's death")
             cluster.start_coordinator(victim)
 
-            # 3. A zombie: freeze the transformer, let a successor fence it, thaw it.
+            # 3. SIGKILL the leader of a shipments partition (markers, appends and offsets
+            # move to the new leaders); restart it.
+            more_orders()
+            with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+                (described,) = admin.describe_topics(["shipments"], timeout=10)
+            leader = described.partitions[0].leader
+            cluster.kill("broker", leader)
+            progresses(logs, "commits after the leader's death")
+            cluster.start_broker(leader)
+
+            # 4. A zombie: freeze the transformer, let a successor fence it, thaw it (with
+            # fresh input, so that whatever partitions it gets back make it try to write).
             zombie = transformer
             zombie.send_signal(signal.SIGSTOP)
-            send_orders(cluster, ORDERS, LATE_ORDERS)
+            more_orders()
             successor_log = tmp_path / "successor.log"
             transformer = start_transformer(cluster, successor_log)
             wait_for(lambda: committed_so_far(successor_log) > 0, "the successor's commits",
                      WAIT_S)
             zombie.send_signal(signal.SIGCONT)
-            send_orders(cluster, ORDERS + LATE_ORDERS, LAST_ORDERS)
+            more_orders(60)
             assert zombie.wait(WAIT_S) == FENCED_EXIT, logs.read_text()[-2000:]
 
             # Everything is shipped and the group's offsets reach the end of the orders.
             wait_for(lambda: group_offsets(cluster), "all orders consumed", WAIT_S,
-                     accept=lambda n: n >= TOTAL)
+                     accept=lambda n: n >= sent)
         finally:
-            for proc in (transformer,):
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait(30)
+            if transformer.poll() is None:
+                transformer.kill()
+                transformer.wait(30)
 
         tps = [TopicPartition("shipments", p) for p in range(3)]
         with Consumer({"bootstrap.servers": cluster.bootstrap_servers,
@@ -138,7 +155,7 @@ def test_every_order_shipped_exactly_once_through_kills_and_a_zombie(tmp_path: P
                 assert time.monotonic() < deadline, "shipments not read to their LSO"
                 shipped.extend(r.value for r in reader.poll(0.5) if r.value is not None)
         counts = Counter(shipped)
-        expected = {f"shipped:order-{i:04d}".encode() for i in range(TOTAL)}
+        expected = {f"shipped:order-{i:04d}".encode() for i in range(sent)}
         assert set(counts) == expected, f"missing {len(expected - set(counts))}"
         duplicates = {v: n for v, n in counts.items() if n > 1}
         assert not duplicates, f"{len(duplicates)} orders shipped more than once"
