@@ -11,19 +11,18 @@ cleaner thread. Leaders and followers clean their own copies alike.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.throttled_task import ThrottledTask
 from fjord.cluster.cleaner_config import CleanerSettings
 from fjord.errors import FjordError
 from fjord.observability import metrics
 from fjord.storage.cleaner import CleanStats, clean_log, log_dirty_state
 from fjord.storage.compaction import DirtyState, should_clean
 from fjord.storage.log import PartitionLog
-from fjord.storage.scrub import ScrubThrottle
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -39,16 +38,14 @@ class PartitionCleanerState:
     cleanable_end: int
 
 
-class LogCleaner:
+class LogCleaner(ThrottledTask[CleanerSettings]):
     """Invariants: at most one clean runs at a time; a clean never starts on a log whose
     policy lacks compact; the choice (segment metadata, checkpoint files) and the clean run in
     worker threads, never on the event loop."""
 
     def __init__(self, replicas: ReplicaManager, settings: CleanerSettings) -> None:
         self._replicas = replicas
-        self.settings = settings
-        self._throttle = ScrubThrottle(settings.io_max_bytes_per_second, time.monotonic())
-        self._reconfigured = asyncio.Event()
+        super().__init__(settings, time.monotonic())
         self.states: dict[TopicPartition, PartitionCleanerState] = {}
         self.cleans_completed = 0
         self.last_stats: CleanStats | None = None
@@ -117,23 +114,6 @@ class LogCleaner:
                  stats.segments, stats.bytes_read, stats.bytes_written, stats.records_kept,
                  stats.records_read, stats.seconds)
         return stats
-
-    def reconfigure(self, settings: CleanerSettings) -> None:
-        """A dynamic broker config change (fjord.cluster.dynamic_config): the new rate holds
-        from the next read, a backoff under way ends now (as Kafka restarts its cleaner threads
-        on a change) and the next one lasts the new backoff. ``enable`` is read-only: kept."""
-        settings = replace(settings, enable=self.settings.enable)
-        if settings == self.settings:
-            return
-        self.settings = settings
-        self._throttle.rate = settings.io_max_bytes_per_second
-        self._reconfigured.set()
-
-    async def _back_off(self) -> None:
-        """Sleep ``backoff_ms``, or until :meth:`reconfigure` changes the settings."""
-        self._reconfigured.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reconfigured.wait(), self.settings.backoff_ms / 1000)
 
     async def run(self) -> None:
         if not self.settings.enable:

@@ -9,13 +9,13 @@ thread, sleeps as the throttle says and updates the metrics.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from fjord.broker.replica_manager import ReplicaManager
+from fjord.broker.throttled_task import ThrottledTask
 from fjord.cluster.scrubber_config import ScrubberSettings
 from fjord.errors import CorruptRecordError
 from fjord.observability import metrics
@@ -24,7 +24,6 @@ from fjord.storage.log import PartitionLog
 from fjord.storage.scrub import (
     ScrubProgress,
     ScrubScheduler,
-    ScrubThrottle,
     SegmentRef,
     check_batches,
 )
@@ -49,7 +48,7 @@ class ScrubStatus:
     repairs_in_progress: int
 
 
-class Scrubber:
+class Scrubber(ThrottledTask[ScrubberSettings]):
     """Verifies closed segments pass after pass.
 
     Invariants: a segment is marked verified (``LogSegment.verified``, which lets reads skip
@@ -66,11 +65,9 @@ class Scrubber:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._replicas = replicas
-        self.settings = settings
+        super().__init__(settings, clock())
         self._clock = clock
         self.scheduler = ScrubScheduler()
-        self._throttle = ScrubThrottle(settings.io_max_bytes_per_second, clock())
-        self._reconfigured = asyncio.Event()
         self.passes_completed = 0
         self._last_progress = ScrubProgress(1, 0, 0, 0, 0)
 
@@ -92,23 +89,6 @@ class Scrubber:
         replicas = self._replicas
         return ScrubStatus(self.settings.enable, self._last_progress, self.passes_completed,
                            replicas.damage_found, replicas.repairs_done, len(replicas.repairs))
-
-    def reconfigure(self, settings: ScrubberSettings) -> None:
-        """A dynamic broker config change (fjord.cluster.dynamic_config): the new rate holds
-        from the next read, a backoff under way ends now (as Kafka restarts its cleaner threads
-        on a change) and the next one lasts the new backoff. ``enable`` is read-only: kept."""
-        settings = replace(settings, enable=self.settings.enable)
-        if settings == self.settings:
-            return
-        self.settings = settings
-        self._throttle.rate = settings.io_max_bytes_per_second
-        self._reconfigured.set()
-
-    async def _back_off(self) -> None:
-        """Sleep ``backoff_ms``, or until :meth:`reconfigure` changes the settings."""
-        self._reconfigured.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._reconfigured.wait(), self.settings.backoff_ms / 1000)
 
     async def run(self) -> None:
         if not self.settings.enable:
