@@ -20,8 +20,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import signal
-import socket
-import ssl
 import time
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from fjord_operator.security import (
     load_certificate,
     plan_certificates,
 )
+from tests.helpers import tls_peer
 from tests.helpers.acks_all_load import PARTITIONS, REFUSALS, TOPIC, AcksAllLoad, read_values
 
 BROKERS = 3
@@ -59,15 +58,9 @@ BODY = {
 
 def served_certificate(address: str, tls_dir: Path) -> x509.Certificate:
     """The certificate a broker's gRPC door presents (a TLS handshake as User:admin)."""
-    host, port = address.rsplit(":", 1)
-    context = ssl.create_default_context(cafile=tls_dir / "ca.pem")
-    context.load_cert_chain(tls_dir / "client.pem", tls_dir / "client.key")
-    context.set_alpn_protocols(["h2"])
-    with socket.create_connection((host, int(port)), timeout=10) as raw, \
-            context.wrap_socket(raw, server_hostname=host) as conn:
-        der = conn.getpeercert(binary_form=True)
-    assert der is not None
-    return x509.load_der_x509_certificate(der)
+    return tls_peer.served_certificate(
+        address, tls_dir / "ca.pem", tls_dir / "client.pem", tls_dir / "client.key"
+    )
 
 
 def write_broker_keystores(tls_dir: Path, keystore: bytes) -> None:

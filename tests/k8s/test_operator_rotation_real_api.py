@@ -1,0 +1,230 @@
+"""Certificate renewal rolls real broker pods, safely, and the restarted brokers serve the new
+certificate (issue 16, Kubernetes), against the REAL API server and controllers.
+
+A secure FjordCluster of 3 brokers (mutual TLS): the real StatefulSet controller creates the
+pods; the kubelet harness (:class:`RealKubelet`) runs each broker as a process of a secure
+local cluster whose CA is the FjordCluster's (handed over as its CA Secret), and, as a kubelet
+mounts a Secret volume, writes the pod's ``<cluster>-broker-tls`` keystore where that broker's
+``--security-config`` points before starting it. The broker Secret is then replaced by one
+whose certificate expires within the hour: the operator renews it, the broker pod template's
+TLS revision changes, and the operator's safe roller (issue 19) deletes the pods one at a
+time; the StatefulSet controller recreates them and the harness starts each broker on the
+renewed Secret. Under acks=all load over mutual TLS (RF 3, min.insync.replicas 2, no client
+retries): every broker serves the renewed certificate, no NOT_ENOUGH_REPLICAS, every
+acknowledged record is read back.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fjord.client import AdminClient, NewTopic
+from fjord.local.cluster import LocalCluster
+from fjord.local.etcd import log_tail
+from fjord.security.certificates import CertificateAuthority
+from fjord.testing.waiting import WaitTimeout, wait_for
+from fjord.tls import write_private
+from fjord_operator import settings as s
+from fjord_operator.security import certificate_sans, load_certificate
+from tests.helpers import tls_peer
+from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
+from tests.k8s.kube.apiserver import RealKube
+from tests.k8s.kube.kubelet import RealKubelet
+from tests.k8s.kube.operator_process import running_operator
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
+
+NAMESPACE, CLUSTER = "fjord-rotation", "rot"
+TOPIC, PARTITIONS = "rotated", 6
+TIMEOUT_S = 180.0
+
+
+class SecretMountingKubelet(RealKubelet):
+    """The harness kubelet, plus the broker pods' TLS Secret volume: before a broker starts,
+    the Secret's keystore is written where its ``--security-config`` points."""
+
+    def _start_broker(self, ordinal: int) -> None:
+        try:
+            secret = self.kube.get_json("secret", f"{self.name}-broker-tls", "-n", self.namespace)
+            keystore = base64.b64decode(secret["data"][s.SERVICE_KEYSTORE_KEY])
+            write_private(self.cluster.data_dir / "tls" / f"broker-{ordinal}.pem", keystore)
+        except BaseException as exc:  # surfaced by the tests through .errors
+            self.errors.append(exc)
+            return
+        super()._start_broker(ordinal)
+
+
+@pytest.fixture(scope="module")
+def fjord_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(
+        tmp_path_factory.mktemp("real-api-rotation"), brokers=3, coordinators=0,
+        cluster_id=f"{NAMESPACE}.{CLUSTER}", unsafe_etcd_no_fsync=True, secure=True,
+    )
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def bootstrap(fjord_local: LocalCluster) -> str:
+    return ",".join(fjord_local.broker_addresses[i] for i in range(3))
+
+
+def _replicas(admin: AdminClient) -> dict[tuple[str, int], tuple[int, ...]]:
+    return {(t.name, p.partition): tuple(p.replicas)
+            for t in admin.describe_topics() for p in t.partitions}
+
+
+@pytest.fixture(scope="module")
+def kubelet(real_kube: RealKube, fjord_local: LocalCluster, bootstrap: str
+            ) -> Iterator[SecretMountingKubelet]:
+    tls = fjord_local.data_dir / "tls"
+    real_kube.kubectl("create", "namespace", NAMESPACE)
+    real_kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": f"{CLUSTER}-cluster-ca", "namespace": NAMESPACE},
+        "data": {s.CA_CERT_KEY: base64.b64encode((tls / "ca.pem").read_bytes()).decode(),
+                 s.CA_KEY_KEY: base64.b64encode((tls / "ca.key").read_bytes()).decode()},
+    }))
+    client = AdminClient({"bootstrap.servers": bootstrap, **fjord_local.client_config})
+    node = SecretMountingKubelet(real_kube, fjord_local, NAMESPACE, CLUSTER,
+                                 lambda: _replicas(client))
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+        client.close()
+    assert not node.errors, f"the kubelet harness failed: {node.errors!r}"
+
+
+@pytest.fixture(scope="module")
+def operator_log(real_kube: RealKube, kubelet: SecretMountingKubelet,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with running_operator(real_kube, NAMESPACE, tmp_path_factory.mktemp("rotation-operator"),
+                          kubeconfig=real_kube.admin_kubeconfig) as log:
+        yield log
+
+
+def _wait(condition: Any, what: str, log: Path) -> Any:
+    try:
+        return wait_for(condition, what, TIMEOUT_S, interval=0.5)
+    except WaitTimeout as exc:
+        raise WaitTimeout(f"{exc}\noperator log:\n{log_tail(log, lines=40)}") from None
+
+
+def _broker_pods(kube: RealKube) -> dict[int, dict[str, Any]]:
+    pods = kube.get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=broker")
+    return {int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods["items"]}
+
+
+def _ready_brokers(kube: RealKube) -> set[int]:
+    return {
+        i for i, p in _broker_pods(kube).items()
+        if not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True"
+                for c in (p.get("status") or {}).get("conditions") or [])
+    }
+
+
+def _cluster_ready(kube: RealKube) -> dict[str, Any] | None:
+    obj = kube.get_json("fjordcluster", CLUSTER, "-n", NAMESPACE) or {}
+    status = obj.get("status") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True"
+                for c in status.get("conditions") or [])
+    current = status.get("observedGeneration") == (obj.get("metadata") or {}).get("generation")
+    return obj if ready and current else None
+
+
+def _broker_keystore(kube: RealKube) -> dict[str, bytes]:
+    secret = kube.get_json("secret", f"{CLUSTER}-broker-tls", "-n", NAMESPACE)
+    return {k: base64.b64decode(v) for k, v in (secret or {}).get("data", {}).items()}
+
+
+def test_a_renewed_certificate_rolls_the_broker_pods_safely_onto_the_new_secret(
+    real_kube: RealKube, kubelet: SecretMountingKubelet, operator_log: Path,
+    fjord_local: LocalCluster, bootstrap: str,
+) -> None:
+    client = fjord_local.client_config
+    tls = fjord_local.data_dir / "tls"
+    real_kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+        "apiVersion": "fjord.io/v1alpha1", "kind": "FjordCluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE,
+                     "annotations": {s.BOOTSTRAP_ANNOTATION: bootstrap}},
+        "spec": {"brokers": {"replicas": 3}, "controllers": {"replicas": 1},
+                 "coordinators": {"replicas": 1},
+                 # the services' etcd is the local cluster's (https); no pod command runs here
+                 "etcd": {"endpoints": ["http://etcd.invalid:2379"]},
+                 "security": {"tls": True}},
+    }))
+    _wait(lambda: _ready_brokers(real_kube) == {0, 1, 2} and _cluster_ready(real_kube),
+          "3 broker pods Ready and the cluster Ready", operator_log)
+    with AdminClient({"bootstrap.servers": bootstrap, **client}) as admin:
+        admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})])
+    before = {i: p["metadata"]["uid"] for i, p in _broker_pods(real_kube).items()}
+    stops_before = len([e for e in kubelet.events if e.action == "stop"])
+    load = AcksAllLoad(bootstrap, client, topic=TOPIC)
+    load.start()
+    try:
+        load.wait_acked(200)
+        load.errors.clear()
+        # A broker certificate valid one more hour: inside the renewal window.
+        data = _broker_keystore(real_kube)
+        ca = CertificateAuthority.from_pem((tls / "ca.pem").read_bytes(),
+                                           (tls / "ca.key").read_bytes())
+        current = load_certificate(data[s.SERVICE_KEYSTORE_KEY])
+        assert current is not None
+        cert, key = ca.issue(
+            f"{CLUSTER}-broker", organizational_unit="fjord-service",
+            sans=certificate_sans(current),
+            not_after=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1),
+        )
+        expiring = cert + key
+        real_kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": f"{CLUSTER}-broker-tls", "namespace": NAMESPACE},
+            "data": {k: base64.b64encode(expiring if k == s.SERVICE_KEYSTORE_KEY else v).decode()
+                     for k, v in data.items()},
+        }))
+
+        def rolled() -> bool:
+            pods = _broker_pods(real_kube)
+            cluster = _cluster_ready(real_kube)
+            renewed = _broker_keystore(real_kube).get(s.SERVICE_KEYSTORE_KEY)
+            return (
+                renewed not in (None, expiring)
+                and all(pods.get(i, {}).get("metadata", {}).get("uid") not in (None, before[i])
+                        for i in before)
+                and _ready_brokers(real_kube) == {0, 1, 2}
+                and cluster is not None
+                and (cluster.get("status") or {}).get("rolling", {}).get("phase") == "Idle"
+            )
+
+        _wait(rolled, "the certificate renewed and every broker pod replaced", operator_log)
+        load.wait_acked(100)
+    finally:
+        load.stop()
+    stops = [e for e in kubelet.events if e.action == "stop"][stops_before:]
+    summary = f"errors {dict(load.errors)}, kubelet stops {[e.ordinal for e in stops]}"
+    assert sorted(e.ordinal for e in stops) == [0, 1, 2], summary
+    renewed = load_certificate(_broker_keystore(real_kube)[s.SERVICE_KEYSTORE_KEY])
+    assert renewed is not None
+    assert renewed.not_valid_after_utc > datetime.datetime.now(datetime.UTC) + \
+        datetime.timedelta(days=300)
+    for broker, address in fjord_local.broker_addresses.items():
+        served = tls_peer.served_certificate(address, tls / "ca.pem", tls / "client.pem",
+                                             tls / "client.key")
+        assert served.serial_number == renewed.serial_number, broker
+    for refusal in REFUSALS:
+        assert load.errors[refusal] == 0, summary
+    missing = load.acked - read_values(bootstrap, client, topic=TOPIC, partitions=PARTITIONS)
+    assert not missing, f"{len(missing)} acknowledged records not read back; {summary}"
