@@ -535,7 +535,9 @@ class ReplicaManager:
                             out.base_offset = partition.log_end_offset
                             out.log_start_offset = partition.log_start_offset
                             continue
-                    records = rewritten.get(key, p.records)
+                    # p.records copies the payload at each read (upb): read it once.
+                    payload = p.records
+                    records = rewritten.get(key, payload)
                     if isinstance(records, FjordError):
                         raise records
                     outcome = partition.append_as_leader(records, acks)
@@ -547,9 +549,9 @@ class ReplicaManager:
                 append_time = getattr(info, "log_append_time", -1)
                 out.log_append_time_ms = append_time if append_time is not None else -1
                 out.log_start_offset = partition.log_start_offset
-                metrics.record_bytes_in(topic.name, len(p.records), info.record_count)
+                metrics.record_bytes_in(topic.name, len(payload), info.record_count)
                 self._notify_append(key, partition, outcome.high_watermark_advanced,
-                                    len(p.records))
+                                    len(payload))
                 required = info.last_offset + 1
                 if acks == -1 and partition.high_watermark < required:
                     waiting[key] = (out, partition, required)
@@ -572,10 +574,14 @@ class ReplicaManager:
             for p in topic.partitions:
                 key = TopicPartition(topic.name, p.partition)
                 partition = self.partitions.get(key)
-                if partition is None or not p.records:
+                if partition is None:
                     continue
                 codec = partition.compression
                 difference = partition.max_timestamp_difference_ms
+                # Checked before p.records is read: each read of a protobuf bytes field copies
+                # the payload, and most topics ask for neither check.
+                if (codec is None and difference is None) or not p.records:
+                    continue
                 rewrite = codec is not None and needs_recompression(p.records, codec)
                 if not rewrite and difference is None:
                     continue
