@@ -476,9 +476,10 @@ class Fetcher:
                         self.lag_ends[tp] = (
                             p.last_stable_offset if self._read_committed else p.high_watermark
                         )
-                        if p.records:
+                        records = p.records  # (protobuf copies it at every read: once)
+                        if records:
                             self._buffer.add(CompletedFetch(
-                                tp, offset, p.records, p.high_watermark,
+                                tp, offset, records, p.high_watermark,
                                 [(a.producer_id, a.first_offset) for a in p.aborted_transactions]
                                 if self._read_committed else None,
                             ))
