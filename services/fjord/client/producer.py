@@ -343,19 +343,20 @@ def build_produce_request(
         by_partition.setdefault(batch.tp, []).append(batch.close())
         if epochs.setdefault(batch.tp, batch.coordinator_epoch) != batch.coordinator_epoch:
             raise ValueError(f"batches of {batch.tp} with different coordinator epochs")
-    by_topic: dict[str, list[broker_pb2.ProducePartition]] = {}
+    # Built in place with add(): a message passed to a constructor is copied, payload and all
+    # (three copies of every batch before the request was serialized).
+    request = broker_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+    topics: dict[str, broker_pb2.ProduceTopic] = {}
     for tp, payloads in by_partition.items():
-        records = payloads[0] if len(payloads) == 1 else b"".join(payloads)
-        by_topic.setdefault(tp.topic, []).append(
-            broker_pb2.ProducePartition(
-                partition=tp.partition, records=records, coordinator_epoch=epochs[tp]
-            )
+        topic = topics.get(tp.topic)
+        if topic is None:
+            topic = topics[tp.topic] = request.topics.add(name=tp.topic)
+        topic.partitions.add(
+            partition=tp.partition,
+            records=payloads[0] if len(payloads) == 1 else b"".join(payloads),
+            coordinator_epoch=epochs[tp],
         )
-    return broker_pb2.ProduceRequest(
-        acks=acks,
-        timeout_ms=timeout_ms,
-        topics=[broker_pb2.ProduceTopic(name=n, partitions=ps) for n, ps in by_topic.items()],
-    )
+    return request
 
 
 def parse_produce_response(
