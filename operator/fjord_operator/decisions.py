@@ -446,6 +446,14 @@ def topic_spec_problems(spec: Mapping[str, object]) -> list[str]:
                 f"spec.autoscaling.minPartitions {policy.min_partitions} exceeds maxPartitions "
                 f"{policy.max_partitions}"
             )
+        lag = time_lag_policy(spec)
+        if lag is not None and not lag.group:
+            problems.append("spec.autoscaling.timeLag.group is empty")
+        if lag is not None and lag.target_seconds <= 0:
+            problems.append(
+                "spec.autoscaling.timeLag.targetSeconds must be above 0, got "
+                f"{lag.target_seconds:g}"
+            )
         partitions = spec.get("partitions")
         if isinstance(partitions, int) and partitions > policy.max_partitions:
             problems.append(
@@ -651,3 +659,177 @@ def topic_bytes_in(metrics_pages: Sequence[str], topic: str) -> float:
                 if sample.name == sample_name and sample.labels.get("topic") == topic:
                     total += sample.value
     return total
+
+
+# -- autoscaling on time lag -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLagPolicy:
+    """``spec.autoscaling.timeLag``: the consumer group whose time lag on this topic should
+    stay under ``target_seconds``. Invariant: target_seconds > 0."""
+
+    group: str
+    target_seconds: float
+
+
+def time_lag_policy(spec: Mapping[str, object]) -> TimeLagPolicy | None:
+    """The time-lag target of an enabled ``spec.autoscaling`` (None when not given)."""
+    raw = spec.get("autoscaling")
+    if not isinstance(raw, Mapping) or not raw.get("enabled"):
+        return None
+    lag = raw.get("timeLag")
+    if not isinstance(lag, Mapping):
+        return None
+    return TimeLagPolicy(str(lag.get("group", "")), float(lag.get("targetSeconds", 0)))
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLagSample:
+    """At ``time_s`` (epoch seconds): the group's committed offsets and the log end offsets,
+    each summed over the topic's partitions, the worst partition's time lag (None: unknown)
+    and the group's member count."""
+
+    time_s: float
+    committed: int
+    log_end: int
+    time_lag_s: float | None
+    members: int
+
+
+@dataclass(frozen=True, slots=True)
+class TimeLagVerdict:
+    """What the time-lag autoscaler concluded. ``consumers_to_catch_up``: how many consumers
+    (at the rate each one consumed over the window) would keep up with the producers and clear
+    the backlog within the target (None: unknown — fewer than two samples, or the group
+    consumed nothing in the window, so no rate per consumer is known). ``grow_to``: the new
+    partition count (None: keep). ``reason``: one sentence for the status."""
+
+    time_lag_s: float | None
+    consumers: int
+    consumers_to_catch_up: int | None
+    grow_to: int | None
+    reason: str
+
+
+def decide_time_lag(
+    samples: Sequence[GroupLagSample],
+    partitions: int,
+    policy: AutoscalingPolicy,
+    target: TimeLagPolicy,
+    now_s: float,
+) -> TimeLagVerdict:
+    """Kafka's consumers cannot outnumber partitions usefully (each partition has one reader in
+    a group), so a group whose time lag stays above its target needs more consumers and, once
+    it would need more consumers than there are partitions, more partitions.
+
+    Over the samples of the stabilization window: produced = log-end growth / time, consumed =
+    committed growth / time, per consumer = consumed / max(members, 1) (a Spark query reports
+    with no members: one reader); needed = produced + backlog / target_seconds;
+    consumers_to_catch_up = ceil(needed / per consumer). The topic grows (to that count, at
+    most ``max_partitions``, never shrinking) only when every sample of a window that the
+    samples fully cover had a time lag above the target and the group made progress (more
+    partitions do not help a group that is stuck)."""
+    window = _lag_window(samples, now_s, policy.stabilization_window_s)
+    last = window[-1] if window else None
+    time_lag = None if last is None else last.time_lag_s
+    consumers = 0 if last is None else last.members
+    if last is None or len(window) < 2:
+        return TimeLagVerdict(time_lag, consumers, None, None, "measuring the group's rates")
+    first = window[0]
+    elapsed = last.time_s - first.time_s
+    consumed = (last.committed - first.committed) / elapsed if elapsed > 0 else 0.0
+    produced = max(last.log_end - first.log_end, 0) / elapsed if elapsed > 0 else 0.0
+    backlog = max(last.log_end - last.committed, 0)
+    if consumed <= 0:
+        needed: int | None = None
+    else:
+        per_consumer = consumed / max(last.members, 1)
+        needed = max(math.ceil((produced + backlog / target.target_seconds) / per_consumer), 1)
+    covered = first.time_s <= now_s - policy.stabilization_window_s
+    above = all(s.time_lag_s is not None and s.time_lag_s > target.target_seconds for s in window)
+    if not (covered and above):
+        reason = f"time lag within {target.target_seconds:g} s (or not above it for the window)"
+        return TimeLagVerdict(time_lag, consumers, needed, None, reason)
+    if needed is None:
+        reason = "time lag above target but the group consumed nothing in the window"
+        return TimeLagVerdict(time_lag, consumers, None, None, reason)
+    if needed <= partitions or partitions >= policy.max_partitions:
+        reason = (
+            f"{needed} consumers would catch up within {target.target_seconds:g} s"
+            + (" (at maxPartitions)" if needed > partitions else "")
+        )
+        return TimeLagVerdict(time_lag, consumers, needed, None, reason)
+    grow_to = min(policy.max_partitions, needed)
+    reason = f"growing to {grow_to} partitions: {needed} consumers would catch up"
+    return TimeLagVerdict(time_lag, consumers, needed, grow_to, reason)
+
+
+def _lag_window(
+    samples: Sequence[GroupLagSample], now_s: float, window_s: float
+) -> list[GroupLagSample]:
+    """The samples inside the window plus the last one at or before its start (never fewer
+    than the last two); a committed or log-end sum going backwards (a reset, a re-created
+    topic) drops the older samples."""
+    kept: list[GroupLagSample] = []
+    for sample in samples:
+        if kept and (sample.committed < kept[-1].committed or sample.log_end < kept[-1].log_end):
+            kept = []
+        kept.append(sample)
+    first = 0
+    for i, sample in enumerate(kept):
+        if sample.time_s <= now_s - window_s:
+            first = i
+    return kept[max(0, min(first, len(kept) - 2)) :][-MAX_AUTOSCALING_SAMPLES:]
+
+
+def lag_samples_to_status(
+    target: TimeLagPolicy, samples: Sequence[GroupLagSample], verdict: TimeLagVerdict
+) -> dict[str, object]:
+    """``status.autoscaling.timeLag``: the verdict (how many consumers would catch up) and the
+    window's samples (at most MAX_AUTOSCALING_SAMPLES), from which a restarted operator goes
+    on."""
+    return {
+        "group": target.group,
+        "targetSeconds": target.target_seconds,
+        "timeLagSeconds": verdict.time_lag_s,
+        "consumers": verdict.consumers,
+        "consumersToCatchUp": verdict.consumers_to_catch_up,
+        "message": verdict.reason,
+        "samples": [
+            {
+                "time": round(s.time_s, 3),
+                "committed": s.committed,
+                "logEnd": s.log_end,
+                "timeLagSeconds": s.time_lag_s,
+                "members": s.members,
+            }
+            for s in list(samples)[-MAX_AUTOSCALING_SAMPLES:]
+        ],
+    }
+
+
+def lag_samples_from_status(
+    status: Mapping[str, object] | None, target: TimeLagPolicy
+) -> list[GroupLagSample]:
+    """The samples a FjordTopic's status carries for ``target``'s group (none for another
+    group, or anything malformed: a new window)."""
+    raw = (status or {}).get("autoscaling")
+    lag = raw.get("timeLag") if isinstance(raw, Mapping) else None
+    if not isinstance(lag, Mapping) or lag.get("group") != target.group:
+        return []
+    items = lag.get("samples")
+    if not isinstance(items, list):
+        return []
+    out: list[GroupLagSample] = []
+    for item in items:
+        if not isinstance(item, Mapping):
+            return []
+        time_s, committed, log_end = (
+            _number(item.get("time")), _number(item.get("committed")), _number(item.get("logEnd"))
+        )
+        members, seconds = _number(item.get("members")), _number(item.get("timeLagSeconds"))
+        if time_s is None or committed is None or log_end is None or members is None:
+            return []
+        out.append(GroupLagSample(time_s, int(committed), int(log_end), seconds, int(members)))
+    return out

@@ -40,6 +40,7 @@ from fjord_operator import settings as s
 from fjord_operator.decisions import (
     AutoscalingPolicy,
     ClusterObservation,
+    GroupLagSample,
     IngressSample,
     ScalingDecision,
     ScalingPhase,
@@ -49,12 +50,16 @@ from fjord_operator.decisions import (
     bound_samples,
     decide_autoscale,
     decide_scaling,
+    decide_time_lag,
     decide_topic,
+    lag_samples_from_status,
+    lag_samples_to_status,
     prune_samples,
     rack_annotations,
     roll_targets,
     samples_from_status,
     samples_to_status,
+    time_lag_policy,
     topic_bytes_in,
     topic_spec_problems,
 )
@@ -83,7 +88,7 @@ from fjord_operator.security import (
     user_authentication,
     user_principal,
 )
-from fjord_operator.settings import OperatorSettings
+from fjord_operator.settings import MAX_AUTOSCALING_SAMPLES, OperatorSettings
 from fjord_operator.status import Outcome, Verdict, condition_of, status_patch
 
 log = logging.getLogger(__name__)
@@ -356,6 +361,25 @@ class FjordAdmin:
 
         return await asyncio.to_thread(call)
 
+    async def group_lag(self, group: str, topic: str, now_s: float) -> GroupLagSample:
+        """One time-lag sample of ``group`` on ``topic``: its committed offsets and the log end
+        offsets summed over the partitions it has committed, the worst partition's time lag
+        (``fjord groups describe``'s TIME-LAG) and its member count."""
+        description = (await self._call("describe_consumer_groups", [group]))[group]
+        rows = await self._call("describe_consumer_group_lag", group, description=description)
+        mine = [
+            r for r in rows
+            if r.topic == topic and r.current_offset is not None and r.log_end_offset is not None
+        ]
+        lags = [r.time_lag_s for r in mine]
+        return GroupLagSample(
+            time_s=now_s,
+            committed=sum(r.current_offset for r in mine),
+            log_end=sum(r.log_end_offset for r in mine),
+            time_lag_s=None if not mine or None in lags else max(lag or 0.0 for lag in lags),
+            members=len(description.members),
+        )
+
     def close(self) -> None:
         for client in (self._admin, self._consumer):
             if client is not None:
@@ -595,6 +619,8 @@ class Runtime:
     admins: dict[str, FjordAdmin] = field(default_factory=dict)
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     samples: dict[str, list[IngressSample]] = field(default_factory=dict)
+    #: The time-lag autoscaler's window per FjordTopic (``<uid>/lag``), also kept in its status.
+    lag_samples: dict[str, list[GroupLagSample]] = field(default_factory=dict)
     identities: dict[str, OperatorIdentity] = field(default_factory=dict)
 
     def admin(self, bootstrap: str, security: Mapping[str, str] | None = None) -> FjordAdmin:
@@ -1187,14 +1213,32 @@ async def _autoscale(
     samples = bound_samples(prune_samples(samples, now, policy.stabilization_window_s))
     rt.samples[key] = samples
     grow_to = decide_autoscale(samples, partitions, policy, now)
+    lag_status: dict[str, object] | None = None
+    target = time_lag_policy(body.get("spec") or {})
+    if target is not None:
+        lag_key = f"{uid}/lag"
+        known_lag = rt.lag_samples.get(lag_key)
+        if known_lag is None:
+            known_lag = lag_samples_from_status(body.get("status"), target)
+        lag_samples = [*known_lag, await admin.group_lag(target.group, name, now)]
+        verdict = decide_time_lag(lag_samples, partitions, policy, target, now)
+        if verdict.grow_to is not None and (grow_to is None or verdict.grow_to > grow_to):
+            log.info("topic %s: %s (group %s)", name, verdict.reason, target.group)
+            grow_to = verdict.grow_to
+        kept = [] if grow_to is not None else lag_samples[-MAX_AUTOSCALING_SAMPLES:]
+        rt.lag_samples[lag_key] = kept  # a new partition count starts a new window
+        lag_status = lag_samples_to_status(target, kept, verdict)
     if grow_to is None:
-        return None, samples_to_status(source, samples)
+        window = samples_to_status(source, samples)
+        if lag_status is not None:
+            window["timeLag"] = lag_status
+        return None, window
     log.info(
         "autoscaling topic %s from %d to %d partitions (%s)", name, partitions, grow_to, source
     )
     await admin.grow(name, grow_to)
     rt.samples.pop(key, None)  # a new partition count starts a new window
-    return grow_to, None
+    return grow_to, None if lag_status is None else {"timeLag": lag_status}
 
 
 async def finalize_topic(rt: Runtime, body: Mapping[str, Any]) -> None:
@@ -1206,6 +1250,7 @@ async def finalize_topic(rt: Runtime, body: Mapping[str, Any]) -> None:
     await (await rt.cluster_admin(cluster)).delete_topic(topic_name(body))
     uid = body["metadata"].get("uid", "")
     rt.samples = {k: v for k, v in rt.samples.items() if not k.startswith(f"{uid}/")}
+    rt.lag_samples.pop(f"{uid}/lag", None)
 
 
 # -- kopf registration ---------------------------------------------------------------------------

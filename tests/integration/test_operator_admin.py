@@ -320,3 +320,90 @@ def test_autoscaling_grows_a_topic_from_real_ingress(local_cluster, bootstrap: s
                 await rt.close()
 
     asyncio.run(scenario())
+
+
+def test_time_lag_autoscaling_tells_consumers_and_grows(  # type: ignore[no-untyped-def]
+    local_cluster, bootstrap: str
+) -> None:
+    """A group an hour behind on a 1-partition topic, consuming 10 records between two timer
+    passes while 990 wait: the first pass measures (status.autoscaling.timeLag: the group's time
+    lag, its members, no count yet); the second finds the time lag above the 1 s target and
+    grows the topic to as many partitions as consumers would catch up, capped at 4."""
+    import time
+
+    import kmock
+
+    from fjord.client import AdminClient, TopicPartition
+    from fjord_operator.handlers import KubeApi, Runtime
+    from fjord_operator.settings import OperatorSettings
+
+    name, group = unique("op-lag"), unique("op-lag-group")
+    hour_ago_ms = int(time.time() * 1000) - 3_600_000
+
+    async def scenario() -> None:
+        async with kmock.KubernetesEmulator() as k8s, kmock.Server(k8s) as server:
+            url = str(server.url)
+            rt = Runtime(OperatorSettings(kube_server=url, admin_timeout_s=30), KubeApi(url))
+            try:
+                cluster = {
+                    "apiVersion": "fjord.io/v1alpha1",
+                    "kind": "FjordCluster",
+                    "metadata": {
+                        "name": "c",
+                        "namespace": "ns",
+                        "annotations": {"fjord.io/bootstrap-servers": bootstrap},
+                    },
+                    "spec": {"brokers": {"replicas": 3}, "etcd": {"endpoints": ["http://e:1"]}},
+                }
+                await rt.kube.apply(cluster)
+                topic = {
+                    "apiVersion": "fjord.io/v1alpha1",
+                    "kind": "FjordTopic",
+                    "metadata": {"name": name, "namespace": "ns", "uid": "uid-l", "generation": 1},
+                    "spec": {
+                        "cluster": "c",
+                        "partitions": 1,
+                        "replicationFactor": 1,
+                        "autoscaling": {
+                            "enabled": True,
+                            "maxPartitions": 4,
+                            "targetBytesPerSecondPerPartition": 10**12,  # ingress never grows it
+                            "stabilizationWindowSeconds": 0,
+                            "timeLag": {"group": group, "targetSeconds": 1},
+                        },
+                    },
+                }
+                created = await reconcile_until_settled(rt, topic, autoscale=False)
+                assert created.status["partitions"] == 1
+                with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
+                    for i in range(1000):
+                        producer.send(name, value=b"v", partition=0, timestamp_ms=hour_ago_ms + i)
+                    producer.flush()
+                tp = TopicPartition(name, 0)
+                with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+                    admin.alter_consumer_group_offsets(group, {tp: 0})
+                    first = await reconcile_until_settled(rt, topic, autoscale=True)
+                    measuring = first.status["autoscaling"]["timeLag"]
+                    assert measuring["group"] == group and measuring["consumers"] == 0
+                    assert measuring["consumersToCatchUp"] is None
+                    assert 3_500 < measuring["timeLagSeconds"] < 3_600 + WAIT_S
+                    assert len(measuring["samples"]) == 1
+                    admin.alter_consumer_group_offsets(group, {tp: 10})
+                    second = await reconcile_until_settled(rt, topic, autoscale=True)
+                verdict = second.status["autoscaling"]["timeLag"]
+                # 990 waiting, 10 consumed in the seconds between the passes by one reader:
+                # catching up within 1 s takes ~99 x the pause readers; the topic grows to 4.
+                assert verdict["consumersToCatchUp"] >= 4, verdict
+                assert verdict["samples"] == []  # a new partition count starts a new window
+                admin_ = rt.admin(bootstrap)
+
+                async def grown() -> bool:
+                    observed = await admin_.observe_topic(name)
+                    return observed is not None and observed.partitions == 4
+
+                await wait_for_async(grown, f"{name} grown to 4", WAIT_S, interval=0.2)
+                await admin_.delete_topic(name)
+            finally:
+                await rt.close()
+
+    asyncio.run(scenario())

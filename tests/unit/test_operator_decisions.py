@@ -634,3 +634,62 @@ def test_rack_annotations_come_from_the_nodes_label() -> None:
     assert plan.patches == {"fjord-broker-0": "eu-1a", "fjord-broker-5": "eu-1b"}
     assert plan.racks == {0: "eu-1a", 1: "eu-1b", 5: "eu-1b"}
     assert plan.missing == (f"node n3 of pod fjord-broker-3 has no label {zone}",)
+
+
+# -- autoscaling on time lag -----------------------------------------------------------------
+
+
+def test_time_lag_autoscaler_tells_how_many_consumers_would_catch_up_and_grows() -> None:
+    from fjord_operator.decisions import GroupLagSample, TimeLagPolicy, decide_time_lag
+
+    policy = AutoscalingPolicy(2, 12, 10**9, 60)
+    target = TimeLagPolicy("billing", 30)
+    # 2 members consume 100 records/s (50 each); producers write 300/s; backlog 6000 records.
+    samples = [
+        GroupLagSample(1000 + t, 100 * t, 4000 + 300 * t, 90.0 + t, 2) for t in range(0, 61, 20)
+    ]
+    verdict = decide_time_lag(samples, 4, policy, target, now_s=1060)
+    # needed = 300 + 16000 / 30 = 833.3 records/s = 16.7 consumers at 50/s each -> 17, capped 12.
+    assert verdict.consumers_to_catch_up == 17 and verdict.grow_to == 12
+    assert verdict.consumers == 2 and verdict.time_lag_s == 150.0
+    # Not above the target for the whole window (one sample below): no growth, but the count.
+    dipped = [*samples[:2], GroupLagSample(1040, 4000, 16000, 10.0, 2), samples[3]]
+    calm = decide_time_lag(dipped, 4, policy, target, now_s=1060)
+    assert calm.grow_to is None and calm.consumers_to_catch_up == 17
+    # The window not covered yet (operator just started measuring): no growth.
+    assert decide_time_lag(samples[2:], 4, policy, target, now_s=1060).grow_to is None
+    # Enough partitions already: the status says how many consumers, nothing grows.
+    roomy = decide_time_lag(samples, 20, AutoscalingPolicy(2, 30, 10**9, 60), target, 1060)
+    assert roomy.grow_to is None and "17 consumers would catch up" in roomy.reason
+    # A stuck group (nothing consumed): more partitions would not help; unknown count.
+    stuck = [GroupLagSample(1000 + t, 0, 300 * t, 500.0, 2) for t in range(0, 61, 20)]
+    verdict = decide_time_lag(stuck, 4, policy, target, now_s=1060)
+    assert verdict.grow_to is None and verdict.consumers_to_catch_up is None
+    # A Spark query reports with no members: counted as one reader.
+    spark = [GroupLagSample(1000 + t, 100 * t, 3000 + 100 * t, 100.0, 0) for t in (0, 60)]
+    assert decide_time_lag(spark, 1, policy, target, now_s=1060).consumers_to_catch_up == 2
+    assert decide_time_lag([], 4, policy, target, now_s=1060).consumers_to_catch_up is None
+
+
+def test_time_lag_samples_round_trip_through_the_status() -> None:
+    from fjord_operator.decisions import (
+        GroupLagSample,
+        TimeLagPolicy,
+        decide_time_lag,
+        lag_samples_from_status,
+        lag_samples_to_status,
+        time_lag_policy,
+    )
+
+    target = TimeLagPolicy("g", 10)
+    samples = [GroupLagSample(1.5, 10, 20, 3.25, 1), GroupLagSample(2.5, 12, 30, None, 1)]
+    verdict = decide_time_lag(samples, 1, AutoscalingPolicy(1, 2, 1, 0), target, 2.5)
+    status = {"autoscaling": {"timeLag": lag_samples_to_status(target, samples, verdict)}}
+    assert lag_samples_from_status(status, target) == samples
+    assert lag_samples_from_status(status, TimeLagPolicy("other", 10)) == []
+    assert lag_samples_from_status({"autoscaling": {"timeLag": {"group": "g", "samples": [1]}}},
+                                   target) == []
+    spec = {"partitions": 1, "autoscaling": {"enabled": True, "maxPartitions": 4,
+                                             "timeLag": {"group": "g", "targetSeconds": 10}}}
+    assert time_lag_policy(spec) == target
+    assert time_lag_policy({"autoscaling": {"enabled": False, "timeLag": {"group": "g"}}}) is None
