@@ -25,6 +25,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.protocol.admin.configs import (
+    IncrementalAlterConfigsRequest,
+    IncrementalAlterConfigsResponse,
+)
+from kafka.protocol.admin.topics import CreateTopicsRequest, CreateTopicsResponse
 
 from fjord.broker.log_cleaner import LogCleaner
 from fjord.broker.partition import Partition, PartitionAssignment
@@ -59,6 +64,7 @@ from fjord.storage.cleaner import clean_log, log_dirty_state
 from fjord.storage.compaction import should_clean
 from fjord.storage.log import PartitionLog
 from fjord.testing.waiting import wait_for
+from tests.helpers.kafka_wire import connect, roundtrip
 from tests.helpers.metadata_images import K, image_with, state
 
 pytestmark = pytest.mark.integration
@@ -453,3 +459,38 @@ def test_proof(proof: Callable[..., None], bootstrap: str, local_cluster: Any,
 def test_catalog_order_is_stable() -> None:
     assert [k.scope for k in CATALOG] == sorted((k.scope for k in CATALOG),
                                                 key=["topic", "broker", "controller"].index)
+
+
+def test_kafka_listener_refuses_null_config_values(kafka_bootstrap: str, bootstrap: str) -> None:
+    """A Kafka client can send a config key with a null value, which no Fjord client can:
+    CreateTopics refuses the topic (Kafka's "Null value not supported for topic configs",
+    INVALID_CONFIG) instead of creating it without the key; an incremental SET of null is
+    refused naming the key. The other topic of the same request is created."""
+    good, bad = f"cat-null-ok-{uuid.uuid4().hex[:6]}", f"cat-null-{uuid.uuid4().hex[:6]}"
+    with connect(kafka_bootstrap.split(",")[0]) as sock:
+        cls = CreateTopicsRequest[5]
+        config = cls.CreatableTopic.CreatableTopicConfig
+        answer = roundtrip(sock, cls(timeout_ms=10000, validate_only=False, topics=[
+            cls.CreatableTopic(name=bad, num_partitions=1, replication_factor=1,
+                               assignments=[], configs=[config(name="retention.ms", value=None)]),
+            cls.CreatableTopic(name=good, num_partitions=1, replication_factor=1,
+                               assignments=[], configs=[config(name="retention.ms",
+                                                               value="7200000")]),
+        ]), CreateTopicsResponse, 5)
+        results = {t.name: (t.error_code, t.error_message) for t in answer.topics}
+        assert results[bad] == (ErrorCode.INVALID_CONFIG.code,
+                                "Null value not supported for topic configs: retention.ms")
+        assert results[good][0] == 0
+        icls = IncrementalAlterConfigsRequest[1]
+        res = icls.AlterConfigsResource
+        altered = roundtrip(sock, icls(validate_only=False, resources=[res(
+            resource_type=2, resource_name=good, configs=[res.AlterableConfig(
+                name="segment.ms", config_operation=0, value=None)])]),
+            IncrementalAlterConfigsResponse, 1, correlation_id=2)
+        assert altered.responses[0].error_code == ErrorCode.INVALID_CONFIG.code
+        assert "segment.ms" in altered.responses[0].error_message
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        assert bad not in admin.list_topics()
+        assert admin.describe_configs([good])[good]  # created, segment.ms untouched
+        assert {e.name: e.source for e in admin.describe_configs([good])[good]}[
+            "segment.ms"] == "DEFAULT"

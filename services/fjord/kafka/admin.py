@@ -379,40 +379,57 @@ class BrokerAdminHandlers:
         pb = controller_pb2.CreateTopicsRequest(
             timeout_ms=request.timeout_ms, validate_only=bool(request.validate_only)
         )
-        for topic in request.topics:
+        refused: dict[int, Any] = {}
+        for i, topic in enumerate(request.topics):
+            nulls = sorted(c.name for c in topic.configs if c.value is None)
+            if nulls:
+                # Kafka's answer, rather than creating the topic without those keys.
+                refused[i] = result_cls(
+                    name=topic.name, error_code=ErrorCode.INVALID_CONFIG.code,
+                    error_message=f"Null value not supported for topic configs: "
+                                  f"{', '.join(nulls)}",
+                    num_partitions=-1, replication_factor=-1, configs=None)
+                continue
             out = pb.topics.add(
                 name=topic.name,
                 num_partitions=topic.num_partitions,
                 replication_factor=topic.replication_factor,
             )
             for config in topic.configs:
-                if config.value is not None:
-                    out.configs[config.name] = config.value
+                out.configs[config.name] = config.value
             for assignment in topic.assignments:
                 out.assignments.add(
                     partition=assignment.partition_index, broker_ids=assignment.broker_ids
                 )
-        try:
-            answer = await self._forwarder.call("CreateTopics", pb, request.timeout_ms, ctx.caller)
-            results = [
-                result_cls(
-                    name=r.name,
-                    topic_id=topic_uuid(r.topic_id),
-                    error_code=r.error.code,
-                    error_message=_message(r.error.message),
-                    num_partitions=r.num_partitions if r.error.code == 0 else -1,
-                    replication_factor=r.replication_factor if r.error.code == 0 else -1,
-                    configs=None if r.error.code else self._created_configs(cls, r.name),
-                )
-                for r in answer.results
-            ]
-        except FjordError as exc:
-            results = [
-                result_cls(name=t.name, error_code=exc.code.code, error_message=str(exc),
-                           num_partitions=-1, replication_factor=-1, configs=None)
-                for t in request.topics
-            ]
-        return cls(throttle_time_ms=0, topics=results)
+        forwarded = [t for i, t in enumerate(request.topics) if i not in refused]
+        results: list[Any] = []
+        if forwarded:
+            try:
+                answer = await self._forwarder.call("CreateTopics", pb, request.timeout_ms,
+                                                    ctx.caller)
+                results = [
+                    result_cls(
+                        name=r.name,
+                        topic_id=topic_uuid(r.topic_id),
+                        error_code=r.error.code,
+                        error_message=_message(r.error.message),
+                        num_partitions=r.num_partitions if r.error.code == 0 else -1,
+                        replication_factor=r.replication_factor if r.error.code == 0 else -1,
+                        configs=None if r.error.code else self._created_configs(cls, r.name),
+                    )
+                    for r in answer.results
+                ]
+            except FjordError as exc:
+                results = [
+                    result_cls(name=t.name, error_code=exc.code.code, error_message=str(exc),
+                               num_partitions=-1, replication_factor=-1, configs=None)
+                    for t in forwarded
+                ]
+        answered = iter(results)
+        return cls(throttle_time_ms=0, topics=[
+            refused[i] if i in refused else next(answered)
+            for i in range(len(request.topics))
+        ])
 
     def _created_configs(self, cls: Any, name: str) -> list[Any] | None:
         """The new topic's effective configs (CreateTopics v5+), from the broker's image when it
@@ -495,7 +512,10 @@ class BrokerAdminHandlers:
             new: dict[str, str] = {}
             delete: list[str] = []
             for c in resource.configs:
-                if c.config_operation == OP_SET and c.value is not None:
+                if c.config_operation == OP_SET and c.value is None:
+                    refused[i] = (f"{c.name}: Null value not supported for SET (DELETE resets "
+                                  "a key)")
+                elif c.config_operation == OP_SET:
                     new[c.name] = c.value
                 elif c.config_operation == OP_DELETE:
                     delete.append(c.name)
