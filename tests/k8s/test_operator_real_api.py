@@ -279,9 +279,17 @@ def test_valid_samples_pass_server_side_validation(
 
 
 def _contains(live: Any, desired: Any) -> bool:
+    """Every field of ``desired`` is in ``live`` (the server's defaults, also inside list
+    items such as a FjordUser's ACLs, are not a pruning)."""
     if isinstance(desired, dict):
         return isinstance(live, dict) and all(
             k in live and _contains(live[k], v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(live, list)
+            and len(live) == len(desired)
+            and all(_contains(a, b) for a, b in zip(live, desired, strict=True))
         )
     return bool(live == desired)
 
