@@ -308,6 +308,7 @@ def test_scaling_3_to_5_to_3_with_real_controllers(
 
 ROLLED_TOPIC = "rolled"
 ROLLED_PARTITIONS = 6
+ZONE_KEY = "topology.kubernetes.io/zone"
 
 
 def _broker_pods(kube: RealKube) -> dict[int, dict[str, Any]]:
@@ -315,7 +316,27 @@ def _broker_pods(kube: RealKube) -> dict[int, dict[str, Any]]:
     return {int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods["items"]}
 
 
-def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
+def _cluster(bootstrap: str, etcd_url: str, *, rack: bool, restart: str | None) -> dict[str, Any]:
+    annotations = {BOOTSTRAP_ANNOTATION: bootstrap}
+    if restart is not None:
+        annotations["fjord.io/restart"] = restart
+    brokers: dict[str, Any] = {"replicas": 3, "storage": {"size": "1Gi"}}
+    if rack:
+        brokers["rack"] = {"topologyKey": ZONE_KEY}
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "FjordCluster",
+        "metadata": {"name": CLUSTER, "namespace": NAMESPACE, "annotations": annotations},
+        "spec": {
+            "brokers": brokers,
+            "controllers": {"replicas": 2},
+            "coordinators": {"replicas": 1},
+            "etcd": {"endpoints": [etcd_url]},
+        },
+    }
+
+
+def test_a_template_change_rolls_the_brokers_one_at_a_time_and_racks_come_from_nodes(
     real_kube: RealKube,
     kubelet: RealKubelet,
     operator_log: Path,
@@ -323,33 +344,27 @@ def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
     bootstrap: str,
     admin: AdminClient,
 ) -> None:
-    """``kubectl annotate fjc fjord.io/restart=...`` changes the broker pod template; the
-    StatefulSet (OnDelete) restarts nothing itself; the operator deletes one old pod at a time
-    through the rolling-restart planner, the StatefulSet controller recreates it from the new
-    template and the harness runs the broker again. Under acks=all load on an RF-3,
-    min.insync-2 topic no produce is refused with NOT_ENOUGH_REPLICAS, and every acknowledged
-    record is read back."""
+    """One change of the broker pod template, as a user makes it: rack awareness turned on
+    (``spec.brokers.rack.topologyKey``) and ``fjord.io/restart`` set. The StatefulSet
+    (OnDelete) restarts nothing itself; the operator deletes one old pod at a time through
+    the rolling-restart planner, the StatefulSet controller recreates it from the new
+    template, and the harness runs the broker again. Under acks=all load on an RF-3,
+    min.insync-2 topic (no client retries) no produce is refused with NOT_ENOUGH_REPLICAS and
+    every acknowledged record is read back.
+
+    Racks: the harness binds the pods to ``fjord-harness-node``, here a real Node labelled
+    zone-a; the operator reads it and annotates each pod ``fjord.io/rack=zone-a``
+    (``status.racks``); the harness starts each new pod's broker as its start script does
+    (waiting for the annotation, then ``--rack``; the script itself runs in a real shell in
+    test_operator_builders), so the cluster then reports every broker in zone-a."""
     from fjord.client import NewTopic
     from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
+    from tests.k8s.kube.kubelet import NODE
 
-    _apply(
-        real_kube,
-        {
-            "apiVersion": API_VERSION,
-            "kind": "FjordCluster",
-            "metadata": {
-                "name": CLUSTER,
-                "namespace": NAMESPACE,
-                "annotations": {BOOTSTRAP_ANNOTATION: bootstrap},
-            },
-            "spec": {
-                "brokers": {"replicas": 3, "storage": {"size": "1Gi"}},
-                "controllers": {"replicas": 2},
-                "coordinators": {"replicas": 1},
-                "etcd": {"endpoints": [fjord_local.etcd_url]},
-            },
-        },
-    )
+    if real_kube.get_json("node", NODE) is None:
+        _apply(real_kube, {"apiVersion": "v1", "kind": "Node",
+                           "metadata": {"name": NODE, "labels": {ZONE_KEY: "zone-a"}}})
+    _apply(real_kube, _cluster(bootstrap, fjord_local.etcd_url, rack=False, restart=None))
     _wait(
         lambda: _ready_broker_pods(real_kube) == {0, 1, 2}
         and _ready(real_kube, "fjordcluster", CLUSTER),
@@ -369,10 +384,7 @@ def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
     try:
         load.wait_acked(200)
         load.errors.clear()
-        real_kube.kubectl(
-            "annotate", "fjordcluster", CLUSTER, "-n", NAMESPACE, "fjord.io/restart=1",
-            "--overwrite",
-        )
+        _apply(real_kube, _cluster(bootstrap, fjord_local.etcd_url, rack=True, restart="1"))
 
         def rolled() -> bool:
             pods = _broker_pods(real_kube)
@@ -394,80 +406,18 @@ def test_a_template_change_rolls_the_brokers_one_at_a_time_under_acks_all_load(
     assert sorted(e.ordinal for e in stops) == [0, 1, 2], summary
     for refusal in REFUSALS:
         assert load.errors[refusal] == 0, summary
-    template = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
-    assert template["spec"]["template"]["metadata"]["annotations"] == {"fjord.io/restart": "1"}
     missing = load.acked - read_values(bootstrap, topic=ROLLED_TOPIC, partitions=ROLLED_PARTITIONS)
     assert not missing, f"{len(missing)} acknowledged records not read back; {summary}"
 
-
-ZONE_KEY = "topology.kubernetes.io/zone"
-
-
-def test_rack_awareness_annotates_each_broker_pod_with_its_nodes_zone(
-    real_kube: RealKube,
-    kubelet: RealKubelet,
-    operator_log: Path,
-    fjord_local: LocalCluster,
-    bootstrap: str,
-) -> None:
-    """``spec.brokers.rack.topologyKey``: the operator reads the node each broker pod is bound
-    to (the harness binds them to ``fjord-harness-node``, a real Node object here with a zone
-    label) and annotates the pod ``fjord.io/rack=<zone>`` (what the broker's start script turns
-    into ``--rack``; that script is tested in a real shell in test_operator_builders);
-    ``status.racks`` lists them. The spec change rolls the brokers (the template gains the
-    downward API volume), one at a time."""
-    from tests.k8s.kube.kubelet import NODE
-
-    if real_kube.get_json("node", NODE) is None:
-        _apply(real_kube, {"apiVersion": "v1", "kind": "Node",
-                           "metadata": {"name": NODE, "labels": {ZONE_KEY: "zone-a"}}})
-    _apply(
-        real_kube,
-        {
-            "apiVersion": API_VERSION,
-            "kind": "FjordCluster",
-            "metadata": {
-                "name": CLUSTER,
-                "namespace": NAMESPACE,
-                "annotations": {BOOTSTRAP_ANNOTATION: bootstrap},
-            },
-            "spec": {
-                "brokers": {
-                    "replicas": 3,
-                    "storage": {"size": "1Gi"},
-                    "rack": {"topologyKey": ZONE_KEY},
-                },
-                "controllers": {"replicas": 2},
-                "coordinators": {"replicas": 1},
-                "etcd": {"endpoints": [fjord_local.etcd_url]},
-            },
-        },
-    )
-
-    def annotated() -> bool:
-        pods = _broker_pods(real_kube)
-        cluster = real_kube.get_json("fjordcluster", CLUSTER, "-n", NAMESPACE) or {}
-        return (
-            sorted(pods) == [0, 1, 2]
-            and all(
-                (p["metadata"].get("annotations") or {}).get("fjord.io/rack") == "zone-a"
-                for p in pods.values()
-            )
-            and (cluster.get("status") or {}).get("racks") == {"0": "zone-a", "1": "zone-a",
-                                                                "2": "zone-a"}
-        )
-
-    _wait(annotated, "every broker pod annotated with its zone", operator_log, SCALE_TIMEOUT_S)
-    sts = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
-    pod = sts["spec"]["template"]["spec"]
-    assert any(v.get("downwardAPI") for v in pod.get("volumes") or []), pod
-    assert pod["affinity"]["podAntiAffinity"], pod
-    # The new template rolls the brokers through the safe roller; it ends Idle and Ready.
-    _wait(
-        lambda: (o := _ready(real_kube, "fjordcluster", CLUSTER))
-        and o["status"].get("rolling", {}).get("phase") == "Idle"
-        and _ready_broker_pods(real_kube) == {0, 1, 2},
-        "the roll to the rack-aware template done",
-        operator_log,
-        SCALE_TIMEOUT_S,
-    )
+    template = real_kube.get_json("statefulset", f"{CLUSTER}-broker", "-n", NAMESPACE)
+    assert template["spec"]["template"]["metadata"]["annotations"] == {"fjord.io/restart": "1"}
+    pod_spec = template["spec"]["template"]["spec"]
+    assert any(v.get("downwardAPI") for v in pod_spec.get("volumes") or []), pod_spec
+    assert pod_spec["affinity"]["podAntiAffinity"], pod_spec
+    pods = _broker_pods(real_kube)
+    assert {i: (p["metadata"].get("annotations") or {}).get("fjord.io/rack")
+            for i, p in pods.items()} == {0: "zone-a", 1: "zone-a", 2: "zone-a"}
+    status = real_kube.get_json("fjordcluster", CLUSTER, "-n", NAMESPACE)["status"]
+    assert status["racks"] == {"0": "zone-a", "1": "zone-a", "2": "zone-a"}
+    racks = {b.id: b.rack for b in admin.describe_cluster().brokers if b.id < 3}
+    assert racks == {0: "zone-a", 1: "zone-a", 2: "zone-a"}, racks

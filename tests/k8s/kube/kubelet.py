@@ -136,7 +136,15 @@ class RealKubelet:
         if ordinal is not None and ordinal not in self.running():
             running = False
             starting = self._starting.get(ordinal)
-            if not (starting and starting.is_alive()):
+            rack = _rack_to_start_with(pod)
+            if rack is _WAIT_FOR_RACK:
+                pass  # the broker's start script waits for its fjord.io/rack annotation
+            elif not (starting and starting.is_alive()):
+                # As the container's script does: --rack from the annotation (or none).
+                if isinstance(rack, str):
+                    self.cluster.racks[ordinal] = rack
+                else:
+                    self.cluster.racks.pop(ordinal, None)
                 self.events.append(KubeletEvent(time.monotonic(), "start", ordinal))
                 starting = threading.Thread(target=self._start_broker, args=(ordinal,))
                 starting.daemon = True
@@ -162,6 +170,20 @@ class RealKubelet:
         """The readiness probe: the broker answers Metadata and lists itself (registered)."""
         response = self.cluster.broker_metadata(ordinal)
         return response is not None and any(b.id == ordinal for b in response.brokers)
+
+
+_WAIT_FOR_RACK = object()
+
+
+def _rack_to_start_with(pod: dict[str, Any]) -> object:
+    """What a broker pod's start script does about its rack: a pod with the downward API
+    volume of rack awareness starts with ``--rack`` = its ``fjord.io/rack`` annotation and
+    waits while that is missing (:data:`_WAIT_FOR_RACK`); other pods start without (None)."""
+    volumes = (pod.get("spec") or {}).get("volumes") or []
+    if not any(v.get("name") == "pod-info" and v.get("downwardAPI") for v in volumes):
+        return None
+    rack = (pod["metadata"].get("annotations") or {}).get("fjord.io/rack")
+    return rack if rack else _WAIT_FOR_RACK
 
 
 def bind_pod(kube: RealKube, namespace: str, name: str) -> None:
