@@ -131,10 +131,11 @@ def test_init_producer_id_hands_out_distinct_ids(cluster: LocalCluster) -> None:
     ids = {init_producer_id(cluster) for _ in range(5)}
     assert len(ids) == 5
     assert all(pid >= 0 and epoch == 0 for pid, epoch in ids)
+    # A transactional id belongs to its transaction coordinator, not to a broker.
     response = stub(cluster).InitProducerId(
         broker_pb2.InitProducerIdRequest(transactional_id="tx", producer_id=-1), timeout=WAIT_S
     )
-    assert response.error.code == ErrorCode.INVALID_REQUEST.code
+    assert response.error.code == ErrorCode.NOT_COORDINATOR.code
 
 
 def test_duplicates_gaps_epochs_by_hand_and_across_restarts(cluster: LocalCluster) -> None:

@@ -27,7 +27,7 @@ from fjord.client import (
     Producer,
     TopicPartition,
 )
-from fjord.errors import ErrorCode, InvalidTxnStateError, TransactionError
+from fjord.errors import ErrorCode, FjordError, InvalidTxnStateError, TransactionError
 from fjord.testing.waiting import wait_for, wait_for_async
 
 pytestmark = pytest.mark.integration
@@ -238,7 +238,7 @@ def test_commit_is_seen_abort_is_not_and_a_zombie_is_fenced(
 
 
 def test_offsets_sent_to_a_transaction_count_only_when_it_commits(
-    bootstrap: str, txn_topic: str
+    bootstrap: str, kafka_bootstrap: str, txn_topic: str
 ) -> None:
     source = f"txn-in-{uuid.uuid4().hex[:8]}"
     group = f"g-{uuid.uuid4().hex[:8]}"
@@ -278,6 +278,26 @@ def test_offsets_sent_to_a_transaction_count_only_when_it_commits(
         producer.send_offsets_to_transaction(
             {source_tp: 10}, consumer.consumer_group_metadata()
         )
+        # While the transaction is open its offsets are pending: read_uncommitted sees the
+        # old committed offset, read_committed asks for stable offsets (KIP-447) on both doors
+        # and is answered UNSTABLE_OFFSET_COMMIT until the transaction ends.
+        assert consumer.committed([source_tp], timeout=10)[source_tp] is None
+        with Consumer({"bootstrap.servers": bootstrap, "group.id": group,
+                       "isolation.level": "read_committed"}) as stable_reader, \
+                pytest.raises(FjordError) as stable_error:
+            stable_reader.committed([source_tp], timeout=2)
+        assert f"OffsetFetch {source}-0" in str(stable_error.value)  # the partition's error
+        kafka_reader = confluent_kafka.Consumer({
+            "bootstrap.servers": kafka_bootstrap, "group.id": group,
+            "isolation.level": "read_committed",
+        })
+        try:
+            with pytest.raises(confluent_kafka.KafkaException) as unstable:
+                kafka_reader.committed([confluent_kafka.TopicPartition(source, 0)], timeout=3)
+            # librdkafka retries UNSTABLE_OFFSET_COMMIT itself until its timeout.
+            assert "Timed out" in str(unstable.value)
+        finally:
+            kafka_reader.close()
         producer.commit_transaction(WAIT_S)
         wait_for(lambda: consumer.committed([source_tp], timeout=10)[source_tp],
                  "the transaction's offsets committed", WAIT_S, accept=lambda o: o == 10)

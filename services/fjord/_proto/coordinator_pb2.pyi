@@ -349,12 +349,14 @@ class OffsetFetchTopic(_message.Message):
     def __init__(self, name: _Optional[str] = ..., partitions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class OffsetFetchRequest(_message.Message):
-    __slots__ = ("group_id", "topics")
+    __slots__ = ("group_id", "topics", "require_stable")
     GROUP_ID_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
+    REQUIRE_STABLE_FIELD_NUMBER: _ClassVar[int]
     group_id: str
     topics: _containers.RepeatedCompositeFieldContainer[OffsetFetchTopic]
-    def __init__(self, group_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[OffsetFetchTopic, _Mapping]]] = ...) -> None: ...
+    require_stable: bool
+    def __init__(self, group_id: _Optional[str] = ..., topics: _Optional[_Iterable[_Union[OffsetFetchTopic, _Mapping]]] = ..., require_stable: _Optional[bool] = ...) -> None: ...
 
 class OffsetFetchPartitionResponse(_message.Message):
     __slots__ = ("partition", "committed_offset", "committed_leader_epoch", "metadata", "error")

@@ -747,7 +747,8 @@ class ConsumerCoordinator:
     async def fetch_committed(
         self, partitions: list[TopicPartition], deadline: float
     ) -> dict[TopicPartition, OffsetAndMetadata]:
-        """OffsetFetch: the committed offsets of ``partitions`` (absent: none committed)."""
+        """OffsetFetch: the committed offsets of ``partitions`` (absent: none committed);
+        a read_committed consumer asks for stable offsets (KIP-447)."""
         by_topic: dict[str, list[int]] = {}
         for tp in partitions:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
@@ -757,6 +758,9 @@ class ConsumerCoordinator:
                 coordinator_pb2.OffsetFetchTopic(name=n, partitions=ps)
                 for n, ps in by_topic.items()
             ],
+            # A read_committed consumer never starts from an offset a transaction may still
+            # replace: UNSTABLE_OFFSET_COMMIT is retried until the transaction ended.
+            require_stable=self._config["isolation.level"] == "read_committed",
         )
 
         async def attempt() -> dict[TopicPartition, OffsetAndMetadata]:

@@ -81,6 +81,10 @@ class CallerGroups:
         if self._access.enabled:
             self._access.require(self._image(), self._caller, operation, Resource.group(group_id))
 
+    def pending_txn_partitions(self, group_id: str) -> set[TopicPartition]:
+        """Asked with OffsetFetch (its Describe on the group is checked there)."""
+        return self._manager.pending_txn_partitions(group_id)
+
     async def txn_commit_offsets(
         self,
         group_id: str,

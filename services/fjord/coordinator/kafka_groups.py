@@ -292,18 +292,29 @@ class GroupKafkaHandlers:
         )
 
     def _fetch_group(
-        self, group_id: str, wanted: list[TopicPartition] | None, ctx: RequestContext
-    ) -> tuple[ErrorCode, dict[str, list[tuple[int, int, int, str]]]]:
-        """(group error, {topic: [(partition, offset, leader epoch, metadata)]})."""
+        self,
+        group_id: str,
+        wanted: list[TopicPartition] | None,
+        ctx: RequestContext,
+        require_stable: bool = False,
+    ) -> tuple[ErrorCode, dict[str, list[tuple[int, int, int, str, int]]]]:
+        """(group error, {topic: [(partition, offset, leader epoch, metadata, error code)]}).
+        ``require_stable`` (KIP-447): a partition whose offset an open transaction committed
+        is UNSTABLE_OFFSET_COMMIT (offset -1) until that transaction ends."""
         try:
-            found = self._as(ctx).fetch_offsets(group_id, wanted)
+            view = self._as(ctx)
+            found = view.fetch_offsets(group_id, wanted)
+            unstable = view.pending_txn_partitions(group_id) if require_stable else set()
         except Exception as exc:
             return error_of(exc), {}
-        by_topic: dict[str, list[tuple[int, int, int, str]]] = {}
+        by_topic: dict[str, list[tuple[int, int, int, str, int]]] = {}
         for (name, partition), committed in found.items():
-            by_topic.setdefault(name, []).append(
-                (partition, committed.offset, committed.leader_epoch, committed.metadata)
-            )
+            if TopicPartition(name, partition) in unstable:
+                entry = (partition, -1, -1, "", ErrorCode.UNSTABLE_OFFSET_COMMIT.code)
+            else:
+                entry = (partition, committed.offset, committed.leader_epoch,
+                         committed.metadata, 0)
+            by_topic.setdefault(name, []).append(entry)
         return ErrorCode.NONE, by_topic
 
     async def offset_fetch(self, request: Any, ctx: RequestContext) -> Any:
@@ -316,7 +327,9 @@ class GroupKafkaHandlers:
             groups = []
             for group in request.groups:
                 wanted = _wanted(group.topics)
-                error, by_topic = self._fetch_group(group.group_id, wanted, ctx)
+                error, by_topic = self._fetch_group(
+                    group.group_id, wanted, ctx, bool(request.require_stable)
+                )
                 groups.append(
                     group_cls(
                         group_id=group.group_id,
@@ -324,8 +337,8 @@ class GroupKafkaHandlers:
                         topics=[
                             topic_cls(name=name, partitions=[
                                 part_cls(partition_index=p, committed_offset=o,
-                                         committed_leader_epoch=e, metadata=m, error_code=0)
-                                for p, o, e, m in parts
+                                         committed_leader_epoch=e, metadata=m, error_code=err)
+                                for p, o, e, m, err in parts
                             ])
                             for name, parts in by_topic.items()
                         ],
@@ -335,12 +348,14 @@ class GroupKafkaHandlers:
         topic_cls = cls.OffsetFetchResponseTopic
         part_cls = topic_cls.OffsetFetchResponsePartition
         wanted = _wanted(request.topics)
-        error, by_topic = self._fetch_group(request.group_id, wanted, ctx)
+        error, by_topic = self._fetch_group(
+            request.group_id, wanted, ctx, version >= 7 and bool(request.require_stable)
+        )
         if error is not ErrorCode.NONE and version < 2 and wanted:
             # v1 has no group-level error: every partition asked for carries it.
             by_topic = {}
             for tp in wanted:
-                by_topic.setdefault(tp.topic, []).append((tp.partition, -1, -1, ""))
+                by_topic.setdefault(tp.topic, []).append((tp.partition, -1, -1, "", 0))
         partition_error = error.code if version < 2 else 0
         return cls(
             throttle_time_ms=0,
@@ -348,8 +363,8 @@ class GroupKafkaHandlers:
             topics=[
                 topic_cls(name=name, partitions=[
                     part_cls(partition_index=p, committed_offset=o, committed_leader_epoch=e,
-                             metadata=m, error_code=partition_error)
-                    for p, o, e, m in parts
+                             metadata=m, error_code=partition_error or err)
+                    for p, o, e, m, err in parts
                 ])
                 for name, parts in by_topic.items()
             ],

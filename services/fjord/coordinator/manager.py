@@ -668,11 +668,13 @@ class GroupManager:
             by_group.pop(group_id, None)
         part.pending_txn.pop(producer_id, None)
 
-    def has_pending_txn_offsets(self, group_id: str) -> bool:
-        """Whether some open transaction committed offsets of ``group_id`` (OffsetFetch with
-        require_stable answers UNSTABLE_OFFSET_COMMIT then)."""
+    def pending_txn_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The partitions of ``group_id`` whose offsets an open transaction committed
+        (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
         part = self._partition_for(group_id)
-        return any(group_id in groups for groups in part.pending_txn.values())
+        return {
+            tp for groups in part.pending_txn.values() for tp in groups.get(group_id, {})
+        }
 
     # --- periodic duties --------------------------------------------------------------------
 

@@ -392,18 +392,29 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             wanted = [
                 TopicPartition(t.name, p) for t in request.topics for p in t.partitions
             ] or None
-            found = self._as(context).fetch_offsets(request.group_id, wanted)
+            view = self._as(context)
+            found = view.fetch_offsets(request.group_id, wanted)
+            unstable = (
+                view.pending_txn_partitions(request.group_id) if request.require_stable
+                else set()
+            )
             by_topic: dict[str, list[coordinator_pb2.OffsetFetchPartitionResponse]] = {}
             for (topic_name, partition), committed in found.items():
-                by_topic.setdefault(topic_name, []).append(
-                    coordinator_pb2.OffsetFetchPartitionResponse(
+                if TopicPartition(topic_name, partition) in unstable:
+                    answer = coordinator_pb2.OffsetFetchPartitionResponse(
+                        partition=partition, committed_offset=-1, committed_leader_epoch=-1,
+                        error=error_pb(ErrorCode.UNSTABLE_OFFSET_COMMIT,
+                                       "an open transaction committed this offset"),
+                    )
+                else:
+                    answer = coordinator_pb2.OffsetFetchPartitionResponse(
                         partition=partition,
                         committed_offset=committed.offset,
                         committed_leader_epoch=committed.leader_epoch,
                         metadata=committed.metadata,
                         error=error_pb(ErrorCode.NONE),
                     )
-                )
+                by_topic.setdefault(topic_name, []).append(answer)
             return coordinator_pb2.OffsetFetchResponse(
                 error=error_pb(ErrorCode.NONE),
                 topics=[
