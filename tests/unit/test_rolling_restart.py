@@ -242,3 +242,22 @@ def test_a_simulated_roll_never_takes_a_partition_below_min_isr_and_finishes(
     else:
         raise AssertionError("the roll did not finish")
     assert sorted(restarted) == ids
+
+
+def test_the_in_flight_broker_survives_an_operator_restart_through_status() -> None:
+    """The operator keeps the broker restarted last in status.rolling.restarting; a restarted
+    operator reads it back and keeps waiting for the same ISRs. A malformed value reads as
+    nothing in flight (safety does not depend on it: rule 2 counts the broker as down)."""
+    from fjord_operator.rolling import in_flight_from_status, in_flight_to_status
+
+    in_flight = InFlight(3, frozenset({TP("orders", 2), TP("a-b.c", 0)}))
+    stored = in_flight_to_status(in_flight)
+    assert stored == {
+        "broker": 3,
+        "leftIsr": [{"topic": "a-b.c", "partition": 0}, {"topic": "orders", "partition": 2}],
+    }
+    assert in_flight_from_status(stored) == in_flight
+    assert in_flight_to_status(None) is None
+    for malformed in (None, "3", {"broker": "3"}, {"leftIsr": []}):
+        assert in_flight_from_status(malformed) is None
+    assert in_flight_from_status({"broker": 1, "leftIsr": [{"topic": "t"}, 5]}) == InFlight(1)
