@@ -17,7 +17,6 @@ from typing import Any
 
 from fjord.cluster.topic_config import split_cluster_config
 from fjord.errors import ConfigError
-from fjord.metadata import parse_etcd_endpoint
 from fjord.metadata.etcd import parse_etcd_url
 from fjord_operator import settings as s
 from fjord_operator.security import (
@@ -92,11 +91,14 @@ def broker_metrics_addresses(body: Mapping[str, Any], broker_hosts: Sequence[str
 
 def etcd_url(body: Mapping[str, Any]) -> str:
     """The etcd endpoint services use: the managed etcd's Service, or the first endpoint as
-    ``http://HOST:PORT`` (etcd clients read a bare ``HOST:PORT`` as http)."""
+    ``http://HOST:PORT`` (etcd clients read a bare ``HOST:PORT`` as http) or
+    ``https://HOST:PORT`` (TLS clusters only: the services dial it with their own certificate
+    as client certificate and the cluster CA as trust, so etcd's server certificate must be
+    issued by the cluster CA and etcd must trust it for clients)."""
     etcd = body.get("spec", {}).get("etcd") or {}
     if etcd.get("endpoints"):
-        host, port = parse_etcd_endpoint(str(etcd["endpoints"][0]))
-        return f"http://{host}:{port}"
+        tls, host, port = parse_etcd_url(str(etcd["endpoints"][0]))
+        return f"{'https' if tls else 'http'}://{host}:{port}"
     meta = body["metadata"]
     return (
         f"http://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
@@ -120,17 +122,20 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
     has_endpoints, has_managed = bool(etcd.get("endpoints")), "managed" in etcd
     if has_endpoints == has_managed:
         problems.append("spec.etcd needs exactly one of endpoints or managed")
+    secure = bool((spec.get("security") or {}).get("tls")) if isinstance(
+        spec.get("security"), Mapping) else False
     for endpoint in etcd.get("endpoints") or ():
         try:
             tls, _, _ = parse_etcd_url(str(endpoint))
         except ConfigError as exc:
             problems.append(f"spec.etcd.endpoints: {exc}")
             continue
-        if tls:
-            # The operator does not put certificates into pods yet (issue 16, Kubernetes).
+        if tls and not secure:
+            # The services' certificates are their etcd client certificates.
             problems.append(
-                f"spec.etcd.endpoints: {endpoint!r}: https endpoints are not supported by the "
-                "operator yet; expected an endpoint like http://HOST:PORT"
+                f"spec.etcd.endpoints: {endpoint!r}: an https etcd needs spec.security.tls (the "
+                "services show their certificates to etcd and trust the cluster CA); expected "
+                "an endpoint like http://HOST:PORT"
             )
     if has_managed and (etcd.get("managed") or {}).get("replicas", 1) not in (1, 3):
         problems.append("spec.etcd.managed.replicas must be 1 or 3")

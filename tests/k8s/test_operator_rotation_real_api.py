@@ -162,12 +162,16 @@ def test_a_renewed_certificate_rolls_the_broker_pods_safely_onto_the_new_secret(
                      "annotations": {s.BOOTSTRAP_ANNOTATION: bootstrap}},
         "spec": {"brokers": {"replicas": 3}, "controllers": {"replicas": 1},
                  "coordinators": {"replicas": 1},
-                 # the services' etcd is the local cluster's (https); no pod command runs here
-                 "etcd": {"endpoints": ["http://etcd.invalid:2379"]},
+                 # the local cluster's etcd: https, its certificate from the same CA (the
+                 # harness's brokers dial it with the Secret's keystore as client certificate)
+                 "etcd": {"endpoints": [fjord_local.etcd_url]},
                  "security": {"tls": True}},
     }))
     _wait(lambda: _ready_brokers(real_kube) == {0, 1, 2} and _cluster_ready(real_kube),
           "3 broker pods Ready and the cluster Ready", operator_log)
+    assert fjord_local.etcd_url.startswith("https://")
+    config = real_kube.get_json("configmap", f"{CLUSTER}-config", "-n", NAMESPACE)
+    assert config["data"]["FJORD_ETCD"] == fjord_local.etcd_url.rstrip("/")
     with AdminClient({"bootstrap.servers": bootstrap, **client}) as admin:
         admin.create_topics([NewTopic(TOPIC, PARTITIONS, 3, {"min.insync.replicas": "2"})])
     before = {i: p["metadata"]["uid"] for i, p in _broker_pods(real_kube).items()}

@@ -269,7 +269,7 @@ def test_managed_etcd_three_members() -> None:
             {"etcd": {"endpoints": ["http://a:1"], "managed": {"replicas": 1}}},
             "exactly one of endpoints or managed",
         ),
-        ({"etcd": {"endpoints": ["https://etcd:2379"]}}, "expected an endpoint like http://"),
+        ({"etcd": {"endpoints": ["https://etcd:2379"]}}, "an https etcd needs spec.security.tls"),
         ({"etcd": {"endpoints": ["etcd:two"]}}, "invalid port"),
         ({"etcd": {"endpoints": ["http://etcd:2379/v3"]}}, "must not have a path"),
         ({"etcd": {"managed": {"replicas": 2}}}, "must be 1 or 3"),

@@ -504,3 +504,15 @@ def test_the_operators_identity_is_reissued_at_half_its_life_into_private_files(
     finally:
         identity.remove()
     assert not identity.directory.exists()
+
+
+def test_an_https_etcd_is_taken_by_a_tls_cluster_and_dialled_as_https() -> None:
+    body = cluster_body()
+    body["spec"]["etcd"] = {"endpoints": ["https://etcd.infra.svc:2379"]}
+    assert builders.cluster_spec_problems(body["spec"]) == []
+    assert builders.etcd_url(body) == "https://etcd.infra.svc:2379"
+    config = builders.config_map(body)
+    assert config["data"]["FJORD_ETCD"] == "https://etcd.infra.svc:2379"
+    body["spec"].pop("security")
+    (problem,) = builders.cluster_spec_problems(body["spec"])
+    assert "an https etcd needs spec.security.tls" in problem
