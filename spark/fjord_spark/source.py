@@ -18,6 +18,7 @@ import bisect
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -457,7 +458,9 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     committed is also committed to that consumer group, as a report (Spark never reads it
     back): ``commit(end)`` comes one batch behind, so the start of each ``latestOffset`` call
     (the end of the last batch, committed before Spark plans the next) is reported as well.
-    A report that fails is logged and retried at the next trigger; it never fails the query.
+    Reports are sent without waiting (a slow or absent group coordinator never delays a
+    micro-batch); one that fails is logged and sent again at the next trigger; none fails the
+    query.
     """
 
     def __init__(self, options: ReaderOptions, schema: StructType) -> None:
@@ -474,10 +477,13 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         )
         self._committer: Consumer | None = None
         self._reported: Offsets = {}
+        # The report in flight and what it carries (at most one at a time).
+        self._in_flight: tuple[Future[Any], Offsets] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_committer"] = None
+        state["_in_flight"] = None
         return state
 
     def report_to_group(self, offsets: Offsets) -> None:
@@ -486,17 +492,29 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         group = self.options.group_id
         if group is None:
             return
+        if self._in_flight is not None:
+            future, sent = self._in_flight
+            if not future.done():
+                return  # the next trigger reports the newer offsets
+            self._in_flight = None
+            error = future.exception()
+            if error is None:
+                self._reported.update(sent)
+            else:
+                log.warning("could not report offsets to consumer group %r: %s", group, error)
         moved = {tp: o for tp, o in offsets.items() if self._reported.get(tp) != o}
         if not moved:
             return
         try:
             if self._committer is None:
                 self._committer = Consumer(self.options.group_committer_config())
-            self._committer.commit({tp: OffsetAndMetadata(o) for tp, o in moved.items()})
+            future = self._committer.commit(
+                {tp: OffsetAndMetadata(o) for tp, o in moved.items()}, asynchronous=True
+            )
         except FjordError as exc:
             log.warning("could not report offsets to consumer group %r: %s", group, exc)
             return
-        self._reported.update(moved)
+        self._in_flight = (future, moved)
 
     def initialOffset(self) -> dict[str, Any]:
         tps = self.view.partitions()

@@ -639,3 +639,41 @@ def test_min_offsets_per_trigger_waits_for_records_or_max_trigger_delay(
     # trigger started before the source's clock restarted; the next one's started just before
     # the source looked again).
     assert second_at - first_at >= 4.0 - 0.5
+
+
+def test_reports_to_the_group_never_wait_and_arrive(
+    bootstrap: str, new_topic: Any, admin: Any
+) -> None:
+    """The stream reader's report (no Spark job): sent without waiting, at most one in flight,
+    recorded once acknowledged; the group then holds exactly the reported offsets."""
+    from fjord_spark.source import FjordStreamReader
+
+    topic = new_topic(2)
+    group = f"spark-report-{uuid.uuid4().hex[:8]}"
+    options = parse_reader_options(
+        {"bootstrap.servers": bootstrap, "subscribe": topic, "kafka.group.id": group},
+        streaming=True,
+    )
+    stream = FjordStreamReader(options, reader_schema(False))
+    tp0, tp1 = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    try:
+        started = time.monotonic()
+        stream.report_to_group({tp0: 3, tp1: 0})
+        assert time.monotonic() - started < 5  # no round trip waited for (a client start only)
+        wait_for(
+            lambda: (
+                stream.report_to_group({tp0: 3, tp1: 0}) or stream._reported == {tp0: 3, tp1: 0}
+            ),
+            "the first report acknowledged",
+            SPARK_WAIT_S,
+        )
+        stream.report_to_group({tp0: 7, tp1: 0})  # only what moved is sent
+        wait_for(
+            lambda: stream.report_to_group({tp0: 7, tp1: 0}) or stream._reported[tp0] == 7,
+            "the second report acknowledged",
+            SPARK_WAIT_S,
+        )
+    finally:
+        stream.stop()
+    committed = admin.list_consumer_group_offsets(group)
+    assert {tp: o.offset for tp, o in committed.items() if o is not None} == {tp0: 7, tp1: 0}
