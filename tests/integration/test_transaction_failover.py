@@ -18,10 +18,14 @@ from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartiti
 from fjord.errors import TransactionError
 from fjord.local.cluster import LocalCluster
 from fjord.testing.waiting import wait_for
+from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
+from fjord.transactions.log import encode_key, transaction_partition
 
 pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0
+#: transactional.id.expiration.ms here: longer than any pause between a producer's calls.
+EXPIRATION_MS = 8000
 TOPIC = "txn-failover"
 
 
@@ -32,6 +36,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         cluster_id=f"txnfo-{uuid.uuid4().hex[:8]}", unsafe_etcd_no_fsync=True,
         coordinator_config={
             "transaction.abort.timed.out.transaction.cleanup.interval.ms": "300",
+            "transactional.id.expiration.ms": str(EXPIRATION_MS),
         },
     )
     c.start()
@@ -144,3 +149,40 @@ def test_a_silent_producers_transaction_is_aborted_on_its_timeout(
         assert fenced.value.fatal
     finally:
         silent.close(10)
+
+
+def test_an_idle_transactional_id_expires(cluster: LocalCluster) -> None:
+    """``transactional.id.expiration.ms``: an id without a transaction that was not used for
+    that long is forgotten (a tombstone in ``__transaction_state``); the next producer with
+    that id starts over with a new producer id."""
+    tid = f"idle-{uuid.uuid4().hex[:8]}"
+    first = producer(cluster, tid)
+    try:
+        first.init_transactions(WAIT_S)
+        first.begin_transaction()
+        first.send(TOPIC, b"idle-0")
+        first.commit_transaction(WAIT_S)
+        old_pid = first._txn._idempotence.producer_id  # type: ignore[union-attr]
+    finally:
+        first.close(10)
+    state = TopicPartition(TRANSACTION_STATE_TOPIC, transaction_partition(tid))
+    reader = Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                       "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        reader.assign([state])
+        seen: list[bytes | None] = []
+
+        def tombstone() -> bool:
+            seen.extend(r.value for r in reader.poll(0.5) if r.key == encode_key(tid))
+            return bool(seen) and seen[-1] is None
+
+        wait_for(tombstone, f"the tombstone of {tid}", EXPIRATION_MS / 1000 + WAIT_S)
+    finally:
+        reader.close()
+    second = producer(cluster, tid)
+    try:
+        second.init_transactions(WAIT_S)
+        idem = second._txn._idempotence  # type: ignore[union-attr]
+        assert idem.producer_id != old_pid and idem.producer_epoch == 0
+    finally:
+        second.close(10)

@@ -65,6 +65,7 @@ def test_settings_reach_the_group_config() -> None:
         "offsets.commit.timeout.ms": defaults.OFFSETS_COMMIT_TIMEOUT_MS,
         "transaction.max.timeout.ms": 60_000,
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": 10_000,
+        "transactional.id.expiration.ms": 7 * 24 * 3600 * 1000,
     }
     with pytest.raises(ConfigError, match=r"group\.min\.session\.timeout\.ms"):
         parse_coordinator_config(

@@ -179,6 +179,23 @@ def test_timed_out_transaction_is_aborted_at_a_bumped_epoch() -> None:
         initialized().abort_timed_out(0)
 
 
+def test_idle_ids_without_a_transaction_expire_as_tombstones() -> None:
+    meta = initialized(now=0)
+    assert meta.expire(999, expiration_ms=1000) is None  # not idle long enough
+    apply(meta, meta.add_partitions(1000, 7, 0, [TP0]))
+    assert meta.expire(10_000, expiration_ms=1000) is None  # a transaction runs
+    apply(meta, meta.end_transaction(10_000, 7, 0, commit=True))
+    apply(meta, meta.complete_transaction(10_001))
+    record = meta.expire(11_001, expiration_ms=1000)
+    assert record is not None and record.state is TxnState.DEAD
+    assert encode_record(record) == (encode_key("tx"), None)  # forgotten: a tombstone
+    meta.complete(record)
+    loader = TransactionLogLoader()
+    loader.apply_bytes(*encode_record(initialized().current))
+    loader.apply_bytes(*encode_record(record))
+    assert loader.records() == {}
+
+
 # --- property: random request sequences keep the invariants ----------------------------------
 
 PARTITIONS = [TopicPartition("t", n) for n in range(3)]

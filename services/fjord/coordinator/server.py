@@ -86,6 +86,7 @@ from fjord.transactions.defaults import (
     ABORT_TIMED_OUT_INTERVAL_MS,
     TRANSACTION_MAX_TIMEOUT_MS,
     TRANSACTION_STATE_TOPIC,
+    TRANSACTIONAL_ID_EXPIRATION_MS,
 )
 from fjord.transactions.log import TransactionLogLoader
 
@@ -105,6 +106,7 @@ _SERVICE_CONFIG_KEYS = (
     "offsets.commit.timeout.ms",
     "transaction.max.timeout.ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+    "transactional.id.expiration.ms",
 )
 CONFIG_KEYS = tuple(sorted([*_GROUP_CONFIG_KEYS, *_SERVICE_CONFIG_KEYS]))
 
@@ -120,6 +122,7 @@ def parse_coordinator_config(config: Mapping[str, str]) -> tuple[GroupConfig, di
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": (
             ABORT_TIMED_OUT_INTERVAL_MS
         ),
+        "transactional.id.expiration.ms": TRANSACTIONAL_ID_EXPIRATION_MS,
     }
     for key, text in config.items():
         if key not in CONFIG_KEYS:
@@ -250,6 +253,7 @@ class CoordinatorServer:
             self._complete_txn_offsets,
             partition_exists=self._partition_exists,
             max_timeout_ms=service["transaction.max.timeout.ms"],
+            expiration_ms=service["transactional.id.expiration.ms"],
         )
         self._txn_load_wakeup = asyncio.Event()
         self._next_pid_broker = 0
@@ -658,6 +662,7 @@ class CoordinatorServer:
 
     async def _abort_timed_out(self) -> None:
         await self.transactions.abort_timed_out()
+        await self.transactions.expire_transactional_ids()
 
     async def _new_producer_id(self) -> int:
         """A fresh producer id for a transactional id: asked of the live brokers in turn

@@ -28,7 +28,11 @@ from fjord.errors import (
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.groups.offsets_topic import group_partition
 from fjord.topic_partition import TopicPartition
-from fjord.transactions.defaults import TRANSACTION_MAX_TIMEOUT_MS, TRANSACTION_STATE_TOPIC
+from fjord.transactions.defaults import (
+    TRANSACTION_MAX_TIMEOUT_MS,
+    TRANSACTION_STATE_TOPIC,
+    TRANSACTIONAL_ID_EXPIRATION_MS,
+)
 from fjord.transactions.log import encode_record, transaction_partition
 from fjord.transactions.state import TransactionMetadata, TxnRecord, TxnState
 
@@ -95,6 +99,7 @@ class TransactionManager:
         *,
         clock: Callable[[], int] = wall_clock_ms,
         max_timeout_ms: int = TRANSACTION_MAX_TIMEOUT_MS,
+        expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS,
         partition_exists: Callable[[str, int], bool] | None = None,
     ) -> None:
         self._appender = appender
@@ -105,6 +110,7 @@ class TransactionManager:
         self._complete_offsets = complete_offsets
         self._clock = clock
         self.max_timeout_ms = max_timeout_ms
+        self.expiration_ms = expiration_ms
         self._partition_exists = partition_exists
         self._partitions: dict[int, _TxnPartition] = {}
         self._fenced: dict[int, int] = {}
@@ -460,6 +466,31 @@ class TransactionManager:
                 self._start_completion(part, meta)
                 started += 1
         return started
+
+
+    async def expire_transactional_ids(self) -> int:
+        """``transactional.id.expiration.ms``: forget ids without a transaction that were not
+        used for that long (a tombstone in ``__transaction_state``); returns how many."""
+        now = self._clock()
+        expired = 0
+        for part in list(self._partitions.values()):
+            if not part.loaded:
+                continue
+            for tid, meta in list(part.txns.items()):
+                record = meta.expire(now, self.expiration_ms)
+                if record is None:
+                    continue
+                try:
+                    await self._write(part, meta, record)
+                except FjordError as exc:
+                    log.warning("expiring transactional id %r failed: %s", tid, exc)
+                    continue
+                if part.txns.get(tid) is meta and meta.state is TxnState.DEAD:
+                    del part.txns[tid]
+                    expired += 1
+        if expired:
+            log.info("expired %d transactional ids", expired)
+        return expired
 
 
 _PREPARE_STATES = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})

@@ -153,8 +153,11 @@ def decode_value(transactional_id: str, data: bytes) -> TxnRecord:
     )
 
 
-def encode_record(record: TxnRecord) -> tuple[bytes, bytes]:
-    """(key bytes, value bytes) ready to go into a RecordBatch."""
+def encode_record(record: TxnRecord) -> tuple[bytes, bytes | None]:
+    """(key bytes, value bytes) ready to go into a RecordBatch; a Dead id is a tombstone
+    (value None: the id is forgotten, and compaction removes it)."""
+    if record.state is TxnState.DEAD:
+        return encode_key(record.transactional_id), None
     return encode_key(record.transactional_id), encode_value(record)
 
 

@@ -395,6 +395,14 @@ class TransactionMetadata:
             replace(cur, state=target, partitions=frozenset(), last_update_ms=now_ms)
         )
 
+    def expire(self, now_ms: int, expiration_ms: int) -> TxnRecord | None:
+        """``transactional.id.expiration.ms``: an id with no transaction (Empty, Complete*)
+        not used for that long is forgotten: the Dead record to write (the shell writes it
+        as a tombstone), or None when it is not expirable now."""
+        if self.pending is not None or not _expirable(self.current, now_ms, expiration_ms):
+            return None
+        return self._prepare(replace(self.current, state=TxnState.DEAD, last_update_ms=now_ms))
+
     def timed_out(self, now_ms: int) -> bool:
         """An ongoing transaction older than its timeout (the coordinator aborts it)."""
         cur = self.current
@@ -413,6 +421,14 @@ class TransactionMetadata:
                 f"transactional id {self.transactional_id!r} has no timed-out transaction"
             )
         return self._prepare(self._fenced_abort(now_ms))
+
+
+def _expirable(record: TxnRecord, now_ms: int, expiration_ms: int) -> bool:
+    return (
+        record.state in (TxnState.EMPTY, TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT)
+        and record.last_update_ms >= 0
+        and now_ms - record.last_update_ms >= expiration_ms
+    )
 
 
 def check_transaction_timeout(timeout_ms: int, max_timeout_ms: int) -> None:
