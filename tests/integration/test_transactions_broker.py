@@ -217,12 +217,31 @@ def test_read_committed_hides_open_and_aborted_transactions(
     assert data_offsets(committed) == [0]
     assert data_offsets(fetch(cluster, leader, topic, 0, 0)) == [0, 1]
     assert consume_values(cluster, topic, "read_committed", 1) == ["p0"]
-    consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers,
-                         "isolation.level": "read_committed"})
-    try:
-        assert consumer.end_offsets([TopicPartition(topic, 0)]) == {TopicPartition(topic, 0): 1}
-    finally:
-        consumer.close()
+    tp = TopicPartition(topic, 0)
+    lags = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                             "isolation.level": isolation, "max.poll.records": 1})
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, 1)
+            assert consumer.current_lag(tp) is None  # no fetch answer yet
+
+            moved_to = 1 if isolation == "read_committed" else 2
+
+            def lag(c: Consumer = consumer, moved_to: int = moved_to) -> int | None:
+                c.poll(0.2)  # at most one record: read_uncommitted moves to 2
+                return c.current_lag(tp) if c.position(tp) == moved_to else None
+
+            lags[isolation] = wait_for(lag, f"a fetch answer ({isolation})",
+                                       accept=lambda found: found is not None)
+            if isolation == "read_committed":
+                assert consumer.end_offsets([tp]) == {tp: 1}  # the LSO
+        finally:
+            consumer.close()
+    # read_committed: position 1, measured to the LSO (1); read_uncommitted: position 2 after
+    # one record, measured to the high watermark (3).
+    assert lags == {"read_committed": 0, "read_uncommitted": 1}
 
     produce(cluster, leader, topic, txn_batch(b, 0, ["b3"]))  # 3
     produce(cluster, leader, topic, txn_batch(a, 2, ["a4"]))  # 4
