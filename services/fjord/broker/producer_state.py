@@ -209,11 +209,17 @@ def _batch_offsets(headers: Sequence[BatchHeader], first_offset: int) -> Iterato
 
 
 class ProducerStateManager:
-    """The idempotence state of one partition replica (Kafka's ProducerStateManager).
+    """The idempotence and transaction state of one partition replica (Kafka's
+    ProducerStateManager).
 
     Invariants:
-    - ``producers`` reflects exactly the idempotent batches of the log below ``end_offset``
-      (applied in log order), minus producers expired by :meth:`remove_expired`.
+    - ``producers`` reflects exactly the idempotent batches and markers of the log below
+      ``end_offset`` (applied in log order), minus producers expired by :meth:`remove_expired`
+      (never one with an open transaction).
+    - ``ongoing`` maps exactly the producers whose ``txn_first_offset`` is set to it: a
+      producer's transactional batches since its last marker.
+    - ``unreplicated`` holds, in marker order, the completed transactions whose marker may not
+      be below the high watermark yet; it only shrinks by :meth:`on_high_watermark`.
     - A leader append is decided by :meth:`check_append` before anything is written, and only a
       successful append is recorded (:meth:`record_append`); a rejected batch changes nothing.
     - Pure: no files, sockets or clocks (see :func:`load_producer_state` and
