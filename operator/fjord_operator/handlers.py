@@ -945,6 +945,10 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
     principal = user_principal(name)
     try:
         if credentials.changed:
+            if set(live or {}) - set(credentials.data):
+                # Keys of the other authentication type (a merge patch would keep them): the
+                # Secret is made anew, so it never holds a certificate the user gave up.
+                await rt.kube.delete("v1", "Secret", namespace, name)
             await rt.kube.apply(secret(body, name, "user", credentials.data))
         mechanisms = await admin.scram_mechanisms(name)
         if kind == SCRAM:

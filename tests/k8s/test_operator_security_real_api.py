@@ -450,6 +450,29 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
                        NAMESPACE, "--wait=false")
 
 
+def test_switching_a_user_from_certificate_to_scram_replaces_its_secret(world: World) -> None:
+    world.apply(_user("dave", "tls", []))
+    world.wait(lambda: world.ready("fjorduser", "dave"), "dave Ready with a certificate")
+    assert set(world.secret("dave") or {}) == {"ca.crt", "user.crt", "user.key",
+                                              "client.properties"}
+    world.apply(_user("dave", "scram-sha-512", []))
+
+    def switched() -> dict[str, bytes] | None:
+        data = world.secret("dave")
+        ready = world.ready("fjorduser", "dave")
+        return data if ready and data and "password" in data else None
+
+    data = world.wait(switched, "dave Ready with a password")
+    assert set(data) == {"ca.crt", "password", "client.properties"}  # no certificate left
+    assert _scram(world, "dave") == ["SCRAM-SHA-512"]
+    world.apply(_user("dave", "tls", []))
+    world.wait(lambda: world.ready("fjorduser", "dave") and _scram(world, "dave") == []
+               and "user.crt" in (world.secret("dave") or {}),
+               "dave back on a certificate, its SCRAM credential deleted")
+    assert "password" not in (world.secret("dave") or {})
+    world.kube.kubectl("delete", "fjorduser", "dave", "-n", NAMESPACE)
+
+
 def test_deleting_users_removes_their_secrets_acls_and_credentials(
     world: World, users: dict[str, dict[str, str]]
 ) -> None:
