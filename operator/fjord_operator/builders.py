@@ -304,13 +304,15 @@ def _security_flags(spec: Mapping[str, Any]) -> str:
 
 
 def _mount_tls(pod_spec: Obj, container: Obj, cluster: str, role: str) -> None:
-    """Mount the role's TLS Secret (read-only, owner-only files) at TLS_MOUNT_DIR."""
+    """Mount the role's TLS Secret read-only at TLS_MOUNT_DIR, files 0440: the kubelet owns
+    them as root with the pod's fsGroup (10001, the image's user) as group, so the service
+    reads them and no other user does."""
     container.setdefault("volumeMounts", []).append(
         {"name": "tls", "mountPath": s.TLS_MOUNT_DIR, "readOnly": True}
     )
     pod_spec.setdefault("volumes", []).append(
         {"name": "tls", "secret": {"secretName": service_secret_name(cluster, role),
-                                   "defaultMode": 0o400}}
+                                   "defaultMode": 0o440}}
     )
 
 

@@ -178,7 +178,7 @@ def test_the_operator_keeps_the_service_certificates_in_secrets_and_mounts_them(
     assert sts is not None
     pod = sts["spec"]["template"]
     assert {"name": "tls", "secret": {"secretName": f"{CLUSTER}-broker-tls",
-                                      "defaultMode": 0o400}} in pod["spec"]["volumes"]
+                                      "defaultMode": 0o440}} in pod["spec"]["volumes"]
     script = pod["spec"]["containers"][0]["command"][2]
     assert "--security-config /etc/fjord/tls/security.properties" in script
     assert "--listeners SASL_SSL://0.0.0.0:9095" in script

@@ -311,7 +311,7 @@ def test_secure_pods_mount_their_role_secret_and_start_with_tls() -> None:
         assert f"--security-config {s.TLS_MOUNT_DIR}/security.properties" in script
         assert {"name": "tls", "mountPath": s.TLS_MOUNT_DIR, "readOnly": True} in \
             container["volumeMounts"]
-        assert {"name": "tls", "secret": {"secretName": f"fj-{role}-tls", "defaultMode": 0o400}} \
+        assert {"name": "tls", "secret": {"secretName": f"fj-{role}-tls", "defaultMode": 0o440}} \
             in pod["spec"]["volumes"]
         if role != "controller":
             assert "--listeners SSL://0.0.0.0:9095" in script
