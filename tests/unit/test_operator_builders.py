@@ -426,3 +426,33 @@ def test_a_broker_without_its_rack_annotation_waits_then_exits_naming_why(
         proc.kill()
     argv = out.splitlines()
     assert flag(argv, "--rack") == "zone-c"
+
+
+def test_secure_commands_in_a_real_shell(tmp_path: Path) -> None:
+    """The secure containers' commands, run by sh with a stand-in fjord that prints its argv:
+    every service gets the mounted --security-config; the Kafka doors are SSL://; controllers
+    and coordinators advertise their dashed pod IP under their headless Service (a name the
+    role certificate's wildcard SAN covers), brokers their stable pod name."""
+    from fjord_operator import settings as s
+    from fjord_operator.security import service_sans
+
+    body = cluster(security={"tls": True, "authorization": True})
+    body["metadata"].update(name="fj", namespace="ns")
+    objs = {f"{o['kind']}/{o['metadata']['name']}": o for o in builders.cluster_objects(
+        body, 3, {"broker": "b", "controller": "c", "coordinator": "o"})}
+    config = f"{s.TLS_MOUNT_DIR}/security.properties"
+    (broker,) = objs["StatefulSet/fj-broker"]["spec"]["template"]["spec"]["containers"]
+    argv = run_container_command(broker["command"], tmp_path, HOSTNAME="fj-broker-2")
+    assert flag(argv, "--security-config") == config
+    assert flag(argv, "--advertised-listeners") == "SSL://fj-broker-2.fj-broker-headless.ns.svc:9095"
+    for role in ("controller", "coordinator"):
+        (container,) = objs[f"Deployment/fj-{role}"]["spec"]["template"]["spec"]["containers"]
+        argv = run_container_command(container["command"], tmp_path, POD_IP="10.1.2.3",
+                                     POD_UID="0a1b2c3d-4e5f-6789-abcd-ef0123456789")
+        host = f"10-1-2-3.fj-{role}-headless.ns.svc"
+        assert flag(argv, "--advertised-host") == host
+        assert flag(argv, "--security-config") == config
+        names = service_sans("fj", "ns", role)
+        assert f"*.{host.split('.', 1)[1]}" in names
+        if role == "coordinator":
+            assert flag(argv, "--advertised-listeners") == f"SSL://{host}:9095"

@@ -516,3 +516,4 @@ def test_an_https_etcd_is_taken_by_a_tls_cluster_and_dialled_as_https() -> None:
     body["spec"].pop("security")
     (problem,) = builders.cluster_spec_problems(body["spec"])
     assert "an https etcd needs spec.security.tls" in problem
+
