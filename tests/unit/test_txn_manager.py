@@ -194,3 +194,65 @@ def test_a_fenced_append_or_marker_gives_the_partition_up() -> None:
 
 async def _true(value: bool) -> bool:
     return value
+
+
+# --- ACLs (AuthorizedTransactions over a real MetadataImage with ACL keys) -------------------
+
+
+def test_transactional_requests_need_write_on_the_id_and_on_each_topic() -> None:
+    from fjord.coordinator.authorization import AuthorizedTransactions
+    from fjord.metadata import AclEntries, Keys, MetadataEvent, MetadataImage
+    from fjord.security import Principal
+    from fjord.security.acls import (
+        AccessControl,
+        AccessControlEntry,
+        AclOperation,
+        AclPermissionType,
+        AuthorizerSettings,
+        Caller,
+        PatternType,
+        ResourcePattern,
+        ResourceType,
+    )
+
+    keys = Keys("c1")
+    acls = [
+        (ResourcePattern(ResourceType.TRANSACTIONAL_ID, "ship", PatternType.PREFIXED),
+         AclOperation.WRITE),
+        (ResourcePattern(ResourceType.TOPIC, "orders", PatternType.LITERAL), AclOperation.WRITE),
+    ]
+    image = MetadataImage.empty("c1").apply([
+        MetadataEvent.put(
+            keys.acl(pattern),
+            AclEntries((AccessControlEntry("User:alice", "*", op, AclPermissionType.ALLOW),))
+            .to_json(), i + 1, i + 1,
+        )
+        for i, (pattern, op) in enumerate(acls)
+    ])
+    alice = Caller(Principal("alice"), "10.0.0.1")
+    bob = Caller(Principal("bob"), "10.0.0.2")
+
+    async def body() -> None:
+        log, leaders = Log(), Leaders()
+        m = manager(log, leaders)
+        m.install(PART, 3, {})
+        gate = AuthorizedTransactions(m, lambda: image, AccessControl(AuthorizerSettings()))
+        with pytest.raises(FjordError) as refused:
+            await gate.init_producer_id(bob, TID, 60_000)
+        assert refused.value.code is ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+        assert not log.submitted  # nothing written for bob
+        pid, epoch = await gate.init_producer_id(alice, TID, 60_000)
+        errors = await gate.add_partitions(alice, TID, pid, epoch,
+                                           [TP0, TopicPartition("secret", 0)])
+        assert errors == {TP0: ErrorCode.OPERATION_NOT_ATTEMPTED,
+                          TopicPartition("secret", 0): ErrorCode.TOPIC_AUTHORIZATION_FAILED}
+        assert m.describe(TID).state is TxnState.EMPTY  # type: ignore[union-attr]
+        assert await gate.add_partitions(alice, TID, pid, epoch, [TP0]) == {
+            TP0: ErrorCode.NONE
+        }
+        with pytest.raises(FjordError) as no_group:
+            await gate.add_offsets(alice, TID, pid, epoch, "g")
+        assert no_group.value.code is ErrorCode.GROUP_AUTHORIZATION_FAILED
+        await m.close()
+
+    run(body())
