@@ -583,9 +583,13 @@ def verdicts(results: list[Figures]) -> list[str]:
 
 
 def machine() -> str:
+    from fjord.records.speedups import IMPLEMENTATION
+
+    records = "C extension" if IMPLEMENTATION == "c" else "pure Python"
     return (
         f"{os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}"
+        f"{platform.system()} {platform.release()}; Fjord's record code: {records} "
+        "(fjord.records.speedups)"
     )
 
 

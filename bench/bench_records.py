@@ -34,6 +34,7 @@ from fjord.records import (
     read_batches,
     stamp_batch,
 )
+from fjord.records.speedups import IMPLEMENTATION
 
 KEY_SIZE = 8
 VALUE_SIZE = 100
@@ -169,7 +170,7 @@ def main() -> None:
 
 TARGET = 1_000_000
 
-WHY = (
+WHY_PYTHON = (
     "Why decoding is slower than building: appending a record is a handful of table lookups and "
     "one `bytes.join`; decoding one is ~90 bytecodes on CPython 3.11 (six varints with one- and "
     "two-byte fast paths, two slices, and the per-record checks that let nothing malformed "
@@ -177,10 +178,18 @@ WHY = (
     "objects, filling a frozen dataclass. The frozen dataclass's own `__init__` costs ~1.9 us "
     "per record here (five `object.__setattr__` calls), so `records_from_tuples` fills the slots "
     "column by column through C-level `map` calls instead (~0.5 us); that remaining cost is the "
-    "gap between the Record and tuples columns. Without a compiled extension (excluded) or a "
-    "tuple-based `Record` (the shared contract says frozen dataclass), the per-record floor on "
-    "this machine is about the tuples figure. Consumers that wrap records in their own type "
-    "(the client's consumer does) use `RecordBatch.record_tuples()`."
+    "gap between the Record and tuples columns. Consumers that wrap records in their own type "
+    "(the client's consumer does) use `RecordBatch.records_as()` / `record_tuples()`."
+)
+
+WHY_C = (
+    "Record code: the C extension (fjord.records._speedups, docs/records.md): records are "
+    "encoded and decoded in C, headers, CRC-32C (the crc32c package) and codecs per batch. The "
+    "decode Record column is bounded by filling the frozen dataclass `Record` in Python "
+    "(`records_from_tuples`, ~0.5 us a record); the tuples column is the C decoder plus each "
+    "batch's header parse and CRC check. The consumer builds its ConsumerRecords in the same C "
+    "call (`RecordBatch.records_as`). With FJORD_PURE_PYTHON=1 this script measures the "
+    "pure-Python fallback. " + WHY_PYTHON
 )
 
 
@@ -207,8 +216,9 @@ def write_results(
         f"{cpu_model()}, Python {platform.python_version()} ({sys.implementation.name}); "
         f"load average {os.getloadavg()[0]:.1f} when it ran (other engineers' tests share the "
         "machine); each cell is the best of its rounds, each round the best of its repeats; "
-        "one core.\n\n"
-        f"{table}\n\n{verdict(spread)}\n\n{WHY}\n"
+        f"one core; record code: {'C extension' if IMPLEMENTATION == 'c' else 'pure Python'}."
+        "\n\n"
+        f"{table}\n\n{verdict(spread)}\n\n{WHY_C if IMPLEMENTATION == 'c' else WHY_PYTHON}\n"
     )
     text = (
         RESULTS.read_text()
