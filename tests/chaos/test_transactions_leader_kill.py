@@ -38,6 +38,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         tmp_path_factory.mktemp("txn-leader-kill"), brokers=3, controllers=1, coordinators=1,
         cluster_id=f"txk-{uuid.uuid4().hex[:8]}", broker_lease_ttl_s=2,
         unsafe_etcd_no_fsync=True,
+        # A dead broker leaves the ISRs within seconds: acks=all and markers go on without it.
+        config={"replica.lag.time.max.ms": "5000"},
     )
     c.start()
     try:
