@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -1290,19 +1290,38 @@ def register(
     async def cleanup(**_: Any) -> None:
         await rt.close()
 
-    async def cluster_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_cluster(rt, body)
-        patch.status.update(plan.status)
-        if plan.retry:
-            raise kopf.TemporaryError(
-                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
-            )
+    def reconciler(
+        reconcile: Callable[[Any], Awaitable[Any]], retry_soon: bool
+    ) -> Callable[..., Awaitable[None]]:
+        """A kopf handler: one reconciliation under the object's lock, its status written; a
+        plan that waits for the cluster is retried after retry_delay_s (``retry_soon``: change
+        handlers; timers just come back on their interval)."""
 
-    async def cluster_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_cluster(rt, body)
-        patch.status.update(plan.status)
+        async def handler(body: Any, patch: kopf.Patch, **_: Any) -> None:
+            async with rt.lock(body["metadata"]["uid"]):
+                plan = await reconcile(body)
+            patch.status.update(plan.status)
+            if retry_soon and plan.retry:
+                raise kopf.TemporaryError(
+                    plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
+                )
+
+        return handler
+
+    def finalizer(finalize: Callable[[Any], Awaitable[None]]) -> Callable[..., Awaitable[None]]:
+        """A kopf delete handler (its finalizer holds the object until it succeeds); an
+        unreachable cluster is retried."""
+
+        async def handler(body: Any, **_: Any) -> None:
+            async with rt.lock(body["metadata"]["uid"]):
+                try:
+                    await finalize(body)
+                except Exception as exc:
+                    if _unreachable(exc):
+                        raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
+                    raise
+
+        return handler
 
     def reconcile_on_change_and_timer(
         plural: str, on_change: Any, on_timer: Any, interval_s: float, timer_id: str
@@ -1328,72 +1347,32 @@ def register(
 
     reconcile_on_change_and_timer(
         s.CLUSTER_PLURAL,
-        cluster_change,
-        cluster_timer,
+        reconciler(lambda body: reconcile_cluster(rt, body), True),
+        reconciler(lambda body: reconcile_cluster(rt, body), False),
         settings.cluster_interval_s,
         "cluster-timer",
     )
-
-    async def topic_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_topic(rt, body)
-        patch.status.update(plan.status)
-        if plan.retry:
-            raise kopf.TemporaryError(
-                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
-            )
-
-    async def topic_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_topic(rt, body, autoscale=True)
-        patch.status.update(plan.status)
-
-    async def topic_delete(body: Any, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            try:
-                await finalize_topic(rt, body)
-            except Exception as exc:
-                if _unreachable(exc):
-                    raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
-                raise
-
     reconcile_on_change_and_timer(
-        s.TOPIC_PLURAL, topic_change, topic_timer, settings.topic_interval_s, "topic-timer"
+        s.TOPIC_PLURAL,
+        reconciler(lambda body: reconcile_topic(rt, body), True),
+        reconciler(lambda body: reconcile_topic(rt, body, autoscale=True), False),
+        settings.topic_interval_s,
+        "topic-timer",
     )
     kopf.on.delete(
         group=group, version=version, plural=s.TOPIC_PLURAL, registry=registry, id="delete-topic"
-    )(topic_delete)
-
-    async def user_change(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_user(rt, body)
-        patch.status.update(plan.status)
-        if plan.retry:
-            raise kopf.TemporaryError(
-                plan.status["conditions"][0]["message"], delay=settings.retry_delay_s
-            )
-
-    async def user_timer(body: Any, patch: kopf.Patch, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            plan = await reconcile_user(rt, body)
-        patch.status.update(plan.status)
-
-    async def user_delete(body: Any, **_: Any) -> None:
-        async with rt.lock(body["metadata"]["uid"]):
-            try:
-                await finalize_user(rt, body)
-            except Exception as exc:
-                if _unreachable(exc):
-                    raise kopf.TemporaryError(str(exc), delay=settings.retry_delay_s) from exc
-                raise
-
+    )(finalizer(lambda body: finalize_topic(rt, body)))
     # Drift (an ACL added or removed behind the operator's back) is corrected on the timer.
     reconcile_on_change_and_timer(
-        s.USER_PLURAL, user_change, user_timer, settings.topic_interval_s, "user-timer"
+        s.USER_PLURAL,
+        reconciler(lambda body: reconcile_user(rt, body), True),
+        reconciler(lambda body: reconcile_user(rt, body), False),
+        settings.topic_interval_s,
+        "user-timer",
     )
     kopf.on.delete(
         group=group, version=version, plural=s.USER_PLURAL, registry=registry, id="delete-user"
-    )(user_delete)
+    )(finalizer(lambda body: finalize_user(rt, body)))
     return registry
 
 
