@@ -518,3 +518,18 @@ def test_fast_and_locked_appends_from_threads_get_their_own_offsets() -> None:
     stored = {r.value: r.offset for r in decode_records(drained[0].payload)}
     assert len(stored) == 4001
     assert all(stored[value] == future.result(0).offset for value, future in futures.items())
+
+
+def test_a_completion_wakes_a_waiter_that_came_first() -> None:
+    """The completion's event is made by the first wait(): a waiter that started before the
+    batch completed is woken by it; after completion wait() returns at once."""
+    batch = BatchCompletion("t", 0)
+    future = RecordFuture(batch, 2, 5)
+    results: list[RecordMetadata] = []
+    waiter = threading.Thread(target=lambda: results.append(future.result(timeout=30)))
+    waiter.start()
+    assert not batch.wait(0.01)  # (also makes the event if the waiter has not yet)
+    batch.complete(10)
+    waiter.join(30)
+    assert results == [RecordMetadata("t", 0, 12, 5)]
+    assert batch.done and batch.wait(0) and BatchCompletion("t", 1).wait(0) is False

@@ -32,6 +32,7 @@ class BatchCompletion:
 
     __slots__ = (
         "_callbacks",
+        "_done",
         "_event",
         "_lock",
         "base_offset",
@@ -47,16 +48,26 @@ class BatchCompletion:
         self.base_offset = -1
         self.log_append_time = -1
         self.error: BaseException | None = None
-        self._event = threading.Event()
+        self._done = False
+        # Made by the first wait() only: a threading.Event (a Condition and its locks, in
+        # Python) per batch was a noticeable share of the sender's time, and most batches are
+        # never waited for (flush() waits for the last ones).
+        self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._callbacks: list[tuple[DoneCallback, RecordFuture]] = []
 
     @property
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def wait(self, timeout: float | None) -> bool:
-        return self._event.wait(timeout)
+        with self._lock:
+            if self._done:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
 
     def complete(self, base_offset: int, log_append_time: int = -1) -> None:
         self._finish(base_offset, log_append_time, None)
@@ -66,19 +77,21 @@ class BatchCompletion:
 
     def _finish(self, base_offset: int, log_append_time: int, error: BaseException | None) -> None:
         with self._lock:
-            if self._event.is_set():
+            if self._done:
                 return
             self.base_offset = base_offset
             self.log_append_time = log_append_time
             self.error = error
-            self._event.set()
+            self._done = True  # (after the fields: a reader that sees it sees them)
+            if self._event is not None:
+                self._event.set()
             callbacks, self._callbacks = self._callbacks, []
         for fn, future in callbacks:
             _run_callback(fn, future)
 
     def add_callback(self, fn: DoneCallback, future: RecordFuture) -> None:
         with self._lock:
-            if not self._event.is_set():
+            if not self._done:
                 self._callbacks.append((fn, future))
                 return
         _run_callback(fn, future)
