@@ -110,3 +110,6 @@ DELETED_SUFFIX: Final = ".deleted"
 OFFSET_DIGITS: Final = 20
 DATA_DIR_LOCK: Final = ".lock"
 """Held with flock by the LogManager that uses a data directory."""
+
+#: Partition logs a broker opens at once when it starts (their fsyncs overlap).
+LOAD_THREADS = 8

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from fjord.errors import FjordError, InvalidTopicError, StorageError
@@ -80,6 +81,11 @@ class LogManager:
             raise
 
     def _load_all(self) -> None:
+        """Open every partition directory, ``defaults.LOAD_THREADS`` at a time: opening a log
+        after a restart is mostly waiting for fsyncs (the recovery checkpoint, the directory
+        once the clean-shutdown marker is gone), which overlap across threads; one at a time,
+        a broker with thousands of partitions waits for them in turn."""
+        found: list[tuple[TopicPartition, Path]] = []
         for entry in sorted(self.data_dir.iterdir()):
             if entry.name.startswith("."):
                 continue
@@ -95,13 +101,32 @@ class LogManager:
                 raise StorageError(
                     f"directory {entry} is not named <topic>-<partition>: cannot load it"
                 )
+            found.append((key, entry))
+
+        def open_one(item: tuple[TopicPartition, Path]) -> tuple[TopicPartition, PartitionLog]:
+            key, entry = item
             try:
-                self._logs[key] = PartitionLog.open(entry, self.default_config)
+                return key, PartitionLog.open(entry, self.default_config)
             except FjordError as e:
                 raise StorageError(f"cannot load partition directory {entry}: {e}") from e
-            report = self._logs[key].recovery
-            if report is not None and not report.clean_shutdown:
-                log.warning("recovered %s after an unclean shutdown: %s", entry, report)
+
+        with ThreadPoolExecutor(max_workers=defaults.LOAD_THREADS,
+                                thread_name_prefix="fjord-log-load") as pool:
+            futures = [pool.submit(open_one, item) for item in found]
+            failure: BaseException | None = None
+            for future in futures:  # every open finishes (or fails) before this returns
+                try:
+                    key, opened = future.result()
+                except BaseException as exc:
+                    failure = failure or exc
+                    continue
+                self._logs[key] = opened
+                report = opened.recovery
+                if report is not None and not report.clean_shutdown:
+                    log.warning("recovered %s after an unclean shutdown: %s",
+                                opened.directory, report)
+        if failure is not None:
+            raise failure
 
     def get_or_create(
         self, topic: str, partition: int, config: LogConfig | None = None
