@@ -116,3 +116,7 @@ DISK_PROBE_BYTES = 64 * 1024
 
 #: Name of that probe file in the data directory (hidden: the LogManager ignores it).
 DISK_PROBE_FILE = ".fjord-disk-probe"
+
+#: Producer-state snapshots a broker writes at once (each waits for an fsync in a worker
+#: thread; at shutdown every partition whose producer state moved writes one).
+SNAPSHOTS_AT_ONCE = 8

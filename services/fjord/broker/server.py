@@ -844,12 +844,20 @@ class BrokerServer:
         """Write a producer-state snapshot where the log rolled since the last one (``force``:
         wherever the state moved, at shutdown). Serialised here, written by a worker thread."""
         assert self.replicas is not None
-        for _key, partition in self.replicas.hosted():
-            try:
-                await snapshot_producer_state(partition, force=force)
-            except Exception as exc:
-                if not self.disk.report("producer snapshot", exc):
-                    log.exception("producer-state snapshot of %s failed", partition.log.directory)
+        # Several at a time: each snapshot waits for its fsync in a worker thread, and at
+        # shutdown every partition with producer state moved writes one.
+        limit = asyncio.Semaphore(defaults.SNAPSHOTS_AT_ONCE)
+
+        async def snapshot(partition: Partition) -> None:
+            async with limit:
+                try:
+                    await snapshot_producer_state(partition, force=force)
+                except Exception as exc:
+                    if not self.disk.report("producer snapshot", exc):
+                        log.exception("producer-state snapshot of %s failed",
+                                      partition.log.directory)
+
+        await asyncio.gather(*(snapshot(p) for _key, p in self.replicas.hosted()))
 
     async def _expire_producers(self) -> None:
         assert self.replicas is not None

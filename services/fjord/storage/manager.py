@@ -189,12 +189,20 @@ class LogManager:
         with self._lock:
             logs, self._logs = list(self._logs.values()), {}
         unclosed: list[tuple[PartitionLog, OSError]] = []
-        for partition_log in logs:
+
+        def close_one(partition_log: PartitionLog) -> None:
             try:
                 partition_log.close()
             except OSError as e:  # a full disk: this log is recovered at the next start
                 partition_log.abandon()
                 unclosed.append((partition_log, e))
+
+        # Several at a time, as at start: each close waits for fsyncs (flush, checkpoint,
+        # clean-shutdown marker), which overlap across threads.
+        with ThreadPoolExecutor(max_workers=defaults.LOAD_THREADS,
+                                thread_name_prefix="fjord-log-close") as pool:
+            for future in [pool.submit(close_one, partition_log) for partition_log in logs]:
+                future.result()
         if unclosed:
             log.warning(
                 "%d partition logs in %s could not be closed cleanly (%s, first %s): they are "
