@@ -9,6 +9,7 @@ import asyncio
 from collections.abc import Iterable
 
 import pytest
+from prometheus_client import REGISTRY
 
 from fjord.coordinator.transactions import TransactionManager
 from fjord.errors import (
@@ -84,10 +85,15 @@ def run(coro):  # type: ignore[no-untyped-def]
     return asyncio.run(coro)
 
 
+def ended(outcome: str) -> float:
+    return REGISTRY.get_sample_value("fjord_transactions_total", {"outcome": outcome}) or 0.0
+
+
 def test_commit_writes_markers_until_every_leader_took_them_then_completes() -> None:
     async def body() -> None:
         log, leaders, offsets = Log(), Leaders(), Offsets(fail_first=1)
         m = manager(log, leaders, offsets)
+        commits = ended("commit")
         assert m.install(PART, 3, {})
         pid, epoch = await m.init_producer_id(TID, 60_000)
         assert (pid, epoch) == (100, 0)
@@ -108,6 +114,7 @@ def test_commit_writes_markers_until_every_leader_took_them_then_completes() -> 
         assert all(c[:4] == (pid, epoch, True, 3) for c in leaders.calls)
         assert offsets.completed == [(group_tp.partition, pid, True)]  # after one retry
         assert not state_in_log(log).partitions
+        assert ended("commit") == commits + 1
         await m.close()
 
     run(body())
@@ -135,6 +142,7 @@ def test_init_fences_an_ongoing_transaction_by_aborting_it() -> None:
         log, leaders = Log(), Leaders()
         m = manager(log, leaders)
         m.install(PART, 3, {})
+        fenced = ended("fenced")
         pid, _ = await m.init_producer_id(TID, 60_000)
         await m.add_partitions(TID, pid, 0, [TP0])
         with pytest.raises(ConcurrentTransactionsError):
@@ -148,6 +156,7 @@ def test_init_fences_an_ongoing_transaction_by_aborting_it() -> None:
 
         assert await wait_for_async(again, "init after the abort", 10) == (pid, 2)
         assert leaders.calls[0][:3] == (pid, 1, False)  # aborted at the bumped epoch
+        assert ended("fenced") == fenced + 1
         with pytest.raises(ProducerFencedError):
             await m.end_transaction(TID, pid, 0, committed=True)
         await m.close()

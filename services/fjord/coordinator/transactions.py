@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -27,6 +28,7 @@ from fjord.errors import (
 )
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.groups.offsets_topic import group_partition
+from fjord.observability.metrics import record_transaction_end
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import (
     TRANSACTION_MAX_TIMEOUT_MS,
@@ -115,6 +117,9 @@ class TransactionManager:
         self._partitions: dict[int, _TxnPartition] = {}
         self._fenced: dict[int, int] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
+        #: Why a transactional id's prepared abort was started by the coordinator itself
+        #: ("timeout", "fenced"), for the outcome metric; absent: the producer's EndTxn.
+        self._abort_reasons: dict[str, str] = {}
         self.active = False
 
     # --- ownership ---------------------------------------------------------------------------
@@ -285,6 +290,7 @@ class TransactionManager:
                 "transactional id %r: fenced epoch %d, aborting its ongoing transaction",
                 transactional_id, meta.current.last_producer_epoch,
             )
+            self._abort_reasons[transactional_id] = "fenced"
             self._start_completion(part, meta)
             raise ConcurrentTransactionsError(
                 f"transactional id {transactional_id!r}: aborting the previous producer's "
@@ -384,6 +390,7 @@ class TransactionManager:
         record = meta.current
         committed = record.state is TxnState.PREPARE_COMMIT
         remaining = set(record.partitions)
+        started = time.monotonic()
         while remaining:
             if not self._owns(part):
                 return
@@ -435,10 +442,13 @@ class TransactionManager:
                 if exc.code is ErrorCode.NOT_COORDINATOR:
                     return
                 await asyncio.sleep(MARKER_RETRY_BACKOFF_S)
-        log.debug(
-            "transaction of %r %s", record.transactional_id,
-            "committed" if committed else "aborted",
-        )
+        if meta.state not in _PREPARE_STATES:
+            reason = self._abort_reasons.pop(record.transactional_id, "abort")
+            record_transaction_end("commit" if committed else reason, time.monotonic() - started)
+            log.debug(
+                "transaction of %r %s", record.transactional_id,
+                "committed" if committed else "aborted",
+            )
 
     # --- timeouts ---------------------------------------------------------------------------
 
@@ -463,6 +473,7 @@ class TransactionManager:
                 except FjordError as exc:
                     log.warning("aborting %r failed: %s", meta.transactional_id, exc)
                     continue
+                self._abort_reasons[meta.transactional_id] = "timeout"
                 self._start_completion(part, meta)
                 started += 1
         return started

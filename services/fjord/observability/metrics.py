@@ -240,6 +240,18 @@ GROUP_COUNT = Gauge(
     "Consumer groups served by this coordinator, per state (Empty, Stable, ...).",
     ["state"],
 )
+TRANSACTIONS_ENDED = Counter(
+    "fjord_transactions",
+    "Transactions this transaction coordinator completed, by outcome (commit, abort, "
+    "timeout: aborted on transaction.timeout.ms, fenced: aborted for a new producer).",
+    ["outcome"],
+)
+TRANSACTION_COMPLETION_SECONDS = Histogram(
+    "fjord_transaction_completion_seconds",
+    "From PrepareCommit/PrepareAbort written to CompleteCommit/CompleteAbort written (the "
+    "markers on every partition, then the state).",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
 
 
 # --- Helpers --------------------------------------------------------------------------------
@@ -373,6 +385,13 @@ def set_group_lag_seconds(group: str, topic: str, partition: int, seconds: float
             GROUP_LAG_SECONDS.remove(group, topic, str(partition))
     else:
         GROUP_LAG_SECONDS.labels(group, topic, str(partition)).set(seconds)
+
+
+def record_transaction_end(outcome: str, completion_s: float) -> None:
+    """One transaction completed (``commit``, ``abort``, ``timeout``, ``fenced``) and how long
+    its markers and completion took."""
+    TRANSACTIONS_ENDED.labels(outcome).inc()
+    TRANSACTION_COMPLETION_SECONDS.observe(completion_s)
 
 
 def set_group_count(state: str, count: int) -> None:
