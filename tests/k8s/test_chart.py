@@ -143,6 +143,9 @@ def test_default_install_is_the_operator_and_its_rbac_only() -> None:
         ("monitoring.prometheusRule.consumerLagFor=ten minutes", "consumerLagFor"),
         ("operater.image.tag=1", "operater"),
         ("etcd.managed=false", "endpoints"),
+        ("cluster.security.kafkaAuthentication=plain", "kafkaAuthentication"),
+        ("cluster.security.superUsers={alice}", "superUsers"),
+        ("cluster.security.certificates.validityDays=0", "validityDays"),
     ],
 )
 def test_bad_value_fails_helm_template(setting: str, complaint: str) -> None:
@@ -150,6 +153,29 @@ def test_bad_value_fails_helm_template(setting: str, complaint: str) -> None:
     assert result.returncode != 0, f"{setting} was accepted"
     assert "values don't meet the specifications of the schema" in result.stderr
     assert complaint in result.stderr, result.stderr
+
+
+def test_the_charts_cluster_has_tls_and_acls_on_by_default_and_passes_the_operator() -> None:
+    """Issue 16: the chart's FjordCluster is secure unless the values say otherwise, and what
+    it renders is a spec the operator reconciles (no problems, pods started with TLS)."""
+    from fjord_operator import builders
+
+    (cluster,) = [d for d in render(None, "--set", "cluster.enabled=true")
+                  if d["kind"] == "FjordCluster"]
+    assert cluster["spec"]["security"] == {
+        "tls": True, "authorization": True, "kafkaAuthentication": "tls",
+        "certificates": {"validityDays": 365, "renewalDays": 30},
+    }
+    assert builders.cluster_spec_problems(cluster["spec"]) == []
+    (plain,) = [d for d in render(None, "--set", "cluster.enabled=true",
+                                  "--set", "cluster.security.tls=false",
+                                  "--set", "cluster.security.authorization=false")
+                if d["kind"] == "FjordCluster"]
+    assert plain["spec"]["security"] == {"tls": False, "authorization": False,
+                                         "kafkaAuthentication": "tls",
+                                         "certificates": {"validityDays": 365,
+                                                          "renewalDays": 30}}
+    assert builders.cluster_spec_problems(plain["spec"]) == []
 
 
 def test_managed_false_with_endpoints_renders_them() -> None:
