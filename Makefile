@@ -27,6 +27,7 @@ SPEEDUPS_STAMP := build/.speedups
 speedups: $(SPEEDUPS_STAMP)
 
 $(SPEEDUPS_STAMP): services/fjord/records/_speedups.c setup.py | $(STAMP)
+	$(PY) -m pip install -q 'setuptools>=77'  # (a new venv's own is too old for pyproject.toml)
 	$(PY) setup.py -q build_ext --inplace
 	$(PY) -c 'import fjord.records._speedups'
 	@mkdir -p $(@D) && touch $@
