@@ -8,11 +8,14 @@ Private one-broker cluster (a cleaner backoff of 200 ms is not a setting to shar
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 
 import pytest
+from click.testing import CliRunner
 
+from fjord.cli.main import cli
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import InvalidRecordError
 from fjord.local import LocalCluster
@@ -109,6 +112,9 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
     (replica,) = [p for p in log_dir.partitions if p.topic == topic]
     assert replica.compacted and 0 < replica.cleaner_first_dirty_offset <= last_offset
     assert 0.0 <= replica.cleaner_dirty_ratio <= 1.0
+    assert scrape_metric(metrics, "fjord_broker_cleaner_last_run_timestamp_seconds") > 0
+    # So does fjord topics describe, for the partition's leader (JSON: every replica's too).
+    assert_topics_describe_shows_the_cleaner(cluster, topic, last_offset)
     # A later clean (it needs dirty data, as in Kafka: more writes) after delete.retention.ms
     # (2 s past the tombstones' segment) drops them: the deleted keys are gone.
     deleted = {b"key-%d" % k for k in range(TOMBSTONED)}
@@ -123,6 +129,33 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
                 key for _, key, _ in read_all(cluster, topic, last)}
 
         wait_for(tombstones_gone, "tombstoned keys gone", WAIT_S)
+
+
+def assert_topics_describe_shows_the_cleaner(
+    cluster: LocalCluster, topic: str, last_offset: int
+) -> None:
+    def describe(*args: str) -> str:
+        result = CliRunner().invoke(cli, ["topics", "describe", "--bootstrap-server",
+                                          cluster.bootstrap_servers, *args])
+        assert result.exit_code == 0, (result.output, result.exception)
+        return result.stdout
+
+    (described,) = json.loads(describe("--topic", topic, "-o", "json"))
+    (partition,) = described["partitions"]
+    cleaner = partition["cleaner"]
+    assert 0 < cleaner["first_dirty_offset"] <= last_offset
+    assert 0.0 <= cleaner["dirty_ratio"] <= 1.0
+    assert set(cleaner["replicas"]) == {"0"}
+    header, _, row = describe("--topic", topic).splitlines()[1:4]
+    assert header.split()[-2:] == ["DirtyRatio", "CleanedBelow"]
+    assert 0 < int(row.split()[-1]) <= last_offset
+    # A topic that is not compacted has neither.
+    plain = f"p-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(plain, 1, 1)])
+    (described,) = json.loads(describe("--topic", plain, "-o", "json"))
+    assert "cleaner" not in described["partitions"][0]
+    assert "DirtyRatio" not in describe("--topic", plain)
 
 
 def read_with_librdkafka(cluster: LocalCluster, topic: str, last_offset: int) -> Read:

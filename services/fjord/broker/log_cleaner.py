@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class PartitionCleanerState:
-    """What ``fjord topics describe`` shows for one compacted partition replica."""
+    """What ``fjord topics describe`` and ``fjord log-dirs describe`` show for one compacted
+    partition replica (through DescribeLogDirs)."""
 
     dirty_ratio: float
     first_dirty_offset: int
@@ -121,6 +122,7 @@ class LogCleaner(ThrottledTask[CleanerSettings]):
         while True:
             try:
                 cleaned = await self.clean_once()
+                metrics.record_cleaner_pass(time.time())
             except Exception:  # a bug must not end cleaning
                 log.exception("log cleaner pass failed")
                 cleaned = None

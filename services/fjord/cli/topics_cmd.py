@@ -19,7 +19,7 @@ from fjord.cli.client_common import (
     output_option,
     parse_pairs,
 )
-from fjord.client import AdminClient, NewTopic, TopicDescription, TopicPartition
+from fjord.client import AdminClient, LogDirPartition, NewTopic, TopicDescription, TopicPartition
 from fjord.errors import ErrorCode, FjordError, InvalidReplicaAssignmentError
 
 
@@ -44,11 +44,70 @@ def replica_racks(replicas: Sequence[int], racks: Mapping[int, str | None]) -> l
     ]
 
 
+#: Per partition, per broker id: that replica as its broker's DescribeLogDirs reported it.
+CleanerStates = Mapping[tuple[str, int], Mapping[int, LogDirPartition]]
+
+
+def is_compacted(configs: Mapping[str, str]) -> bool:
+    """Whether a topic's ``cleanup.policy`` (``compact``, ``compact,delete``, ``[delete,
+    compact]``) includes compaction."""
+    return "compact" in configs.get("cleanup.policy", "").lower()
+
+
+def cleaner_states(admin: AdminClient, topics: Sequence[TopicDescription]) -> CleanerStates:
+    """The log cleaner's state of every replica of ``topics``, asked of each broker hosting one
+    (DescribeLogDirs). A broker that is down or does not answer is left out (its replicas show
+    as unknown), so one dead broker does not fail the whole describe."""
+    wanted = {t.name for t in topics}
+    brokers = sorted({b for t in topics for p in t.partitions for b in p.replicas})
+    out: dict[tuple[str, int], dict[int, LogDirPartition]] = {}
+    for broker in brokers:
+        try:
+            (found,) = admin.describe_log_dirs([broker])
+        except FjordError:
+            continue
+        for replica in found.partitions:
+            if replica.topic in wanted and replica.compacted:
+                out.setdefault((replica.topic, replica.partition), {})[broker] = replica
+    return out
+
+
+def _cleaner_json(
+    t: TopicDescription, partition: int, leader: int, states: CleanerStates
+) -> dict[str, Any]:
+    replicas = states.get((t.name, partition), {})
+
+    def one(r: LogDirPartition) -> dict[str, Any]:
+        return {"dirty_ratio": r.cleaner_dirty_ratio,
+                "first_dirty_offset": r.cleaner_first_dirty_offset}
+
+    lead = replicas.get(leader)
+    return {
+        **(one(lead) if lead is not None else {"dirty_ratio": None, "first_dirty_offset": None}),
+        "replicas": {str(b): one(r) for b, r in sorted(replicas.items())},
+    }
+
+
+def cleaner_columns(
+    t: TopicDescription, partition: int, leader: int, states: CleanerStates
+) -> tuple[str, str]:
+    """DirtyRatio and CleanedBelow of the leader's replica ("?" when its broker did not
+    answer)."""
+    lead = states.get((t.name, partition), {}).get(leader)
+    if lead is None:
+        return "?", "?"
+    return f"{lead.cleaner_dirty_ratio:.2f}", str(lead.cleaner_first_dirty_offset)
+
+
 def topic_json(
     t: TopicDescription,
     configs: dict[str, str] | None = None,
     racks: Mapping[int, str | None] | None = None,
+    cleaner: CleanerStates | None = None,
 ) -> dict[str, Any]:
+    """``cleaner`` given (a compacted topic): each partition gets ``"cleaner"``: the leader's
+    ``dirty_ratio`` and ``first_dirty_offset`` (offsets below it are compacted; null when its
+    broker did not answer) and every answering replica's under ``"replicas"``."""
     data: dict[str, Any] = {
         "name": t.name,
         "topic_id": t.topic_id,
@@ -68,6 +127,10 @@ def topic_json(
                         racks.get(b) if b in racks else None for b in p.replicas
                     ]}
                     if racks is not None else {}
+                ),
+                **(
+                    {"cleaner": _cleaner_json(t, p.partition, p.leader, cleaner)}
+                    if cleaner is not None else {}
                 ),
             }
             for p in t.partitions
@@ -145,17 +208,28 @@ def list_(bootstrap_server: str | None, output: str, exclude_internal: bool) -> 
 @click.option("--topic", "names", multiple=True, help="Topic to describe (default: all).")
 @friendly_errors
 def describe(bootstrap_server: str | None, output: str, names: tuple[str, ...]) -> None:
-    """Partitions (leader, replicas, ISR, the racks of the replicas) and configs of topics."""
+    """Partitions (leader, replicas, ISR, the racks of the replicas) and configs of topics; for
+    a compacted topic also the log cleaner's state of each partition's leader replica: its
+    dirty ratio at the cleaner's last look and the offset below which it is compacted (JSON:
+    every replica's too)."""
     with _admin(bootstrap_server) as admin:
         described = admin.describe_topics(list(names) if names else None)
         configs = admin.describe_configs([t.name for t in described]) if described else {}
         racks = {b.id: b.rack or None for b in admin.describe_cluster().brokers}
+        compacted = [
+            t for t in described
+            if is_compacted({e.name: e.value for e in configs.get(t.name, [])})
+        ]
+        cleaner = cleaner_states(admin, compacted) if compacted else {}
+    compacted_names = {t.name for t in compacted}
     non_default = {
         name: {e.name: e.value for e in entries if not e.is_default}
         for name, entries in configs.items()
     }
     if output == "json":
-        emit(output, [topic_json(t, non_default.get(t.name, {}), racks) for t in described],
+        emit(output, [topic_json(t, non_default.get(t.name, {}), racks,
+                                 cleaner if t.name in compacted_names else None)
+                      for t in described],
              [], [])
         return
     for t in described:
@@ -164,6 +238,10 @@ def describe(bootstrap_server: str | None, output: str, names: tuple[str, ...]) 
             f"Topic: {t.name}\tTopicId: {t.topic_id}\tPartitionCount: {len(t.partitions)}\t"
             f"ReplicationFactor: {_replication_factor(t)}\tConfigs: {settings}"
         )
+        headers = ["Topic", "Partition", "Leader", "Replicas", "Isr", "Racks"]
+        with_cleaner = t.name in compacted_names
+        if with_cleaner:
+            headers += ["DirtyRatio", "CleanedBelow"]
         emit(
             output,
             None,
@@ -175,10 +253,12 @@ def describe(bootstrap_server: str | None, output: str, names: tuple[str, ...]) 
                     ",".join(map(str, p.replicas)),
                     ",".join(map(str, p.isr)),
                     ",".join(replica_racks(p.replicas, racks)),
+                    *(cleaner_columns(t, p.partition, p.leader, cleaner) if with_cleaner
+                      else ()),
                 )
                 for p in t.partitions
             ],
-            ["Topic", "Partition", "Leader", "Replicas", "Isr", "Racks"],
+            headers,
         )
 
 

@@ -181,6 +181,12 @@ BROKER_CLEANER_MAX_DIRTY_RATIO = Gauge(
     "fjord_broker_cleaner_max_dirty_ratio",
     "The largest dirty ratio among this broker's compacted logs at the cleaner's last look.",
 )
+BROKER_CLEANER_LAST_RUN_TIMESTAMP = Gauge(
+    "fjord_broker_cleaner_last_run_timestamp_seconds",
+    "Unix time the log cleaner last finished a pass (looked at its compacted logs and cleaned "
+    "one or none): time() minus this is Kafka's time-since-last-run; it grows when the cleaner "
+    "is stuck or keeps failing.",
+)
 BROKER_CLEANER_LAST_CLEAN_SECONDS = Gauge(
     "fjord_broker_cleaner_last_clean_seconds",
     "How long the log cleaner's last clean took.",
@@ -340,6 +346,10 @@ def record_clean(outcome: str, bytes_read: int = 0, bytes_written: int = 0,
     BROKER_CLEANER_RECORDS_REMOVED.inc(records_removed)
     if seconds is not None:
         BROKER_CLEANER_LAST_CLEAN_SECONDS.set(seconds)
+
+
+def record_cleaner_pass(unix_time: float) -> None:
+    BROKER_CLEANER_LAST_RUN_TIMESTAMP.set(unix_time)
 
 
 def set_cleaner_max_dirty_ratio(ratio: float) -> None:
