@@ -99,6 +99,7 @@ class ErrorCode(Enum):
     PRODUCER_FENCED = (90, False)
     TRANSACTION_ABORTABLE = (120, False)
     OPERATION_NOT_ATTEMPTED = (55, False)
+    TRANSACTIONAL_ID_NOT_FOUND = (105, False)
 
     @property
     def code(self) -> int:

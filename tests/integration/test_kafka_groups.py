@@ -438,7 +438,8 @@ def test_coordinator_answers_what_clients_send_any_node(
             # the transaction APIs (24-26, 28) are proven with confluent-kafka's transactional
             # producer in test_transaction_coordinator.
             assert set(advertised) == {3, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18, 19, 20, 22, 24,
-                                       25, 26, 28, 29, 30, 31, 32, 33, 37, 42, 44, 50, 51, 60}
+                                       25, 26, 28, 29, 30, 31, 32, 33, 37, 42, 44, 50, 51, 60,
+                                       65, 66}
             for v in _versions(advertised, 3):
                 cls = MetadataRequest[v]
                 meta = _roundtrip(sock, cls(topics=[cls.MetadataRequestTopic(name=topic)],

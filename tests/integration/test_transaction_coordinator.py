@@ -358,3 +358,40 @@ def test_confluent_kafka_transactional_producer(kafka_bootstrap: str, bootstrap:
         assert committed[TopicPartition(source, 0)] == 3
     finally:
         consumer.close()
+
+
+def test_kafka_python_lists_and_describes_transactions(
+    kafka_bootstrap: str, bootstrap: str, txn_topic: str
+) -> None:
+    """DescribeTransactions (65) and ListTransactions (66) as kafka-python's admin client asks
+    them: an open transaction is listed Ongoing with its partitions, then CompleteCommit."""
+    from kafka.admin import KafkaAdminClient
+
+    tid = f"listed-{uuid.uuid4().hex[:8]}"
+    producer = txn_producer(bootstrap, tid)
+    admin = KafkaAdminClient(bootstrap_servers=kafka_bootstrap)
+    try:
+        producer.init_transactions(WAIT_S)
+        producer.begin_transaction()
+        producer.send(txn_topic, b"listed", partition=1)
+        producer.flush(WAIT_S)
+        (described,) = admin.describe_transactions([tid]).values()
+        assert described.state.value == "Ongoing" and described.producer_epoch == 0
+        assert {(tp.topic, tp.partition) for tp in described.topic_partitions} == {
+            (txn_topic, 1)
+        }
+        listed = {
+            t.transactional_id: t.state.value
+            for node in admin.list_transactions().values() for t in node
+        }
+        assert listed[tid] == "Ongoing"
+        producer.commit_transaction(WAIT_S)
+
+        def completed() -> bool:
+            (after,) = admin.describe_transactions([tid]).values()
+            return after.state.value == "CompleteCommit"
+
+        wait_for(completed, "CompleteCommit", WAIT_S)
+    finally:
+        admin.close()
+        producer.close(10)

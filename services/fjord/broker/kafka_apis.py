@@ -15,6 +15,7 @@ from kafka.protocol.admin.groups import ListGroupsRequest
 from kafka.protocol.admin.topics import (
     DeleteRecordsRequest,
 )
+from kafka.protocol.admin.transactions import ListTransactionsRequest
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 from kafka.protocol.consumer.offsets import (
     ListOffsetsRequest,
@@ -50,6 +51,7 @@ from fjord.kafka.producer_ids import (
     init_producer_id_pb,
     init_producer_id_response,
 )
+from fjord.kafka.transactions import LIST_TRANSACTIONS_VERSIONS, list_no_transactions
 from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.metadata import MetadataImage
 
@@ -97,6 +99,7 @@ class BrokerKafkaHandlers:
             Api(22, *INIT_PRODUCER_ID_VERSIONS, InitProducerIdRequest, self.init_producer_id),
             Api(23, 2, 4, OffsetForLeaderEpochRequest, admin.offset_for_leader_epoch),
             Api(27, 1, 1, WriteTxnMarkersRequest, self.write_txn_markers),
+            Api(66, *LIST_TRANSACTIONS_VERSIONS, ListTransactionsRequest, list_no_transactions),
             *admin.cluster_apis(),
         ]
 

@@ -28,10 +28,11 @@ from fjord.coordinator.group import (
 )
 from fjord.coordinator.manager import GroupManager
 from fjord.coordinator.transactions import TransactionManager
-from fjord.errors import ErrorCode
+from fjord.errors import ErrorCode, FjordError
 from fjord.metadata import MetadataImage
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.topic_partition import TopicPartition
+from fjord.transactions.state import TxnRecord
 
 
 def _no_image() -> MetadataImage:
@@ -250,6 +251,29 @@ class AuthorizedTransactions:
         await self._writer(caller, transactional_id).end_transaction(
             transactional_id, producer_id, producer_epoch, committed
         )
+
+    def list_transactions(self, caller: Caller) -> tuple[ErrorCode, list[TxnRecord]]:
+        """ListTransactions: the ids the caller may Describe (others left out, not denied)."""
+        error, records = self.manager.list_transactions()
+        if self.access.enabled:
+            image = self._image()
+            records = [
+                r for r in records
+                if self.access.allows(image, caller, AclOperation.DESCRIBE,
+                                      Resource.transactional_id(r.transactional_id),
+                                      count=False)
+            ]
+        return error, records
+
+    def describe(self, caller: Caller, transactional_id: str) -> TxnRecord:
+        """DescribeTransactions of one id: Describe on it; TRANSACTIONAL_ID_NOT_FOUND when
+        this coordinator serves its partition but does not know it."""
+        self._require(caller, AclOperation.DESCRIBE, Resource.transactional_id(transactional_id))
+        record = self.manager.describe(transactional_id)
+        if record is None or record.producer_epoch < 0:
+            raise FjordError(f"transactional id {transactional_id!r} is unknown",
+                             ErrorCode.TRANSACTIONAL_ID_NOT_FOUND)
+        return record
 
     def require_writer(self, caller: Caller, transactional_id: str) -> None:
         """TxnOffsetCommit's TransactionalId check (the group checks are the group's)."""

@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kafka.protocol.admin.transactions import (
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    ListTransactionsRequest,
+    ListTransactionsResponse,
+)
 from kafka.protocol.producer.transaction import (
     AddOffsetsToTxnRequest,
     AddOffsetsToTxnResponse,
@@ -27,14 +33,18 @@ from kafka.protocol.producer.transaction import (
 
 from fjord.coordinator.authorization import AuthorizedGroups, AuthorizedTransactions
 from fjord.coordinator.group import OffsetCommitRequestPartition
+from fjord.coordinator.manager import wall_clock_ms
 from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.dispatch import Api, RequestContext
+from fjord.kafka.transactions import LIST_TRANSACTIONS_VERSIONS
 from fjord.topic_partition import TopicPartition
+from fjord.transactions.state import TxnState
 
 ADD_PARTITIONS_TO_TXN_VERSIONS = (0, 3)
 ADD_OFFSETS_TO_TXN_VERSIONS = (0, 3)
 END_TXN_VERSIONS = (0, 3)
 TXN_OFFSET_COMMIT_VERSIONS = (0, 3)
+DESCRIBE_TRANSACTIONS_VERSIONS = (0, 0)
 
 
 def _error(exc: BaseException) -> ErrorCode:
@@ -57,7 +67,67 @@ class TransactionKafkaHandlers:
             Api(26, *END_TXN_VERSIONS, EndTxnRequest, self.end_txn),
             Api(28, *TXN_OFFSET_COMMIT_VERSIONS, TxnOffsetCommitRequest,
                 self.txn_offset_commit),
+            Api(65, *DESCRIBE_TRANSACTIONS_VERSIONS, DescribeTransactionsRequest,
+                self.describe_transactions),
+            Api(66, *LIST_TRANSACTIONS_VERSIONS, ListTransactionsRequest,
+                self.list_transactions),
         ]
+
+    async def describe_transactions(self, request: Any, ctx: RequestContext) -> Any:
+        cls = DescribeTransactionsResponse[ctx.api_version]
+        state_cls = cls.TransactionState
+        states = []
+        for tid in request.transactional_ids or []:
+            try:
+                record = self._transactions.describe(ctx.caller, tid)
+            except Exception as exc:
+                states.append(state_cls(
+                    error_code=_error(exc).code, transactional_id=tid, transaction_state="",
+                    transaction_timeout_ms=0, transaction_start_time_ms=-1, producer_id=-1,
+                    producer_epoch=-1, topics=[],
+                ))
+                continue
+            by_topic: dict[str, list[int]] = {}
+            for tp in sorted(record.partitions):
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            states.append(state_cls(
+                error_code=0, transactional_id=tid,
+                transaction_state=record.state.kafka_name,
+                transaction_timeout_ms=record.timeout_ms,
+                transaction_start_time_ms=record.txn_start_ms,
+                producer_id=record.producer_id, producer_epoch=record.producer_epoch,
+                topics=[state_cls.TopicData(topic=t, partitions=ps)
+                        for t, ps in by_topic.items()],
+            ))
+        return cls(throttle_time_ms=0, transaction_states=states)
+
+    async def list_transactions(self, request: Any, ctx: RequestContext) -> Any:
+        """Kafka's ListTransactions: this coordinator's transactional ids, filtered by state
+        (Kafka's names), producer id and (v1) minimum running time in ms."""
+        cls = ListTransactionsResponse[ctx.api_version]
+        wanted_states = set(request.state_filters or [])
+        known = {state.kafka_name for state in TxnState}
+        unknown = sorted(wanted_states - known)
+        pids = set(request.producer_id_filters or [])
+        min_duration = request.duration_filter if ctx.api_version >= 1 else -1
+        error, records = self._transactions.list_transactions(ctx.caller)
+        now = wall_clock_ms()
+        chosen = [
+            r for r in records
+            if (not wanted_states or r.state.kafka_name in wanted_states)
+            and (not pids or r.producer_id in pids)
+            and (min_duration is None or min_duration < 0
+                 or (r.txn_start_ms >= 0 and now - r.txn_start_ms >= min_duration))
+        ]
+        return cls(
+            throttle_time_ms=0, error_code=error.code, unknown_state_filters=unknown,
+            transaction_states=[
+                cls.TransactionState(transactional_id=r.transactional_id,
+                                     producer_id=r.producer_id,
+                                     transaction_state=r.state.kafka_name)
+                for r in chosen
+            ],
+        )
 
     async def init_producer_id(self, request: Any, ctx: RequestContext) -> Any:
         """InitProducerId with a transactional id (the door sends the others to a broker)."""

@@ -367,6 +367,20 @@ class TransactionManager:
         meta = self._partition_for(transactional_id).txns.get(transactional_id)
         return None if meta is None else meta.current
 
+    def list_transactions(self) -> tuple[ErrorCode, list[TxnRecord]]:
+        """Every transactional id of the loaded partitions (Kafka's ListTransactions); the
+        error is COORDINATOR_LOAD_IN_PROGRESS while an owned partition is still loading."""
+        if not self.active:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+        records = [
+            meta.current
+            for part in self._partitions.values() if part.loaded
+            for meta in part.txns.values()
+        ]
+        loading = any(not part.loaded for part in self._partitions.values())
+        error = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if loading else ErrorCode.NONE
+        return error, sorted(records, key=lambda r: r.transactional_id)
+
     # --- completion -------------------------------------------------------------------------
 
     def _start_completion(self, part: _TxnPartition, meta: TransactionMetadata) -> None:
