@@ -10,16 +10,25 @@ TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED and counted in ``fjord_authorization_
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import confluent_kafka
 import pytest
 
-from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
+from fjord._proto import (
+    broker_pb2,
+    broker_pb2_grpc,
+    common_pb2,
+    controller_pb2,
+    controller_pb2_grpc,
+)
 from fjord.client import AdminClient, NewTopic, Producer
 from fjord.cluster.acl_wire import binding_to_pb, filter_to_pb
-from fjord.errors import ErrorCode, FjordError
+from fjord.errors import ErrorCode, FjordError, GroupAuthorizationError
+from fjord.groups.lag import PartitionReset, ToEarliest
 from fjord.local.certs import load_ca, write_private
 from fjord.local.cluster import LocalCluster
+from fjord.records import BatchBuilder
 from fjord.security import ClientSecurity, SecurityProtocol, TlsFiles
 from fjord.security.acls import (
     AccessControlEntry,
@@ -33,6 +42,7 @@ from fjord.security.acls import (
 )
 from fjord.testing.waiting import wait_for
 from fjord.tls import open_blocking_channel
+from fjord.topic_partition import TopicPartition
 from tests.helpers.metrics import metric_value
 
 pytestmark = pytest.mark.integration
@@ -419,3 +429,180 @@ def test_grpc_offset_commit_needs_read_on_each_topic_and_a_group_deny_wins(
                           pattern=PatternType.PREFIXED))
     wait_for(lambda: commit("reports") == {"group": GROUP_DENIED},
              "a prefixed Deny on the group wins over the literal Read")
+
+
+def coordinator_stub(cluster: LocalCluster, security: ClientSecurity) -> Any:
+    from fjord._proto import coordinator_pb2_grpc
+
+    (address,) = cluster.coordinator_addresses.values()
+    return coordinator_pb2_grpc.CoordinatorStub(open_blocking_channel(address, security))
+
+
+def test_a_group_of_one_principal_cannot_be_touched_by_another(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    """alice owns group ``alice-team`` (Read, Delete); bob may read the topic but holds no ACL
+    on the group: every group request of his is GROUP_AUTHORIZATION_FAILED and alice's offsets
+    stay as she committed them."""
+    from fjord._proto import coordinator_pb2
+
+    group, ledger = "alice-team", TopicPartition("ledger", 0)
+    add_acls(cluster,
+             acl(ResourceType.GROUP, group, Op.READ, "alice"),
+             acl(ResourceType.GROUP, group, Op.DELETE, "alice"),
+             acl(ResourceType.TOPIC, "ledger", Op.READ, "alice"),
+             acl(ResourceType.TOPIC, "ledger", Op.READ, "bob"))
+    alice = AdminClient(config_of(cluster, principals["alice"]))
+    bob = AdminClient(config_of(cluster, principals["bob"]))
+    try:
+        def alice_commits() -> bool:
+            try:
+                alice.alter_consumer_group_offsets(group, {ledger: 1}, timeout=10)
+            except GroupAuthorizationError:
+                return False  # her ACLs have not reached the coordinator yet
+            return True
+
+        wait_for(alice_commits, "alice commits offsets of her group")
+        assert alice.list_consumer_group_offsets(group, timeout=10)[ledger].offset == 1
+        assert alice.describe_consumer_groups([group], timeout=10)[group].state == "Empty"
+
+        refusals: dict[str, Callable[[], object]] = {
+            "OffsetFetch": lambda: bob.list_consumer_group_offsets(group, timeout=10),
+            "OffsetCommit": lambda: bob.alter_consumer_group_offsets(group, {ledger: 0},
+                                                                      timeout=10),
+            "plan a reset": lambda: bob.plan_consumer_group_offsets_reset(
+                group, ToEarliest(), topics=["ledger"], timeout=10),
+            "reset offsets": lambda: bob.reset_consumer_group_offsets(
+                group, [PartitionReset("ledger", 0, 1, 0)], timeout=10),
+            "DescribeGroups": lambda: bob.describe_consumer_groups([group], timeout=10),
+            "DeleteGroups": lambda: bob.delete_consumer_groups([group], timeout=10),
+        }
+        for what, call in refusals.items():
+            with pytest.raises(GroupAuthorizationError):
+                call()
+                pytest.fail(f"bob's {what} of alice's group was served")
+        assert group not in [g.group_id for g in bob.list_consumer_groups(timeout=10)]
+
+        stub = coordinator_stub(cluster, principals["bob"])
+        joined = stub.JoinGroup(coordinator_pb2.JoinGroupRequest(
+            group_id=group, session_timeout_ms=10000, rebalance_timeout_ms=10000,
+            protocol_type="consumer",
+            protocols=[coordinator_pb2.JoinGroupProtocol(name="range", metadata=b"")]),
+            timeout=15)
+        assert joined.error.code == GROUP_DENIED
+        for name, request in (
+            ("Heartbeat", coordinator_pb2.HeartbeatRequest(group_id=group, generation_id=0,
+                                                          member_id="m")),
+            ("SyncGroup", coordinator_pb2.SyncGroupRequest(group_id=group, generation_id=0,
+                                                          member_id="m")),
+        ):
+            assert getattr(stub, name)(request, timeout=15).error.code == GROUP_DENIED, name
+
+        # Nothing of bob's reached the group: alice's commit and the group stand.
+        assert alice.list_consumer_group_offsets(group, timeout=10)[ledger].offset == 1
+        assert alice.delete_consumer_groups([group], timeout=10) == {group: None}
+    finally:
+        alice.close()
+        bob.close()
+
+
+def transactional_producer(cluster: LocalCluster, security: ClientSecurity, tid: str
+                           ) -> Producer:
+    """A transactional producer of ``tid``, initialised once its Write ACL has reached the
+    coordinator (a refused init is fatal for a producer: each attempt is a new one)."""
+    def attempt() -> Producer | None:
+        producer = Producer(config_of(cluster, security, **{"transactional.id": tid}))
+        try:
+            producer.init_transactions(15)
+        except FjordError as exc:
+            producer.close()
+            if exc.code is ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                return None
+            raise
+        return producer
+
+    return wait_for(attempt, f"{tid} initialised", accept=lambda p: p is not None)
+
+
+def test_a_transactional_id_of_one_principal_cannot_be_used_by_another(
+    cluster: LocalCluster, principals: Principals
+) -> None:
+    """alice holds Write on TransactionalId ``alice-txn``; bob may write the topic but holds
+    nothing on the id: he cannot find its coordinator, initialise (so fence) it, add to its
+    transaction, commit offsets in it, end it, or produce transactional records for it —
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED each time, nothing written — and alice's producer
+    goes on at the same epoch."""
+    from fjord._proto import coordinator_pb2
+
+    tid, orders = "alice-txn", TopicPartition("orders", 0)
+    add_acls(cluster,
+             acl(ResourceType.TRANSACTIONAL_ID, tid, Op.WRITE, "alice"),
+             acl(ResourceType.TOPIC, "orders", Op.WRITE, "alice"),
+             acl(ResourceType.TOPIC, "orders", Op.WRITE, "bob"),
+             acl(ResourceType.GROUP, "bob-group", Op.READ, "bob"))
+    alice = transactional_producer(cluster, principals["alice"], tid)
+    try:
+        alice.begin_transaction()
+        alice.send("orders", value=b"alice-1", partition=0).result(15)
+        idempotence = alice._accumulator.idempotence
+        assert idempotence is not None
+        pid, epoch = idempotence.producer_id, idempotence.producer_epoch
+        txn_denied = ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED.code
+        bob = coordinator_stub(cluster, principals["bob"])
+        part = common_pb2.TopicPartition(topic="orders", partition=0)
+        answers = {
+            "InitTransactions": bob.InitTransactions(coordinator_pb2.InitTransactionsRequest(
+                transactional_id=tid, transaction_timeout_ms=60000, producer_id=-1,
+                producer_epoch=-1), timeout=15).error.code,
+            "AddPartitionsToTxn": bob.AddPartitionsToTxn(
+                coordinator_pb2.AddPartitionsToTxnRequest(
+                    transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                    partitions=[part]), timeout=15).error.code,
+            "AddOffsetsToTxn": bob.AddOffsetsToTxn(coordinator_pb2.AddOffsetsToTxnRequest(
+                transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                group_id="bob-group"), timeout=15).error.code,
+            "TxnOffsetCommit": bob.TxnOffsetCommit(coordinator_pb2.TxnOffsetCommitRequest(
+                transactional_id=tid, group_id="bob-group", producer_id=pid,
+                producer_epoch=epoch, generation_id=-1), timeout=15).error.code,
+            "EndTxn abort": bob.EndTxn(coordinator_pb2.EndTxnRequest(
+                transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                committed=False), timeout=15).error.code,
+            "EndTxn commit": bob.EndTxn(coordinator_pb2.EndTxnRequest(
+                transactional_id=tid, producer_id=pid, producer_epoch=epoch,
+                committed=True), timeout=15).error.code,
+        }
+        assert answers == dict.fromkeys(answers, txn_denied)
+
+        broker = broker_pb2_grpc.BrokerStub(
+            open_blocking_channel(cluster.address("broker", 0), principals["bob"]))
+        found = broker.FindCoordinator(broker_pb2.FindCoordinatorRequest(key=tid, key_type=1),
+                                       timeout=15)
+        assert found.error.code == txn_denied
+        with AdminClient(admin_config(cluster)) as admin:
+            end_before = admin.list_offsets({orders: "latest"}, timeout=10)[orders]
+        batch = BatchBuilder(producer_id=pid, producer_epoch=epoch, base_sequence=1,
+                             is_transactional=True)
+        batch.append(0, None, b"bob-forged")
+        for claimed in (tid, "", "bob-txn"):
+            request = broker_pb2.ProduceRequest(acks=-1, timeout_ms=15000,
+                                                transactional_id=claimed)
+            request.topics.add(name="orders").partitions.add(partition=0, records=batch.build())
+            answer = broker.Produce(request, timeout=15)
+            assert answer.topics[0].partitions[0].error.code == txn_denied, claimed
+
+        impostor = Producer(config_of(cluster, principals["bob"], **{"transactional.id": tid}))
+        with impostor, pytest.raises(FjordError) as refused:
+            impostor.init_transactions(15)
+        assert refused.value.code is ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+        # alice was neither fenced nor ended: she commits, at the same epoch.
+        alice.send("orders", value=b"alice-2", partition=0).result(15)
+        alice.commit_transaction(15)
+        assert (idempotence.producer_id, idempotence.producer_epoch) == (pid, epoch)
+        with AdminClient(admin_config(cluster)) as admin:
+            end_after = admin.list_offsets({orders: "latest"}, timeout=10)[orders]
+        # alice's two records and her commit marker; none of bob's forged batches.
+        assert end_after is not None and end_before is not None
+        assert end_after == end_before + 2
+    finally:
+        alice.close()

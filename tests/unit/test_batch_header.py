@@ -122,3 +122,23 @@ def test_structure_and_crc_are_checked_apart() -> None:
         check_crc(bad, 0, header)
     with pytest.raises(CorruptRecordError, match="truncated batch at position 0"):
         check_structure(bad[:-1])
+
+
+def test_has_transactional_batch_finds_one_behind_plain_batches() -> None:
+    from fjord.records import BatchBuilder
+    from fjord.records.header import has_transactional_batch
+
+    def batch(transactional: bool) -> bytes:
+        builder = BatchBuilder(producer_id=7 if transactional else -1,
+                               producer_epoch=0 if transactional else -1,
+                               base_sequence=0 if transactional else -1,
+                               is_transactional=transactional)
+        builder.append(0, None, b"v")
+        return builder.build()
+
+    plain, txn = batch(False), batch(True)
+    assert not has_transactional_batch(b"")
+    assert not has_transactional_batch(plain + plain)
+    assert has_transactional_batch(txn)
+    assert has_transactional_batch(plain + plain + txn)
+    assert not has_transactional_batch(plain + txn[:20])  # a truncated header is not read

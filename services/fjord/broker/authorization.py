@@ -19,6 +19,7 @@ from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
 from fjord.metadata import MetadataImage
 from fjord.metadata.view import hide_undescribable_topics
+from fjord.records.header import has_transactional_batch
 from fjord.security.acls import (
     NO_AUTHORIZATION,
     AccessControl,
@@ -89,6 +90,32 @@ class BrokerAuthorization:
                     partition=p.partition, error=_denied(caller, AclOperation.WRITE, topic.name),
                     base_offset=-1, log_append_time_ms=-1, log_start_offset=-1,
                 )
+
+    def refuse_transactional_produce(
+        self, caller: Caller, request: broker_pb2.ProduceRequest
+    ) -> bool:
+        """Whether ``request`` carries transactional records its TransactionalId does not let
+        ``caller`` write (a missing id never does; counted as a denial when asked)."""
+        if not any(has_transactional_batch(p.records)
+                   for t in request.topics for p in t.partitions):
+            return False
+        return not request.transactional_id or not self.allows(
+            caller, AclOperation.WRITE, Resource.transactional_id(request.transactional_id)
+        )
+
+    @staticmethod
+    def refused_produce(
+        request: broker_pb2.ProduceRequest, code: ErrorCode, message: str
+    ) -> broker_pb2.ProduceResponse:
+        """The answer refusing every partition of ``request`` with ``code``."""
+        response = broker_pb2.ProduceResponse()
+        error = common_pb2.Error(code=code.code, message=message)
+        for topic in request.topics:
+            out = response.topics.add(name=topic.name)
+            for p in topic.partitions:
+                out.partitions.add(partition=p.partition, error=error, base_offset=-1,
+                                   log_append_time_ms=-1, log_start_offset=-1)
+        return response
 
     def refuse_fetch(
         self, caller: Caller, refused: list[broker_pb2.FetchTopic],

@@ -221,8 +221,16 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self, caller: Caller, request: broker_pb2.ProduceRequest
     ) -> broker_pb2.ProduceResponse:
         """Append what ``caller`` may write (Write on the topic); refused topics are answered
-        TOPIC_AUTHORIZATION_FAILED and nothing of them is appended."""
+        TOPIC_AUTHORIZATION_FAILED and nothing of them is appended. Transactional records
+        also need Write on the request's TransactionalId (Kafka's rule): without it every
+        partition is TRANSACTIONAL_ID_AUTHORIZATION_FAILED and nothing is appended."""
         gate = self.authorization
+        if gate.enabled and gate.refuse_transactional_produce(caller, request):
+            return gate.refused_produce(
+                request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                f"{caller.principal} is not authorized to Write transactional id "
+                f"{request.transactional_id!r}",
+            )
         allowed, refused = gate.split_topics(caller, AclOperation.WRITE, request)
         response = (
             await self._replicas.produce(allowed) if allowed.topics or not refused

@@ -71,6 +71,7 @@ from fjord.groups.protocol import decode_assignment
 from fjord.groups.state import GroupState
 from fjord.security import ClientSecurity
 from fjord.security.acls import MATCH_ALL, AclBinding, AclBindingFilter
+from fjord.security.config import CLIENT_SECURITY_KEYS
 from fjord.security.scram import (
     MECHANISM_BY_TYPE,
     SCRAM_MECHANISMS,
@@ -1372,6 +1373,9 @@ class AdminClient:
                     "retry.backoff.ms": cfg["retry.backoff.ms"],
                     "fetch.max.wait.ms": 0,
                     "enable.auto.commit": False,
+                    # The admin client's own security settings: without them a secure
+                    # cluster's brokers refused this consumer's plaintext handshake.
+                    **{k: cfg[k] for k in CLIENT_SECURITY_KEYS if cfg.get(k) is not None},
                 }
             )
         return self._reader

@@ -296,7 +296,10 @@ class _Sender:
                 raise FjordError(
                     f"broker {node_id} left the cluster", ErrorCode.BROKER_NOT_AVAILABLE
                 )
-            request = build_produce_request(batches, self.acks, int(self.timeout_s * 1000))
+            request = build_produce_request(
+                batches, self.acks, int(self.timeout_s * 1000),
+                transactional_id=self.txn.transactional_id if self.txn is not None else "",
+            )
             try:
                 response = await self.network.broker(node.address).Produce(
                     request, timeout=self.timeout_s
@@ -333,10 +336,11 @@ class _Sender:
 
 
 def build_produce_request(
-    batches: Iterable[ProducerBatch], acks: int, timeout_ms: int
+    batches: Iterable[ProducerBatch], acks: int, timeout_ms: int, *, transactional_id: str = ""
 ) -> broker_pb2.ProduceRequest:
     """One request; consecutive batches of a partition are concatenated in one records field
-    (they must share their coordinator epoch: ValueError otherwise)."""
+    (they must share their coordinator epoch: ValueError otherwise). A transactional producer
+    names its ``transactional_id``: the broker checks Write on it (Kafka's rule)."""
     by_partition: dict[TopicPartition, list[bytes]] = {}
     epochs: dict[TopicPartition, int] = {}
     for batch in batches:
@@ -345,7 +349,9 @@ def build_produce_request(
             raise ValueError(f"batches of {batch.tp} with different coordinator epochs")
     # Built in place with add(): a message passed to a constructor is copied, payload and all
     # (three copies of every batch before the request was serialized).
-    request = broker_pb2.ProduceRequest(acks=acks, timeout_ms=timeout_ms)
+    request = broker_pb2.ProduceRequest(
+        acks=acks, timeout_ms=timeout_ms, transactional_id=transactional_id
+    )
     topics: dict[str, broker_pb2.ProduceTopic] = {}
     for tp, payloads in by_partition.items():
         topic = topics.get(tp.topic)

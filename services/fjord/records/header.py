@@ -323,3 +323,22 @@ def next_intact_batch_offset(buf: Buffer, after: int) -> int | None:
             return int(base)
         pos += LOG_OVERHEAD + length
     return None
+
+
+def has_transactional_batch(buf: Buffer) -> bool:
+    """Whether any batch header in ``buf`` (concatenated batches, as a Produce carries them)
+    has the transactional bit: Kafka's ``ProduceRequest.hasTransactionalRecords``, which
+    decides whether the request needs Write on its TransactionalId. Every header is read, not
+    only the first, so a transactional batch behind a plain one is found too; a truncated
+    tail is left to the append's own validation."""
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    while pos + _ATTRIBUTES_AT + _ATTRIBUTES.size <= end:
+        (_, length) = BASE_OFFSET_AND_LENGTH.unpack_from(view, pos)
+        (attributes,) = _ATTRIBUTES.unpack_from(view, pos + _ATTRIBUTES_AT)
+        if attributes & ATTR_TRANSACTIONAL:
+            return True
+        if length <= 0:
+            return False
+        pos += LOG_OVERHEAD + length
+    return False
