@@ -25,7 +25,7 @@ from fjord.kafka.listeners import (
     resolve_listeners,
 )
 from fjord.observability import setup_tracing, shutdown_tracing
-from fjord.runtime import freeze_startup_objects
+from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -128,6 +128,7 @@ def broker(
         raise click.UsageError(str(exc)) from exc
     # Keep full garbage collections of the start-up objects from stalling produce and fetch.
     freeze_startup_objects()
+    shorten_gil_switch_interval()  # gRPC's poller thread gets the GIL without waiting 5 ms
     try:
         asyncio.run(BrokerServer(options).run_until_signalled())
     finally:

@@ -23,7 +23,7 @@ from fjord.kafka.listeners import (
     resolve_listeners,
 )
 from fjord.observability import setup_tracing, shutdown_tracing
-from fjord.runtime import freeze_startup_objects
+from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -132,6 +132,7 @@ def coordinator(
     except ConfigError as exc:
         raise click.UsageError(str(exc)) from exc
     freeze_startup_objects()
+    shorten_gil_switch_interval()  # gRPC's poller thread gets the GIL without waiting 5 ms
     try:
         asyncio.run(CoordinatorServer(options).run_until_signalled())
     finally:
