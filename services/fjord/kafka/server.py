@@ -166,7 +166,9 @@ class KafkaListener:
         sasl = (
             SaslConnection(self._sasl.mechanisms, self._sasl.lookup) if self._sasl else None
         )
-        zero_copy = self._ssl is None and self._zero_copy  # sendfile needs the plain socket
+        # Records as file regions: sent with sendfile on plaintext doors; over TLS read once
+        # from the file straight into the encryption (no copy into the encoded frame).
+        zero_copy = self._zero_copy
         while True:
             try:
                 async with asyncio.timeout(self._idle_timeout_s):
@@ -228,6 +230,10 @@ class KafkaListener:
 PIPELINED_API_KEYS = frozenset({0})
 MAX_IN_FLIGHT_PRODUCE = 16
 
+#: Record regions up to this size are read on the event loop (page cache), larger ones in a
+#: worker thread (TLS doors only; plaintext ones sendfile them).
+READ_ON_LOOP_MAX_BYTES = 1 << 20
+
 
 class _Pipeline:
     """One connection's requests in flight and the task that writes their answers in order.
@@ -240,6 +246,8 @@ class _Pipeline:
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
         self._writer = writer
+        #: A TLS connection: file regions are read and written (encrypted), not sendfile'd.
+        self._tls = writer.get_extra_info("ssl_object") is not None
         self._answers: asyncio.Queue[asyncio.Future[Reply] | None] = asyncio.Queue()
         self._outstanding = 0
         self._progress = asyncio.Event()
@@ -293,6 +301,16 @@ class _Pipeline:
             for part in parts:
                 if not isinstance(part, FileRegion):
                     self._writer.write(part)
+                    continue
+                if self._tls:
+                    data = (await asyncio.to_thread(part.read)
+                            if part.count > READ_ON_LOOP_MAX_BYTES else part.read())
+                    self._writer.write(data)
+                    sent = len(data)
+                    if sent != part.count:
+                        raise ConnectionError(
+                            f"read {sent} of {part.count} record bytes: the segment shrank"
+                        )
                     continue
                 await self._writer.drain()
                 with open(part.fd, "rb", buffering=0, closefd=False) as file:
