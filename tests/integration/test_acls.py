@@ -606,3 +606,59 @@ def test_a_transactional_id_of_one_principal_cannot_be_used_by_another(
         assert end_after == end_before + 2
     finally:
         alice.close()
+
+
+def test_transactions_need_write_on_the_transactional_id(
+    cluster: LocalCluster, principals: dict[str, ClientSecurity]
+) -> None:
+    """On the mutual-TLS cluster with ACLs: without an ACL on its transactional id alice's
+    transactional producer is refused (fatal, TRANSACTIONAL_ID_AUTHORIZATION_FAILED); with
+    Describe and Write on the ``ship-`` prefix and Write on the topic it commits, which also
+    proves the coordinator's service identity writes the state, the markers and completes."""
+    from fjord.client import Consumer, TopicPartition
+    from fjord.errors import TransactionError
+
+    alice = config_of(cluster, principals["alice"], **{"transactional.id": "ship-1"})
+    refused = Producer(alice)
+    try:
+        with pytest.raises(TransactionError) as denied:
+            refused.init_transactions(30)
+        assert denied.value.fatal
+        assert denied.value.code is ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+    finally:
+        refused.close(5)
+    bindings = (
+        acl(ResourceType.TRANSACTIONAL_ID, "ship-", AclOperation.WRITE, "alice",
+            pattern=PatternType.PREFIXED),
+        acl(ResourceType.TRANSACTIONAL_ID, "ship-", AclOperation.DESCRIBE, "alice",
+            pattern=PatternType.PREFIXED),
+        acl(ResourceType.TOPIC, "ledger", AclOperation.WRITE, "alice"),
+    )
+    add_acls(cluster, *bindings)
+    try:
+        def committed() -> bool:
+            producer = Producer(alice)
+            try:
+                producer.init_transactions(30)
+                producer.begin_transaction()
+                producer.send("ledger", b"txn-entry", partition=0)
+                producer.commit_transaction(30)
+                return True
+            except TransactionError as exc:  # the ACLs reach every node a moment later
+                if exc.code not in (ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+                                    ErrorCode.TOPIC_AUTHORIZATION_FAILED):
+                    raise
+                return False
+            finally:
+                producer.close(5)
+
+        wait_for(committed, "alice's committed transaction", 60)
+        with Consumer(admin_config(cluster, **{"isolation.level": "read_committed",
+                                               "auto.offset.reset": "earliest"})) as reader:
+            tp = TopicPartition("ledger", 0)
+            reader.assign([tp])
+            values: list[bytes] = []
+            wait_for(lambda: values.extend(r.value for r in reader.poll(0.5)) or
+                     b"txn-entry" in values, "the committed entry", 60)
+    finally:
+        remove_acls(cluster, *bindings)

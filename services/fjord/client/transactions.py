@@ -226,7 +226,9 @@ class ClientTransactionManager:
                 )
             except FjordError as exc:
                 if not exc.retriable:
-                    raise
+                    # Refused outright (e.g. TRANSACTIONAL_ID_AUTHORIZATION_FAILED from
+                    # FindCoordinator): the producer cannot go on.
+                    raise self._fatal(exc.code, f"{what}: {exc}") from exc
                 last = str(exc)
                 backoff = self._backoff_s
             if time.monotonic() + backoff >= deadline:
