@@ -609,6 +609,7 @@ class Producer(_ProducerBase):
         # send()'s fast path: per topic, the open batch its sticky partition fills, and the
         # largest value that needs no size check (0 with tracing: records get a header).
         self._sticky_batches: dict[str, ProducerBatch] = {}
+        self._yield_per_batch = bool(self.config["enable.idempotence"])
         self._fast_value_limit = 0 if self._trace_records else self._max_record - _HEADER_OVERHEAD
         self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
         self._io_thread_id = self._io.thread_id
@@ -712,12 +713,15 @@ class Producer(_ProducerBase):
                 self._sticky_batches.pop(topic, None)
         if wake:
             self._wake_sender()
-            # Give the GIL to the I/O thread once per batch: an application thread that does
-            # nothing but send() keeps it for the whole switch interval (5 ms), and every step
-            # of a Produce round trip on the I/O thread (answer, completion, next request) then
-            # waits that long. With acks=all and idempotence (at most 5 batches of a partition
-            # unanswered) those waits set the throughput.
-            time.sleep(0)
+            if self._yield_per_batch:
+                # Give the GIL to the I/O thread once per batch: an application thread that
+                # does nothing but send() keeps it for the whole switch interval (5 ms), and
+                # every step of a Produce round trip on the I/O thread (answer, completion, next
+                # request) then waits that long. With idempotence (at most 5 batches of a
+                # partition unanswered) those waits set the throughput. Without it, the waits
+                # let batches pile up into fewer, larger requests: yielding there cost more
+                # throughput (about half, bench_e2e) than it saved in latency.
+                time.sleep(0)
         return future
 
     def flush(self, timeout: float | None = None) -> None:
