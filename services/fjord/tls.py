@@ -34,6 +34,7 @@ from fjord.security import (
     TlsFiles,
     principal_from_certificate_subject,
 )
+from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
 
 log = logging.getLogger(__name__)
 
@@ -161,7 +162,11 @@ def principal_from_pem(pem: bytes) -> Principal:
 
 def grpc_peer_principal(context: aio.ServicerContext) -> Principal:
     """Who called: ``User:<CN>`` of the client certificate the TLS handshake verified, else
-    ``User:ANONYMOUS`` (plaintext, or TLS without a client certificate)."""
+    ``User:ANONYMOUS`` (plaintext, or TLS without a client certificate). On a SASL gRPC door
+    it is the call's session principal (``User:<name>``, never the service identity)."""
+    session = SASL_SESSION_PRINCIPAL.get()
+    if session is not None:
+        return session
     pems = context.auth_context().get("x509_pem_cert")
     return principal_from_pem(pems[0]) if pems else ANONYMOUS
 

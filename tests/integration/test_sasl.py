@@ -6,12 +6,14 @@ on: the SASL login is the principal they check (User:alice with ACLs, User:bob w
 
 from __future__ import annotations
 
+import queue
 import socket
 import ssl
 import struct
 from collections.abc import Iterator
 
 import confluent_kafka
+import grpc
 import pytest
 from click.testing import CliRunner, Result
 from kafka.protocol.sasl import (
@@ -21,9 +23,11 @@ from kafka.protocol.sasl import (
 )
 from scramp import ScramClient
 
+from fjord._proto import broker_pb2, broker_pb2_grpc, sasl_pb2, sasl_pb2_grpc
 from fjord.client import AdminClient, NewTopic
 from fjord.errors import ErrorCode, FjordError
 from fjord.local.cluster import LocalCluster
+from fjord.records import BatchBuilder
 from fjord.security.acls import (
     AccessControlEntry,
     AclBinding,
@@ -33,6 +37,7 @@ from fjord.security.acls import (
     ResourcePattern,
     ResourceType,
 )
+from fjord.security.sasl_sessions import SESSION_METADATA_KEY
 from fjord.security.scram import ScramCredentialInfo, UserScramCredentialUpsertion
 from fjord.testing.waiting import wait_for
 
@@ -297,3 +302,102 @@ def test_confluent_kafka_admin_alters_and_describes_scram_credentials(
     with pytest.raises(confluent_kafka.KafkaException) as refused:
         denied["carol"].result(20)
     assert refused.value.args[0].code() == ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code
+
+
+# --- The SASL gRPC door (Fjord's own SASL clients) ---------------------------------------------
+
+
+def sasl_grpc_channel(cluster: LocalCluster) -> grpc.Channel:
+    """A TLS channel to broker 0's SASL gRPC door showing no client certificate."""
+    ca = (cluster.data_dir / "tls" / "ca.pem").read_bytes()
+    return grpc.secure_channel(cluster.sasl_grpc_address("broker", 0),
+                               grpc.ssl_channel_credentials(root_certificates=ca))
+
+
+def grpc_login(channel: grpc.Channel, user: str, password: str,
+               mechanism: str = "SCRAM-SHA-512") -> sasl_pb2.SaslAuthenticateResponse:
+    """One SCRAM exchange over ``Sasl/Authenticate``: the last answer (its session_token on
+    success, its error otherwise)."""
+    client = ScramClient([mechanism], user, password)
+    outbox: queue.Queue[sasl_pb2.SaslAuthenticateRequest | None] = queue.Queue()
+
+    def requests() -> Iterator[sasl_pb2.SaslAuthenticateRequest]:
+        while (item := outbox.get(timeout=15)) is not None:
+            yield item
+
+    outbox.put(sasl_pb2.SaslAuthenticateRequest(
+        mechanism=mechanism, auth_bytes=client.get_client_first().encode()))
+    answers = sasl_pb2_grpc.SaslStub(channel).Authenticate(requests(), timeout=15)
+    first = next(answers)
+    if first.error.code:
+        outbox.put(None)
+        return first
+    client.set_server_first(first.auth_bytes.decode())
+    outbox.put(sasl_pb2.SaslAuthenticateRequest(auth_bytes=client.get_client_final().encode()))
+    final = next(answers)
+    outbox.put(None)
+    if not final.error.code:
+        client.set_server_final(final.auth_bytes.decode())  # the server proved it knows us too
+    return final
+
+
+def produce_on_door(channel: grpc.Channel, token: str | None, topic: str) -> int:
+    builder = BatchBuilder()
+    builder.append(0, None, b"over-the-sasl-door")
+    request = broker_pb2.ProduceRequest(acks=-1, timeout_ms=15000)
+    request.topics.add(name=topic).partitions.add(partition=0, records=builder.build())
+    metadata = [(SESSION_METADATA_KEY, token)] if token is not None else []
+    answer = broker_pb2_grpc.BrokerStub(channel).Produce(request, metadata=metadata, timeout=15)
+    return answer.topics[0].partitions[0].error.code
+
+
+def test_grpc_sasl_door_logs_in_and_the_session_is_the_principal(
+    cluster: LocalCluster, alice: str
+) -> None:
+    with sasl_grpc_channel(cluster) as channel:
+        login = grpc_login(channel, alice, "alice-secret")
+        assert login.error.code == 0 and login.session_token
+        token = login.session_token
+        # User:alice may write orders (ACL), not ledger (no ACL): the session is the principal.
+        wait_for(lambda: produce_on_door(channel, token, "orders") == 0,
+                 "alice's produce over the SASL door (orders leader serving)")
+        assert produce_on_door(channel, token, "ledger") == \
+            ErrorCode.TOPIC_AUTHORIZATION_FAILED.code
+        assert grpc_login(channel, alice, "alice-256", "SCRAM-SHA-256").session_token
+
+        # A session is never the service identity: a follower fetch is refused.
+        fetch = broker_pb2.FetchRequest(replica_id=0, max_wait_ms=0, min_bytes=0)
+        fetch.topics.add(name="orders").partitions.add(partition=0, fetch_offset=0,
+                                                        partition_max_bytes=1024)
+        refused = broker_pb2_grpc.BrokerStub(channel).Fetch(
+            fetch, metadata=[(SESSION_METADATA_KEY, token)], timeout=15)
+        assert refused.error.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code
+
+
+def test_grpc_sasl_door_refuses_bad_logins_and_calls_without_a_session(
+    cluster: LocalCluster, alice: str
+) -> None:
+    with sasl_grpc_channel(cluster) as channel:
+        for user, password in ((alice, "wrong"), ("mallory", "alice-secret")):
+            failed = grpc_login(channel, user, password)
+            assert failed.error.code == ErrorCode.SASL_AUTHENTICATION_FAILED.code
+            assert not failed.session_token
+        unsupported = sasl_pb2_grpc.SaslStub(channel).Authenticate(
+            iter([sasl_pb2.SaslAuthenticateRequest(mechanism="PLAIN", auth_bytes=b"\0a\0b")]),
+            timeout=15)
+        assert [a.error.code for a in unsupported] == \
+            [ErrorCode.UNSUPPORTED_SASL_MECHANISM.code]
+        # Out of order: a client-final message first; then anything after the failure.
+        garbled = sasl_pb2_grpc.SaslStub(channel).Authenticate(iter([
+            sasl_pb2.SaslAuthenticateRequest(mechanism="SCRAM-SHA-512",
+                                             auth_bytes=b"c=biws,r=abc,p=xyz"),
+            sasl_pb2.SaslAuthenticateRequest(auth_bytes=b"n,,n=alice,r=abc"),
+        ]), timeout=15)
+        assert [a.error.code for a in garbled] == [ErrorCode.SASL_AUTHENTICATION_FAILED.code]
+
+        for token in (None, "", "forged-token"):
+            with pytest.raises(grpc.RpcError) as unauthenticated:
+                produce_on_door(channel, token, "orders")
+            assert unauthenticated.value.code() is grpc.StatusCode.UNAUTHENTICATED
+        # The door and a good login go on.
+        assert grpc_login(channel, alice, "alice-secret").session_token

@@ -75,6 +75,7 @@ from fjord.metadata.registration import (
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.process_state import StateDirLock, record_incarnation
+from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
 from fjord.serving import (
@@ -238,6 +239,9 @@ class BrokerOptions:
     kafka_sasl: bool = False
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
+    #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door): TLS
+    #: without client certificates with ``security``, else plaintext; None: no such door.
+    sasl_grpc_listener: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if self.kafka_tls and self.security is None:
@@ -326,6 +330,9 @@ class BrokerServer:
         # Set when the controller said our registration is not current (STALE_BROKER_EPOCH).
         self._registration_doubted = asyncio.Event()
         self._server: aio.Server | None = None
+        self._sasl_server: aio.Server | None = None
+        #: The SASL gRPC door's bound port (0: no door).
+        self.sasl_port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
         self._metrics_port: int | None = None
@@ -398,6 +405,24 @@ class BrokerServer:
             self._server, opts.listen_host, opts.listen_port, opts.security
         )
         await self._server.start()
+        if opts.sasl_grpc_listener is not None:
+            self._sasl_server, _ = sasl_door_server(
+                lambda mechanism, user: self._image().scram_credential(mechanism, user),
+                f"broker {opts.broker_id}",
+                interceptors=server_interceptors("broker"),
+                options=[
+                    ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                    ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                    ("grpc.so_reuseport", 0),
+                ],
+            )
+            broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._sasl_server)
+            host, port = opts.sasl_grpc_listener
+            self.sasl_port = bind_sasl_port(self._sasl_server, f"{host}:{port}", opts.security)
+            if not self.sasl_port:
+                raise ConfigError(f"sasl-listen: could not bind {host}:{port}")
+            await self._sasl_server.start()
+            log.info("broker %d: SASL gRPC door on %s:%d", opts.broker_id, host, self.sasl_port)
         if opts.kafka_listener is not None:
             self._forwarder = ControllerForwarder(self._image)
             admin = BrokerAdminHandlers(
@@ -489,6 +514,8 @@ class BrokerServer:
             await self._kafka.stop()
         if self._forwarder is not None:
             await self._forwarder.close()
+        if self._sasl_server is not None:
+            await self._sasl_server.stop(defaults.SHUTDOWN_GRACE_S)
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         await cancel_until_done(self._tasks)

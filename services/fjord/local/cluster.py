@@ -223,6 +223,7 @@ class LocalCluster:
         # (role, id) -> the port of its Kafka listener (brokers and coordinators); kept when
         # the process restarts.
         self._kafka_ports: dict[tuple[str, int], int] = {}
+        self._sasl_grpc_ports: dict[tuple[str, int], int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -274,6 +275,16 @@ class LocalCluster:
         port = self._kafka_ports.get((role, node_id)) or free_port()
         self._kafka_ports[(role, node_id)] = port
         return port
+
+    def _sasl_grpc_port(self, role: str, node_id: int) -> int:
+        """The SASL gRPC door port of ``role`` ``node_id`` (picked free once, then kept)."""
+        port = self._sasl_grpc_ports.get((role, node_id)) or free_port()
+        self._sasl_grpc_ports[(role, node_id)] = port
+        return port
+
+    def sasl_grpc_address(self, role: str, node_id: int) -> str:
+        """``HOST:PORT`` of a process's SASL gRPC door (clusters started with kafka_sasl)."""
+        return f"{LOOPBACK_HOST}:{self._sasl_grpc_ports[(role, node_id)]}"
 
     @property
     def kafka_bootstrap_servers(self) -> str:
@@ -446,6 +457,8 @@ class LocalCluster:
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
                 *(["--rack", self.racks[broker_id]] if broker_id in self.racks else []),
                 *self._security_args("broker", broker_id),
+                *(["--sasl-listen", f"{LOOPBACK_HOST}:{self._sasl_grpc_port('broker', broker_id)}"]
+                  if self.kafka_sasl else []),
             ],
             self.broker_port + broker_id if self.broker_port else 0,
         )
