@@ -358,6 +358,68 @@ def test_compaction_drops_aborted_records_and_keeps_markers_and_txnindex(
     part.log.close()
 
 
+def test_compaction_removes_a_commit_marker_once_its_transaction_is_gone(tmp_path: Path) -> None:
+    """Kafka's rule for markers: a COMMIT marker goes once no batch of its transaction is left
+    and delete.retention.ms passed; ABORT markers (each has a .txnindex entry) and a producer's
+    last batch stay. read_committed's view and the rebuilt producer state do not change."""
+    from fjord.storage.cleaner import clean_log
+
+    def build(directory: Path) -> Partition:
+        config = LogConfig.from_dict({"segment.bytes": 1000, "cleanup.policy": "compact"})
+        part = Partition("t", 0, 1, PartitionLog.open(directory, config),
+                         PartitionAssignment(1, 1, (1,), (1,)), min_insync_replicas=1)
+        part.append_as_leader(keyed_txn(9, 0, [(b"a", b"a-1")]), acks=1)  # 0
+        part.append_marker(marker(9, commit=True))  # 1: its data superseded below
+        part.append_as_leader(keyed_txn(10, 0, [(b"b", b"b-aborted")]), acks=1)  # 2
+        part.append_marker(marker(10, commit=False))  # 3: an ABORT marker stays
+        part.append_as_leader(keyed_txn(11, 0, [(b"c", b"c-1")]), acks=1)  # 4
+        part.append_marker(marker(11, commit=True))  # 5: c-1 is live: stays
+        part.append_as_leader(keyed_txn(9, 1, [(b"a", b"a-2")]), acks=1)  # 6
+        part.append_marker(marker(9, commit=True))  # 7: producer 9's last batch: stays
+        part.append_as_leader(keyed_txn(10, 1, [(b"b", b"b-2")]), acks=1)  # 8
+        part.append_marker(marker(10, commit=True))  # 9
+        part.append_as_leader(keyed_txn(11, 1, [(b"d", b"d-1")]), acks=1)  # 10
+        part.append_marker(marker(11, commit=True))  # 11
+        while len(part.log.segments) < 3:  # the transactions sit in closed segments
+            part.append_as_leader(keyed(b"other", b"o" * 40), acks=1)
+        return part
+
+    def markers(part: Partition) -> list[int]:
+        return [b.header.base_offset for segment in part.log.segments
+                for b in read_batches(segment.read(0, segment.size)) if b.header.is_control]
+
+    # Within delete.retention.ms every marker stays.
+    young = build(tmp_path / "young")
+    young_view = committed_view(young)
+    assert clean_log(young.log, now_ms=10**13, delete_retention_ms=10**14,
+                     high_watermark=young.last_stable_offset) is not None
+    assert markers(young) == [1, 3, 5, 7, 9, 11]
+    young.log.close()
+
+    part = build(tmp_path / "t-0")
+    before = committed_view(part)
+    assert before == young_view and before[b"a"] == b"a-2" and b"b-aborted" not in before.values()
+    stats = clean_log(part.log, now_ms=10**13, delete_retention_ms=0,
+                      high_watermark=part.last_stable_offset)
+    assert stats is not None
+    assert markers(part) == [3, 5, 7, 9, 11]  # only the first commit of producer 9 went
+    assert committed_view(part) == before
+    assert part.aborted_transactions(0, part.log_end_offset) == [(10, 2)]
+    # A clean of the clean range removes nothing more.
+    clean_log(part.log, now_ms=10**13, delete_retention_ms=0,
+              high_watermark=part.last_stable_offset)
+    assert markers(part) == [3, 5, 7, 9, 11]
+    # The producer state rebuilt from the cleaned log has no open transaction.
+    directory = part.log.directory
+    part.log.close()
+    for snapshot in directory.glob("*.snapshot"):
+        snapshot.unlink()
+    reopened = PartitionLog.open(directory, LogConfig.from_dict({"cleanup.policy": "compact"}))
+    rebuilt = load_producer_state(reopened)
+    assert rebuilt.ongoing == {}
+    reopened.close()
+
+
 # --- end to end over the cores: random transactions, read_committed from random offsets ---------
 
 READ_OPS = st.lists(

@@ -50,6 +50,7 @@ from fjord.storage.compaction import (
     CleanedSegment,
     DirtyState,
     SegmentInfo,
+    TransactionTracker,
     aborted_ranges,
     build_offset_map,
     clean_segment,
@@ -165,6 +166,7 @@ def clean_log(
     producers = last_batch_of_each_producer(_headers(segments))
     results: list[tuple[LogSegment, CleanedSegment]] = []
     written: list[Path] = []
+    transactions = TransactionTracker()  # across the segments, in log order
     try:
         for segment, size in zip(to_clean, sizes, strict=True):
             result = clean_segment(
@@ -177,6 +179,7 @@ def clean_log(
                 producer_last_offsets=producers,
                 retain_last_batch=True,
                 aborted=aborted,
+                transactions=transactions,
             )
             path = directory / segment_file_name(segment.base_offset, CLEANED_SUFFIX)
             written.append(path)

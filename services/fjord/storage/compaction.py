@@ -34,10 +34,14 @@ partition's last stable offset (the broker passes it), so every transaction belo
 complete; records of aborted transactions (``aborted``: the ``.txnindex`` entries, producer id
 -> ``(first offset, marker offset)`` ranges) are dropped and never enter the offset map, so an
 aborted write can never displace a committed value of its key; committed transactional records
-are compacted like any other. Control batches (the markers) are always kept as they are (Kafka
-removes a marker once its transaction's records are gone and ``delete.retention.ms`` passed;
-Fjord keeps them: a few bytes per transaction, and read_committed consumers and the producer
-state always find them).
+are compacted like any other. A COMMIT marker is removed, as Kafka's cleaner removes it, once
+no batch of its transaction is left (not even an emptied one: :class:`TransactionTracker`,
+across the segments of one clean in log order), its segment's ``delete.retention.ms`` horizon
+has passed (the tombstone rule) and it is neither its producer's last batch (the producer state)
+nor its segment's last batch (contiguity). ABORT markers are always kept: each has an entry in
+its segment's ``.txnindex``, which the cleaner does not rewrite, and a read_committed consumer
+that meets an aborted-transaction entry skips its producer's transactional batches until that
+producer's ABORT marker, so removing one without its entry would hide later committed data.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fjord.records.builder import rebuild_batch
+from fjord.records.control import control_record_of
 from fjord.records.header import NO_PRODUCER_ID, BatchHeader, Buffer
 from fjord.records.reader import RecordBatch, decode_record_tuples, read_batches
 
@@ -111,6 +116,28 @@ def tombstones_expired(segment_max_timestamp: int, delete_retention_ms: int, now
     return segment_max_timestamp + delete_retention_ms <= now_ms
 
 
+class TransactionTracker:
+    """Per producer id, whether a batch of its current transaction survives the clean: fed the
+    data batches and markers of ``[log start, cleanable end)`` in log order (one tracker for
+    all the segments of one clean). Every transaction below the cleanable end is complete, so
+    each of its batches precedes its marker there."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        self._kept: dict[int, bool] = {}
+
+    def data_batch(self, header: BatchHeader, kept: bool) -> None:
+        """A transactional data batch was read; ``kept``: it is in the output (even emptied)."""
+        if header.is_transactional and header.producer_id != NO_PRODUCER_ID:
+            self._kept[header.producer_id] = self._kept.get(header.producer_id, False) or kept
+
+    def marker(self, producer_id: int) -> bool:
+        """A marker ends ``producer_id``'s transaction: True when none of its batches is kept
+        (the marker may go then, by the other rules)."""
+        return not self._kept.pop(producer_id, False)
+
+
 @dataclass(frozen=True, slots=True)
 class CleanedSegment:
     """What :func:`clean_segment` made of one segment's bytes. ``data`` holds whole, CRC-valid
@@ -125,6 +152,8 @@ class CleanedSegment:
     """Largest max timestamp of the kept batches, -1 when none is kept."""
     aborted_dropped: int = 0
     """Records of aborted transactions dropped."""
+    markers_dropped: int = 0
+    """COMMIT markers removed (their transaction's batches gone, past delete.retention.ms)."""
 
 
 def clean_segment(
@@ -136,19 +165,31 @@ def clean_segment(
     producer_last_offsets: Mapping[int, int],
     retain_last_batch: bool = False,
     aborted: AbortedRanges | None = None,
+    transactions: TransactionTracker | None = None,
 ) -> CleanedSegment:
     """Rewrite one segment's bytes by the rules in the module docstring. Batches that start at
-    or after ``cleanable_end`` are copied untouched. ``retain_last_batch``: the segment's last
-    batch stays (emptied when none of its records survives), so the cleaned segment still ends
-    at the same offset and segments stay contiguous (the storage layer's invariant). Raises
+    or after ``cleanable_end`` are copied untouched. ``transactions``: the tracker of this
+    clean, fed every segment below the cleanable end in order; without one markers are kept.
+    ``retain_last_batch``: the segment's last batch stays (emptied when none of its records
+    survives), so the cleaned segment still ends at the same offset and segments stay
+    contiguous (the storage layer's invariant). Raises
     :class:`~fjord.errors.CorruptRecordError` for a damaged batch (nothing is written then)."""
     out: list[bytes] = []
-    read = kept_count = tombstones = keyless = aborted_dropped = 0
+    read = kept_count = tombstones = keyless = aborted_dropped = markers_dropped = 0
     max_timestamp = -1
     batches = list(read_batches(data))
     for index, batch in enumerate(batches):
         header = batch.header
         read += header.record_count
+        last_of_segment = retain_last_batch and index == len(batches) - 1
+        if (header.is_control and transactions is not None
+                and header.base_offset < cleanable_end
+                and transactions.marker(header.producer_id) and drop_tombstones
+                and not last_of_segment
+                and not _holds_producer_state(header, producer_last_offsets)
+                and control_record_of(batch).committed):
+            markers_dropped += 1
+            continue
         if header.is_control or header.base_offset >= cleanable_end:
             out.append(bytes(batch.raw))
             kept_count += header.record_count
@@ -172,14 +213,18 @@ def clean_segment(
         if len(kept) == len(records):
             out.append(bytes(batch.raw))
         elif (kept or _holds_producer_state(header, producer_last_offsets)
-              or (retain_last_batch and index == len(batches) - 1)):
+              or last_of_segment):
             out.append(rebuild_batch(header, kept))
         else:
+            if transactions is not None:
+                transactions.data_batch(header, kept=False)
             continue
+        if transactions is not None:
+            transactions.data_batch(header, kept=True)
         kept_count += len(kept)
         max_timestamp = max(max_timestamp, header.max_timestamp)
     return CleanedSegment(b"".join(out), read, kept_count, tombstones, keyless, max_timestamp,
-                          aborted_dropped)
+                          aborted_dropped, markers_dropped)
 
 
 def _holds_producer_state(header: BatchHeader, producer_last_offsets: Mapping[int, int]) -> bool:
