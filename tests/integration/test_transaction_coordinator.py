@@ -395,3 +395,37 @@ def test_kafka_python_lists_and_describes_transactions(
     finally:
         admin.close()
         producer.close(10)
+
+
+def test_fjord_transactions_lists_and_describes(bootstrap: str, txn_topic: str) -> None:
+    """``fjord transactions list`` and ``describe`` (AdminClient.list_transactions over every
+    coordinator's gRPC ListTransactions): an open transaction with its partition; an unknown
+    id is a one-line error."""
+    import json
+
+    from click.testing import CliRunner
+
+    from fjord.cli.main import cli
+
+    tid = f"cli-{uuid.uuid4().hex[:8]}"
+    producer = txn_producer(bootstrap, tid)
+    try:
+        producer.init_transactions(WAIT_S)
+        producer.begin_transaction()
+        producer.send(txn_topic, b"cli", partition=2)
+        producer.flush(WAIT_S)
+        runner = CliRunner()
+        listed = runner.invoke(cli, ["transactions", "list", "--bootstrap-server", bootstrap,
+                                     "--state", "Ongoing", "--output", "json"])
+        assert listed.exit_code == 0, listed.output
+        assert tid in {t["transactional_id"] for t in json.loads(listed.output)}
+        described = runner.invoke(cli, ["transactions", "describe", "--bootstrap-server",
+                                        bootstrap, "--transactional-id", tid])
+        assert described.exit_code == 0, described.output
+        assert "Ongoing" in described.output and f"{txn_topic}-2" in described.output
+        unknown = runner.invoke(cli, ["transactions", "describe", "--bootstrap-server",
+                                      bootstrap, "--transactional-id", "no-such-id"])
+        assert unknown.exit_code == 1 and "unknown" in unknown.output
+        producer.commit_transaction(WAIT_S)
+    finally:
+        producer.close(10)

@@ -8,6 +8,42 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ("states_filter", "producer_id_filter")
+    STATES_FILTER_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FILTER_FIELD_NUMBER: _ClassVar[int]
+    states_filter: _containers.RepeatedScalarFieldContainer[str]
+    producer_id_filter: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, states_filter: _Optional[_Iterable[str]] = ..., producer_id_filter: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class TransactionDescription(_message.Message):
+    __slots__ = ("transactional_id", "state", "producer_id", "producer_epoch", "transaction_timeout_ms", "transaction_start_time_ms", "partitions", "coordinator_id")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_START_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int
+    partitions: _containers.RepeatedCompositeFieldContainer[_common_pb2.TopicPartition]
+    coordinator_id: int
+    def __init__(self, transactional_id: _Optional[str] = ..., state: _Optional[str] = ..., producer_id: _Optional[int] = ..., producer_epoch: _Optional[int] = ..., transaction_timeout_ms: _Optional[int] = ..., transaction_start_time_ms: _Optional[int] = ..., partitions: _Optional[_Iterable[_Union[_common_pb2.TopicPartition, _Mapping]]] = ..., coordinator_id: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("error", "transactions")
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    error: _common_pb2.Error
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionDescription]
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., transactions: _Optional[_Iterable[_Union[TransactionDescription, _Mapping]]] = ...) -> None: ...
+
 class AddOffsetsToTxnRequest(_message.Message):
     __slots__ = ("transactional_id", "producer_id", "producer_epoch", "group_id")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]

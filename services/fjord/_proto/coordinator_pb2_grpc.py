@@ -110,6 +110,11 @@ class CoordinatorStub:
                 request_serializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
                 _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/fjord.v1.Coordinator/ListTransactions',
+                request_serializer=fjord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
 
 
 class CoordinatorServicer:
@@ -226,6 +231,15 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListTransactions(self, request, context):
+        """The transactional ids this coordinator serves with their state (Kafka's ListTransactions
+        and DescribeTransactions in one; clients ask every coordinator and merge). Only the ids
+        the caller may Describe. COORDINATOR_LOAD_IN_PROGRESS while a partition is loading.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -303,6 +317,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.CompleteTxnOffsets,
                     request_deserializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=fjord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -710,6 +729,33 @@ class Coordinator:
             '/fjord.v1.Coordinator/CompleteTxnOffsets',
             fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsRequest.SerializeToString,
             fjord_dot_v1_dot_coordinator__pb2.CompleteTxnOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fjord.v1.Coordinator/ListTransactions',
+            fjord_dot_v1_dot_coordinator__pb2.ListTransactionsRequest.SerializeToString,
+            fjord_dot_v1_dot_coordinator__pb2.ListTransactionsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "produce": ("fjord.cli.console_cmd", "produce"),
     "quickstart": ("fjord.cli.quickstart_cmd", "quickstart"),
     "topics": ("fjord.cli.topics_cmd", "topics"),
+    "transactions": ("fjord.cli.transactions_cmd", "transactions"),
     "users": ("fjord.cli.users_cmd", "users"),
 }
 

@@ -172,6 +172,22 @@ OffsetSpec = Literal["earliest", "latest"] | int
 
 
 @dataclass(frozen=True, slots=True)
+class TransactionDescription:
+    """One transactional id as its transaction coordinator describes it (Kafka's
+    DescribeTransactions): state by Kafka's name, producer id and epoch, timeout, start of the
+    running transaction (-1: none) and its partitions."""
+
+    transactional_id: str
+    state: str
+    producer_id: int
+    producer_epoch: int
+    transaction_timeout_ms: int
+    transaction_start_time_ms: int
+    partitions: tuple[TopicPartition, ...]
+    coordinator_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class ConsumerGroupListing:
     """One group as ListGroups reports it. ``protocol_type`` is "consumer" for groups of
     subscribing consumers and "" for groups that only ever had simple (admin or ``assign()``)
@@ -997,6 +1013,54 @@ class AdminClient:
         if error is not None:
             raise error
         return [f"{c.host}:{c.port}" for c in response.coordinators]
+
+    def list_transactions(
+        self,
+        states: Iterable[str] | None = None,
+        producer_ids: Iterable[int] | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[TransactionDescription]:
+        """Every transactional id of every live coordinator (those in ``states``, Kafka's
+        names such as "Ongoing", and of ``producer_ids`` when given), sorted by id. As
+        :meth:`list_consumer_groups`: all coordinators must answer, else it is retried."""
+        request = coordinator_pb2.ListTransactionsRequest(
+            states_filter=list(states or ()), producer_id_filter=list(producer_ids or ())
+        )
+        network = self._network
+
+        async def ask(address: str, deadline: float) -> Any:
+            try:
+                response = await network.coordinator(address).ListTransactions(
+                    request, timeout=min(self._request_timeout_s, deadline - time.monotonic())
+                )
+            except Exception as exc:
+                raise transport_error(exc, f"coordinator {address}") from exc
+            for code, message in _coordinator_errors(response):
+                raise error_for_code(code, f"ListTransactions at {address}: {message}")
+            return response
+
+        async def call(deadline: float) -> list[Any]:
+            async def attempt() -> list[Any]:
+                addresses = await self._coordinators(deadline)
+                if not addresses:
+                    raise CoordinatorNotAvailableError("no coordinator is running")
+                return list(await asyncio.gather(*(ask(a, deadline) for a in addresses)))
+
+            return await network.call_with_retries(
+                attempt, deadline=deadline, backoff_s=self._backoff_s, what="ListTransactions"
+            )
+
+        found: dict[str, TransactionDescription] = {}
+        for response in self._run(call, timeout):
+            for t in response.transactions:
+                found.setdefault(t.transactional_id, TransactionDescription(
+                    t.transactional_id, t.state, t.producer_id, t.producer_epoch,
+                    t.transaction_timeout_ms, t.transaction_start_time_ms,
+                    tuple(TopicPartition(p.topic, p.partition) for p in t.partitions),
+                    t.coordinator_id,
+                ))
+        return sorted(found.values(), key=lambda t: t.transactional_id)
 
     def list_consumer_groups(
         self, states: Iterable[str] | None = None, *, timeout: float | None = None

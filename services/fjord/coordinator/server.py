@@ -315,7 +315,8 @@ class CoordinatorServer:
         )
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
             CoordinatorServicer(
-                groups, transactions, ClusterActionGuard.for_service(opts.security)
+                groups, transactions, ClusterActionGuard.for_service(opts.security),
+                opts.coordinator_id,
             ),
             self._server,
         )

@@ -93,6 +93,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         groups: GroupManager | AuthorizedGroups,
         transactions: AuthorizedTransactions | None = None,
         cluster_action: ClusterActionGuard | None = None,
+        coordinator_id: int = -1,
     ) -> None:
         #: Every request reaches the manager through its caller's ACL-checked view.
         self._groups = (
@@ -100,6 +101,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         )
         self._transactions = transactions
         self._cluster_action = cluster_action or ClusterActionGuard(enforced=False)
+        self._coordinator_id = coordinator_id
 
     # --- transactions (Kafka's ACLs: Write on the TransactionalId; AddPartitionsToTxn also
     # Write on each topic) ----------------------------------------------------------------------
@@ -211,6 +213,40 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             return _offset_commit_response(errors)
 
         return await _guard(lambda e: coordinator_pb2.OffsetCommitResponse(error=e), body())
+
+    async def ListTransactions(
+        self, request: coordinator_pb2.ListTransactionsRequest, context: aio.ServicerContext
+    ) -> coordinator_pb2.ListTransactionsResponse:
+        async def body() -> coordinator_pb2.ListTransactionsResponse:
+            error, records = self._txn().list_transactions(grpc_caller(context))
+            states = set(request.states_filter)
+            pids = set(request.producer_id_filter)
+            return coordinator_pb2.ListTransactionsResponse(
+                error=error_pb(error),
+                transactions=[
+                    coordinator_pb2.TransactionDescription(
+                        transactional_id=r.transactional_id,
+                        state=r.state.kafka_name,
+                        producer_id=r.producer_id,
+                        producer_epoch=r.producer_epoch,
+                        transaction_timeout_ms=r.timeout_ms,
+                        transaction_start_time_ms=r.txn_start_ms,
+                        partitions=[
+                            common_pb2.TopicPartition(topic=tp.topic, partition=tp.partition)
+                            for tp in sorted(r.partitions)
+                        ],
+                        coordinator_id=self._coordinator_id,
+                    )
+                    for r in records
+                    if (not states or r.state.kafka_name in states)
+                    and (not pids or r.producer_id in pids)
+                    and r.producer_epoch >= 0
+                ],
+            )
+
+        return await _guard(
+            lambda e: coordinator_pb2.ListTransactionsResponse(error=e), body()
+        )
 
     async def CompleteTxnOffsets(
         self, request: coordinator_pb2.CompleteTxnOffsetsRequest, context: aio.ServicerContext
