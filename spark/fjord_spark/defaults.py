@@ -40,3 +40,10 @@ WRITER_ACKS = "all"
 #: ``maxTriggerDelay`` default: with ``minOffsetsPerTrigger``, the longest a micro-batch waits
 #: for enough records (Spark's Kafka source: 15m).
 MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+
+#: How long a report to the consumer group (``kafka.group.id``) is waited for before the
+#: source goes on (it stays in flight and is checked at the next trigger).
+REPORT_WAIT_S = 5.0
+
+#: How long a stopping streaming query waits for a report still in flight.
+REPORT_FLUSH_S = 5.0

@@ -458,9 +458,10 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     committed is also committed to that consumer group, as a report (Spark never reads it
     back): ``commit(end)`` comes one batch behind, so the start of each ``latestOffset`` call
     (the end of the last batch, committed before Spark plans the next) is reported as well.
-    Reports are sent without waiting (a slow or absent group coordinator never delays a
-    micro-batch); one that fails is logged and sent again at the next trigger; none fails the
-    query.
+    A report waits for its acknowledgement at most ``REPORT_WAIT_S`` (a slow or absent group
+    coordinator delays one trigger by that, never more: while a report is in flight no other
+    is sent or waited for); one that fails is logged and sent again at the next trigger; none
+    fails the query.
     """
 
     def __init__(self, options: ReaderOptions, schema: StructType) -> None:
@@ -514,7 +515,18 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except FjordError as exc:
             log.warning("could not report offsets to consumer group %r: %s", group, exc)
             return
-        self._in_flight = (future, moved)
+        # Wait a little: normally the report lands before Spark goes on (so the last batch of
+        # an AvailableNow run is reported before Spark ends the source's process); a slow
+        # coordinator costs this trigger at most REPORT_WAIT_S, later triggers nothing.
+        try:
+            future.result(timeout=defaults.REPORT_WAIT_S)
+        except TimeoutError:
+            self._in_flight = (future, moved)
+            return
+        except Exception as exc:
+            log.warning("could not report offsets to consumer group %r: %s", group, exc)
+            return
+        self._reported.update(moved)
 
     def initialOffset(self) -> dict[str, Any]:
         tps = self.view.partitions()
@@ -567,7 +579,16 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.report_to_group(offsets_from_json(end))
 
     def stop(self) -> None:
+        """Close the clients; a report still in flight (the last batch of a
+        ``Trigger.AvailableNow`` run, say) is waited for, up to ``REPORT_FLUSH_S``."""
         self.view.close()
+        if self._in_flight is not None:
+            future, _ = self._in_flight
+            try:
+                future.result(timeout=defaults.REPORT_FLUSH_S)
+            except Exception as exc:  # a report never fails the query, not even at its end
+                log.warning("the last report to group %r failed: %s", self.options.group_id, exc)
+            self._in_flight = None
         if self._committer is not None:
             self._committer.close()
             self._committer = None

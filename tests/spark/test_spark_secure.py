@@ -7,13 +7,14 @@ the shared ``local[2]`` session."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fjord.client import AdminClient, NewTopic
 from fjord.local.cluster import LocalCluster
-from tests.helpers.spark import produce
+from tests.helpers.spark import SPARK_WAIT_S, produce
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +42,9 @@ def kafka_options(cluster: LocalCluster) -> dict[str, str]:
     return options
 
 
-def test_read_and_write_over_mutual_tls(spark: Any, secure_cluster: LocalCluster) -> None:
+def test_read_and_write_over_mutual_tls(
+    spark: Any, secure_cluster: LocalCluster, tmp_path: Path
+) -> None:
     security = dict(secure_cluster.client_config)
     assert security["security.protocol"] == "SSL" and security["ssl.certificate.location"]
     config = {"bootstrap.servers": secure_cluster.bootstrap_servers, **security}
@@ -60,6 +63,28 @@ def test_read_and_write_over_mutual_tls(spark: Any, secure_cluster: LocalCluster
     back = spark.read.format("fjord").options(**options).option("subscribe", "spark-tls-out")
     got = sorted((r.partition, bytes(r.value)) for r in back.load().collect())
     assert got == sorted((m.partition, f"v{i}".encode()) for i, m in enumerate(sent))
+
+    # A streaming read reporting to its group over TLS: the last batch is reported at stop.
+    group = "spark-tls-group"
+    query = (
+        spark.readStream.format("fjord")
+        .options(**options)
+        .option("subscribe", "spark-tls-in")
+        .option("startingOffsets", "earliest")
+        .option("kafka.group.id", group)
+        .load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    assert query.awaitTermination(SPARK_WAIT_S), "AvailableNow did not finish"
+    assert query.exception() is None
+    with AdminClient(config) as admin:
+        rows = admin.describe_consumer_group_lag(group)
+    ends = {p: max(m.offset for m in sent if m.partition == p) + 1 for p in (0, 1)}
+    assert {r.partition: r.current_offset for r in rows} == ends
+    assert all(r.lag == 0 and r.time_lag_s == 0 for r in rows)
 
     plain = {k: v for k, v in options.items() if not k.startswith("kafka.ssl.")}
     with pytest.raises(Exception, match="no broker answered a Metadata request"):
