@@ -54,7 +54,7 @@ def test_kafka_topic_keys_fjord_lacks_are_refused(key: str) -> None:
 
 @pytest.mark.parametrize("key", [
     "log.retention.hours", "log.retention.minutes", "log.roll.hours", "log.cleaner.threads",
-    "log.cleaner.dedupe.buffer.size", "num.replica.fetchers", "num.io.threads",
+    "log.cleaner.io.buffer.size", "num.replica.fetchers", "num.io.threads",
     "num.network.threads",
 ])
 def test_kafka_broker_keys_fjord_lacks_are_refused(key: str) -> None:

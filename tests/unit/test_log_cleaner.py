@@ -257,8 +257,53 @@ def test_cleaner_settings_and_their_typed_errors() -> None:
     assert CleanerSettings.from_config({}) == CleanerSettings()
     assert CleanerSettings.from_config(
         {"log.cleaner.enable": "False", "log.cleaner.backoff.ms": "5",
-         "log.cleaner.io.max.bytes.per.second": "1024"}) == CleanerSettings(False, 1024, 5)
+         "log.cleaner.io.max.bytes.per.second": "1024",
+         "log.cleaner.dedupe.buffer.size": "4096"}) == CleanerSettings(False, 1024, 5, 4096)
     for key, bad in (("log.cleaner.enable", "yes"), ("log.cleaner.backoff.ms", "0"),
-                     ("log.cleaner.io.max.bytes.per.second", "fast")):
+                     ("log.cleaner.io.max.bytes.per.second", "fast"),
+                     ("log.cleaner.dedupe.buffer.size", "0")):
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             validate_broker_config({key: bad})
+
+
+bounded_updates = st.lists(
+    st.tuples(st.sampled_from([b"k%d" % i for i in range(12)]),
+              st.one_of(st.none(), st.binary(min_size=1, max_size=20))),
+    min_size=10, max_size=60,
+)
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(bounded_updates, st.integers(1, 4), st.booleans())
+def test_a_bounded_offset_map_cleans_in_rounds_to_the_same_log(
+    tmp_path_factory, plan, keys_that_fit, drop
+) -> None:
+    """log.cleaner.dedupe.buffer.size: with room for only a few keys each clean stops where
+    its map filled (the checkpoint moves there, inside a segment if need be); the rounds that
+    follow end with the log one unbounded clean makes."""
+    from fjord.storage.compaction import offset_map_entry_bytes
+
+    directory = tmp_path_factory.mktemp("bounded")
+    log = PartitionLog.open(directory, CONFIG, now_ms=NOW)
+    fill(log, plan)
+    before = everything(log)
+    end = log.active_segment.base_offset
+    bound = keys_that_fit * offset_map_entry_bytes(b"k10")
+    rounds, checkpoints = 0, []
+    while (stats := clean_log(log, now_ms=NOW, delete_retention_ms=0 if drop else 10**9,
+                              max_map_bytes=bound)) is not None:
+        rounds += 1
+        checkpoints.append(stats.cleaned_to)
+        assert read_first_dirty_offset(directory) == stats.cleaned_to <= end
+        assert rounds <= len(plan), "a clean made no progress"
+    assert checkpoints == sorted(set(checkpoints))
+    assert (checkpoints[-1] if checkpoints else 0) == end
+    distinct_below_end = len({key for offset, key, _ in before if offset < end})
+    if distinct_below_end > keys_that_fit:
+        assert rounds >= 2
+    assert everything(log) == compacted(before, end, drop_tombstones=drop)
+    log.close()
+    reopened = PartitionLog.open(directory, CONFIG, now_ms=NOW)  # gaps inside segments: normal
+    assert everything(reopened) == compacted(before, end, drop_tombstones=drop)
+    reopened.close()

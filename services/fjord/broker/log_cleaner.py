@@ -97,7 +97,7 @@ class LogCleaner(ThrottledTask[CleanerSettings]):
             stats = await asyncio.to_thread(
                 clean_log, plog, now_ms=now_ms, delete_retention_ms=config.delete_retention_ms,
                 min_compaction_lag_ms=config.min_compaction_lag_ms, high_watermark=hw,
-                throttle=self._throttle_read,
+                throttle=self._throttle_read, max_map_bytes=self.settings.dedupe_buffer_size,
             )
         except (OSError, FjordError) as exc:
             metrics.record_clean("failed")

@@ -52,7 +52,7 @@ from fjord.storage.compaction import (
     SegmentInfo,
     TransactionTracker,
     aborted_ranges,
-    build_offset_map,
+    build_bounded_offset_map,
     clean_segment,
     cleanable_end,
     dirty_state,
@@ -129,12 +129,16 @@ def clean_log(
     high_watermark: int | None = None,
     throttle: Callable[[int], None] = _no_throttle,
     on_step: StepHook = _no_step,
+    max_map_bytes: int | None = None,
 ) -> CleanStats | None:
     """Compact ``log`` up to its cleanable end (see the module docstring; never past the
     segment holding ``high_watermark``, when given). Returns None when
     there was nothing to clean or the log changed under the clean (truncation, retention,
     close): nothing is changed then. ``throttle(n)`` is called before ``n`` bytes are read
-    (the cleaner's I/O limit). Raises :class:`~fjord.errors.CorruptRecordError` for a damaged
+    (the cleaner's I/O limit). ``max_map_bytes`` (``log.cleaner.dedupe.buffer.size``): when the
+    offset map of the dirty section would outgrow it, this clean stops where the map filled (a
+    batch boundary, possibly inside a segment) and the checkpoint moves there; the next clean
+    goes on from it (Kafka's rounds). Raises :class:`~fjord.errors.CorruptRecordError` for a damaged
     segment (nothing changed)."""
     started = time.monotonic()
     directory = log.directory
@@ -162,7 +166,13 @@ def clean_log(
     aborted = aborted_ranges(
         (t.producer_id, t.first_offset, t.last_offset) for t in log.aborted_txns(0, end)
     )
-    offset_map = build_offset_map((contents(s, n) for s, n in dirty), first_dirty, end, aborted)
+    bounded = build_bounded_offset_map((contents(s, n) for s, n in dirty), first_dirty, end,
+                                       aborted, max_map_bytes)
+    offset_map = bounded.offsets
+    if bounded.end < end:  # the map filled up: this round cleans up to where it stopped
+        end = bounded.end
+        kept = [(s, n) for s, n in zip(to_clean, sizes, strict=True) if s.base_offset < end]
+        to_clean, sizes = [s for s, _ in kept], [n for _, n in kept]
     producers = last_batch_of_each_producer(_headers(segments))
     results: list[tuple[LogSegment, CleanedSegment]] = []
     written: list[Path] = []

@@ -78,26 +78,70 @@ def _is_aborted(offset: int, ranges: list[tuple[int, int]]) -> bool:
     return any(first <= offset < last for first, last in ranges)
 
 
-def build_offset_map(
-    sections: Iterable[Buffer], start: int, end: int, aborted: AbortedRanges | None = None
-) -> dict[bytes, int]:
+#: What one key of the offset map costs, on top of the key's bytes, in a CPython dict (the
+#: bytes object's header, the int, the dict's slot and index): the unit of the memory bound
+#: ``log.cleaner.dedupe.buffer.size`` (Kafka's map costs 24 bytes a key, MD5 and offset).
+OFFSET_MAP_ENTRY_OVERHEAD_BYTES = 100
+
+
+def offset_map_entry_bytes(key: bytes) -> int:
+    return OFFSET_MAP_ENTRY_OVERHEAD_BYTES + len(key)
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetMap:
+    """Pass 1's result: each key's last offset in ``[start, end)``; ``end`` is where the map
+    stopped: the requested end, or earlier (a batch boundary) when the memory bound was
+    reached. The clean then compacts only up to ``end`` (Kafka's rounds)."""
+
+    offsets: dict[bytes, int]
+    end: int
+    size_bytes: int
+
+
+def build_bounded_offset_map(
+    sections: Iterable[Buffer],
+    start: int,
+    end: int,
+    aborted: AbortedRanges | None = None,
+    max_bytes: int | None = None,
+) -> OffsetMap:
     """Each key's last offset among the data records with offsets in ``[start, end)`` of
     ``sections`` (whole batches back to back, in offset order; batches outside the range are
     skipped, control batches, keyless records and records of ``aborted`` transactions
-    ignored). Every batch read is CRC-checked."""
+    ignored). Every batch read is CRC-checked. ``max_bytes``: the map (by
+    :func:`offset_map_entry_bytes`) stops before the first batch whose new keys would take it
+    past this; the result's ``end`` is that batch's base offset. The first batch with keys is
+    always taken, so a clean always progresses."""
     offsets: dict[bytes, int] = {}
+    size = 0
     for section in sections:
         for batch in read_batches(section):
             header = batch.header
             if header.is_control or header.last_offset < start or header.base_offset >= end:
                 continue
             ranges = _aborted_offsets(header, aborted) if aborted else []
-            for offset, _, key, _, _ in _raw_tuples(batch.header, batch.raw):
-                if key is not None and start <= offset < end and not (
-                    ranges and _is_aborted(offset, ranges)
-                ):
-                    offsets[key] = offset
-    return offsets
+            found = [(offset, key) for offset, _, key, _, _ in _raw_tuples(header, batch.raw)
+                     if key is not None and start <= offset < end
+                     and not (ranges and _is_aborted(offset, ranges))]
+            if max_bytes is not None:
+                grows = sum(offset_map_entry_bytes(k) for k in {k for _, k in found}
+                            if k not in offsets)
+                if offsets and size + grows > max_bytes:
+                    return OffsetMap(offsets, max(start, header.base_offset), size)
+                size += grows
+            for offset, key in found:
+                offsets[key] = offset
+    if max_bytes is None:
+        size = sum(offset_map_entry_bytes(k) for k in offsets)
+    return OffsetMap(offsets, end, size)
+
+
+def build_offset_map(
+    sections: Iterable[Buffer], start: int, end: int, aborted: AbortedRanges | None = None
+) -> dict[bytes, int]:
+    """:func:`build_bounded_offset_map` without a bound: the keys' last offsets."""
+    return build_bounded_offset_map(sections, start, end, aborted).offsets
 
 
 def last_batch_of_each_producer(headers: Iterable[BatchHeader]) -> dict[int, int]:
