@@ -158,7 +158,8 @@ _COMMON = (
     ConfigDef("retry.backoff.ms", 100, _int(0), "Pause before retrying a failed request."),
     ConfigDef("metadata.max.age.ms", 300000, _int(0), "Refresh metadata at least this often."),
     # Security (Kafka's names; validated together by fjord.security.ClientSecurity).
-    ConfigDef("security.protocol", "PLAINTEXT", _string, "PLAINTEXT or SSL (TLS)."),
+    ConfigDef("security.protocol", "PLAINTEXT", _string,
+              "PLAINTEXT, SSL (TLS), SASL_SSL or SASL_PLAINTEXT (SCRAM on the SASL gRPC doors)."),
     ConfigDef("ssl.ca.location", None, _optional_string, "PEM CA certificates to trust."),
     ConfigDef("ssl.certificate.location", None, _optional_string, "PEM client certificate."),
     ConfigDef("ssl.key.location", None, _optional_string, "PEM private key of that certificate."),
@@ -167,6 +168,9 @@ _COMMON = (
         "ssl.endpoint.identification.algorithm", "https", _string,
         "https: the server's certificate must name the host dialled (the only choice).",
     ),
+    ConfigDef("sasl.mechanism", None, _optional_string, "SCRAM-SHA-256 or SCRAM-SHA-512."),
+    ConfigDef("sasl.username", None, _optional_string, "The SCRAM user (with SASL)."),
+    ConfigDef("sasl.password", None, _optional_string, "Its password (with SASL)."),
 )
 
 _PRODUCER = (

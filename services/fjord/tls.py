@@ -122,6 +122,10 @@ def open_channel(
     """A grpc.aio channel to ``address``: TLS when ``security`` (default: this process's, see
     :func:`use_service_security`) says so, else plaintext."""
     security = security or process_client_security()
+    if security.sasl is not None:
+        from fjord.sasl_login import SaslLoginInterceptor
+
+        interceptors = [*(interceptors or ()), SaslLoginInterceptor(address, security)]
     if security.uses_tls:
         assert security.tls is not None
         return aio.secure_channel(

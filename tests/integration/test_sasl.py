@@ -11,6 +11,7 @@ import socket
 import ssl
 import struct
 from collections.abc import Iterator
+from typing import Any
 
 import confluent_kafka
 import grpc
@@ -24,7 +25,7 @@ from kafka.protocol.sasl import (
 from scramp import ScramClient
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, sasl_pb2, sasl_pb2_grpc
-from fjord.client import AdminClient, NewTopic
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import ErrorCode, FjordError
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder
@@ -401,3 +402,51 @@ def test_grpc_sasl_door_refuses_bad_logins_and_calls_without_a_session(
             assert unauthenticated.value.code() is grpc.StatusCode.UNAUTHENTICATED
         # The door and a good login go on.
         assert grpc_login(channel, alice, "alice-secret").session_token
+
+
+def door_client_config(cluster: LocalCluster, user: str, password: str, **extra: object
+                       ) -> dict[str, object]:
+    """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate."""
+    return {
+        "bootstrap.servers": cluster.sasl_grpc_address("broker", 0),
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+        **extra,
+    }
+
+
+def test_fjord_client_produces_and_reads_over_the_sasl_door(
+    cluster: LocalCluster, alice: str
+) -> None:
+    """Metadata asked through the door names the brokers' doors, so the producer and the
+    consumer stay on it; ACLs see User:alice."""
+    value = b"fjord-client-over-sasl"
+    with Producer(door_client_config(cluster, alice, "alice-secret")) as producer:
+        written = wait_for(lambda: _send(producer, value), "a produce over the SASL door",
+                           accept=lambda r: r is not None)
+    with Consumer(door_client_config(cluster, alice, "alice-secret",
+                                     **{"enable.auto.commit": False})) as consumer:
+        consumer.assign([TopicPartition("orders", written.partition)])
+        consumer.seek(TopicPartition("orders", written.partition), written.offset)
+        records = wait_for(lambda: consumer.poll(1.0), "alice's record read back",
+                           accept=lambda polled: any(r.value == value for r in polled))
+        assert any(r.value == value for r in records)
+
+
+def _send(producer: Producer, value: bytes) -> Any:
+    try:
+        return producer.send("orders", value=value).result(15)
+    except FjordError as exc:
+        if exc.retriable:
+            return None
+        raise
+
+
+def test_fjord_client_with_a_wrong_password_gets_sasl_authentication_failed(
+    cluster: LocalCluster, alice: str
+) -> None:
+    config = door_client_config(cluster, alice, "wrong", **{"max.block.ms": 5000})
+    with Producer(config) as producer, pytest.raises(FjordError) as failed:
+        producer.send("orders", value=b"never").result(15)
+    assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED

@@ -41,6 +41,21 @@ def test_ssl_with_a_client_certificate():
     assert security.tls == TlsFiles("/ca.pem", "/c.pem", "/k.pem")
 
 
+def test_sasl_takes_kafkas_names_and_hides_the_password():
+    security = ClientSecurity.from_config({
+        "security.protocol": "SASL_SSL", "ssl.ca.location": "/ca.pem",
+        "sasl.mechanism": "scram-sha-512", "sasl.username": "alice", "sasl.password": "s3cret",
+    })
+    assert security.uses_tls and security.tls == TlsFiles("/ca.pem")
+    assert security.sasl is not None
+    assert (security.sasl.mechanism, security.sasl.username) == ("SCRAM-SHA-512", "alice")
+    assert "s3cret" not in repr(security)
+    plain = ClientSecurity.from_config({
+        "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+        "sasl.username": "bob", "sasl.password": "pw"})
+    assert not plain.uses_tls and plain.sasl is not None
+
+
 def test_ssl_without_anything_trusts_the_system_roots():
     assert ClientSecurity.from_config({"security.protocol": "SSL"}).tls == TlsFiles()
 
@@ -49,8 +64,11 @@ def test_ssl_without_anything_trusts_the_system_roots():
     ("config", "key"),
     [
         ({"security.protocol": "TLS"}, "security.protocol"),
-        ({"security.protocol": "SASL_SSL"}, "security.protocol"),
-        ({"security.protocol": "SASL_PLAINTEXT"}, "security.protocol"),
+        ({"security.protocol": "SASL_SSL"}, "sasl.mechanism"),
+        ({"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512"}, "sasl.username"),
+        ({"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512",
+          "sasl.username": "alice"}, "sasl.password"),
         ({"security.protocol": "SSL", "ssl.certificate.location": "/c"}, "ssl.key.location"),
         ({"security.protocol": "SSL", "ssl.key.location": "/k"}, "ssl.certificate.location"),
         ({"security.protocol": "SSL", "ssl.ca.location": 7}, "ssl.ca.location"),

@@ -575,6 +575,7 @@ class BrokerServer:
         return BrokerRegistration(
             self.options.broker_id, self.advertised_host, self.port, self.options.rack,
             kafka_host, kafka_port, self.incarnation,
+            self.advertised_host if self.sasl_port else None, self.sasl_port or None,
         )
 
     async def _register(self) -> int:

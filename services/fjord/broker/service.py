@@ -26,8 +26,9 @@ from fjord.metadata.coordinator_lookup import (
     locate_group_coordinator,
     missing_coordinator_topics,
 )
-from fjord.metadata.view import MetadataResponder
+from fjord.metadata.view import MetadataResponder, brokers_by_sasl_door
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
+from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
 from fjord.serving import grpc_caller
 from fjord.tls import ClusterActionGuard
 from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
@@ -295,8 +296,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> broker_pb2.MetadataResponse:
         """The Metadata answer from the newest applied image (all-topics answers cached),
         without the topics ``caller`` may not describe."""
-        response = self._metadata.respond(self._image(), request)
-        return self.authorization.filter_metadata(caller, request, response)
+        image = self._image()
+        response = self._metadata.respond(image, request)
+        response = self.authorization.filter_metadata(caller, request, response)
+        if SASL_SESSION_PRINCIPAL.get() is not None:
+            # Came in through the SASL gRPC door: point the client at the brokers' doors
+            # (Kafka's answer per listener name); the mTLS addresses would refuse it.
+            response = brokers_by_sasl_door(response, image)
+        return response
 
     async def init_producer_id(
         self, request: broker_pb2.InitProducerIdRequest, caller: Caller

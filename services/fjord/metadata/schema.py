@@ -142,8 +142,10 @@ class BrokerRegistration:
     opens none) and its ``incarnation``: a random id new at every start of a broker process
     (``None`` from brokers that predate it). The same incarnation under a new epoch is the same
     process registered again (its lease expired while etcd was away); a new incarnation is a
-    restart, whose predecessor's place in ISRs and leadership the controller ends. JSON:
-    ``{"id", "host", "port", "rack"[, "kafka": {"host", "port"}][, "incarnation"]}``."""
+    restart, whose predecessor's place in ISRs and leadership the controller ends; the
+    advertised address of its SASL gRPC door (``sasl_host``/``sasl_port``, ``None`` without
+    one: fjord.sasl_door). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host",
+    "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}]}``."""
 
     id: int
     host: str
@@ -152,6 +154,8 @@ class BrokerRegistration:
     kafka_host: str | None = None
     kafka_port: int | None = None
     incarnation: str | None = None
+    sasl_host: str | None = None
+    sasl_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -163,6 +167,8 @@ class BrokerRegistration:
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
         if self.incarnation is not None:
             obj["incarnation"] = self.incarnation
+        if self.sasl_host is not None and self.sasl_port is not None:
+            obj["sasl_grpc"] = {"host": self.sasl_host, "port": self.sasl_port}
         return _dump(obj)
 
     @classmethod
@@ -176,9 +182,10 @@ class BrokerRegistration:
         if incarnation is not None and not isinstance(incarnation, str):
             raise InvalidMetadataError(f"{what}: field 'incarnation' must be a string")
         kafka_host, kafka_port = _kafka_endpoint(obj, what)
+        sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None,
-            kafka_host, kafka_port, incarnation,
+            kafka_host, kafka_port, incarnation, sasl_host, sasl_port,
         )
 
 
@@ -186,13 +193,15 @@ def _kafka_json(host: str | None, port: int | None) -> dict[str, Any]:
     return {} if host is None or port is None else {"kafka": {"host": host, "port": port}}
 
 
-def _kafka_endpoint(obj: dict[str, Any], what: str) -> tuple[str | None, int | None]:
-    """The optional ``"kafka": {"host", "port"}`` endpoint of a registration."""
-    kafka = obj.get("kafka")
+def _kafka_endpoint(obj: dict[str, Any], what: str, field: str = "kafka"
+                    ) -> tuple[str | None, int | None]:
+    """The optional ``"kafka": {"host", "port"}`` endpoint of a registration (or another
+    ``field`` of that shape)."""
+    kafka = obj.get(field)
     if kafka is None:
         return None, None
     if not isinstance(kafka, dict):
-        raise InvalidMetadataError(f"{what}: field 'kafka' must be an object")
+        raise InvalidMetadataError(f"{what}: field {field!r} must be an object")
     return _str(kafka, "host", what), _int(kafka, "port", what)
 
 

@@ -147,3 +147,21 @@ def hide_undescribable_topics(
     del out.topics[:]
     out.topics.extend(keep)
     return out
+
+
+def brokers_by_sasl_door(
+    response: broker_pb2.MetadataResponse, image: MetadataImage
+) -> broker_pb2.MetadataResponse:
+    """A copy of ``response`` (which may be a cached answer, so never changed in place) whose
+    brokers are named by their SASL gRPC door; brokers without a door are left out, as Kafka
+    leaves out brokers without the listener the client came in through."""
+    out = broker_pb2.MetadataResponse()
+    out.CopyFrom(response)
+    del out.brokers[:]
+    for broker in response.brokers:
+        registration = image.brokers.get(broker.id)
+        if registration is None or registration.sasl_host is None or not registration.sasl_port:
+            continue
+        out.brokers.add(id=broker.id, host=registration.sasl_host,
+                        port=registration.sasl_port, rack=broker.rack)
+    return out

@@ -4,9 +4,12 @@ Clients (``Producer``, ``Consumer``, ``AdminClient``, every ``fjord`` client com
 ``--command-config FILE``) take librdkafka's keys:
 
 ====================================  ======================================================
-``security.protocol``                 ``PLAINTEXT`` (default) or ``SSL``; ``SASL_PLAINTEXT``
-                                      and ``SASL_SSL`` are refused (SASL is served on the
-                                      Kafka-protocol listener only)
+``security.protocol``                 ``PLAINTEXT`` (default), ``SSL``, ``SASL_SSL`` or
+                                      ``SASL_PLAINTEXT`` (SCRAM logins on the services' SASL
+                                      gRPC doors, fjord.sasl_door)
+``sasl.mechanism``                    ``SCRAM-SHA-256`` or ``SCRAM-SHA-512`` (required with
+                                      SASL; Kafka's default GSSAPI is not served)
+``sasl.username``, ``sasl.password``  the SCRAM user and password (required with SASL)
 ``ssl.ca.location``                   PEM file of the CA certificates to trust (default: the
                                       system's roots)
 ``ssl.certificate.location``          PEM file of the client certificate (mutual TLS)
@@ -43,7 +46,7 @@ Every error is a :class:`SecurityConfigError` naming the key.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from fjord.errors import ConfigError
@@ -70,7 +73,7 @@ class SecurityProtocol(Enum):
         return self in (SecurityProtocol.SSL, SecurityProtocol.SASL_SSL)
 
 
-SUPPORTED_PROTOCOLS = (SecurityProtocol.PLAINTEXT, SecurityProtocol.SSL)
+SUPPORTED_PROTOCOLS = tuple(SecurityProtocol)
 
 CLIENT_SECURITY_KEYS = (
     "security.protocol",
@@ -79,6 +82,9 @@ CLIENT_SECURITY_KEYS = (
     "ssl.key.location",
     "ssl.key.password",
     "ssl.endpoint.identification.algorithm",
+    "sasl.mechanism",
+    "sasl.username",
+    "sasl.password",
 )
 SERVICE_SECURITY_KEYS = (
     "ssl.keystore.location",
@@ -108,11 +114,22 @@ class TlsFiles:
 
 
 @dataclass(frozen=True, slots=True)
+class SaslLogin:
+    """A client's SCRAM login (``sasl.*``); the password is kept out of ``repr``."""
+
+    mechanism: str
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
 class ClientSecurity:
-    """How a client dials: plaintext, or TLS with ``tls`` (never None with SSL)."""
+    """How a client dials: plaintext, or TLS with ``tls`` (never None with SSL or SASL_SSL);
+    ``sasl`` is set exactly with SASL_SSL and SASL_PLAINTEXT."""
 
     protocol: SecurityProtocol = SecurityProtocol.PLAINTEXT
     tls: TlsFiles | None = None
+    sasl: SaslLogin | None = None
 
     @property
     def uses_tls(self) -> bool:
@@ -134,15 +151,32 @@ class ClientSecurity:
                 "ssl.endpoint.identification.algorithm",
                 f"only 'https' (verify the server's host name) is supported, got {algorithm!r}",
             )
+        sasl = _sasl_login(config) if protocol.value.startswith("SASL_") else None
         if not protocol.uses_tls:
-            return cls(protocol)
+            return cls(protocol, sasl=sasl)
         certificate = _path(config, "ssl.certificate.location")
         key = _path(config, "ssl.key.location")
         if (certificate is None) != (key is None):
             missing = "ssl.key.location" if key is None else "ssl.certificate.location"
             other = "ssl.certificate.location" if key is None else "ssl.key.location"
             raise SecurityConfigError(missing, f"required when {other} is set")
-        return cls(protocol, TlsFiles(_path(config, "ssl.ca.location"), certificate, key))
+        return cls(protocol, TlsFiles(_path(config, "ssl.ca.location"), certificate, key), sasl)
+
+
+def _sasl_login(config: Mapping[str, object]) -> SaslLogin:
+    mechanism = str(config.get("sasl.mechanism") or "").upper()
+    if mechanism not in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        raise SecurityConfigError(
+            "sasl.mechanism", "SCRAM-SHA-256 or SCRAM-SHA-512 required with SASL "
+            f"(Fjord serves no other), got {mechanism or 'nothing'!r}",
+        )
+    values = []
+    for key in ("sasl.username", "sasl.password"):
+        value = config.get(key)
+        if not isinstance(value, str) or not value:
+            raise SecurityConfigError(key, "required with SASL")
+        values.append(value)
+    return SaslLogin(mechanism, values[0], values[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,12 +244,6 @@ def _protocol(config: Mapping[str, object]) -> SecurityProtocol:
         raise SecurityConfigError(
             "security.protocol", f"expected one of {known}, got {text!r}"
         ) from None
-    if protocol not in SUPPORTED_PROTOCOLS:
-        raise SecurityConfigError(
-            "security.protocol", f"{protocol.value} is not supported by Fjord's gRPC clients "
-            "(SASL SCRAM is served on the Kafka-protocol listener, SASL_SSL://, for Kafka "
-            "clients; fjord's own clients use SSL with a client certificate)"
-        )
     return protocol
 
 
