@@ -99,6 +99,8 @@ RECOMPRESS_INLINE_MAX_BYTES = 8 * 1024
 #: partitions never stalls lease keep-alives or requests (issue 12). Creations of more than
 #: OPEN_PARTITIONS_LOGGED partitions are logged as one line instead of one per partition.
 OPEN_PARTITIONS_CHUNK = 100
+#: Chunks opened at once (worker threads; their fsyncs overlap).
+OPEN_PARTITIONS_PARALLEL = 4
 OPEN_PARTITIONS_LOGGED = 20
 
 # --- data directory health (see docs/operations.md, "Disk full") ------------------------------

@@ -318,9 +318,18 @@ class ReplicaManager:
         # topic with thousands of partitions never holds the event loop (lease keep-alives,
         # produce and fetch go on between chunks).
         chunk = defaults.OPEN_PARTITIONS_CHUNK
-        for start in range(0, len(to_open), chunk):
-            part = to_open[start : start + chunk]
-            opened = await asyncio.to_thread(self._open_partitions, part, self._clock_ms())
+        # A few chunks at once (each open mostly waits for its fsyncs, which overlap).
+        parallel = asyncio.Semaphore(defaults.OPEN_PARTITIONS_PARALLEL)
+
+        async def open_chunk(part: list[Any]) -> list[tuple[TopicPartition, Partition]]:
+            async with parallel:
+                if self.closing:
+                    return []
+                return await asyncio.to_thread(self._open_partitions, part, self._clock_ms())
+
+        chunks = [to_open[start : start + chunk] for start in range(0, len(to_open), chunk)]
+        for opening in asyncio.as_completed([open_chunk(part) for part in chunks]):
+            opened = await opening
             for key, partition in opened:
                 if self.closing:
                     return

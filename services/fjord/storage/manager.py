@@ -60,6 +60,10 @@ class LogManager:
         self.default_config = default_config or LogConfig()
         self._logs: dict[TopicPartition, PartitionLog] = {}
         self._lock = threading.Lock()
+        #: Partitions some thread is opening (get_or_create opens outside the lock); waiters
+        #: for one of them wait on ``_opened``.
+        self._opening: set[TopicPartition] = set()
+        self._opened = threading.Condition(self._lock)
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(
@@ -137,18 +141,34 @@ class LogManager:
             raise InvalidTopicError(f"invalid topic name {topic!r}")
         if partition < 0:
             raise InvalidTopicError(f"invalid partition {partition} of topic {topic!r}")
+        key = TopicPartition(topic, partition)
         with self._lock:
-            existing = self._logs.get(TopicPartition(topic, partition))
-            if existing is not None:
-                if config is not None:
-                    existing.config = config
-                return existing
+            while True:
+                existing = self._logs.get(key)
+                if existing is not None:
+                    if config is not None:
+                        existing.config = config
+                    return existing
+                if key not in self._opening:
+                    self._opening.add(key)  # ours to open; others wait for it
+                    break
+                self._opened.wait()
+        # Opened outside the lock: opens of different partitions (their fsyncs) overlap.
+        try:
             created = PartitionLog.open(
                 self.data_dir / partition_dir_name(topic, partition),
                 config or self.default_config,
             )
-            self._logs[TopicPartition(topic, partition)] = created
-            return created
+        except BaseException:
+            with self._lock:
+                self._opening.discard(key)
+                self._opened.notify_all()
+            raise
+        with self._lock:
+            self._logs[key] = created
+            self._opening.discard(key)
+            self._opened.notify_all()
+        return created
 
     def get(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get(TopicPartition(topic, partition))
