@@ -450,3 +450,63 @@ def test_fjord_client_with_a_wrong_password_gets_sasl_authentication_failed(
     with Producer(config) as producer, pytest.raises(FjordError) as failed:
         producer.send("orders", value=b"never").result(15)
     assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED
+
+
+def test_fjord_client_consumer_group_over_the_sasl_doors(cluster: LocalCluster, alice: str
+                                                         ) -> None:
+    """FindCoordinator asked through a broker's door names the coordinator's door: a group
+    of User:alice joins, reads and commits there, and an AdminClient on the doors reads the
+    commit back."""
+    value = b"grouped-over-sasl"
+    with Producer(door_client_config(cluster, alice, "alice-secret")) as producer:
+        written = wait_for(lambda: _send(producer, value), "a produce over the SASL door",
+                           accept=lambda r: r is not None)
+    group = "g-sasl-door"
+    with Consumer(door_client_config(cluster, alice, "alice-secret", **{
+        "group.id": group, "auto.offset.reset": "earliest", "enable.auto.commit": False,
+    })) as consumer:
+        consumer.subscribe(["orders"])
+        wait_for(lambda: any(r.value == value for r in consumer.poll(1.0)),
+                 "alice's record through the group")
+        consumer.commit()
+    tp = TopicPartition("orders", written.partition)
+    with AdminClient(door_client_config(cluster, alice, "alice-secret")) as admin:
+        committed = admin.list_consumer_group_offsets(group, [tp], timeout=15)[tp]
+    assert committed is not None and committed.offset > written.offset
+
+
+def test_fjord_client_transaction_over_the_sasl_doors(cluster: LocalCluster, alice: str) -> None:
+    """A transactional producer of User:alice finds its transaction coordinator's door and
+    commits; a read_committed consumer on the doors sees the record."""
+    with AdminClient(admin_config(cluster)) as admin:
+        admin.create_acls([AclBinding(
+            ResourcePattern(ResourceType.TRANSACTIONAL_ID, "alice-sasl-txn", PatternType.LITERAL),
+            AccessControlEntry("User:alice", "*", AclOperation.WRITE, AclPermissionType.ALLOW))])
+    config = door_client_config(cluster, alice, "alice-secret",
+                                **{"transactional.id": "alice-sasl-txn"})
+
+    def initialised() -> Producer | None:
+        producer = Producer(config)
+        try:
+            producer.init_transactions(15)
+        except FjordError as exc:
+            producer.close()
+            if exc.code is ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
+                return None  # the ACL has not reached the coordinator yet
+            raise
+        return producer
+
+    producer = wait_for(initialised, "alice's transactional producer initialised",
+                        accept=lambda p: p is not None)
+    with producer:
+        producer.begin_transaction()
+        written = producer.send("orders", value=b"committed-over-sasl").result(15)
+        producer.commit_transaction(15)
+    tp = TopicPartition("orders", written.partition)
+    with Consumer(door_client_config(cluster, alice, "alice-secret", **{
+        "isolation.level": "read_committed", "enable.auto.commit": False,
+    })) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, written.offset)
+        wait_for(lambda: any(r.value == b"committed-over-sasl" for r in consumer.poll(1.0)),
+                 "the committed record under read_committed")

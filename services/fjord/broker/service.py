@@ -368,6 +368,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
             return response
         response.partition = found.partition
         response.coordinator.id = found.registration.id
-        response.coordinator.host = found.registration.host
-        response.coordinator.port = found.registration.port
+        registration = found.registration
+        if SASL_SESSION_PRINCIPAL.get() is not None:
+            # Asked through the SASL gRPC door: the coordinator's door (its mTLS port would
+            # refuse this client); none is COORDINATOR_NOT_AVAILABLE, as Kafka without the
+            # client's listener on the coordinator.
+            if registration.sasl_host is None or not registration.sasl_port:
+                response.error.code = ErrorCode.COORDINATOR_NOT_AVAILABLE.code
+                response.error.message = (
+                    f"coordinator {registration.id} has no SASL gRPC door (--sasl-listen)"
+                )
+                return response
+            response.coordinator.host = registration.sasl_host
+            response.coordinator.port = registration.sasl_port
+            return response
+        response.coordinator.host = registration.host
+        response.coordinator.port = registration.port
         return response

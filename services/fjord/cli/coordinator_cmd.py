@@ -24,6 +24,7 @@ from fjord.kafka.listeners import (
 )
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
+from fjord.serving import parse_listen
 
 
 def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
@@ -80,6 +81,13 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     metavar="K=V",
     help="Coordinator setting (Kafka names): " + ", ".join(CONFIG_KEYS) + ".",
 )
+@click.option(
+    "--sasl-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
+    "without client certificates with --security-config, else plaintext).",
+)
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def coordinator(
@@ -95,6 +103,7 @@ def coordinator(
     state_dir: Path | None,
     lag_refresh_interval: float,
     config_items: tuple[str, ...],
+    sasl_listen: str | None,
     security_config: str | None,
     log_level: str,
 ) -> None:
@@ -127,6 +136,9 @@ def coordinator(
             authorization=load_authorization(security_config),
             kafka_tls=kafka_listener_uses_tls(listeners),
             kafka_sasl=kafka_listener_uses_sasl(listeners),
+            sasl_grpc_listener=(
+                parse_listen(sasl_listen, 0) if sasl_listen is not None else None
+            ),
         )
         setup_tracing("coordinator")  # OTEL_* variables decide; no exporter by default
     except ConfigError as exc:

@@ -71,6 +71,7 @@ from fjord.observability.metrics import (
     stop_metrics_server,
 )
 from fjord.process_state import StateDirLock, record_incarnation
+from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
 from fjord.serving import (
@@ -182,6 +183,9 @@ class CoordinatorOptions:
     kafka_sasl: bool = False
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
+    #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door); None:
+    #: no such door.
+    sasl_grpc_listener: tuple[str, int] | None = None
     #: A directory only this process uses (an exclusive lock) where each run records its
     #: incarnation: started again after a crash, the coordinator replaces its previous run's
     #: registration at once instead of waiting for that run's lease to expire. None: no
@@ -267,6 +271,9 @@ class CoordinatorServer:
         self.registration_revision = -1
         self._lease_id: int | None = None
         self._server: aio.Server | None = None
+        self._sasl_server: aio.Server | None = None
+        #: The SASL gRPC door's bound port (0: no door).
+        self.sasl_port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._load_wakeup = asyncio.Event()
         self._replay_cancelled = threading.Event()
@@ -313,17 +320,28 @@ class CoordinatorServer:
         transactions = AuthorizedTransactions(
             self.transactions, self._image, access_control(opts.authorization)
         )
-        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(
-            CoordinatorServicer(
-                groups, transactions, ClusterActionGuard.for_service(opts.security),
-                opts.coordinator_id,
-            ),
-            self._server,
+        servicer = CoordinatorServicer(
+            groups, transactions, ClusterActionGuard.for_service(opts.security),
+            opts.coordinator_id,
         )
+        coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, self._server)
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
         )
         await self._server.start()
+        if opts.sasl_grpc_listener is not None:
+            self._sasl_server, _ = sasl_door_server(
+                lambda mechanism, user: self._image().scram_credential(mechanism, user),
+                f"coordinator {opts.coordinator_id}",
+                interceptors=server_interceptors("coordinator"),
+                options=[("grpc.so_reuseport", 0)],
+            )
+            coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, self._sasl_server)
+            host, port = opts.sasl_grpc_listener
+            self.sasl_port = bind_sasl_port(self._sasl_server, f"{host}:{port}", opts.security)
+            if not self.sasl_port:
+                raise ConfigError(f"sasl-listen: could not bind {host}:{port}")
+            await self._sasl_server.start()
         if opts.kafka_listener is not None:
             self._kafka_apis = CoordinatorKafkaApis(
                 opts.coordinator_id, groups, self._image, self._network.broker, transactions
@@ -378,6 +396,8 @@ class CoordinatorServer:
             await self._kafka.stop()
         if self._kafka_apis is not None:
             await self._kafka_apis.close()
+        if self._sasl_server is not None:
+            await self._sasl_server.stop(defaults.SHUTDOWN_GRACE_S)
         if self._server is not None:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         await cancel_until_done(self._tasks)
@@ -436,6 +456,7 @@ class CoordinatorServer:
         registration = CoordinatorRegistration(
             coordinator_id, self.advertised_host, self.port, kafka_host, kafka_port,
             self.incarnation if self.options.state_dir is not None else None,
+            self.advertised_host if self.sasl_port else None, self.sasl_port or None,
         )
         self._lease_id, revision = await register_under_lease(
             self._etcd,

@@ -480,6 +480,9 @@ class LocalCluster:
                 "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
                 "--state-dir", str(self.data_dir / "coordinators" / str(coordinator_id)),
                 *self._security_args("coordinator", coordinator_id),
+                *(["--sasl-listen",
+                   f"{LOOPBACK_HOST}:{self._sasl_grpc_port('coordinator', coordinator_id)}"]
+                  if self.kafka_sasl else []),
             ],
         )
         if wait:

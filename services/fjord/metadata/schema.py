@@ -211,7 +211,8 @@ class CoordinatorRegistration:
     advertised address of its Kafka-protocol listener (``None`` when it opens none) and its
     ``incarnation`` (random, new at every start; ``None`` without a ``--state-dir``, whose
     record of the previous run's is what lets a restart replace that run's registration at
-    once). JSON: ``{"id", "host", "port"[, "kafka": {"host", "port"}][, "incarnation"]}``."""
+    once) and its SASL gRPC door's address (``None`` without one). JSON: ``{"id", "host",
+    "port"[, "kafka": {"host", "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}]}``."""
 
     id: int
     host: str
@@ -219,6 +220,8 @@ class CoordinatorRegistration:
     kafka_host: str | None = None
     kafka_port: int | None = None
     incarnation: str | None = None
+    sasl_host: str | None = None
+    sasl_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -229,6 +232,8 @@ class CoordinatorRegistration:
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
         if self.incarnation is not None:
             obj["incarnation"] = self.incarnation
+        if self.sasl_host is not None and self.sasl_port is not None:
+            obj["sasl_grpc"] = {"host": self.sasl_host, "port": self.sasl_port}
         return _dump(obj)
 
     @classmethod
@@ -239,9 +244,10 @@ class CoordinatorRegistration:
         incarnation = obj.get("incarnation")
         if incarnation is not None and not isinstance(incarnation, str):
             raise InvalidMetadataError(f"{what}: field 'incarnation' must be a string")
+        sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what),
-            kafka_host, kafka_port, incarnation,
+            kafka_host, kafka_port, incarnation, sasl_host, sasl_port,
         )
 
 
