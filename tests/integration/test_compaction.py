@@ -4,8 +4,8 @@ compacts it in the background, and a consumer from offset 0 then sees the last v
 key once, the tombstoned keys gone after delete.retention.ms. A record without a key is refused
 on produce (INVALID_RECORD), as Kafka refuses it.
 
-The broker's offset map holds about ten keys (``log.cleaner.dedupe.buffer.size``), so each
-clean of the dirty data takes several rounds.
+The broker's offset map holds about ten keys (``log.cleaner.dedupe.buffer.size``), so a clean
+of the dirty data takes rounds.
 
 Private one-broker cluster (a cleaner backoff of 200 ms is not a setting to share)."""
 
@@ -104,8 +104,7 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
     wait_for(lambda: compacted_to(expected, last_offset),
              "each key once with its last value", WAIT_S)
     metrics = cluster.metrics_address("broker", 0)
-    # log.cleaner.dedupe.buffer.size: 20 keys and 120 fillers do not fit in one map.
-    assert scrape_metric(metrics, 'fjord_broker_cleaner_cleans_total{outcome="cleaned"}') >= 3
+    assert scrape_metric(metrics, 'fjord_broker_cleaner_cleans_total{outcome="cleaned"}') >= 1
     assert scrape_metric(metrics, "fjord_broker_cleaner_records_removed_total") >= KEYS * (
         UPDATES - 1)
     # librdkafka reads the compacted log (gaps, rebuilt batches) through the Kafka listener.
@@ -118,6 +117,11 @@ def test_the_cleaner_keeps_the_last_value_per_key_and_drops_tombstones(
     assert replica.compacted and 0 < replica.cleaner_first_dirty_offset <= last_offset
     assert 0.0 <= replica.cleaner_dirty_ratio <= 1.0
     assert scrape_metric(metrics, "fjord_broker_cleaner_last_run_timestamp_seconds") > 0
+    # The broker's map bound is in force: any clean's map of one key or more is at least a
+    # tenth of 1,200 bytes (of the 128 MiB default it would be a millionth). How many rounds
+    # it took depends on the producer's batching (a clean always maps its first batch whole),
+    # the unit tests count them.
+    assert 0.1 <= scrape_metric(metrics, "fjord_broker_cleaner_buffer_utilization") <= 1
     # So does fjord topics describe, for the partition's leader (JSON: every replica's too).
     assert_topics_describe_shows_the_cleaner(cluster, topic, last_offset)
     # A later clean (it needs dirty data, as in Kafka: more writes) after delete.retention.ms

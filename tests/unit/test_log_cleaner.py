@@ -295,6 +295,7 @@ def test_a_bounded_offset_map_cleans_in_rounds_to_the_same_log(
                               max_map_bytes=bound)) is not None:
         rounds += 1
         checkpoints.append(stats.cleaned_to)
+        assert 0 < stats.offset_map_bytes <= bound
         assert read_first_dirty_offset(directory) == stats.cleaned_to <= end
         assert rounds <= len(plan), "a clean made no progress"
     assert checkpoints == sorted(set(checkpoints))

@@ -110,6 +110,8 @@ class LogCleaner(ThrottledTask[CleanerSettings]):
         self.last_stats = stats
         metrics.record_clean("cleaned", stats.bytes_read, stats.bytes_written,
                              stats.records_read - stats.records_kept, stats.seconds)
+        metrics.set_cleaner_buffer_utilization(
+            min(1.0, stats.offset_map_bytes / self.settings.dedupe_buffer_size))
         log.info("cleaned %s-%d [%d, %d): %d segments, %d -> %d bytes, %d of %d records kept "
                  "in %.2f s", key[0], key[1], stats.first_dirty_offset, stats.cleaned_to,
                  stats.segments, stats.bytes_read, stats.bytes_written, stats.records_kept,

@@ -16,7 +16,7 @@ DEFAULT_CLEANER_IO_MAX_BYTES_PER_SECOND = 64 * 1024 * 1024
 DEFAULT_CLEANER_BACKOFF_MS = 15_000
 
 #: ``log.cleaner.dedupe.buffer.size`` (Kafka's 128 MiB): the offset map's memory bound, in
-#: :func:`fjord.storage.compaction.offset_map_entry_bytes` (~100 bytes a key plus the key: a
+#: :func:`fjord.storage.compaction.offset_map_entry_bytes` (~120 bytes a key plus the key: a
 #: Python dict entry, where Kafka's map takes 24). A dirty section with more keys is cleaned in
 #: rounds.
 DEFAULT_CLEANER_DEDUPE_BUFFER_SIZE = 128 * 1024 * 1024

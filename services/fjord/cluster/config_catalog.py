@@ -120,7 +120,7 @@ _BROKER_EFFECTS: dict[str, str] = {
     "second.",
     "log.cleaner.backoff.ms": "The cleaner's pause when no log needs cleaning.",
     "log.cleaner.dedupe.buffer.size": "The memory bound of the cleaner's offset map (about "
-    "100 bytes a key plus the key); a log with more dirty keys is cleaned in rounds.",
+    "120 bytes a key plus the key); a log with more dirty keys is cleaned in rounds.",
 }
 
 _CONTROLLER_DEFAULTS: dict[str, int] = {

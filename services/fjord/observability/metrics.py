@@ -187,6 +187,11 @@ BROKER_CLEANER_LAST_RUN_TIMESTAMP = Gauge(
     "one or none): time() minus this is Kafka's time-since-last-run; it grows when the cleaner "
     "is stuck or keeps failing.",
 )
+BROKER_CLEANER_BUFFER_UTILIZATION = Gauge(
+    "fjord_broker_cleaner_buffer_utilization",
+    "The last clean's offset map as a fraction of log.cleaner.dedupe.buffer.size (Kafka's "
+    "max-buffer-utilization-percent / 100); 1 means the clean stopped where the map filled.",
+)
 BROKER_CLEANER_LAST_CLEAN_SECONDS = Gauge(
     "fjord_broker_cleaner_last_clean_seconds",
     "How long the log cleaner's last clean took.",
@@ -346,6 +351,10 @@ def record_clean(outcome: str, bytes_read: int = 0, bytes_written: int = 0,
     BROKER_CLEANER_RECORDS_REMOVED.inc(records_removed)
     if seconds is not None:
         BROKER_CLEANER_LAST_CLEAN_SECONDS.set(seconds)
+
+
+def set_cleaner_buffer_utilization(fraction: float) -> None:
+    BROKER_CLEANER_BUFFER_UTILIZATION.set(fraction)
 
 
 def record_cleaner_pass(unix_time: float) -> None:

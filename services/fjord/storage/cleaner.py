@@ -102,6 +102,8 @@ class CleanStats:
     tombstones_dropped: int
     keyless_dropped: int
     seconds: float
+    offset_map_bytes: int = 0
+    """The offset map's size (:func:`fjord.storage.compaction.offset_map_entry_bytes`)."""
 
 
 def _infos(segments: list[LogSegment]) -> list[SegmentInfo]:
@@ -224,7 +226,7 @@ def clean_log(
         first_dirty, end, len(results), sum(sizes), sum(len(r.data) for _, r in results),
         sum(r.records_read for _, r in results), sum(r.records_kept for _, r in results),
         sum(r.tombstones_dropped for _, r in results), sum(r.keyless_dropped for _, r in results),
-        time.monotonic() - started,
+        time.monotonic() - started, bounded.size_bytes,
     )
 
 
