@@ -308,3 +308,52 @@ def test_a_bounded_offset_map_cleans_in_rounds_to_the_same_log(
     reopened = PartitionLog.open(directory, CONFIG, now_ms=NOW)  # gaps inside segments: normal
     assert everything(reopened) == compacted(before, end, drop_tombstones=drop)
     reopened.close()
+
+
+@pytest.mark.parametrize("crash_at", range(len(STEPS) + 1))
+def test_a_crash_in_a_round_that_ends_inside_a_segment(tmp_path: Path, crash_at: int) -> None:
+    """A bounded map ends the clean at a batch inside a segment: a crash at every step still
+    leaves the log as it was or as that round makes it, and later rounds finish the job."""
+    from fjord.storage.compaction import offset_map_entry_bytes
+
+    bound = 4 * offset_map_entry_bytes(b"k10")
+    plan = [(b"k%d" % (i % 2), b"v%d" % i) for i in range(10)]
+    plan += [(b"k%d" % i, b"w%d" % i) for i in range(2, 30)]
+
+    dry = PartitionLog.open(tmp_path / "dry", CONFIG, now_ms=NOW)
+    fill(dry, plan)
+    stats = clean_log(dry, now_ms=NOW, delete_retention_ms=0, max_map_bytes=bound)
+    dry.close()
+    assert stats is not None
+    round_end = stats.cleaned_to
+    directory = tmp_path / "log"
+    log = PartitionLog.open(directory, CONFIG, now_ms=NOW)
+    fill(log, plan)
+    before = everything(log)
+    end = log.active_segment.base_offset
+    assert 0 < round_end < end
+    assert round_end not in {s.base_offset for s in log.segments}  # inside a segment
+    calls: list[str] = []
+
+    def step(name: str) -> None:
+        calls.append(name)
+        if len(calls) - 1 == crash_at:
+            raise Crash(name)
+
+    try:
+        clean_log(log, now_ms=NOW, delete_retention_ms=0, on_step=step, max_map_bytes=bound)
+        crashed_after = None
+    except Crash as crash:
+        crashed_after = str(crash)
+    log.abandon()
+    reopened = PartitionLog.open(directory, CONFIG, now_ms=NOW)
+    if crashed_after == "written":
+        assert everything(reopened) == before
+    else:
+        assert everything(reopened) == compacted(before, round_end, drop_tombstones=True)
+    for _ in range(len(plan)):
+        if clean_log(reopened, now_ms=NOW, delete_retention_ms=0, max_map_bytes=bound) is None:
+            break
+    assert read_first_dirty_offset(directory) == end
+    assert everything(reopened) == compacted(before, end, drop_tombstones=True)
+    reopened.close()
