@@ -9,9 +9,10 @@ segment is never touched), earlier when ``min.compaction.lag.ms`` holds segments
 clean the whole range ``[log start, cleanable end)`` is clean and the checkpoint moves to the
 cleanable end.
 
-A clean is two passes: :func:`build_offset_map` over the dirty section gives each key's last
-offset there; :func:`clean_segment` then rewrites each segment of ``[log start, cleanable
-end)`` keeping a record iff
+A clean is two passes: :func:`build_bounded_offset_map` over the dirty section gives each key's
+last offset there (bounded: when the map fills, the clean ends at that batch, Kafka's rounds);
+:func:`clean_segment` then rewrites each segment of ``[log start, cleanable end)`` keeping a
+record iff
 
 - it has a key (a keyless record cannot be compacted; the produce path refuses them on a
   compacted topic, as Kafka does, so only records written before the topic became compacted
