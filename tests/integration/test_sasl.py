@@ -510,3 +510,17 @@ def test_fjord_client_transaction_over_the_sasl_doors(cluster: LocalCluster, ali
         consumer.seek(tp, written.offset)
         wait_for(lambda: any(r.value == b"committed-over-sasl" for r in consumer.poll(1.0)),
                  "the committed record under read_committed")
+
+
+def test_fjord_client_admin_reaches_the_controller_over_its_sasl_door(
+    cluster: LocalCluster, alice: str
+) -> None:
+    """Metadata through a door names the active controller's door: User:alice creates a
+    topic her ACLs allow (ALL on orders*) and is refused one they do not."""
+    with AdminClient(door_client_config(cluster, alice, "alice-secret")) as admin:
+        created = admin.create_topics([NewTopic("orders-by-sasl", 1, 1),
+                                       NewTopic("not-alices", 1, 1)], raise_on_error=False)
+        assert created["orders-by-sasl"] is None
+        refused = created["not-alices"]
+        assert refused is not None and refused.code is ErrorCode.TOPIC_AUTHORIZATION_FAILED
+        assert "orders-by-sasl" in admin.list_topics(timeout=15)

@@ -65,6 +65,13 @@ from fjord.metadata import parse_etcd_endpoint
     help="Cluster default, Kafka's names (num.partitions=12, default.replication.factor=3, "
     "min.insync.replicas=2, retention.ms=...); etcd's cluster-config overrides it key by key.",
 )
+@click.option(
+    "--sasl-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
+    "without client certificates with --security-config, else plaintext).",
+)
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def controller(
@@ -78,6 +85,7 @@ def controller(
     auto_leader_rebalance: bool,
     leader_imbalance_check_interval: float,
     config_items: tuple[str, ...],
+    sasl_listen: str | None,
     security_config: str | None,
     log_level: str,
 ) -> None:
@@ -114,6 +122,7 @@ def controller(
                 static_config=static_config,
                 security=security,
                 authorization=load_authorization(security_config),
+                sasl_listen=sasl_listen,
             )
         )
     except OSError as exc:

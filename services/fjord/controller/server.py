@@ -31,6 +31,7 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import etcd_client
+from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import (
     NO_AUTHORIZATION,
@@ -559,8 +560,10 @@ async def run_controller(
     static_config: Mapping[str, str] | None = None,
     security: ServiceSecurity | None = None,
     authorization: AuthorizerSettings | None = None,
+    sasl_listen: str | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit.
+    ``sasl_listen``: HOST:PORT of a SASL gRPC door for Fjord's SASL clients (fjord.sasl_door).
     ``static_config``: cluster defaults under etcd's cluster-config (``--config``);
     ``security``: TLS on the listener and towards etcd (None: plaintext); with required client
     authentication AlterPartition and AllocateProducerIds need the cluster service identity."""
@@ -584,16 +587,31 @@ async def run_controller(
         raise OSError(f"cannot listen on {listen} (cannot bind: in use?)")
     use_service_security(security)
     client = etcd_client(etcd_url)
+    sasl_server: grpc.aio.Server | None = None
+    sasl_port = 0
+    if sasl_listen is not None:
+        sasl_server, _ = sasl_door_server(
+            lambda mechanism, user: service.image.scram_credential(mechanism, user),
+            f"controller {controller_id}",
+            interceptors=server_interceptors("controller"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        sasl_port = bind_sasl_port(sasl_server, sasl_listen, security)
+        if not sasl_port:
+            raise OSError(f"cannot listen on {sasl_listen} (--sasl-listen; in use?)")
     service = ControllerService(
         client, cluster_id, controller_id, public_host, port, lease_ttl_s,
         auto_leader_rebalance=auto_leader_rebalance,
         leader_imbalance_check_interval_s=leader_imbalance_check_interval_s,
         static_config=static_config,
+        sasl_port=sasl_port,
     )
     servicer = ControllerServicer(
         service, ClusterActionGuard.for_service(security), access_control(authorization)
     )
     controller_pb2_grpc.add_ControllerServicer_to_server(servicer, server)
+    if sasl_server is not None:
+        controller_pb2_grpc.add_ControllerServicer_to_server(servicer, sasl_server)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -603,11 +621,15 @@ async def run_controller(
             break
     await service.start()
     await server.start()
+    if sasl_server is not None:
+        await sasl_server.start()
     log.info("controller %d serving on %s:%d (cluster %s)", controller_id, public_host, port,
              cluster_id)
     try:
         await stop.wait()
     finally:
+        if sasl_server is not None:
+            await sasl_server.stop(SHUTDOWN_GRACE_S)
         await server.stop(SHUTDOWN_GRACE_S)
         await service.stop()
         await client.close()

@@ -183,11 +183,14 @@ class ControllerService:
         leader_imbalance_check_interval_s: float = LEADER_IMBALANCE_CHECK_INTERVAL_S,
         static_config: Mapping[str, str] | None = None,
         broker_reregistration_grace_s: float = BROKER_REREGISTRATION_GRACE_S,
+        sasl_port: int = 0,
     ) -> None:
         self.client = client
         self.cluster_id = cluster_id
         self.keys = Keys(cluster_id)
-        self.registration = ControllerRegistration(controller_id, host, port)
+        self.registration = ControllerRegistration(
+            controller_id, host, port, host if sasl_port else None, sasl_port or None
+        )
         self.lease_ttl_s = lease_ttl_s
         self.watcher = MetadataWatcher(client, cluster_id)
         self._rng = rng or random.Random()

@@ -434,6 +434,9 @@ class LocalCluster:
                 "--lease-ttl", str(self.controller_lease_ttl_s),
                 "--leader-imbalance-check-interval", str(LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S),
                 *self._security_args("controller", controller_id),
+                *(["--sasl-listen",
+                   f"{LOOPBACK_HOST}:{self._sasl_grpc_port('controller', controller_id)}"]
+                  if self.kafka_sasl else []),
             ],
         )
         if wait:

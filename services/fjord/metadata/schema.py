@@ -115,24 +115,32 @@ def _dump(obj: dict[str, Any]) -> bytes:
 
 @dataclass(frozen=True)
 class ControllerRegistration:
-    """A controller process: its id and the gRPC address it serves on."""
+    """A controller process: its id, the gRPC address it serves on and its SASL gRPC door's
+    (``None`` without one). JSON: ``{"id", "host", "port"[, "sasl_grpc": {"host", "port"}]}``."""
 
     id: int
     host: str
     port: int
+    sasl_host: str | None = None
+    sasl_port: int | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
     def to_json(self) -> bytes:
-        return _dump({"id": self.id, "host": self.host, "port": self.port})
+        obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port}
+        if self.sasl_host is not None and self.sasl_port is not None:
+            obj["sasl_grpc"] = {"host": self.sasl_host, "port": self.sasl_port}
+        return _dump(obj)
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> ControllerRegistration:
         what = "controller registration"
         obj = _load_object(raw, what)
-        return cls(_int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what))
+        sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
+        return cls(_int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what),
+                   sasl_host, sasl_port)
 
 
 @dataclass(frozen=True)

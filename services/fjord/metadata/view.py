@@ -153,8 +153,9 @@ def brokers_by_sasl_door(
     response: broker_pb2.MetadataResponse, image: MetadataImage
 ) -> broker_pb2.MetadataResponse:
     """A copy of ``response`` (which may be a cached answer, so never changed in place) whose
-    brokers are named by their SASL gRPC door; brokers without a door are left out, as Kafka
-    leaves out brokers without the listener the client came in through."""
+    brokers and controller are named by their SASL gRPC doors; brokers without a door are left
+    out, as Kafka leaves out brokers without the listener the client came in through, and a
+    controller without one is left unset."""
     out = broker_pb2.MetadataResponse()
     out.CopyFrom(response)
     del out.brokers[:]
@@ -164,4 +165,12 @@ def brokers_by_sasl_door(
             continue
         out.brokers.add(id=broker.id, host=registration.sasl_host,
                         port=registration.sasl_port, rack=broker.rack)
+    active = image.controller
+    if out.HasField("controller"):
+        door = active.registration if active is not None else None
+        if door is None or door.id != out.controller.id or door.sasl_host is None \
+                or not door.sasl_port:
+            out.ClearField("controller")  # no door to name: as no active controller
+        else:
+            out.controller.host, out.controller.port = door.sasl_host, door.sasl_port
     return out
