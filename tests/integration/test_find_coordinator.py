@@ -272,6 +272,12 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
     assert topic["internal"] is True
     assert topic["partition_count"] == OFFSETS_TOPIC_PARTITIONS
     assert topic["configs"]["segment.bytes"] == "104857600"
+    # Compacted: each partition shows its cleaner's state (the leader's and every replica's).
+    for partition in topic["partitions"]:
+        cleaner = partition["cleaner"]
+        assert set(cleaner["replicas"]) <= {str(b) for b in partition["replicas"]}
+        if str(partition["leader"]) in cleaner["replicas"]:
+            assert cleaner["first_dirty_offset"] >= 0 and 0 <= cleaner["dirty_ratio"] <= 1
 
 
 def test_internal_topics_cannot_be_deleted_or_made_by_users(local_cluster: LocalCluster) -> None:
