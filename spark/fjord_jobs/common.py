@@ -147,11 +147,16 @@ def build_session(app_name: str, master: str | None = None) -> SparkSession:
     return fjord_spark.create_session(app_name, master, {"spark.sql.session.timeZone": "UTC"})
 
 
-def read_topic(spark: SparkSession, topic: str, options: JobOptions) -> DataFrame:
-    """A streaming DataFrame of ``topic``'s records (the Kafka source's columns)."""
+def read_topic(
+    spark: SparkSession, topic: str, options: JobOptions, read_committed: bool = False
+) -> DataFrame:
+    """A streaming DataFrame of ``topic``'s records (the Kafka source's columns);
+    ``read_committed``: only records of committed transactions (for transactional input)."""
+    isolation = "read_committed" if read_committed else "read_uncommitted"
     return (
         spark.readStream.format(FJORD_FORMAT)
         .option(f"{CLIENT_OPTION_PREFIX}bootstrap.servers", options.bootstrap_servers)
+        .option(f"{CLIENT_OPTION_PREFIX}isolation.level", isolation)
         .option("subscribe", topic)
         .option("startingOffsets", options.starting_offsets)
         .option("maxOffsetsPerTrigger", str(options.max_offsets_per_trigger))
@@ -165,11 +170,15 @@ def write_topic(
     query_name: str,
     checkpoint_subdir: str,
     output_mode: str = "append",
+    exactly_once: bool = False,
 ) -> StreamingQuery:
-    """Start a query writing ``records`` (topic, key, value[, headers]) to Fjord topics."""
+    """Start a query writing ``records`` (topic, key, value[, headers]) to Fjord topics;
+    ``exactly_once``: the sink's transactional mode (each micro-batch committed once, read it
+    with read_committed)."""
     writer = (
         records.writeStream.format(FJORD_FORMAT)
         .option(f"{CLIENT_OPTION_PREFIX}bootstrap.servers", options.bootstrap_servers)
+        .option("exactlyOnce", str(exactly_once).lower())
         .option("checkpointLocation", checkpoint_path(options, checkpoint_subdir))
         .outputMode(output_mode)
         .queryName(query_name)

@@ -47,3 +47,7 @@ REPORT_WAIT_S = 5.0
 
 #: How long a stopping streaming query waits for a report still in flight.
 REPORT_FLUSH_S = 5.0
+
+#: ``transactionalIdPrefix`` default: the exactly-once sink's transactional ids are
+#: ``<prefix>-<query id>-<write task partition>``.
+TRANSACTIONAL_ID_PREFIX = "fjord-spark"

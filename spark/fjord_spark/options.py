@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fjord.client.types import TopicPartition
-from fjord.config import ADMIN_CONFIG, consumer_config, producer_config
+from fjord.config import ADMIN_CONFIG, CONSUMER_CONFIG, consumer_config, producer_config
 from fjord.errors import ConfigError
 from fjord_spark import defaults
 
@@ -68,7 +68,7 @@ STREAMING_ONLY = (
 BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 
 #: Writer options, and the ones Spark itself adds to a streaming writer's options.
-WRITER_OPTIONS = ("bootstrap.servers", "topic")
+WRITER_OPTIONS = ("bootstrap.servers", "topic", "exactlyOnce", "transactionalIdPrefix")
 SPARK_WRITER_OPTIONS = ("checkpointLocation", "queryName")
 
 #: Client properties the source sets itself; Spark's Kafka source refuses the same ones.
@@ -173,6 +173,11 @@ class ReaderOptions:
         return config
 
 
+#: Client properties the exactly-once sink's marker reader takes from the writer's options: the
+#: ones every client shares (security, client.id, timeouts), none of the producer's own.
+_MARKER_READER_KEYS = frozenset(ADMIN_CONFIG) & frozenset(CONSUMER_CONFIG)
+
+
 @dataclass(frozen=True)
 class WriterOptions:
     """Validated writer options: ``topic`` (overrides a topic column) and the producer's
@@ -181,11 +186,37 @@ class WriterOptions:
     bootstrap_servers: str
     topic: str | None
     client_properties: Mapping[str, str]
+    #: ``exactlyOnce``: each streaming write task writes in a transaction (docs/spark.md).
+    exactly_once: bool = False
+    #: ``transactionalIdPrefix``: start of every transactional.id the exactly-once sink derives.
+    transactional_id_prefix: str = defaults.TRANSACTIONAL_ID_PREFIX
 
     def producer_config(self) -> dict[str, Any]:
         config: dict[str, Any] = {"acks": defaults.WRITER_ACKS}
         config.update(self.client_properties)
         config["bootstrap.servers"] = self.bootstrap_servers
+        return config
+
+    def transactional_producer_config(self, transactional_id: str) -> dict[str, Any]:
+        """The producer of one exactly-once write task (acks=all, idempotent, transactional)."""
+        config = self.producer_config()
+        config.update({"transactional.id": transactional_id, "acks": "all"})
+        return config
+
+    def marker_reader_config(self, transactional_id: str) -> dict[str, Any]:
+        """A consumer that reads back the batch marker a write task's transaction commits (in
+        the group named like the transactional id), seeing only committed offsets."""
+        config: dict[str, Any] = {
+            k: v for k, v in self.client_properties.items() if k in _MARKER_READER_KEYS
+        }
+        config.update(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "group.id": transactional_id,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         return config
 
 
@@ -564,6 +595,20 @@ def parse_writer_options(options: Mapping[str, str]) -> WriterOptions:
     topic = opts.get("topic")
     if topic is not None and not topic.strip():
         raise ConfigError("invalid value for option topic: empty")
-    writer = WriterOptions(bootstrap, topic.strip() if topic else None, client)
+    if "transactional.id" in client:
+        raise ConfigError(
+            "the fjord sink derives transactional ids itself: set exactlyOnce=true (and "
+            "optionally transactionalIdPrefix) instead of kafka.transactional.id"
+        )
+    prefix = opts.get("transactionalidprefix", defaults.TRANSACTIONAL_ID_PREFIX).strip()
+    if not prefix:
+        raise ConfigError("invalid value for option transactionalIdPrefix: empty")
+    writer = WriterOptions(
+        bootstrap,
+        topic.strip() if topic else None,
+        client,
+        exactly_once=parse_bool("exactlyOnce", opts.get("exactlyonce"), False),
+        transactional_id_prefix=prefix,
+    )
     _validated(producer_config, writer.producer_config())
     return writer

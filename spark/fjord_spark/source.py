@@ -15,6 +15,7 @@ modules next to it. Where the code runs:
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -118,11 +119,18 @@ class FjordDataSource(DataSource):
             )
         options = parse_writer_options(self.options)
         check_writer_schema(schema, options.topic)
+        if options.exactly_once:
+            raise ConfigError(
+                "exactlyOnce applies to streaming writes (df.writeStream): a batch write has no "
+                "query id and batch id to fence and mark its transactions with"
+            )
         return FjordBatchWriter(options)
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> FjordStreamWriter:
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         options = parse_writer_options(self.options)
         check_writer_schema(schema, options.topic)
+        if options.exactly_once:
+            return FjordExactlyOnceStreamWriter(options)
         return FjordStreamWriter(options)
 
 
@@ -603,9 +611,12 @@ def _now_ms() -> int:
 
 @dataclass(frozen=True)
 class FjordCommitMessage(WriterCommitMessage):
-    """What one write task reports after every record it sent was acknowledged."""
+    """What one write task reports after every record it sent was acknowledged (exactly-once:
+    committed). ``skipped``: an exactly-once task found its batch already committed by an
+    earlier attempt and wrote nothing."""
 
     records: int
+    skipped: bool = False
 
 
 def write_batches(options: WriterOptions, batches: Iterator[pa.RecordBatch]) -> FjordCommitMessage:
@@ -624,6 +635,118 @@ def write_batches(options: WriterOptions, batches: Iterator[pa.RecordBatch]) -> 
         for future in futures:
             future.result()  # raises the record's typed error
     return FjordCommitMessage(len(futures))
+
+
+@dataclass(frozen=True)
+class WriteTask:
+    """Who an exactly-once write task is: its streaming query (id, stable across restarts from
+    the checkpoint), micro-batch and write partition, read from Spark's task context."""
+
+    query_id: str
+    batch_id: int
+    partition: int
+
+    def transactional_id(self, prefix: str) -> str:
+        """One id per query and write partition: every attempt of this partition's task, in
+        any batch and after any restart, fences the attempts before it."""
+        return f"{prefix}-{self.query_id}-{self.partition}"
+
+    @classmethod
+    def current(cls) -> WriteTask:
+        """The running task's identity. Raises ConfigError outside a streaming query's task
+        (Spark sets the query id and batch id as local properties of its jobs)."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context else None
+        batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context else None
+        if context is None or not query_id or batch_id is None:
+            raise ConfigError(
+                "exactlyOnce: this write task runs outside a streaming micro-batch (Spark's "
+                f"task properties {QUERY_ID_PROPERTY} and {BATCH_ID_PROPERTY} are missing)"
+            )
+        return cls(query_id, int(batch_id), context.partitionId())
+
+
+#: Local properties Spark's MicroBatchExecution sets on every job of a micro-batch.
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+
+
+def _records(
+    options: WriterOptions, batches: Iterator[pa.RecordBatch]
+) -> Iterator[tuple[str, int | None, bytes | None, bytes | None, Any]]:
+    for batch in batches:
+        for topic, partition, key, value, headers in batch_to_records(batch, options.topic):
+            if topic is None:
+                raise ConfigError("a row has a null topic and the option topic is not set")
+            yield topic, partition, key, value, headers
+
+
+def committed_batches(options: WriterOptions, transactional_id: str, marker: TopicPartition) -> int:
+    """How many micro-batches of this write partition are committed: the offset the last
+    committed transaction stored as its marker (batch id + 1), 0 when none is. Read with
+    require_stable (read_committed), so an open transaction's marker is waited out, never
+    read half-done."""
+    with Consumer(options.marker_reader_config(transactional_id)) as reader:
+        found = reader.committed([marker])[marker]
+    return 0 if found is None else found
+
+
+def write_exactly_once(
+    options: WriterOptions, batches: Iterator[pa.RecordBatch], task: WriteTask
+) -> FjordCommitMessage:
+    """Write the task's rows in one transaction that also commits the batch marker, unless an
+    earlier attempt already committed this batch (then write nothing).
+
+    Order matters: ``init_transactions`` first fences every earlier attempt of this partition
+    (its open transaction is aborted, it can no longer commit), and only then is the marker
+    read, so no attempt can commit between the check and this task's own commit. The marker is
+    the offset ``batch_id + 1`` of partition 0 of the first row's topic (``topic`` option when
+    set) in the consumer group named like the transactional id, committed by
+    ``send_offsets_to_transaction`` atomically with the records. A task without rows writes
+    and marks nothing (a rerun of it has nothing to duplicate)."""
+    records = _records(options, batches)
+    first = next(records, None)
+    if first is None:
+        return FjordCommitMessage(0)
+    transactional_id = task.transactional_id(options.transactional_id_prefix)
+    marker = TopicPartition(options.topic or first[0], 0)
+    with Producer(options.transactional_producer_config(transactional_id)) as producer:
+        producer.init_transactions()
+        done = committed_batches(options, transactional_id, marker)
+        if done > task.batch_id:
+            log.info(
+                "batch %d partition %d: already committed by an earlier attempt (%s), skipped",
+                task.batch_id,
+                task.partition,
+                transactional_id,
+            )
+            return FjordCommitMessage(0, skipped=True)
+        producer.begin_transaction()
+        sent = 0
+        try:
+            for topic, partition, key, value, headers in itertools.chain([first], records):
+                producer.send(topic, value=value, key=key, partition=partition, headers=headers)
+                sent += 1
+            producer.send_offsets_to_transaction(
+                {marker: OffsetAndMetadata(task.batch_id + 1, f"spark batch {task.batch_id}")},
+                transactional_id,
+            )
+            producer.commit_transaction()
+        except BaseException:
+            _abort_quietly(producer, transactional_id)
+            raise
+    return FjordCommitMessage(sent)
+
+
+def _abort_quietly(producer: Producer, transactional_id: str) -> None:
+    """Abort after a failure, keeping the original error: a fenced producer cannot abort (its
+    successor already did), and the next attempt aborts anything left open all the same."""
+    try:
+        producer.abort_transaction()
+    except FjordError as exc:
+        log.warning("could not abort the transaction of %s: %s", transactional_id, exc)
 
 
 class FjordBatchWriter(DataSourceArrowWriter):
@@ -659,3 +782,33 @@ class FjordStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         log.warning("batch %d aborted: records of finished tasks stay in the topic", batchId)
+
+
+class FjordExactlyOnceStreamWriter(DataSourceStreamArrowWriter):
+    """``df.writeStream.format("fjord").option("exactlyOnce", "true")``: each write task of a
+    micro-batch writes its rows in one transaction with transactional id
+    ``<transactionalIdPrefix>-<query id>-<partition>`` and commits it together with a marker
+    of the batch; a retried or re-run task fences earlier attempts and skips a batch the marker
+    shows committed. Guarantee and limits: docs/spark.md."""
+
+    def __init__(self, options: WriterOptions) -> None:
+        self.options = options
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return write_exactly_once(self.options, iterator, WriteTask.current())
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        skipped = sum(1 for m in messages if getattr(m, "skipped", False))
+        log.info(
+            "batch %d: committed %d records (%d tasks found the batch committed already)",
+            batchId,
+            sum(getattr(m, "records", 0) for m in messages),
+            skipped,
+        )
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        log.warning(
+            "batch %d aborted: tasks that committed their transaction stay committed and are "
+            "skipped when the batch runs again; the others' transactions are aborted",
+            batchId,
+        )

@@ -41,6 +41,7 @@ from fjord_spark.options import (
     parse_reader_options,
     parse_writer_options,
 )
+from fjord_spark.source import FjordDataSource
 
 BOOT = {"bootstrap.servers": "127.0.0.1:1"}
 T0, T1, U0 = TopicPartition("t", 0), TopicPartition("t", 1), TopicPartition("u", 0)
@@ -150,6 +151,32 @@ def test_writer_options() -> None:
         parse_writer_options({**BOOT, "topic": " "})
     with pytest.raises(ConfigError, match="bootstrap"):
         parse_writer_options({"topic": "x"})
+
+
+def test_exactly_once_writer_options() -> None:
+    assert not parse_writer_options(BOOT).exactly_once
+    w = parse_writer_options(
+        {**BOOT, "exactlyOnce": "TRUE", "fjord.client.id": "c", "fjord.linger.ms": "5"}
+    )
+    assert w.exactly_once and w.transactional_id_prefix == "fjord-spark"
+    producer = w.transactional_producer_config("fjord-spark-q-1")
+    assert producer["transactional.id"] == "fjord-spark-q-1" and producer["acks"] == "all"
+    reader = w.marker_reader_config("fjord-spark-q-1")
+    assert reader["group.id"] == "fjord-spark-q-1"
+    assert reader["isolation.level"] == "read_committed"
+    assert reader["client.id"] == "c" and "linger.ms" not in reader  # no producer-only keys
+    named = parse_writer_options({**BOOT, "exactlyOnce": "true", "transactionalIdPrefix": " p "})
+    assert named.transactional_id_prefix == "p"
+    with pytest.raises(ConfigError, match="exactlyOnce: 'yes'"):
+        parse_writer_options({**BOOT, "exactlyOnce": "yes"})
+    with pytest.raises(ConfigError, match="transactionalIdPrefix: empty"):
+        parse_writer_options({**BOOT, "transactionalIdPrefix": ""})
+    with pytest.raises(ConfigError, match="exactlyOnce=true"):
+        parse_writer_options({**BOOT, "kafka.transactional.id": "mine"})
+    with pytest.raises(ConfigError, match="streaming writes"):
+        FjordDataSource({**BOOT, "topic": "t", "exactlyOnce": "true"}).writer(
+            reader_schema(False), False
+        )
 
 
 def test_unknown_options_are_refused_naming_the_closest_known_one() -> None:
