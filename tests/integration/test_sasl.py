@@ -11,6 +11,7 @@ import socket
 import ssl
 import struct
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import confluent_kafka
@@ -408,7 +409,7 @@ def door_client_config(cluster: LocalCluster, user: str, password: str, **extra:
                        ) -> dict[str, object]:
     """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate."""
     return {
-        "bootstrap.servers": cluster.sasl_grpc_address("broker", 0),
+        "bootstrap.servers": cluster.sasl_grpc_bootstrap_servers,
         "security.protocol": "SASL_SSL",
         "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
@@ -524,3 +525,20 @@ def test_fjord_client_admin_reaches_the_controller_over_its_sasl_door(
         refused = created["not-alices"]
         assert refused is not None and refused.code is ErrorCode.TOPIC_AUTHORIZATION_FAILED
         assert "orders-by-sasl" in admin.list_topics(timeout=15)
+
+
+def test_fjord_commands_log_in_with_sasl_through_command_config(
+    cluster: LocalCluster, alice: str, tmp_path: Path
+) -> None:
+    from fjord.cli.main import cli
+
+    props = tmp_path / "alice-sasl.properties"
+    props.write_text(
+        "security.protocol=SASL_SSL\n"
+        f"ssl.ca.location={cluster.data_dir / 'tls' / 'ca.pem'}\n"
+        "sasl.mechanism=SCRAM-SHA-256\nsasl.username=alice\nsasl.password=alice-256\n")
+    listed = CliRunner().invoke(cli, [
+        "topics", "list", "--bootstrap-server", cluster.sasl_grpc_bootstrap_servers,
+        "--command-config", str(props)])
+    assert listed.exit_code == 0, listed.output
+    assert "orders" in listed.output.split()

@@ -478,3 +478,30 @@ def test_a_cluster_config_splits_by_who_reads_it() -> None:
         split_cluster_config({"num.partitions": "0"})
     with pytest.raises(ConfigError, match="bogus: unknown cluster config"):
         split_cluster_config({"bogus": "1"})
+
+
+def test_metadata_through_a_sasl_door_names_the_doors_and_leaves_out_the_rest() -> None:
+    """brokers_by_sasl_door: brokers and the controller by their door; a broker or controller
+    without one is left out; the (maybe cached) answer it copies is unchanged."""
+    from fjord.metadata.view import brokers_by_sasl_door
+
+    keys = Keys("c1")
+    events = [
+        MetadataEvent.put(keys.controller,
+                          ControllerRegistration(7, "h", 1, "h", 101).to_json(), 1, 1),
+        MetadataEvent.put(keys.broker(1), BrokerRegistration(
+            1, "b1", 9001, "r1", None, None, None, "b1", 9101).to_json(), 2, 2),
+        MetadataEvent.put(keys.broker(2), BrokerRegistration(2, "b2", 9002).to_json(), 3, 3),
+    ]
+    image = MetadataImage.empty("c1").apply(events)
+    answer = build_metadata_response(image, broker_pb2.MetadataRequest(all_topics=True))
+    before = answer.SerializeToString()
+    door = brokers_by_sasl_door(answer, image)
+    assert [(b.id, b.host, b.port, b.rack) for b in door.brokers] == [(1, "b1", 9101, "r1")]
+    assert (door.controller.id, door.controller.host, door.controller.port) == (7, "h", 101)
+    assert answer.SerializeToString() == before
+
+    without = MetadataImage.empty("c1").apply([
+        MetadataEvent.put(keys.controller, ControllerRegistration(7, "h", 1).to_json(), 1, 1)])
+    bare = build_metadata_response(without, broker_pb2.MetadataRequest(all_topics=True))
+    assert not brokers_by_sasl_door(bare, without).HasField("controller")

@@ -104,6 +104,10 @@ VALUES = [
     ProducerIdBlock(1000),
     CoordinatorRegistration(3, "h", 4, "k", 9093, "0f" * 16),
     CoordinatorRegistration(3, "h", 4),
+    # SASL gRPC doors (fjord.sasl_door)
+    ControllerRegistration(1, "127.0.0.1", 9000, "127.0.0.1", 9100),
+    BrokerRegistration(5, "b5", 9095, None, None, None, "0f" * 16, "b5", 9195),
+    CoordinatorRegistration(3, "h", 4, None, None, None, "h", 5),
 ]
 
 

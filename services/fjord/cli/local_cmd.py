@@ -171,6 +171,8 @@ def up(
         click.echo(f"  Kafka clients: security.protocol={protocol}, sasl.mechanism=SCRAM-SHA-512, "
                    "sasl.username, sasl.password"
                    + (", ssl.ca.location" if secure else ""))
+        click.echo(f"  fjord clients (fjord.client, --command-config): the same keys with "
+                   f"bootstrap.servers={cluster.sasl_grpc_bootstrap_servers} (SASL gRPC doors)")
     if detach:
         click.echo(f"running in the background; stop with: fjord local down --data-dir {data_dir}")
         return

@@ -287,6 +287,14 @@ class LocalCluster:
         return f"{LOOPBACK_HOST}:{self._sasl_grpc_ports[(role, node_id)]}"
 
     @property
+    def sasl_grpc_bootstrap_servers(self) -> str:
+        """The brokers' SASL gRPC doors (clusters started with kafka_sasl): ``bootstrap.servers``
+        of a fjord.client with ``security.protocol`` SASL_SSL/SASL_PLAINTEXT."""
+        doors = sorted(self._sasl_grpc_ports.items())
+        return ",".join(f"{LOOPBACK_HOST}:{p}" for (r, i), p in doors
+                        if r == "broker" and (r, i) in self._children)
+
+    @property
     def kafka_bootstrap_servers(self) -> str:
         """What a Kafka client's ``bootstrap.servers`` should be."""
         return ",".join(self.kafka_broker_addresses.values())
