@@ -9,7 +9,8 @@ authenticated, Kafka's way (SaslServerAuthenticator):
 - SaslHandshake names the mechanism; one not enabled is answered UNSUPPORTED_SASL_MECHANISM
   with the enabled list, then the connection closes.
 - SaslAuthenticate carries the SCRAM messages (client-first, then client-final); the exchange
-  is the ``scramp`` library's server, fed the stored credential (never a password). A wrong
+  is :class:`~fjord.security.sasl_sessions.ScramExchange` (the ``scramp`` library's server,
+  fed the stored credential, never a password), shared with the SASL gRPC doors. A wrong
   password, unknown user or malformed SCRAM message is answered SASL_AUTHENTICATION_FAILED
   (one message for all, so the answer does not tell which users exist), then the connection
   closes.
@@ -35,12 +36,12 @@ from kafka.protocol.sasl import (
     SaslHandshakeRequest,
     SaslHandshakeResponse,
 )
-from scramp import ScramException, ScramMechanism
 
 from fjord.errors import ErrorCode
 from fjord.kafka.codec import MalformedFrameError, decode_request, encode_response, peek_prefix
 from fjord.kafka.dispatch import API_VERSIONS_KEY, Close, Reply
 from fjord.security import Principal
+from fjord.security.sasl_sessions import SaslExchangeError, ScramExchange
 from fjord.security.scram import CredentialLookup, check_mechanism
 
 SASL_HANDSHAKE_KEY = 17
@@ -74,11 +75,6 @@ class ReplyThenClose:
     reason: str
 
 
-def unescape_saslname(name: str) -> str:
-    """RFC 5802's saslname: ``=2C`` is ``,`` and ``=3D`` is ``=``."""
-    return name.replace("=2C", ",").replace("=3D", "=")
-
-
 class SaslConnection:
     """The SASL state of one connection; see the module docstring."""
 
@@ -91,13 +87,11 @@ class SaslConnection:
         self.mechanisms = tuple(check_mechanism(m) for m in mechanisms)
         if not self.mechanisms:
             raise ValueError("a SASL door needs at least one mechanism")
-        self._lookup = lookup
         self.max_receive_bytes = max_receive_bytes
         self.state = SaslState.HANDSHAKE
         self.principal: Principal | None = None
         self._mechanism = ""
-        self._username = ""
-        self._server: object | None = None
+        self._exchange = ScramExchange(self.mechanisms, lookup)
 
     @property
     def authenticated(self) -> bool:
@@ -175,21 +169,8 @@ class SaslConnection:
             return self._fail_close(str(exc))
         response_class = SaslAuthenticateResponse[version]
         try:
-            message = bytes(request.auth_bytes or b"").decode("utf-8")
-            if self.state is SaslState.FIRST:
-                server = ScramMechanism(self._mechanism).make_server(self._auth_info)
-                self._server = server
-                server.set_client_first(message)
-                answer = server.get_server_first()
-                self.state = SaslState.FINAL
-            else:
-                server = self._server
-                assert server is not None
-                server.set_client_final(message)  # type: ignore[attr-defined]
-                answer = server.get_server_final()  # type: ignore[attr-defined]
-                self.state = SaslState.DONE
-                self.principal = Principal(self._username)
-        except (ScramException, UnicodeDecodeError, _UnknownUser, ValueError) as exc:
+            answer = self._exchange.step(self._mechanism, bytes(request.auth_bytes or b""))
+        except SaslExchangeError as exc:
             self.state = SaslState.FAILED
             response = response_class(
                 error_code=ErrorCode.SASL_AUTHENTICATION_FAILED.code,
@@ -202,25 +183,18 @@ class SaslConnection:
             return ReplyThenClose(
                 encode_response(response, correlation_id, version),
                 f"SASL {self._mechanism} authentication failed for "
-                f"{self._username or '<no user>'!r}: {type(exc).__name__}",
+                f"{self._exchange.username or '<no user>'!r}: "
+                f"{type(exc.__cause__ or exc).__name__}",
             )
+        if self._exchange.principal is not None:
+            self.state = SaslState.DONE
+            self.principal = self._exchange.principal
+        else:
+            self.state = SaslState.FINAL
         response = response_class(
-            error_code=0, error_message=None, auth_bytes=answer.encode("utf-8"),
-            **_lifetime(version),
+            error_code=0, error_message=None, auth_bytes=answer, **_lifetime(version),
         )
         return Reply(encode_response(response, correlation_id, version))
-
-    def _auth_info(self, username: str) -> tuple[bytes, bytes, bytes, int]:
-        name = unescape_saslname(username)
-        self._username = name
-        credential = self._lookup(self._mechanism, name) if name else None
-        if credential is None:
-            raise _UnknownUser(name)
-        return credential.auth_info()
-
-
-class _UnknownUser(Exception):
-    """No credential for the user and mechanism (answered like a wrong password)."""
 
 
 def _lifetime(version: int) -> dict[str, int]:

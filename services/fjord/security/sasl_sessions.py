@@ -52,7 +52,7 @@ class ExchangeState(enum.Enum):
     FAILED = "failed"
 
 
-def _unescape_saslname(name: str) -> str:
+def unescape_saslname(name: str) -> str:
     """RFC 5802's saslname: ``=2C`` is ``,`` and ``=3D`` is ``=``."""
     return name.replace("=2C", ",").replace("=3D", "=")
 
@@ -135,7 +135,7 @@ class ScramExchange:
         return str(answer).encode("utf-8")
 
     def _auth_info(self, username: str) -> tuple[bytes, bytes, bytes, int]:
-        name = _unescape_saslname(username)
+        name = unescape_saslname(username)
         self.username = name
         credential = self._lookup(self._mechanism, name) if name else None
         if credential is None:
