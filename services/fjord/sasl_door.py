@@ -167,10 +167,12 @@ def sasl_door_server(
     name: str,
     interceptors: Iterable[aio.ServerInterceptor] = (),
     options: Iterable[tuple[str, Any]] = (),
+    sessions: SessionTokens | None = None,
 ) -> tuple[aio.Server, SaslSessionInterceptor]:
     """A new ``aio.Server`` for the door with ``Sasl/Authenticate`` registered; the caller
-    registers its servicers on it and binds it with :func:`bind_sasl_port`."""
-    sessions = SessionTokens()
+    registers its servicers on it and binds it with :func:`bind_sasl_port`. ``sessions``:
+    the token table (default: a new one of the default size)."""
+    sessions = sessions if sessions is not None else SessionTokens()
     guard = SaslSessionInterceptor(sessions, name)
     server = aio.server(interceptors=[*interceptors, guard], options=list(options))
     sasl_pb2_grpc.add_SaslServicer_to_server(SaslServicer(lookup, sessions, name), server)

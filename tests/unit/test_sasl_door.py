@@ -1,0 +1,78 @@
+"""The SASL gRPC door's shells against a real in-process gRPC server (plaintext,
+SASL_PLAINTEXT): fjord.sasl_login's interceptor logs in, the door maps its token to the
+principal a handler sees, and a forgotten session is logged in again once."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import grpc
+import pytest
+from grpc import aio
+
+from fjord.errors import ErrorCode, FjordError
+from fjord.sasl_door import bind_sasl_port, sasl_door_server
+from fjord.security import ClientSecurity, SecurityProtocol
+from fjord.security.config import SaslLogin
+from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL, SessionTokens
+from fjord.security.scram import ScramCredential
+from fjord.tls import open_channel
+
+STORED = {("SCRAM-SHA-256", "alice"): ScramCredential.from_password(
+    "SCRAM-SHA-256", "secret", iterations=4096)}
+WHOAMI = "/test.Door/WhoAmI"
+
+
+def whoami_handler() -> grpc.GenericRpcHandler:
+    async def whoami(request: bytes, context: Any) -> bytes:
+        return str(SASL_SESSION_PRINCIPAL.get()).encode()
+
+    return grpc.method_handlers_generic_handler("test.Door", {
+        "WhoAmI": grpc.unary_unary_rpc_method_handler(whoami)})
+
+
+def client(port: int, password: str) -> ClientSecurity:
+    return ClientSecurity(SecurityProtocol.SASL_PLAINTEXT,
+                          sasl=SaslLogin("SCRAM-SHA-256", "alice", password))
+
+
+async def door_round_trips() -> None:
+    sessions = SessionTokens(max_sessions=1)
+    server, guard = sasl_door_server(lambda m, u: STORED.get((m, u)), "test door",
+                                     sessions=sessions)
+    server.add_generic_rpc_handlers((whoami_handler(),))
+    port = bind_sasl_port(server, "127.0.0.1:0", None)
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        first = open_channel(address, client(port, "secret"))
+        second = open_channel(address, client(port, "secret"))
+        ask_first = first.unary_unary(WHOAMI)
+        ask_second = second.unary_unary(WHOAMI)
+        assert await ask_first(b"", timeout=10) == b"User:alice"
+        # The second login evicts the first session (max 1): the first client is refused
+        # UNAUTHENTICATED once, logs in again and is answered.
+        assert await ask_second(b"", timeout=10) == b"User:alice"
+        refused_before = guard.refused
+        assert await ask_first(b"", timeout=10) == b"User:alice"
+        assert guard.refused == refused_before + 1
+
+        # Without the interceptor (no token) the door refuses before the handler runs.
+        async with aio.insecure_channel(address) as bare:
+            with pytest.raises(aio.AioRpcError) as refused:
+                await bare.unary_unary(WHOAMI)(b"", timeout=10)
+            assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
+
+        wrong = open_channel(address, client(port, "wrong"))
+        with pytest.raises(FjordError) as failed:
+            await wrong.unary_unary(WHOAMI)(b"", timeout=10)
+        assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED
+        for channel in (first, second, wrong):
+            await channel.close()
+    finally:
+        await server.stop(None)
+
+
+def test_door_login_principal_and_relogin_after_a_forgotten_session() -> None:
+    asyncio.run(door_round_trips())
