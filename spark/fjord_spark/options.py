@@ -269,8 +269,7 @@ def _bootstrap(opts: Mapping[str, str]) -> str:
 
 def _client_properties(opts: Mapping[str, str]) -> dict[str, str]:
     """Client properties without their prefix. The same key under both prefixes with different
-    values, a SASL key (Fjord's gRPC clients authenticate with TLS certificates) or a key the
-    source sets itself is refused naming the option."""
+    values or a key the source sets itself is refused naming the option."""
     out: dict[str, str] = {}
     origin: dict[str, str] = {}
     for option, value in sorted(opts.items()):
@@ -279,13 +278,6 @@ def _client_properties(opts: Mapping[str, str]) -> dict[str, str]:
             continue
         if key in out and out[key] != value:
             raise ConfigError(f"options {origin[key]} and {option} disagree: give one")
-        if key.startswith("sasl."):
-            raise ConfigError(
-                f"option {option}: SASL is not supported by Fjord's own (gRPC) clients, which "
-                "the fjord source and sink use; authenticate with mutual TLS instead "
-                "(kafka.security.protocol=SSL, kafka.ssl.ca.location, "
-                "kafka.ssl.certificate.location, kafka.ssl.key.location)"
-            )
         out[key], origin[key] = value, option
     return out
 

@@ -216,14 +216,21 @@ def test_kafka_prefixed_options_reach_the_client_and_are_validated_by_it() -> No
         assert config["security.protocol"] == "SSL" and config["ssl.ca.location"] == "/ca.pem"
         assert config["ssl.certificate.location"] == "/c.pem"
     assert opts.task_consumer_config()["fetch.max.bytes"] == "1024"
+    sasl = {"kafka.security.protocol": "SASL_SSL", "kafka.ssl.ca.location": "/ca.pem",
+            "kafka.sasl.mechanism": "SCRAM-SHA-512", "kafka.sasl.username": "alice",
+            "kafka.sasl.password": "pw"}
+    sasl_reader = parse_reader_options({**BOOT, "subscribe": "t", **sasl}, streaming=True)
+    assert sasl_reader.task_consumer_config()["sasl.username"] == "alice"
+    assert parse_writer_options({**BOOT, **sasl}).producer_config()["sasl.password"] == "pw"
     writer = parse_writer_options({**BOOT, "kafka.security.protocol": "SSL", "kafka.acks": "1"})
     assert writer.producer_config()["security.protocol"] == "SSL"
     assert writer.producer_config()["acks"] == "1"
     refused = [
         ({"kafka.fetch.max.byte": "1"}, r"'fetch\.max\.byte' \(did you mean 'fetch\.max\.bytes'"),
         ({"kafka.security.protocol": "TLS"}, r"security\.protocol"),
-        ({"kafka.sasl.mechanism": "SCRAM-SHA-512"}, r"kafka\.sasl\.mechanism: SASL is not"),
-        ({"kafka.security.protocol": "SASL_SSL"}, r"SASL_SSL is not supported"),
+        ({"kafka.security.protocol": "SASL_SSL"}, r"sasl\.mechanism: SCRAM-SHA-256 or"),
+        ({"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+          "kafka.sasl.username": "alice"}, r"sasl\.password: required"),
         ({"kafka.auto.offset.reset": "earliest"}, "startingOffsets"),
         ({"kafka.enable.auto.commit": "true"}, "commits each micro-batch"),
         ({"kafka.linger.ms": "1", "fjord.linger.ms": "2"}, "disagree"),

@@ -1,6 +1,7 @@
 """The fjord source and sink against a secure cluster (issue 16's Spark bullet): mutual TLS
-settings given as Spark's ``kafka.``-prefixed options reach every client the source and sink
-open (driver and tasks), and a read and a write succeed; without them the query fails with the
+settings, and SASL SCRAM settings (the services' SASL gRPC doors), given as Spark's
+``kafka.``-prefixed options reach every client the source and sink open (driver and tasks),
+and a read and a write succeed; without them the query fails with the
 client's error instead of hanging. A private ``fjord local up --secure`` cluster for this module;
 the shared ``local[2]`` session."""
 
@@ -14,6 +15,8 @@ import pytest
 
 from fjord.client import AdminClient, NewTopic
 from fjord.local.cluster import LocalCluster
+from fjord.security.scram import UserScramCredentialUpsertion
+from fjord.testing.waiting import wait_for
 from tests.helpers.spark import SPARK_WAIT_S, produce
 
 pytestmark = pytest.mark.integration
@@ -27,6 +30,7 @@ def secure_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCl
         coordinators=1,
         unsafe_etcd_no_fsync=True,
         secure=True,
+        kafka_sasl=True,  # SASL gRPC doors for the SCRAM test (the SSL test uses the mTLS ports)
     )
     local.start()
     try:
@@ -95,3 +99,45 @@ def test_read_and_write_over_mutual_tls(
         spark.read.format("fjord").options(**options).option("kafka.ssl.key.locaton", "/x").option(
             "subscribe", "spark-tls-in"
         ).load().collect()
+
+
+def test_read_and_write_with_scram_over_the_sasl_doors(
+    spark: Any, secure_cluster: LocalCluster
+) -> None:
+    config = {"bootstrap.servers": secure_cluster.bootstrap_servers,
+              **secure_cluster.client_config}
+    with AdminClient(config) as admin:
+        admin.create_topics([NewTopic("spark-sasl-in", 2, 1), NewTopic("spark-sasl-out", 2, 1)])
+        admin.alter_user_scram_credentials(
+            [UserScramCredentialUpsertion("spark", "SCRAM-SHA-512", "spark-secret")])
+    sent = produce(secure_cluster.bootstrap_servers, "spark-sasl-in", 20,
+                   **secure_cluster.client_config)
+    sasl = {
+        "bootstrap.servers": secure_cluster.sasl_grpc_bootstrap_servers,
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(secure_cluster.data_dir / "tls" / "ca.pem"),
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "spark",
+        "sasl.password": "spark-secret",
+    }
+
+    def logs_in() -> bool:
+        with AdminClient(sasl) as admin:
+            try:
+                return "spark-sasl-in" in admin.list_topics(timeout=5)
+            except Exception:  # the credential has not reached the doors' processes yet
+                return False
+
+    wait_for(logs_in, "the spark user's SCRAM credential on the doors")
+    options = {f"kafka.{k}": v for k, v in sasl.items()}
+    source = spark.read.format("fjord").options(**options).option("subscribe", "spark-sasl-in")
+    source.load().select("key", "value", "partition").write.format("fjord").options(
+        **options
+    ).option("topic", "spark-sasl-out").mode("append").save()
+    back = spark.read.format("fjord").options(**options).option("subscribe", "spark-sasl-out")
+    got = sorted((r.partition, bytes(r.value)) for r in back.load().collect())
+    assert got == sorted((m.partition, f"v{i}".encode()) for i, m in enumerate(sent))
+
+    wrong = {**options, "kafka.sasl.password": "wrong", "kafka.request.timeout.ms": "5000"}
+    with pytest.raises(Exception, match=r"SASL_AUTHENTICATION_FAILED|invalid credentials"):
+        spark.read.format("fjord").options(**wrong).option(
+            "subscribe", "spark-sasl-in").load().collect()
