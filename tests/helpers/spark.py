@@ -39,10 +39,15 @@ def produce(
         return [f.result(30) for f in futures]
 
 
-def send_orders(bootstrap: str, topic: str, values: list[tuple[str, str]]) -> None:
-    """Produce (key, value) records, as the order service would (keyed by order id)."""
+def send_orders(
+    bootstrap: str, topic: str, values: list[tuple[str, str]], partition: int | None = None
+) -> None:
+    """Produce (key, value) records, as the order service would (keyed by order id; to
+    ``partition`` when given)."""
     with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
-        futures = [producer.send(topic, value=value, key=key) for key, value in values]
+        futures = [
+            producer.send(topic, value=value, key=key, partition=partition) for key, value in values
+        ]
         producer.flush()
         for future in futures:
             future.result(30)
@@ -53,10 +58,12 @@ def order(order_id: str, sku: str, qty: int = 1) -> tuple[str, str]:
     return order_id, json.dumps(body)
 
 
-def read_all(bootstrap: str, topic: str) -> list[ConsumerRecord]:
+def read_all(bootstrap: str, topic: str, **config: Any) -> list[ConsumerRecord]:
     """Every record of ``topic`` up to its current end (read with the Fjord consumer, which is
-    cheaper than a Spark job)."""
-    with Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}) as consumer:
+    cheaper than a Spark job; ``config`` adds consumer properties, e.g. isolation.level: under
+    read_committed the end is the last stable offset)."""
+    settings = {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest", **config}
+    with Consumer(settings) as consumer:
         tps = [TopicPartition(topic, p) for p in consumer.partitions_for_topic(topic)]
         consumer.assign(tps)
         end = consumer.end_offsets(tps)
