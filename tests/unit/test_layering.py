@@ -63,6 +63,8 @@ SHARED = {
     "fjord.cluster",
     "fjord.security",
     "fjord.tls",
+    "fjord.sasl_door",  # the SASL gRPC door every service opens (server side)
+    "fjord.sasl_login",  # its client side, used by fjord.tls channels
     "fjord.kafka",
 }
 
