@@ -11,15 +11,26 @@ import os
 import signal
 import subprocess
 import sys
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from fjord.client import Consumer, TopicPartition
+from fjord.errors import FjordError
 from fjord.testing.waiting import wait_for
 from fjord_spark import defaults
+from fjord_spark.options import parse_writer_options
+from fjord_spark.source import (
+    FjordCommitMessage,
+    WriteTask,
+    committed_batches,
+    write_exactly_once,
+)
 from tests.helpers.spark import SPARK_WAIT_S, order, read_all, send_orders
 
 pytestmark = pytest.mark.integration
@@ -107,3 +118,54 @@ def test_driver_killed_mid_batch_output_exactly_once_under_read_committed(
     assert keys(read_all(bootstrap, dead, **COMMITTED)) == {"o-9": 1}
     # The killed attempt's records are in the log (read_uncommitted sees them twice), aborted.
     assert keys(read_all(bootstrap, shipments))["o-5"] == 2
+
+
+def rows(*keys: str) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pydict(
+        {"key": [k.encode() for k in keys], "value": [f"v-{k}".encode() for k in keys]}
+    )
+
+
+def test_write_task_attempts_fence_each_other_and_a_committed_batch_is_skipped(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """Without Spark: the write task itself. A second attempt of a partition's task that starts
+    while the first still sends fences it (the first fails, its records aborted) and commits
+    once; a third attempt of the same batch finds the marker and writes nothing; the next batch
+    is written."""
+    topic = new_topic(1)
+    options = parse_writer_options(
+        {"bootstrap.servers": bootstrap, "topic": topic, "exactlyOnce": "true"}
+    )
+    task = WriteTask(query_id=uuid.uuid4().hex, batch_id=0, partition=3)
+    second: list[FjordCommitMessage] = []
+
+    def zombie_rows() -> Iterator[pa.RecordBatch]:
+        yield rows("a", "b")
+        # A retry of the same task starts meanwhile: it fences this attempt and commits.
+        second.append(write_exactly_once(options, iter([rows("a", "b", "c")]), task))
+        yield rows("c")
+
+    with pytest.raises(FjordError):
+        write_exactly_once(options, zombie_rows(), task)
+    assert second == [FjordCommitMessage(3)]
+    again = write_exactly_once(options, iter([rows("a", "b", "c")]), task)
+    assert again == FjordCommitMessage(0, skipped=True)
+    next_batch = WriteTask(task.query_id, batch_id=1, partition=3)
+    assert write_exactly_once(options, iter([rows("d")]), next_batch) == FjordCommitMessage(1)
+
+    assert keys(read_all(bootstrap, topic, **COMMITTED)) == {"a": 1, "b": 1, "c": 1, "d": 1}
+    assert keys(read_all(bootstrap, topic))["a"] == 2  # the zombie's, aborted
+    # commit_transaction() returns once the commit is decided; the marker's offset is applied
+    # by the group coordinator after that (a new attempt's init_transactions waits for it).
+    wait_for(
+        lambda: batches_committed_of(bootstrap, options, task, topic) == 2,
+        "the marker of batch 1",
+        SPARK_WAIT_S,
+    )
+
+
+def batches_committed_of(bootstrap: str, options: Any, task: WriteTask, topic: str) -> int:
+    return committed_batches(
+        options, task.transactional_id(options.transactional_id_prefix), TopicPartition(topic, 0)
+    )
