@@ -134,35 +134,7 @@ def plan_reassignment(
 
     # 4. Spread preferred leaders: while some broker is preferred leader of two more
     #    partitions than another that is a replica of one of them, swap that one to the front.
-    leaders: Counter[int] = Counter({b: 0 for b in eligible})
-    leaders.update(replicas[0] for replicas in assignment.values())
-    for _ in range(len(assignment) * len(eligible)):
-        moved = False
-        for high in sorted(eligible, key=lambda b: (-leaders[b], b)):
-            for key in sorted(assignment):
-                replicas = assignment[key]
-                if replicas[0] != high:
-                    continue
-                if len(replicas) < 2:
-                    continue
-                follower = min(replicas[1:], key=lambda b: (leaders[b], b))
-                if leaders[high] - leaders[follower] > 1:
-                    replicas.remove(follower)
-                    replicas.insert(0, follower)
-                    leaders[high] -= 1
-                    leaders[follower] += 1
-                    moved = True
-                    break
-            if moved:
-                break
-        if not moved:
-            break
-
-    return {
-        key: replicas
-        for key, replicas in assignment.items()
-        if list(current[key]) != replicas
-    }
+    return _spread_leaders(assignment, current, eligible)
 
 
 def _fill_by_flow(
@@ -359,11 +331,24 @@ def _plan_rack_aware(
         pass
 
     # 4. Spread preferred leaders (leadership only: a reorder within the partition).
-    leaders: Counter[int] = Counter({b: 0 for b in eligible})
+    return _spread_leaders(assignment, current, eligible)
+
+
+def _spread_leaders(
+    assignment: dict[TopicPartition, list[int]],
+    current: Mapping[TopicPartition, Sequence[int]],
+    eligible: Collection[int],
+) -> dict[TopicPartition, list[int]]:
+    """Step 4 of both planners: while some broker is preferred leader of two more partitions
+    than another that is a replica of one of them, swap that one to the front (a reorder within
+    the partition, never a move). Returns the partitions whose replica list changed against
+    ``current``."""
+    brokers = list(eligible)
+    leaders: Counter[int] = Counter({b: 0 for b in brokers})
     leaders.update(replicas[0] for replicas in assignment.values() if replicas)
-    for _ in range(len(assignment) * len(eligible)):
+    for _ in range(len(assignment) * len(brokers)):
         moved = False
-        for high in sorted(eligible, key=lambda b: (-leaders[b], b)):
+        for high in sorted(brokers, key=lambda b: (-leaders[b], b)):
             for key in sorted(assignment):
                 replicas = assignment[key]
                 if len(replicas) < 2 or replicas[0] != high:
@@ -380,7 +365,6 @@ def _plan_rack_aware(
                 break
         if not moved:
             break
-
     return {
         key: replicas
         for key, replicas in assignment.items()
