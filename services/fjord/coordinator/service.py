@@ -9,7 +9,7 @@ a transport failure or a bug.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TypeVar
 
 from grpc import aio
@@ -193,15 +193,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
             if not request.group_id:
                 raise InvalidGroupIdError("group id must be a non-empty string")
             self._txn().require_writer(grpc_caller(context), request.transactional_id)
-            offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
-            for topic in request.topics:
-                for p in topic.partitions:
-                    tp = TopicPartition(topic.name, p.partition)
-                    if tp in offsets:
-                        raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
-                    offsets[tp] = OffsetCommitRequestPartition(
-                        p.committed_offset, p.committed_leader_epoch, p.committed_metadata
-                    )
+            offsets = _requested_offsets(request.topics)
             errors = await self._as(context).txn_commit_offsets(
                 request.group_id,
                 producer_id=request.producer_id,
@@ -388,15 +380,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
         self, request: coordinator_pb2.OffsetCommitRequest, context: aio.ServicerContext
     ) -> coordinator_pb2.OffsetCommitResponse:
         async def body() -> coordinator_pb2.OffsetCommitResponse:
-            offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
-            for topic in request.topics:
-                for p in topic.partitions:
-                    tp = TopicPartition(topic.name, p.partition)
-                    if tp in offsets:
-                        raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
-                    offsets[tp] = OffsetCommitRequestPartition(
-                        p.committed_offset, p.committed_leader_epoch, p.committed_metadata
-                    )
+            offsets = _requested_offsets(request.topics)
             errors = await self._as(context).commit_offsets(
                 request.group_id,
                 member_id=request.member_id,
@@ -404,20 +388,7 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 group_instance_id=_optional(request.group_instance_id),
                 offsets=offsets,
             )
-            by_topic: dict[str, list[coordinator_pb2.OffsetCommitPartitionResponse]] = {}
-            for (topic_name, partition), error in sorted(errors.items()):
-                by_topic.setdefault(topic_name, []).append(
-                    coordinator_pb2.OffsetCommitPartitionResponse(
-                        partition=partition, error=error_pb(error)
-                    )
-                )
-            return coordinator_pb2.OffsetCommitResponse(
-                error=error_pb(ErrorCode.NONE),
-                topics=[
-                    coordinator_pb2.OffsetCommitTopicResponse(name=name, partitions=parts)
-                    for name, parts in by_topic.items()
-                ],
-            )
+            return _offset_commit_response(errors)
 
         return await _guard(lambda e: coordinator_pb2.OffsetCommitResponse(error=e), body())
 
@@ -518,6 +489,23 @@ class CoordinatorServicer(coordinator_pb2_grpc.CoordinatorServicer):
                 error = exception_pb(exc)
             results.append(coordinator_pb2.DeletableGroupResult(group_id=group_id, error=error))
         return coordinator_pb2.DeleteGroupsResponse(results=results)
+
+
+def _requested_offsets(
+    topics: Iterable[coordinator_pb2.OffsetCommitTopic],
+) -> dict[TopicPartition, OffsetCommitRequestPartition]:
+    """The offsets an OffsetCommit or TxnOffsetCommit names, by partition; a partition named
+    twice is INVALID_REQUEST (nothing is committed)."""
+    offsets: dict[TopicPartition, OffsetCommitRequestPartition] = {}
+    for topic in topics:
+        for p in topic.partitions:
+            tp = TopicPartition(topic.name, p.partition)
+            if tp in offsets:
+                raise InvalidRequestError(f"{topic.name}-{p.partition} committed twice")
+            offsets[tp] = OffsetCommitRequestPartition(
+                p.committed_offset, p.committed_leader_epoch, p.committed_metadata
+            )
+    return offsets
 
 
 def _offset_commit_response(
