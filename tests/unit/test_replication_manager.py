@@ -117,6 +117,38 @@ def test_follower_appends_truncates_and_reports_errors(env: Env, tmp_path: Path)
     run(scenario())
 
 
+def test_an_answer_for_a_log_end_that_moved_is_dropped(env: Env, tmp_path: Path) -> None:
+    """A fetch built at log end 4 whose answer arrives after the log was truncated to 2 (a
+    repair): the records (offsets 4..) are not appended, which would leave a hole 2..4."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [state(2, (BROKER, 2, 3), epoch=4)]))
+        target = FollowerTarget(2, 4)
+        plog = PartitionLog.open(tmp_path / "source-0")
+        for n in (2, 2, 2):
+            plog.append(batch(n), 1)
+        first, later = plog.read(0, 1 << 20), plog.read(4, 1 << 20)
+        plog.close()
+        first_four = first[: len(first) - len(later)]
+        result = manager.on_follower_fetch_response(
+            ("t", 0), target, leader_response(first_four, 2), fetch_offset=0
+        )
+        assert result.error is None
+        part = manager.partitions[("t", 0)]
+        assert part.log_end_offset == 4
+        part.truncate_to(2)  # what a repair of a damaged batch at 2 does
+        result = manager.on_follower_fetch_response(
+            ("t", 0), target, leader_response(later, 6), fetch_offset=4
+        )
+        assert result.truncated and result.error is None and result.appended_bytes == 0
+        assert part.log_end_offset == 2
+        pos = manager.follower_position(("t", 0), target)
+        assert pos is not None and pos.fetch_offset == 2
+
+    run(scenario())
+
+
 def test_follower_fetch_expands_the_isr_and_lag_shrinks_it(env: Env) -> None:
     manager, cluster, clock = env
 

@@ -170,6 +170,7 @@ class SourceFetcher:
             self._positions.clear()
             recompute: set[TopicPartition] | dict[TopicPartition, FollowerTarget] = self.targets
         else:
+            self._stale.update(self._replicas.take_moved_follower_logs(self.targets))
             recompute = self._stale
         delayed = self._delayed_until
         done = []
@@ -253,7 +254,9 @@ class SourceFetcher:
                         continue
                     self._stale.add(key)
                     try:
-                        result = self._replicas.on_follower_fetch_response(key, fetched_for, out)
+                        result = self._replicas.on_follower_fetch_response(
+                            key, fetched_for, out, positions[key].fetch_offset
+                        )
                     except Exception:
                         log.exception("%s-%d: handling a fetch response failed", *key)
                         self._delayed_until[key] = loop.time() + backoff_s

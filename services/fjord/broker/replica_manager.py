@@ -211,6 +211,10 @@ class ReplicaManager:
         self.damage_found = 0
         self.repairs_done = 0
         self._report_damage: set[TopicPartition] = set()
+        #: Followed partitions whose log end moved outside the replica fetcher (a repair's
+        #: truncation): the fetcher recomputes their position before its next fetch
+        #: (:meth:`take_moved_follower_logs`).
+        self._moved_follower_logs: set[TopicPartition] = set()
         self.isr_requests_ready = asyncio.Event()
         #: False while the data directory cannot be written (set by the broker's disk
         #: monitor): followers stop fetching (they could not append, and an idle follower at
@@ -1291,6 +1295,7 @@ class ReplicaManager:
         old_end = partition.log_end_offset
         try:
             partition.truncate_to(damage.offset)
+            self._moved_follower_logs.add(key)
         except (OSError, FjordError) as exc:
             # The truncation could not be made durable (a full disk): the damage stays known
             # (reads of it are refused) and the next fetcher pass tries again.
@@ -1503,14 +1508,30 @@ class ReplicaManager:
             damaged_at_fetch_offset=report,
         )
 
+    def take_moved_follower_logs(self, keys: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Those of ``keys`` whose log end moved outside the fetcher since it last asked
+        (forgotten once returned)."""
+        moved = self._moved_follower_logs.intersection(keys)
+        self._moved_follower_logs.difference_update(moved)
+        return moved
+
     def on_follower_fetch_response(
-        self, key: TopicPartition, target: FollowerTarget, out: Any
+        self, key: TopicPartition, target: FollowerTarget, out: Any, fetch_offset: int | None = None
     ) -> FollowerFetchResult:
         """Apply one partition of the leader's fetch response: truncate on divergence, append
-        the records (offsets and epochs kept), adopt the leader's high watermark."""
+        the records (offsets and epochs kept), adopt the leader's high watermark.
+
+        ``fetch_offset``: the offset the leader served from (the position the fetch was built
+        with). When the log end is no longer there (a repair truncated the log meanwhile) the
+        answer is dropped: appending it would leave a hole between the log end and the records
+        (an incremental fetch session keeps serving the position the leader last heard)."""
         p = self._followed(key, target)
         if p is None:
             return FollowerFetchResult()  # metadata moved on while the fetch was in flight
+        if fetch_offset is not None and p.log_end_offset != fetch_offset:
+            log.info("%s-%d: fetched from %d but the log now ends at %d; fetching again",
+                     key[0], key[1], fetch_offset, p.log_end_offset)
+            return FollowerFetchResult(truncated=True)
         if out.error.code != 0:
             code = error_code_from_number(out.error.code)
             if code is ErrorCode.OFFSET_OUT_OF_RANGE and out.log_start_offset > p.log_end_offset:
