@@ -155,7 +155,9 @@ def test_write_task_attempts_fence_each_other_and_a_committed_batch_is_skipped(
     assert write_exactly_once(options, iter([rows("d")]), next_batch) == FjordCommitMessage(1)
 
     assert keys(read_all(bootstrap, topic, **COMMITTED)) == {"a": 1, "b": 1, "c": 1, "d": 1}
-    assert keys(read_all(bootstrap, topic))["a"] == 2  # the zombie's, aborted
+    # The zombie's "a" reaches the log (aborted) only if its batch left before the fence; a
+    # fenced producer may also drop it unsent. Either way read_committed saw "a" once (above).
+    assert keys(read_all(bootstrap, topic))["a"] in (1, 2)
     # commit_transaction() returns once the commit is decided; the marker's offset is applied
     # by the group coordinator after that (a new attempt's init_transactions waits for it).
     wait_for(
