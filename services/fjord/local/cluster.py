@@ -94,10 +94,16 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
-    # A zombie child still "exists" for kill(0); it is not alive.
+    # A zombie child still "exists" for kill(0); it is not alive. But a killed multi-threaded
+    # process shows its leader as a zombie while its other threads still exit, and only the
+    # last of them closes the files (its listening sockets): dead means no thread is left.
     try:
         with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
+            if stat.read().split(")")[-1].split()[0] != "Z":
+                return True
+        return len(os.listdir(f"/proc/{pid}/task")) > 1
+    except FileNotFoundError:
+        return False  # reaped meanwhile
     except OSError:
         return True
 
