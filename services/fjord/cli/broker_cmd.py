@@ -14,6 +14,7 @@ from fjord.cli.listener_options import listener_options
 from fjord.cli.security_options import (
     load_authorization,
     load_service_security,
+    sasl_listen_option,
     security_config_option,
 )
 from fjord.cluster.broker_config import canonical_keys
@@ -78,13 +79,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Seconds of the etcd lease that keeps this broker registered.",
 )
-@click.option(
-    "--sasl-listen",
-    default=None,
-    metavar="HOST:PORT",
-    help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
-    "without client certificates with --security-config, else plaintext).",
-)
+@sasl_listen_option
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def broker(

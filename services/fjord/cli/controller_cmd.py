@@ -11,6 +11,7 @@ from fjord.cli.client_common import parse_pairs
 from fjord.cli.security_options import (
     load_authorization,
     load_service_security,
+    sasl_listen_option,
     security_config_option,
 )
 from fjord.cluster.topic_config import validate_cluster_config
@@ -65,13 +66,7 @@ from fjord.metadata import parse_etcd_endpoint
     help="Cluster default, Kafka's names (num.partitions=12, default.replication.factor=3, "
     "min.insync.replicas=2, retention.ms=...); etcd's cluster-config overrides it key by key.",
 )
-@click.option(
-    "--sasl-listen",
-    default=None,
-    metavar="HOST:PORT",
-    help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
-    "without client certificates with --security-config, else plaintext).",
-)
+@sasl_listen_option
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def controller(

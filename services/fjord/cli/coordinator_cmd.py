@@ -12,6 +12,7 @@ from fjord.cli.listener_options import listener_options
 from fjord.cli.security_options import (
     load_authorization,
     load_service_security,
+    sasl_listen_option,
     security_config_option,
 )
 from fjord.coordinator import defaults
@@ -81,13 +82,7 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     metavar="K=V",
     help="Coordinator setting (Kafka names): " + ", ".join(CONFIG_KEYS) + ".",
 )
-@click.option(
-    "--sasl-listen",
-    default=None,
-    metavar="HOST:PORT",
-    help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
-    "without client certificates with --security-config, else plaintext).",
-)
+@sasl_listen_option
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def coordinator(

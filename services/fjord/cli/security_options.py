@@ -29,6 +29,17 @@ def security_config_option(fn: F) -> F:
     )(fn)
 
 
+def sasl_listen_option(fn: F) -> F:
+    """``--sasl-listen HOST:PORT``: the service's SASL gRPC door (fjord.sasl_door)."""
+    return click.option(
+        "--sasl-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="Open a SASL gRPC door here for Fjord's own SASL_SSL/SASL_PLAINTEXT clients (TLS "
+        "without client certificates with --security-config, else plaintext).",
+    )(fn)
+
+
 def load_service_security(path: str | None) -> ServiceSecurity | None:
     """The service security of ``--security-config`` (None without one). Every file is read
     and parsed here, so a bad path or PEM fails at start-up with a UsageError naming the key."""
