@@ -163,14 +163,37 @@ def test_sticky_partitioner_moves_on_when_linger_sent_a_partial_batch() -> None:
 
 def test_buffer_memory_blocks_then_fails_and_frees_on_completion() -> None:
     acc = make_accumulator(batch_size=1000, buffer_memory=2000)
-    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP0, 1, None, b"x" * 900, (), now_ms=0)  # its payload nearly fills batch.size
     acc.append(TP1, 1, None, b"x", (), now_ms=0)
     with pytest.raises(BufferExhaustedError, match=r"buffer\.memory"):
         acc.append(TopicPartition("t", 2), 1, None, b"x", (), now_ms=0, max_block_s=0.01)
     drained = acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)
+    with pytest.raises(BufferExhaustedError):  # the drained payload is still buffered
+        acc.append(TopicPartition("t", 2), 1, None, b"x", (), now_ms=0, max_block_s=0.01)
     threading.Timer(0.02, acc.deallocate, args=(drained[0],)).start()
     future, _ = acc.append(TopicPartition("t", 2), 1, None, b"x", (), now_ms=0, max_block_s=5)
     assert future is not None
+
+
+def test_a_drained_batch_holds_only_its_payload_not_batch_size() -> None:
+    """buffer.memory counts what is buffered: an open batch reserves batch.size, a drained
+    (built) one only its payload, so records spread over many partitions (a few per batch)
+    do not block on memory that holds nothing."""
+    acc = make_accumulator(batch_size=1000, buffer_memory=2100)
+    acc.append(TP0, 1, None, b"x", (), now_ms=0)
+    acc.append(TP1, 1, None, b"x", (), now_ms=0)
+    tp2 = TopicPartition("t", 2)
+    with pytest.raises(BufferExhaustedError):
+        acc.append(tp2, 1, None, b"x", (), now_ms=0, max_block_s=0)
+    drained = acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)
+    assert drained[0].reserved_bytes == len(drained[0].close()) < 1000
+    future, _ = acc.append(tp2, 1, None, b"x", (), now_ms=0, max_block_s=0)  # no wait
+    assert future is not None
+    acc.deallocate(drained[0])
+    for tp in (TP1, tp2):
+        for batch in acc.drain([tp], max_request_bytes=10**6, now_ms=10**9):
+            acc.deallocate(batch)
+    assert acc._reserved == 0  # everything reserved was given back exactly once
 
 
 def test_drain_respects_max_request_size_but_takes_at_least_one() -> None:
