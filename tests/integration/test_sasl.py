@@ -2,7 +2,9 @@
 SASL_SSL:// Kafka listeners). Users are made with ``fjord users`` (kafka-configs.sh's flags);
 confluent-kafka logs in with SCRAM-SHA-512 and SCRAM-SHA-256, produces and consumes; a wrong
 password is refused; bad SASL input closes that connection and the listener goes on. ACLs are
-on: the SASL login is the principal they check (User:alice with ACLs, User:bob without)."""
+on: the SASL login is the principal they check (User:alice with ACLs, User:bob without).
+Brokers and coordinators also open a second Kafka door, SSL:// with client certificates
+(two named listeners): each serves confluent-kafka and answers its own listener's addresses."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import confluent_kafka
+import confluent_kafka.admin
 import grpc
 import pytest
 from click.testing import CliRunner, Result
@@ -52,7 +55,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(
         tmp_path_factory.mktemp("fjord-sasl"), brokers=1, coordinators=1,
         unsafe_etcd_no_fsync=True, secure=True, kafka_sasl=True, authorization=True,
-        coordinator_config={"group.initial.rebalance.delay.ms": "100"},
+        coordinator_config={"group.initial.rebalance.delay.ms": "100"}, mtls_kafka_door=True,
     )
     local.start()
     try:
@@ -146,6 +149,64 @@ def test_confluent_kafka_produces_and_consumes_with_scram(
             if value in seen:
                 break
         assert value in seen
+    finally:
+        consumer.close()
+
+
+def _metadata_nodes(conf: dict[str, object]) -> set[str]:
+    """``host:port`` of every node a Metadata answer on ``conf``'s door names."""
+    admin = confluent_kafka.admin.AdminClient(conf)
+    return {f"{b.host}:{b.port}" for b in admin.list_topics(timeout=30).brokers.values()}
+
+
+def _door_addresses(cluster: LocalCluster, door: str) -> set[str]:
+    if door == "SSL":
+        by_role = [cluster.mtls_kafka_addresses(r) for r in ("broker", "coordinator")]
+    else:
+        by_role = [cluster.kafka_broker_addresses, cluster.kafka_coordinator_addresses]
+    return {address for addresses in by_role for address in addresses.values()}
+
+
+def test_each_kafka_door_answers_metadata_with_its_own_listener(
+    cluster: LocalCluster, alice: str
+) -> None:
+    mtls = {"bootstrap.servers": cluster.mtls_kafka_bootstrap_servers, **cluster.client_config}
+    scram = sasl_conf(cluster, alice, "alice-secret")
+    assert _metadata_nodes(mtls) == _door_addresses(cluster, "SSL")
+    assert _metadata_nodes(scram) == _door_addresses(cluster, "SASL_SSL")
+    assert not _door_addresses(cluster, "SSL") & _door_addresses(cluster, "SASL_SSL")
+
+
+def test_confluent_kafka_produces_and_consumes_in_a_group_over_the_mtls_door(
+    cluster: LocalCluster,
+) -> None:
+    """A client certificate (User:admin, the super user) on the SSL:// door: FindCoordinator
+    must name the coordinator's SSL:// door too, or the group could not join or commit."""
+    conf = {"bootstrap.servers": cluster.mtls_kafka_bootstrap_servers, **cluster.client_config}
+    with AdminClient(admin_config(cluster)) as admin:
+        admin.create_topics([NewTopic("orders-mtls", 1, 1)])
+    producer = confluent_kafka.Producer(conf)
+    delivered: list[object] = []
+    producer.produce("orders-mtls", b"over mtls", on_delivery=lambda e, _m: delivered.append(e))
+    producer.flush(30)
+    assert delivered == [None]
+    consumer = confluent_kafka.Consumer({
+        **conf, "group.id": "g-mtls", "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    })
+    try:
+        consumer.subscribe(["orders-mtls"])
+        seen: list[bytes] = []
+
+        def read() -> bool:
+            message = consumer.poll(0.5)
+            if message is not None and message.error() is None:
+                seen.append(message.value())
+            return b"over mtls" in seen
+
+        wait_for(read, "the record read back over the SSL:// door", timeout=60)
+        committed = consumer.commit(asynchronous=False)
+        assert committed is not None and all(tp.error is None for tp in committed)
     finally:
         consumer.close()
 

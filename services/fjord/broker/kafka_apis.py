@@ -54,6 +54,7 @@ from fjord.kafka.producer_ids import (
 from fjord.kafka.transactions import LIST_TRANSACTIONS_VERSIONS, list_no_transactions
 from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.metadata import MetadataImage
+from fjord.metadata.schema import kafka_endpoint
 
 #: Kafka's "no session" fetch session id.
 NO_FETCH_SESSION = NO_SESSION
@@ -106,10 +107,12 @@ class BrokerKafkaHandlers:
     def dispatcher(self) -> KafkaDispatcher:
         return KafkaDispatcher(self.apis())
 
-    def _controller_id(self, image: MetadataImage) -> int:
+    def _controller_id(self, image: MetadataImage, listener: str) -> int:
         """This broker: it forwards the controller's requests (see KafkaMetadata)."""
         broker = image.brokers.get(self._broker_id)
-        return self._broker_id if broker is not None and broker.kafka_host is not None else -1
+        if broker is None or kafka_endpoint(broker, listener) is None:
+            return -1
+        return self._broker_id
 
     # --- Produce --------------------------------------------------------------------------------
 

@@ -55,8 +55,8 @@ from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.groups import FindCoordinatorHandler
-from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener, SaslSettings, open_kafka_listener
+from fjord.kafka.listeners import KafkaDoor, door_for
+from fjord.kafka.server import KafkaDoors, SaslSettings
 from fjord.metadata import (
     BrokerRegistration,
     Keys,
@@ -72,6 +72,7 @@ from fjord.metadata.registration import (
     register_under_lease,
     take_back_registration,
 )
+from fjord.metadata.schema import KafkaEndpoint
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import start_metrics_server, stop_metrics_server
 from fjord.process_state import StateDirLock, record_incarnation
@@ -87,7 +88,7 @@ from fjord.serving import (
 )
 from fjord.storage import LogManager
 from fjord.storage.disk_health import DiskCondition
-from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
+from fjord.tls import ClusterActionGuard, use_service_security
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -237,14 +238,27 @@ class BrokerOptions:
     #: The Kafka-protocol door authenticates with SASL SCRAM (``SASL_PLAINTEXT://`` or, with
     #: ``kafka_tls``, ``SASL_SSL://``) against the credentials in the metadata image.
     kafka_sasl: bool = False
+    #: More Kafka-protocol doors, or all of them (fjord.kafka.listeners.resolve_kafka_doors:
+    #: several named listeners, each advertised under its own name); the door of
+    #: ``kafka_listener`` (the older, one-door options) comes first.
+    kafka_doors: tuple[KafkaDoor, ...] = ()
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
     #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door): TLS
     #: without client certificates with ``security``, else plaintext; None: no such door.
     sasl_grpc_listener: tuple[str, int] | None = None
 
+    @property
+    def all_kafka_doors(self) -> tuple[KafkaDoor, ...]:
+        """Every Kafka door this process opens: ``kafka_listener``'s, then ``kafka_doors``."""
+        first = () if self.kafka_listener is None else (door_for(
+            self.kafka_listener, self.kafka_advertised, self.kafka_tls, self.kafka_sasl),)
+        return (*first, *self.kafka_doors)
+
     def __post_init__(self) -> None:
-        if self.kafka_tls and self.security is None:
+        if (self.kafka_tls and self.security is None) or (
+            self.security is None and any(door.tls for door in self.kafka_doors)
+        ):
             raise ConfigError(
                 "listeners: an SSL:// or SASL_SSL:// listener needs --security-config"
             )
@@ -337,7 +351,7 @@ class BrokerServer:
         self._lease_id: int | None = None
         self._metrics_port: int | None = None
         self.port: int = options.listen_port
-        self._kafka: KafkaListener | None = None
+        self._kafka = KafkaDoors(options.all_kafka_doors, f"broker {options.broker_id} kafka")
         self._forwarder: ControllerForwarder | None = None
         self._stopped = asyncio.Event()
 
@@ -423,7 +437,7 @@ class BrokerServer:
                 raise ConfigError(f"sasl-listen: could not bind {host}:{port}")
             await self._sasl_server.start()
             log.info("broker %d: SASL gRPC door on %s:%d", opts.broker_id, host, self.sasl_port)
-        if opts.kafka_listener is not None:
+        if self._kafka.doors:
             self._forwarder = ControllerForwarder(self._image)
             admin = BrokerAdminHandlers(
                 opts.broker_id, replicas, self._image, opts.config, self._forwarder, access
@@ -432,16 +446,7 @@ class BrokerServer:
                 opts.broker_id, replicas, servicer, self._image, admin,
                 FindCoordinatorHandler(self._image, self._offsets_topic, access),
             )
-            self._kafka = await open_kafka_listener(
-                handlers.dispatcher(),
-                opts.kafka_listener,
-                (
-                    server_ssl_context(opts.security, sasl=opts.kafka_sasl)
-                    if opts.kafka_tls and opts.security else None
-                ),
-                sasl=self._sasl_settings() if opts.kafka_sasl else None,
-                name=f"broker {opts.broker_id} kafka",
-            )
+            await self._kafka.open(handlers.dispatcher(), opts.security, self._sasl_settings)
 
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
@@ -510,8 +515,7 @@ class BrokerServer:
             self.replicas.close()
         if self._fetchers is not None:
             await self._fetchers.close()
-        if self._kafka is not None:
-            await self._kafka.stop()
+        await self._kafka.stop()
         if self._forwarder is not None:
             await self._forwarder.close()
         if self._sasl_server is not None:
@@ -561,14 +565,15 @@ class BrokerServer:
         return advertised_host(self.options.advertised_host, self.options.listen_host)
 
     @property
+    def kafka_endpoints(self) -> tuple[KafkaEndpoint, ...]:
+        """Each Kafka door's advertised (name, host, port), in ``--listeners`` order."""
+        return self._kafka.endpoints(self.options.advertised_host)
+
+    @property
     def kafka_address(self) -> tuple[str, int] | None:
-        """The (host, port) Kafka clients are told, None without a Kafka listener."""
-        opts = self.options
-        if self._kafka is None or opts.kafka_listener is None:
-            return None
-        return advertised_kafka_address(
-            opts.kafka_listener, opts.kafka_advertised, opts.advertised_host, self._kafka.port
-        )
+        """The (host, port) Kafka clients are told (the first door's), None without one."""
+        endpoints = self.kafka_endpoints
+        return (endpoints[0].host, endpoints[0].port) if endpoints else None
 
     def _registration(self) -> BrokerRegistration:
         kafka_host, kafka_port = self.kafka_address or (None, None)
@@ -576,6 +581,7 @@ class BrokerServer:
             self.options.broker_id, self.advertised_host, self.port, self.options.rack,
             kafka_host, kafka_port, self.incarnation,
             self.advertised_host if self.sasl_port else None, self.sasl_port or None,
+            self.kafka_endpoints,
         )
 
     async def _register(self) -> int:

@@ -20,11 +20,7 @@ from fjord.cli.security_options import (
 from fjord.cluster.broker_config import canonical_keys
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import (
-    kafka_listener_uses_sasl,
-    kafka_listener_uses_tls,
-    resolve_listeners,
-)
+from fjord.kafka.listeners import resolve_kafka_doors
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
 from fjord.serving import parse_listen
@@ -87,6 +83,7 @@ def broker(
     listen: str | None,
     listeners: str,
     advertised_listeners: str,
+    listener_security_protocol_map: str,
     data_dir: Path,
     etcd_url: str,
     cluster_id: str,
@@ -105,8 +102,9 @@ def broker(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        host, port, kafka, kafka_advertised = resolve_listeners(
-            listen, listeners, advertised_listeners, DEFAULT_BROKER_PORT
+        host, port, doors = resolve_kafka_doors(
+            listen, listeners, advertised_listeners, DEFAULT_BROKER_PORT,
+            listener_security_protocol_map,
         )
         options = BrokerOptions(
             broker_id=broker_id,
@@ -120,12 +118,9 @@ def broker(
             config=_parse_config(config_items),
             advertised_host=advertised_host,
             lease_ttl_s=lease_ttl,
-            kafka_listener=kafka,
-            kafka_advertised=kafka_advertised,
+            kafka_doors=doors,
             security=load_service_security(security_config),
             authorization=load_authorization(security_config),
-            kafka_tls=kafka_listener_uses_tls(listeners),
-            kafka_sasl=kafka_listener_uses_sasl(listeners),
             sasl_grpc_listener=(
                 parse_listen(sasl_listen, 0) if sasl_listen is not None else None
             ),

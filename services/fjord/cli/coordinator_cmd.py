@@ -18,11 +18,7 @@ from fjord.cli.security_options import (
 from fjord.coordinator import defaults
 from fjord.coordinator.server import CONFIG_KEYS, CoordinatorOptions, CoordinatorServer
 from fjord.errors import ConfigError
-from fjord.kafka.listeners import (
-    kafka_listener_uses_sasl,
-    kafka_listener_uses_tls,
-    resolve_listeners,
-)
+from fjord.kafka.listeners import resolve_kafka_doors
 from fjord.observability import setup_tracing, shutdown_tracing
 from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
 from fjord.serving import parse_listen
@@ -90,6 +86,7 @@ def coordinator(
     listen: str | None,
     listeners: str,
     advertised_listeners: str,
+    listener_security_protocol_map: str,
     etcd_url: str,
     cluster_id: str,
     metrics_port: int | None,
@@ -110,8 +107,9 @@ def coordinator(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        host, port, kafka, kafka_advertised = resolve_listeners(
-            listen, listeners, advertised_listeners, defaults.DEFAULT_COORDINATOR_PORT
+        host, port, doors = resolve_kafka_doors(
+            listen, listeners, advertised_listeners, defaults.DEFAULT_COORDINATOR_PORT,
+            listener_security_protocol_map,
         )
         options = CoordinatorOptions(
             coordinator_id=coordinator_id,
@@ -125,12 +123,9 @@ def coordinator(
             state_dir=state_dir,
             lag_refresh_interval_s=lag_refresh_interval,
             config=_parse_config(config_items),
-            kafka_listener=kafka,
-            kafka_advertised=kafka_advertised,
+            kafka_doors=doors,
             security=load_service_security(security_config),
             authorization=load_authorization(security_config),
-            kafka_tls=kafka_listener_uses_tls(listeners),
-            kafka_sasl=kafka_listener_uses_sasl(listeners),
             sasl_grpc_listener=(
                 parse_listen(sasl_listen, 0) if sasl_listen is not None else None
             ),

@@ -46,8 +46,8 @@ from fjord.errors import (
 )
 from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.groups.lag import time_lag_seconds
-from fjord.kafka.listeners import advertised_kafka_address
-from fjord.kafka.server import KafkaListener, SaslSettings, open_kafka_listener
+from fjord.kafka.listeners import KafkaDoor, door_for
+from fjord.kafka.server import KafkaDoors, SaslSettings
 from fjord.metadata import (
     CoordinatorRegistration,
     Keys,
@@ -61,6 +61,7 @@ from fjord.metadata.registration import (
     register_under_lease,
     take_back_registration,
 )
+from fjord.metadata.schema import KafkaEndpoint
 from fjord.observability.interceptors import server_interceptors
 from fjord.observability.metrics import (
     remove_group_lag,
@@ -81,7 +82,7 @@ from fjord.serving import (
     cancel_until_done,
     run_until_signalled,
 )
-from fjord.tls import ClusterActionGuard, server_ssl_context, use_service_security
+from fjord.tls import ClusterActionGuard, use_service_security
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import (
     ABORT_TIMED_OUT_INTERVAL_MS,
@@ -181,6 +182,10 @@ class CoordinatorOptions:
     #: The Kafka-protocol door authenticates with SASL SCRAM (``SASL_PLAINTEXT://`` or, with
     #: ``kafka_tls``, ``SASL_SSL://``) against the credentials in the metadata image.
     kafka_sasl: bool = False
+    #: More Kafka-protocol doors, or all of them (fjord.kafka.listeners.resolve_kafka_doors:
+    #: several named listeners, each advertised under its own name); the door of
+    #: ``kafka_listener`` (the older, one-door options) comes first.
+    kafka_doors: tuple[KafkaDoor, ...] = ()
     #: ACL authorization (``authorizer.class.name`` in the security config); None: off.
     authorization: AuthorizerSettings | None = None
     #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door); None:
@@ -192,8 +197,17 @@ class CoordinatorOptions:
     #: record, a restart waits out the old lease.
     state_dir: Path | None = None
 
+    @property
+    def all_kafka_doors(self) -> tuple[KafkaDoor, ...]:
+        """Every Kafka door this process opens: ``kafka_listener``'s, then ``kafka_doors``."""
+        first = () if self.kafka_listener is None else (door_for(
+            self.kafka_listener, self.kafka_advertised, self.kafka_tls, self.kafka_sasl),)
+        return (*first, *self.kafka_doors)
+
     def __post_init__(self) -> None:
-        if self.kafka_tls and self.security is None:
+        if (self.kafka_tls and self.security is None) or (
+            self.security is None and any(door.tls for door in self.kafka_doors)
+        ):
             raise ConfigError(
                 "listeners: an SSL:// or SASL_SSL:// listener needs --security-config"
             )
@@ -283,7 +297,9 @@ class CoordinatorServer:
         self._first_record_ms: dict[tuple[TopicPartition, int], int] = {}
         self._metrics_port: int | None = None
         self.port = options.listen_port
-        self._kafka: KafkaListener | None = None
+        self._kafka = KafkaDoors(
+            options.all_kafka_doors, f"coordinator {options.coordinator_id} kafka"
+        )
         self._kafka_apis: CoordinatorKafkaApis | None = None
         self._stopped = False
         #: New at every start (Kafka's incarnation id), and the previous run's as recorded in
@@ -342,19 +358,12 @@ class CoordinatorServer:
             if not self.sasl_port:
                 raise ConfigError(f"sasl-listen: could not bind {host}:{port}")
             await self._sasl_server.start()
-        if opts.kafka_listener is not None:
+        if self._kafka.doors:
             self._kafka_apis = CoordinatorKafkaApis(
                 opts.coordinator_id, groups, self._image, self._network.broker, transactions
             )
-            self._kafka = await open_kafka_listener(
-                self._kafka_apis.dispatcher(),
-                opts.kafka_listener,
-                (
-                    server_ssl_context(opts.security, sasl=opts.kafka_sasl)
-                    if opts.kafka_tls and opts.security else None
-                ),
-                sasl=self._sasl_settings() if opts.kafka_sasl else None,
-                name=f"coordinator {opts.coordinator_id} kafka",
+            await self._kafka.open(
+                self._kafka_apis.dispatcher(), opts.security, self._sasl_settings
             )
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
@@ -392,8 +401,7 @@ class CoordinatorServer:
         self.manager.active = False
         self.manager.drop_all()
         await self.transactions.close()
-        if self._kafka is not None:
-            await self._kafka.stop()
+        await self._kafka.stop()
         if self._kafka_apis is not None:
             await self._kafka_apis.close()
         if self._sasl_server is not None:
@@ -438,14 +446,15 @@ class CoordinatorServer:
         return advertised_host(self.options.advertised_host, self.options.listen_host)
 
     @property
+    def kafka_endpoints(self) -> tuple[KafkaEndpoint, ...]:
+        """Each Kafka door's advertised (name, host, port), in ``--listeners`` order."""
+        return self._kafka.endpoints(self.options.advertised_host)
+
+    @property
     def kafka_address(self) -> tuple[str, int] | None:
-        """The (host, port) Kafka clients are told, None without a Kafka listener."""
-        opts = self.options
-        if self._kafka is None or opts.kafka_listener is None:
-            return None
-        return advertised_kafka_address(
-            opts.kafka_listener, opts.kafka_advertised, opts.advertised_host, self._kafka.port
-        )
+        """The (host, port) Kafka clients are told (the first door's), None without one."""
+        endpoints = self.kafka_endpoints
+        return (endpoints[0].host, endpoints[0].port) if endpoints else None
 
     async def _register(self) -> int:
         """Create ``coordinators/<id>`` bound to a new lease; retry until the key is free.
@@ -457,6 +466,7 @@ class CoordinatorServer:
             coordinator_id, self.advertised_host, self.port, kafka_host, kafka_port,
             self.incarnation if self.options.state_dir is not None else None,
             self.advertised_host if self.sasl_port else None, self.sasl_port or None,
+            self.kafka_endpoints,
         )
         self._lease_id, revision = await register_under_lease(
             self._etcd,

@@ -62,7 +62,7 @@ from fjord.errors import ErrorCode, FjordError
 from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import ADMIN_FORWARD_TIMEOUT_S
 from fjord.kafka.dispatch import Api, RequestContext
-from fjord.kafka.metadata import kafka_nodes, lowest_kafka_broker
+from fjord.kafka.metadata import kafka_broker_ids, kafka_nodes, lowest_kafka_broker
 from fjord.metadata import MetadataImage
 from fjord.security.acls import (
     NO_AUTHORIZATION,
@@ -677,15 +677,18 @@ class BrokerAdminHandlers:
                 controller_id=-1,
                 brokers=[],
             )
-        nodes = kafka_nodes(image)
-        ids = {b.id for b in image.brokers.values() if b.kafka_host is not None}
+        nodes = kafka_nodes(image, ctx.listener)
+        ids = kafka_broker_ids(image, ctx.listener)
         return cls(
             throttle_time_ms=0,
             error_code=0,
             error_message=None,
             endpoint_type=1,
             cluster_id=image.cluster_id,
-            controller_id=self._broker_id if self._broker_id in ids else lowest_kafka_broker(image),
+            controller_id=(
+                self._broker_id if self._broker_id in ids
+                else lowest_kafka_broker(image, ctx.listener)
+            ),
             brokers=[
                 cls.DescribeClusterBroker(broker_id=node, host=host, port=port, rack=rack)
                 for node, host, port, rack in nodes

@@ -59,6 +59,9 @@ class RequestContext:
     #: The connection can take records by ``sendfile`` (a plaintext door): a Fetch handler may
     #: answer with a :class:`~fjord.kafka.zerocopy.FileBackedResponse`.
     zero_copy: bool = False
+    #: The name of the listener (door) the request came in on, upper-case (``SSL``, ``SCRAM``):
+    #: Metadata and FindCoordinator answer the addresses of this listener ("": unknown).
+    listener: str = ""
 
     @property
     def caller(self) -> Caller:
@@ -120,10 +123,12 @@ class KafkaDispatcher:
     """Routes request frames to handlers. Invariant: every advertised (key, version) has a
     handler, and nothing else is advertised."""
 
-    def __init__(self, apis: Iterable[Api]) -> None:
+    def __init__(self, apis: Iterable[Api], listener: str = "") -> None:
         #: APIs the connection layer answers itself (SaslHandshake/SaslAuthenticate on a SASL
         #: door): advertised in ApiVersions, never dispatched here.
         self._answered_elsewhere: dict[int, tuple[int, int]] = {}
+        #: The listener name every request's context carries (RequestContext.listener).
+        self.listener = listener
         self._apis: dict[int, Api] = {}
         for api in apis:
             if api.key in self._apis or api.key == API_VERSIONS_KEY:
@@ -136,8 +141,15 @@ class KafkaDispatcher:
         overlap = set(answered_elsewhere) & (set(self._apis) | {API_VERSIONS_KEY})
         if overlap:
             raise ValueError(f"APIs {sorted(overlap)} are already dispatched here")
-        other = KafkaDispatcher(self._apis.values())
+        other = KafkaDispatcher(self._apis.values(), self.listener)
         other._answered_elsewhere = dict(answered_elsewhere)
+        return other
+
+    def on_listener(self, listener: str) -> KafkaDispatcher:
+        """The same dispatcher for the door named ``listener`` (its requests' contexts carry
+        the name)."""
+        other = KafkaDispatcher(self._apis.values(), listener)
+        other._answered_elsewhere = dict(self._answered_elsewhere)
         return other
 
     def supported(self) -> dict[int, tuple[int, int]]:
@@ -198,7 +210,7 @@ class KafkaDispatcher:
         header = request.header
         context = RequestContext(
             key, version, prefix.correlation_id, header.client_id, client_host, principal,
-            zero_copy,
+            zero_copy, self.listener,
         )
         return Call(api, request, context)
 

@@ -23,6 +23,7 @@ from fjord.metadata.coordinator_lookup import (
     locate_group_coordinator,
     missing_coordinator_topics,
 )
+from fjord.metadata.schema import kafka_endpoint
 from fjord.security.acls import (
     NO_AUTHORIZATION,
     AccessControl,
@@ -68,10 +69,11 @@ class FindCoordinatorHandler:
         self._access = access
 
     def locate(
-        self, key: str, key_type: int, caller: Caller | None = None
+        self, key: str, key_type: int, caller: Caller | None = None, listener: str = ""
     ) -> tuple[ErrorCode, str, int, str, int]:
-        """(error, message, node id, host, port) for one key; a group ``caller`` may not
-        describe is GROUP_AUTHORIZATION_FAILED."""
+        """(error, message, node id, host, port) for one key, the address of the
+        coordinator's door of ``listener`` (the one the request came in on); a group
+        ``caller`` may not describe is GROUP_AUTHORIZATION_FAILED."""
         image = self._image()
         if key_type in (0, KEY_TYPE_TRANSACTION) and caller is not None:
             group = Resource.group(key) if key_type == 0 else Resource.transactional_id(key)
@@ -90,10 +92,12 @@ class FindCoordinatorHandler:
                 self._creator.request()  # Kafka's way: created by the first valid lookup
             return exc.code, str(exc), -1, "", -1
         registration = found.registration
-        if registration.kafka_host is None or registration.kafka_port is None:
+        address = kafka_endpoint(registration, listener)
+        if address is None:
             return (
                 ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                f"coordinator {registration.id} has no Kafka listener",
+                f"coordinator {registration.id} has no Kafka listener"
+                + (f" {listener}" if listener else ""),
                 -1,
                 "",
                 -1,
@@ -102,8 +106,8 @@ class FindCoordinatorHandler:
             ErrorCode.NONE,
             "",
             coordinator_node_id(registration.id),
-            registration.kafka_host,
-            registration.kafka_port,
+            address[0],
+            address[1],
         )
 
     async def find_coordinator(self, request: Any, ctx: RequestContext) -> Any:
@@ -113,7 +117,9 @@ class FindCoordinatorHandler:
         if version >= 4:
             coordinators = []
             for key in request.coordinator_keys:
-                error, message, node, host, port = self.locate(key, key_type, ctx.caller)
+                error, message, node, host, port = self.locate(
+                    key, key_type, ctx.caller, ctx.listener
+                )
                 coordinators.append(
                     cls.Coordinator(
                         key=key,
@@ -125,7 +131,9 @@ class FindCoordinatorHandler:
                     )
                 )
             return cls(throttle_time_ms=0, coordinators=coordinators)
-        error, message, node, host, port = self.locate(request.key, key_type, ctx.caller)
+        error, message, node, host, port = self.locate(
+            request.key, key_type, ctx.caller, ctx.listener
+        )
         return cls(
             throttle_time_ms=0,
             error_code=error.code,

@@ -2,7 +2,9 @@
 coordinators' Kafka listeners.
 
 Nodes are named by their Kafka listener: every broker that has one, and every group coordinator
-that has one under its own node id (:func:`coordinator_node_id`). Coordinators are listed
+that has one under its own node id (:func:`coordinator_node_id`); a process with several Kafka
+doors is named by the door of the listener the request came in on (Kafka's listener names), and
+a partition whose leader lacks that listener answers LISTENER_NOT_FOUND. Coordinators are listed
 because clients keep only nodes the cluster metadata names: librdkafka drops (decommissions) a
 node learned from FindCoordinator as soon as a Metadata answer leaves it out. They lead no
 partition, so clients send them only group requests and cluster-wide reads.
@@ -21,6 +23,7 @@ from fjord.kafka.codec import topic_uuid
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.dispatch import RequestContext
 from fjord.metadata import MetadataImage
+from fjord.metadata.schema import kafka_endpoint
 from fjord.security.acls import Caller
 
 LISTENER_NOT_FOUND = ErrorCode.LISTENER_NOT_FOUND.code
@@ -31,20 +34,27 @@ def coordinator_node_id(coordinator_id: int) -> int:
     return COORDINATOR_NODE_ID_BASE + coordinator_id
 
 
-def kafka_nodes(image: MetadataImage) -> list[tuple[int, str, int, str | None]]:
-    """(node id, host, port, rack) of every broker and coordinator with a Kafka listener, by
-    node id."""
-    nodes = [
-        (b.id, b.kafka_host, b.kafka_port, b.rack)
-        for b in image.brokers.values()
-        if b.kafka_host is not None and b.kafka_port is not None
-    ]
-    nodes += [
-        (coordinator_node_id(c.id), c.kafka_host, c.kafka_port, None)
-        for c in image.coordinators.values()
-        if c.kafka_host is not None and c.kafka_port is not None
-    ]
+def kafka_nodes(
+    image: MetadataImage, listener: str = ""
+) -> list[tuple[int, str, int, str | None]]:
+    """(node id, host, port, rack) of every broker and coordinator with a Kafka door of
+    ``listener`` (see fjord.metadata.schema.kafka_endpoint; "": each one's first), by node
+    id."""
+    nodes = []
+    for b in image.brokers.values():
+        address = kafka_endpoint(b, listener)
+        if address is not None:
+            nodes.append((b.id, address[0], address[1], b.rack))
+    for c in image.coordinators.values():
+        address = kafka_endpoint(c, listener)
+        if address is not None:
+            nodes.append((coordinator_node_id(c.id), address[0], address[1], None))
     return sorted(nodes)
+
+
+def kafka_broker_ids(image: MetadataImage, listener: str = "") -> set[int]:
+    """Ids of the brokers with a Kafka door of ``listener``."""
+    return {b.id for b in image.brokers.values() if kafka_endpoint(b, listener) is not None}
 
 
 class KafkaMetadata:
@@ -60,7 +70,7 @@ class KafkaMetadata:
         self,
         image: Callable[[], MetadataImage],
         respond: Callable[[broker_pb2.MetadataRequest, Caller], broker_pb2.MetadataResponse],
-        controller_id: Callable[[MetadataImage], int],
+        controller_id: Callable[[MetadataImage, str], int],
     ) -> None:
         self._image = image
         self._respond = respond
@@ -77,13 +87,11 @@ class KafkaMetadata:
                 ctx.caller,
             )
         image = self._image()
-        kafka_brokers = {
-            b.id for b in image.brokers.values() if b.kafka_host is not None
-        }
+        kafka_brokers = kafka_broker_ids(image, ctx.listener)
         cls = MetadataResponse[version]
         nodes = [
             cls.MetadataResponseBroker(node_id=node, host=host, port=port, rack=rack)
-            for node, host, port, rack in kafka_nodes(image)
+            for node, host, port, rack in kafka_nodes(image, ctx.listener)
         ]
         topics = []
         for t in pb.topics:
@@ -117,12 +125,11 @@ class KafkaMetadata:
             throttle_time_ms=0,
             brokers=nodes,
             cluster_id=pb.cluster_id,
-            controller_id=self._controller_id(image),
+            controller_id=self._controller_id(image, ctx.listener),
             topics=topics,
         )
 
 
-def lowest_kafka_broker(image: MetadataImage) -> int:
-    """The lowest id of a broker with a Kafka listener (-1: none)."""
-    ids = [b.id for b in image.brokers.values() if b.kafka_host is not None]
-    return min(ids, default=-1)
+def lowest_kafka_broker(image: MetadataImage, listener: str = "") -> int:
+    """The lowest id of a broker with a Kafka door of ``listener`` (-1: none)."""
+    return min(kafka_broker_ids(image, listener), default=-1)

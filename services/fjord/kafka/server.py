@@ -22,20 +22,22 @@ import contextlib
 import logging
 import socket
 import ssl
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from fjord.errors import ConfigError
 from fjord.kafka import defaults
 from fjord.kafka.codec import SIZE_PREFIX_BYTES, read_size
 from fjord.kafka.dispatch import Close, KafkaDispatcher, Reply
+from fjord.kafka.listeners import KafkaDoor, advertised_kafka_address
 from fjord.kafka.sasl import SASL_API_VERSIONS, ReplyThenClose, SaslConnection
 from fjord.kafka.zerocopy import Part
+from fjord.metadata.schema import KafkaEndpoint
 from fjord.observability import metrics
-from fjord.security import ANONYMOUS, Principal
+from fjord.security import ANONYMOUS, Principal, ServiceSecurity
 from fjord.security.scram import SCRAM_MECHANISMS, CredentialLookup
 from fjord.storage.region import FileRegion
-from fjord.tls import ssl_peer_principal
+from fjord.tls import server_ssl_context, ssl_peer_principal
 
 log = logging.getLogger(__name__)
 
@@ -355,16 +357,79 @@ async def open_kafka_listener(
     tls: ssl.SSLContext | None,
     name: str,
     sasl: SaslSettings | None = None,
+    listener_name: str = "",
 ) -> KafkaListener:
     """Start a process's Kafka-protocol door (``KAFKA://``, ``SSL://`` with ``tls``,
-    ``SASL_PLAINTEXT://`` with ``sasl``, ``SASL_SSL://`` with both); a port that cannot be
-    bound is a ConfigError naming the listener."""
+    ``SASL_PLAINTEXT://`` with ``sasl``, ``SASL_SSL://`` with both), its requests tagged with
+    ``listener_name`` (RequestContext.listener); a port that cannot be bound is a ConfigError
+    naming the listener."""
     host, port = listener
-    kafka = KafkaListener(dispatcher, host, port, name=name, ssl_context=tls, sasl=sasl)
+    kafka = KafkaListener(dispatcher.on_listener(listener_name), host, port, name=name,
+                          ssl_context=tls, sasl=sasl)
     try:
         await kafka.start()
     except OSError as exc:
         door = ("SASL_" if sasl else "") + ("SSL" if tls is not None else "PLAINTEXT")
         door = "KAFKA" if door == "PLAINTEXT" else door
-        raise ConfigError(f"listeners: cannot bind {door}://{host}:{port}: {exc}") from exc
+        named = f" (listener {listener_name})" if listener_name and listener_name != door else ""
+        raise ConfigError(
+            f"listeners: cannot bind {door}://{host}:{port}{named}: {exc}"
+        ) from exc
     return kafka
+
+
+class KafkaDoors:
+    """Every Kafka-protocol door of one process (a broker or a coordinator), one listening
+    socket per :class:`~fjord.kafka.listeners.KafkaDoor`, all on one dispatcher; each door's
+    requests carry its listener name. Invariant: after :meth:`open` every door listens (a
+    door that cannot bind stops the ones already open and raises the ConfigError)."""
+
+    def __init__(self, doors: Sequence[KafkaDoor], name: str) -> None:
+        self.doors = tuple(doors)
+        self._name = name
+        self._listeners: list[KafkaListener] = []
+
+    async def open(
+        self,
+        dispatcher: KafkaDispatcher,
+        security: ServiceSecurity | None,
+        sasl: Callable[[], SaslSettings],
+    ) -> None:
+        """Open every door: TLS ones with ``security``'s server context (client certificates
+        not required on SASL_SSL ones), SASL ones with ``sasl()``."""
+        try:
+            for door in self.doors:
+                if door.tls and security is None:
+                    raise ConfigError(
+                        f"listeners: {door.name} ({door.protocol}) needs --security-config"
+                    )
+                tls = server_ssl_context(security, sasl=door.sasl) if door.tls and security \
+                    else None
+                self._listeners.append(await open_kafka_listener(
+                    dispatcher, door.listener, tls, f"{self._name} {door.name.lower()}",
+                    sasl=sasl() if door.sasl else None, listener_name=door.name,
+                ))
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        for listener in self._listeners:
+            await listener.stop()
+        self._listeners.clear()
+
+    @property
+    def is_open(self) -> bool:
+        return bool(self._listeners)
+
+    def bound_ports(self) -> list[int]:
+        return [listener.port for listener in self._listeners]
+
+    def endpoints(self, advertised_host_option: str | None) -> tuple[KafkaEndpoint, ...]:
+        """Each open door's advertised (name, host, port): see
+        fjord.kafka.listeners.advertised_kafka_address."""
+        return tuple(
+            KafkaEndpoint(door.name, *advertised_kafka_address(
+                door.listener, door.advertised, advertised_host_option, listener.port))
+            for door, listener in zip(self.doors, self._listeners, strict=False)
+        )

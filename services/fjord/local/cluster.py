@@ -164,6 +164,7 @@ class LocalCluster:
         authorization: bool = False,
         kafka_sasl: bool = False,
         racks: Mapping[int, str] | None = None,
+        mtls_kafka_door: bool = False,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -202,6 +203,11 @@ class LocalCluster:
         #: The Kafka-protocol doors authenticate with SASL SCRAM: SASL_SSL:// when secure,
         #: else SASL_PLAINTEXT:// (users: fjord users / AdminClient.alter_user_scram_credentials).
         self.kafka_sasl = kafka_sasl
+        if mtls_kafka_door and not (secure and kafka_sasl):
+            raise ValueError("mtls_kafka_door needs secure=True and kafka_sasl=True")
+        #: Brokers and coordinators open a second Kafka door, SSL:// with client
+        #: certificates, beside the SASL_SSL:// one (two named listeners, each advertised).
+        self.mtls_kafka_door = mtls_kafka_door
         #: Each broker's rack (``fjord broker --rack``); brokers not named have none.
         self.racks = dict(racks or {})
         self._pki: LocalPki | None = None
@@ -229,6 +235,7 @@ class LocalCluster:
         # (role, id) -> the port of its Kafka listener (brokers and coordinators); kept when
         # the process restarts.
         self._kafka_ports: dict[tuple[str, int], int] = {}
+        self._mtls_kafka_ports: dict[tuple[str, int], int] = {}
         self._sasl_grpc_ports: dict[tuple[str, int], int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
@@ -272,8 +279,20 @@ class LocalCluster:
         """coordinator id -> ``host:port`` of its Kafka-protocol listener."""
         return self._kafka_addresses("coordinator")
 
-    def _kafka_addresses(self, role: str) -> dict[int, str]:
-        return {i: f"{LOOPBACK_HOST}:{p}" for (r, i), p in sorted(self._kafka_ports.items())
+    @property
+    def mtls_kafka_bootstrap_servers(self) -> str:
+        """The brokers' SSL:// doors (clusters started with mtls_kafka_door)."""
+        return ",".join(self._kafka_addresses("broker", self._mtls_kafka_ports).values())
+
+    def mtls_kafka_addresses(self, role: str) -> dict[int, str]:
+        """id -> ``host:port`` of each ``role`` process's SSL:// door (mtls_kafka_door)."""
+        return self._kafka_addresses(role, self._mtls_kafka_ports)
+
+    def _kafka_addresses(
+        self, role: str, ports: dict[tuple[str, int], int] | None = None
+    ) -> dict[int, str]:
+        ports = self._kafka_ports if ports is None else ports
+        return {i: f"{LOOPBACK_HOST}:{p}" for (r, i), p in sorted(ports.items())
                 if r == role and (r, i) in self._children}
 
     def _kafka_port(self, role: str, node_id: int) -> int:
@@ -281,6 +300,16 @@ class LocalCluster:
         port = self._kafka_ports.get((role, node_id)) or free_port()
         self._kafka_ports[(role, node_id)] = port
         return port
+
+    def _kafka_listeners(self, role: str, node_id: int) -> str:
+        """``--listeners``' Kafka doors of ``role`` ``node_id``: the cluster's door, and with
+        mtls_kafka_door an SSL:// one after it."""
+        doors = f"{self._kafka_door}://{LOOPBACK_HOST}:{self._kafka_port(role, node_id)}"
+        if self.mtls_kafka_door:
+            port = self._mtls_kafka_ports.get((role, node_id)) or free_port()
+            self._mtls_kafka_ports[(role, node_id)] = port
+            doors += f",SSL://{LOOPBACK_HOST}:{port}"
+        return doors
 
     def _sasl_grpc_port(self, role: str, node_id: int) -> int:
         """The SASL gRPC door port of ``role`` ``node_id`` (picked free once, then kept)."""
@@ -462,13 +491,13 @@ class LocalCluster:
         data.mkdir(parents=True, exist_ok=True)
         config_args = [a for k, v in sorted(self.broker_config.items())
                        for a in ("--config", f"{k}={v}")]
-        kafka_port = self._kafka_port("broker", broker_id)
+        kafka_listeners = self._kafka_listeners("broker", broker_id)
         self._start_child(
             "broker",
             broker_id,
             lambda address: [
                 "broker", "--id", str(broker_id), "--listen", address,
-                "--listeners", f"{self._kafka_door}://{LOOPBACK_HOST}:{kafka_port}",
+                "--listeners", kafka_listeners,
                 "--data-dir", str(data), "--etcd", self.etcd_url,
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
@@ -486,13 +515,13 @@ class LocalCluster:
         """Start (or restart, on the same port) group coordinator ``coordinator_id``."""
         config_args = [a for k, v in sorted(self.coordinator_config.items())
                        for a in ("--config", f"{k}={v}")]
-        kafka_port = self._kafka_port("coordinator", coordinator_id)
+        kafka_listeners = self._kafka_listeners("coordinator", coordinator_id)
         self._start_child(
             "coordinator",
             coordinator_id,
             lambda address: [
                 "coordinator", "--id", str(coordinator_id), "--listen", address,
-                "--listeners", f"{self._kafka_door}://{LOOPBACK_HOST}:{kafka_port}",
+                "--listeners", kafka_listeners,
                 "--etcd", self.etcd_url, "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.coordinator_lease_ttl_s), *config_args,
                 "--state-dir", str(self.data_dir / "coordinators" / str(coordinator_id)),
@@ -580,6 +609,7 @@ class LocalCluster:
                 del self._children[(role, node_id)]
                 del self._metrics_ports[(role, node_id)]
                 self._kafka_ports.pop((role, node_id), None)
+                self._mtls_kafka_ports.pop((role, node_id), None)
                 restart(node_id, wait=False)
 
     def _run_log(self, role: str, node_id: int) -> str:

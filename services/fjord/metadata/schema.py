@@ -152,8 +152,11 @@ class BrokerRegistration:
     process registered again (its lease expired while etcd was away); a new incarnation is a
     restart, whose predecessor's place in ISRs and leadership the controller ends; the
     advertised address of its SASL gRPC door (``sasl_host``/``sasl_port``, ``None`` without
-    one: fjord.sasl_door). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host",
-    "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}]}``."""
+    one: fjord.sasl_door); ``kafka_listeners``: every Kafka door's advertised address by
+    listener name (``kafka`` is the first's; empty from brokers that predate it, see
+    :func:`kafka_endpoint`). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host",
+    "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}][, "kafka_listeners": [{"name",
+    "host", "port"}]]}``."""
 
     id: int
     host: str
@@ -164,6 +167,7 @@ class BrokerRegistration:
     incarnation: str | None = None
     sasl_host: str | None = None
     sasl_port: int | None = None
+    kafka_listeners: tuple[KafkaEndpoint, ...] = ()
 
     @property
     def address(self) -> str:
@@ -173,6 +177,7 @@ class BrokerRegistration:
         obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port,
                                "rack": self.rack}
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        obj.update(_listeners_json(self.kafka_listeners))
         if self.incarnation is not None:
             obj["incarnation"] = self.incarnation
         if self.sasl_host is not None and self.sasl_port is not None:
@@ -193,8 +198,54 @@ class BrokerRegistration:
         sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None,
-            kafka_host, kafka_port, incarnation, sasl_host, sasl_port,
+            kafka_host, kafka_port, incarnation, sasl_host, sasl_port, _listeners(obj, what),
         )
+
+
+@dataclass(frozen=True)
+class KafkaEndpoint:
+    """The advertised address of one named Kafka listener of a process (the name upper-case,
+    as fjord.kafka.listeners gives it)."""
+
+    name: str
+    host: str
+    port: int
+
+
+def kafka_endpoint(
+    registration: BrokerRegistration | CoordinatorRegistration, listener: str
+) -> tuple[str, int] | None:
+    """Where a client that came in on ``listener`` reaches ``registration``'s Kafka door:
+    the endpoint of that name; a registration without named endpoints (older processes, one
+    door) answers its one door for any listener, and so does every registration for ``""``
+    (the listener unknown); None: no such door (Kafka's LISTENER_NOT_FOUND)."""
+    if registration.kafka_listeners and listener:
+        for endpoint in registration.kafka_listeners:
+            if endpoint.name == listener:
+                return endpoint.host, endpoint.port
+        return None
+    if registration.kafka_host is None or registration.kafka_port is None:
+        return None
+    return registration.kafka_host, registration.kafka_port
+
+
+def _listeners_json(endpoints: tuple[KafkaEndpoint, ...]) -> dict[str, Any]:
+    if not endpoints:
+        return {}
+    return {"kafka_listeners": [{"name": e.name, "host": e.host, "port": e.port}
+                                for e in endpoints]}
+
+
+def _listeners(obj: dict[str, Any], what: str) -> tuple[KafkaEndpoint, ...]:
+    raw = obj.get("kafka_listeners")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(e, dict) for e in raw):
+        raise InvalidMetadataError(f"{what}: field 'kafka_listeners' must be a list of objects")
+    return tuple(
+        KafkaEndpoint(_str(e, "name", what), _str(e, "host", what), _int(e, "port", what))
+        for e in raw
+    )
 
 
 def _kafka_json(host: str | None, port: int | None) -> dict[str, Any]:
@@ -219,8 +270,9 @@ class CoordinatorRegistration:
     advertised address of its Kafka-protocol listener (``None`` when it opens none) and its
     ``incarnation`` (random, new at every start; ``None`` without a ``--state-dir``, whose
     record of the previous run's is what lets a restart replace that run's registration at
-    once) and its SASL gRPC door's address (``None`` without one). JSON: ``{"id", "host",
-    "port"[, "kafka": {"host", "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}]}``."""
+    once) and its SASL gRPC door's address (``None`` without one); ``kafka_listeners`` as a
+    broker's. JSON: ``{"id", "host", "port"[, "kafka": {"host", "port"}][, "incarnation"][,
+    "sasl_grpc": {"host", "port"}][, "kafka_listeners": [{"name", "host", "port"}]]}``."""
 
     id: int
     host: str
@@ -230,6 +282,7 @@ class CoordinatorRegistration:
     incarnation: str | None = None
     sasl_host: str | None = None
     sasl_port: int | None = None
+    kafka_listeners: tuple[KafkaEndpoint, ...] = ()
 
     @property
     def address(self) -> str:
@@ -238,6 +291,7 @@ class CoordinatorRegistration:
     def to_json(self) -> bytes:
         obj: dict[str, Any] = {"id": self.id, "host": self.host, "port": self.port}
         obj.update(_kafka_json(self.kafka_host, self.kafka_port))
+        obj.update(_listeners_json(self.kafka_listeners))
         if self.incarnation is not None:
             obj["incarnation"] = self.incarnation
         if self.sasl_host is not None and self.sasl_port is not None:
@@ -255,7 +309,7 @@ class CoordinatorRegistration:
         sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what),
-            kafka_host, kafka_port, incarnation, sasl_host, sasl_port,
+            kafka_host, kafka_port, incarnation, sasl_host, sasl_port, _listeners(obj, what),
         )
 
 
