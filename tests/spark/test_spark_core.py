@@ -13,6 +13,7 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 
 from fjord.client import ConsumerRecord, TopicPartition
 from fjord.errors import ConfigError
+from fjord_spark import arrow as fjord_arrow
 from fjord_spark import defaults
 from fjord_spark.arrow import (
     HEADER_TYPE,
@@ -457,6 +458,53 @@ def test_records_to_batch(include_headers: bool) -> None:
             [{"key": "h", "value": b"1"}, {"key": "n", "value": None}],
             [],
         ]
+
+
+_RECORD = st.builds(
+    ConsumerRecord,
+    st.just("t"),
+    st.just(0),
+    st.integers(0, 2**62),
+    st.one_of(st.none(), st.binary(max_size=40)),
+    st.one_of(st.none(), st.binary(max_size=200)),
+    st.just(()),
+    st.integers(-(2**50), 2**50),
+)
+
+
+@pytest.mark.skipif(fjord_arrow._COLUMNS is None, reason="the C extension is not in use")
+@given(st.lists(_RECORD, min_size=1, max_size=60))
+def test_records_to_batch_in_c_equals_the_pyarrow_lists_path(
+    records: list[ConsumerRecord],
+) -> None:
+    """The C column builders give the same batch as pyarrow from Python lists (null keys and
+    values, empty bytes, negative timestamps)."""
+    schema = arrow_schema(reader_schema(False))
+    in_c = records_to_batch(records, schema, 0)
+    from_lists = records_to_batch(tuple(records), schema, 0)  # not a list: the Python path
+    assert in_c.equals(from_lists)
+    assert in_c.column("key").to_pylist() == [r.key for r in records]
+    assert in_c.column("value").to_pylist() == [r.value for r in records]
+
+
+@pytest.mark.skipif(fjord_arrow._COLUMNS is None, reason="the C extension is not in use")
+def test_c_column_builders_refuse_what_is_not_a_record_field() -> None:
+    columns = fjord_arrow._COLUMNS
+    assert columns is not None
+    good = ConsumerRecord("t", 0, 1, b"k", b"v", (), 5)
+    with pytest.raises(TypeError, match="not bytes or None"):
+        columns.binary_column([good, good._replace(key="text")], 3)
+    with pytest.raises(TypeError, match="must be a tuple with a field 9"):
+        columns.binary_column([good], 9)
+    with pytest.raises(TypeError, match="records must be a list"):
+        columns.int64_column((good,), 2, 1)
+    with pytest.raises(TypeError, match="not int"):
+        columns.int64_column([good._replace(timestamp=1.5)], 6, 1000)
+    with pytest.raises(OverflowError, match="leaves int64"):
+        columns.int64_column([good._replace(timestamp=2**62)], 6, 1000)
+    with pytest.raises(ValueError, match="index must be >= 0"):
+        columns.int64_column([good], -1, 1)
+    assert columns.binary_column([], 3) == (b"\0\0\0\0", b"", None, 0)
 
 
 def test_writer_schema_rules() -> None:

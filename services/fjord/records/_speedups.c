@@ -16,6 +16,11 @@
  *                       -> [cls(topic, partition, offset, key, value, headers, timestamp), ...]
  *                       for the records at or after min_offset (cls: a tuple subclass, e.g. the
  *                       consumer's ConsumerRecord NamedTuple, filled as tuple.__new__ would).
+ *   binary_column(records, index), int64_column(records, index, multiplier)
+ *                       one field of a list of tuples (ConsumerRecords) as the buffers of an
+ *                       Arrow column, so that a columnar consumer of records (the Spark
+ *                       source, fjord_spark.arrow) pays no Python per record; the pure path
+ *                       there builds the same columns with pyarrow from lists.
  *
  * Contract with the pure-Python implementation (builder.py, reader.py), which stays the
  * reference and the fallback: for every input both accept, both produce the same bytes (builder)
@@ -1085,6 +1090,164 @@ decode_records_as(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t
     return out;
 }
 
+/* ---------------------------------------------------------------- columns in Arrow's layout */
+
+/* The records' field ``index`` must be a list of tuples (ConsumerRecords) whose field at
+ * ``index`` is bytes or None; NULL with TypeError otherwise. */
+static int
+check_records(PyObject *records, PyObject *index_obj, Py_ssize_t *index, const char *what)
+{
+    if (!PyList_Check(records)) {
+        PyErr_Format(PyExc_TypeError, "%s(): records must be a list", what);
+        return -1;
+    }
+    *index = PyLong_AsSsize_t(index_obj);
+    if (*index == -1 && PyErr_Occurred())
+        return -1;
+    if (*index < 0) {
+        PyErr_Format(PyExc_ValueError, "%s(): index must be >= 0", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+field_of(PyObject *record, Py_ssize_t index, const char *what)
+{
+    if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) <= index) {
+        PyErr_Format(PyExc_TypeError, "%s(): every record must be a tuple with a field %zd",
+                     what, index);
+        return NULL;
+    }
+    return PyTuple_GET_ITEM(record, index);
+}
+
+/* binary_column(records, index) -> (offsets, data, validity, null_count): field ``index`` of
+ * every record (bytes or None) as one Arrow binary column: int32 offsets (len(records) + 1 of
+ * them, native byte order), the bytes back to back, and the validity bitmap (bit i set: row i
+ * is not null; None when no row is null). OverflowError past 2 GiB of data (int32 offsets). */
+static PyObject *
+binary_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *what = "binary_column";
+    if (nargs != 2) {
+        PyErr_Format(PyExc_TypeError, "binary_column() takes 2 arguments (records, index), "
+                     "%zd given", nargs);
+        return NULL;
+    }
+    PyObject *records = args[0];
+    Py_ssize_t index;
+    if (check_records(records, args[1], &index, what) < 0)
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    long long total = 0;
+    Py_ssize_t nulls = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *field = field_of(PyList_GET_ITEM(records, i), index, what);
+        if (field == NULL)
+            return NULL;
+        if (field == Py_None) {
+            nulls++;
+        } else if (PyBytes_CheckExact(field)) {
+            total += PyBytes_GET_SIZE(field);
+        } else {
+            PyErr_Format(PyExc_TypeError, "%s(): field %zd of record %zd is %.100s, not bytes "
+                         "or None", what, index, i, Py_TYPE(field)->tp_name);
+            return NULL;
+        }
+    }
+    if (total > INT32_MAX_VALUE) {
+        PyErr_Format(PyExc_OverflowError, "%s(): %lld bytes do not fit int32 offsets", what,
+                     total);
+        return NULL;
+    }
+    PyObject *offsets = PyBytes_FromStringAndSize(NULL, (count + 1) * (Py_ssize_t)sizeof(int32_t));
+    PyObject *data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total);
+    PyObject *validity = NULL;
+    if (nulls) {
+        validity = PyBytes_FromStringAndSize(NULL, (count + 7) / 8);
+        if (validity != NULL)
+            memset(PyBytes_AS_STRING(validity), 0, (count + 7) / 8);
+    }
+    if (offsets == NULL || data == NULL || (nulls && validity == NULL)) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(data);
+        Py_XDECREF(validity);
+        return NULL;
+    }
+    int32_t *out_offsets = (int32_t *)PyBytes_AS_STRING(offsets);
+    char *out = PyBytes_AS_STRING(data);
+    unsigned char *bits = nulls ? (unsigned char *)PyBytes_AS_STRING(validity) : NULL;
+    int32_t position = 0;
+    out_offsets[0] = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *field = PyTuple_GET_ITEM(PyList_GET_ITEM(records, i), index);
+        if (field != Py_None) {
+            Py_ssize_t size = PyBytes_GET_SIZE(field);
+            memcpy(out + position, PyBytes_AS_STRING(field), (size_t)size);
+            position += (int32_t)size;
+            if (bits != NULL)
+                bits[i >> 3] |= (unsigned char)(1u << (i & 7));
+        }
+        out_offsets[i + 1] = position;
+    }
+    if (validity == NULL) {
+        validity = Py_None;
+        Py_INCREF(validity);
+    }
+    return Py_BuildValue("(NNNn)", offsets, data, validity, nulls);
+}
+
+/* int64_column(records, index, multiplier) -> bytes: field ``index`` of every record (an int)
+ * times ``multiplier``, as int64s in native byte order (an Arrow int64 or timestamp column's
+ * values). OverflowError when a product leaves int64. */
+static PyObject *
+int64_column(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    static const char *what = "int64_column";
+    if (nargs != 3) {
+        PyErr_Format(PyExc_TypeError, "int64_column() takes 3 arguments (records, index, "
+                     "multiplier), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *records = args[0];
+    Py_ssize_t index;
+    if (check_records(records, args[1], &index, what) < 0)
+        return NULL;
+    long long multiplier = PyLong_AsLongLong(args[2]);
+    if (multiplier == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    PyObject *column = PyBytes_FromStringAndSize(NULL, count * (Py_ssize_t)sizeof(int64_t));
+    if (column == NULL)
+        return NULL;
+    int64_t *out = (int64_t *)PyBytes_AS_STRING(column);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *field = field_of(PyList_GET_ITEM(records, i), index, what);
+        if (field == NULL)
+            goto fail;
+        if (!PyLong_Check(field)) {
+            PyErr_Format(PyExc_TypeError, "%s(): field %zd of record %zd is %.100s, not int",
+                         what, index, i, Py_TYPE(field)->tp_name);
+            goto fail;
+        }
+        long long value = PyLong_AsLongLong(field);
+        if (value == -1 && PyErr_Occurred())
+            goto fail;
+        long long product;
+        if (__builtin_mul_overflow(value, multiplier, &product)) {
+            PyErr_Format(PyExc_OverflowError, "%s(): %lld * %lld leaves int64", what, value,
+                         multiplier);
+            goto fail;
+        }
+        out[i] = (int64_t)product;
+    }
+    return column;
+fail:
+    Py_DECREF(column);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"decode_record_tuples", (PyCFunction)(void (*)(void))decode_record_tuples, METH_FASTCALL,
      "decode_record_tuples(data, base_offset, base_timestamp, record_count, last_offset_delta)"
@@ -1095,6 +1258,12 @@ static PyMethodDef module_methods[] = {
      "last_offset_delta, min_offset, topic, partition, fixed_timestamp) -> list of "
      "cls(topic, partition, offset, key, value, headers, timestamp); as "
      "fjord.records.reader.py_decode_records_as."},
+    {"binary_column", (PyCFunction)(void (*)(void))binary_column, METH_FASTCALL,
+     "binary_column(records, index) -> (offsets, data, validity or None, null_count): field "
+     "index (bytes or None) of a list of tuples as an Arrow binary column's buffers."},
+    {"int64_column", (PyCFunction)(void (*)(void))int64_column, METH_FASTCALL,
+     "int64_column(records, index, multiplier) -> bytes: field index (int) of a list of "
+     "tuples, times multiplier, as native int64s (an Arrow int64 column's values)."},
     {NULL, NULL, 0, NULL},
 };
 
