@@ -98,9 +98,16 @@ _KEY, _VALUE, _OFFSET, _TIMESTAMP = (
     ConsumerRecord._fields.index(name) for name in ("key", "value", "offset", "timestamp")
 )
 
-#: The C column builders (fjord.records._speedups), when the extension is in use and Arrow's
-#: little-endian buffers are the machine's byte order.
-_COLUMNS = EXTENSION if IMPLEMENTATION == "c" and sys.byteorder == "little" else None
+#: The C column builders (fjord.records._speedups), when the extension is in use, was built
+#: from a source that has them (an extension built before them lacks them until rebuilt) and
+#: Arrow's little-endian buffers are the machine's byte order.
+_COLUMNS = (
+    EXTENSION
+    if IMPLEMENTATION == "c"
+    and hasattr(EXTENSION, "binary_column")
+    and sys.byteorder == "little"
+    else None
+)
 
 
 def _binary_from_c(records: list[ConsumerRecord], index: int, count: int) -> pa.Array:
