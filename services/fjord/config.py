@@ -201,6 +201,11 @@ _PRODUCER = (
     ConfigDef("max.block.ms", 60000, _int(0), "Longest block of send()."),
     ConfigDef("max.request.size", 1048576, _int(1), "Largest Produce request."),
     ConfigDef(
+        "blocked.batch.size", 524288, _int(0),
+        "Fjord's: largest batch an idempotent producer builds while the partition's 5-batch "
+        "window is full (at most max.request.size; batch.size or less turns growth off).",
+    ),
+    ConfigDef(
         "allow.auto.create.topics", True, _bool,
         "Kafka's; no effect: Fjord's brokers never create topics.",
     ),

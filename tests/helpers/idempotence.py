@@ -104,7 +104,9 @@ class Request:
 
 
 class IdempotenceHarness:
-    def __init__(self, replicas: int = 1) -> None:
+    def __init__(self, replicas: int = 1, blocked_batch_size: int = 0) -> None:
+        """``blocked_batch_size`` above 120 (the batch size): batches opened while the window
+        is full grow up to it (RecordAccumulator's growing while blocked)."""
         assert replicas in (1, 2)
         self.now = 0
         self.idem = IdempotenceState()
@@ -116,6 +118,8 @@ class IdempotenceHarness:
             delivery_timeout_ms=1 << 40,
             clock=lambda: self.now,
             idempotence=self.idem,
+            sized_builder=lambda size: BatchBuilder(batch_size=size),
+            blocked_batch_size=blocked_batch_size,
         )
         self.acc.set_producer_id(42, 0)
         self.replicas = [Replica() for _ in range(replicas)]

@@ -8,9 +8,12 @@ import threading
 import pytest
 
 from fjord._proto import broker_pb2, common_pb2
+from fjord.client import Producer
 from fjord.client.accumulator import (
     BufferExhaustedError,
+    IdempotenceState,
     PartitionResult,
+    ProducerBatch,
     RecordAccumulator,
     handle_produce_results,
 )
@@ -359,6 +362,110 @@ def test_closed_accumulator_refuses_appends() -> None:
     acc.close()
     with pytest.raises(FjordError, match="closed"):
         acc.append(TP0, 1, None, b"x", (), now_ms=0)
+
+
+# -- growing while blocked (issue 18) ------------------------------------------------------------
+
+
+def make_idempotent_accumulator(
+    *, batch_size: int = 200, blocked_batch_size: int = 800, buffer_memory: int = 100_000,
+    idempotent: bool = True,
+) -> RecordAccumulator:
+    idem = IdempotenceState(max_window=2) if idempotent else None
+    acc = RecordAccumulator(
+        lambda: BatchBuilder(batch_size=batch_size), batch_size=batch_size, linger_ms=10,
+        buffer_memory=buffer_memory, delivery_timeout_ms=10_000, idempotence=idem,
+        sized_builder=lambda size: BatchBuilder(batch_size=size),
+        blocked_batch_size=blocked_batch_size,
+    )  # fmt: skip
+    if idem is not None:
+        acc.set_producer_id(7, 0)
+    return acc
+
+
+def fill_and_send(acc: RecordAccumulator, batches: int) -> list[ProducerBatch]:
+    """Send ``batches`` batches of TP0, one record each (each leaves after its linger)."""
+    sent: list[ProducerBatch] = []
+    for _ in range(batches):
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+        sent += acc.drain([TP0], 1 << 20, now_ms=10**9)
+    assert len(sent) == batches and acc.open_batch(TP0) is None
+    return sent
+
+
+def answer(acc: RecordAccumulator, batch: ProducerBatch) -> None:
+    handle_produce_results(
+        acc, [batch], {TP0: PartitionResult(ErrorCode.NONE, base_offset=0)}, 0,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+        idempotence=acc.idempotence,
+    )  # fmt: skip
+
+
+def test_a_batch_opened_while_the_window_is_full_grows_and_leaves_when_it_has_room() -> None:
+    acc = make_idempotent_accumulator()
+    first, second = fill_and_send(acc, 2)  # the window (2 batches) is full now
+    assert acc.window_full(TP0)
+    assert first.builder.size_in_bytes <= 200 and first.reserved_bytes == 200
+    for _ in range(12):  # 12 x 47 bytes: three batches' worth, into one
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    grown = acc.open_batch(TP0)
+    assert grown is not None and grown.record_count == 12 and grown.reserved_bytes == 800
+    assert grown.builder.size_in_bytes > 200
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == []  # still blocked: nothing leaves
+    answer(acc, first)
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]  # room: it leaves at once
+    # It fills up to blocked_batch_size, never past it: the next record opens a new batch,
+    # and that one is normal again while the window has room.
+    assert grown.base_sequence == second.base_sequence + second.record_count
+    answer(acc, second)
+    answer(acc, grown)
+    acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    normal = acc.open_batch(TP0)
+    assert normal is not None and normal.reserved_bytes == 200 and not acc.window_full(TP0)
+
+
+def test_a_grown_batch_stops_at_blocked_batch_size() -> None:
+    acc = make_idempotent_accumulator()
+    fill_and_send(acc, 2)
+    for _ in range(40):
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert acc.drain([TP0], 1 << 20, now_ms=10**9) == []  # blocked
+    grown = acc.open_batch(TP0)
+    assert grown is not None and grown.reserved_bytes == 800
+    assert grown.builder.size_in_bytes <= 800 and grown.record_count < 40
+
+
+def test_no_growth_without_idempotence_or_room_in_buffer_memory() -> None:
+    plain = make_idempotent_accumulator(idempotent=False)
+    for _ in range(20):
+        plain.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert plain.open_batch(TP0) is not None
+    assert plain.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
+    # buffer.memory cannot hold a grown batch beside the two in flight: a normal one opens
+    # (send() never waits for the sake of a larger batch).
+    tight = make_idempotent_accumulator(buffer_memory=1000)
+    fill_and_send(tight, 2)
+    tight.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    batch = tight.open_batch(TP0)
+    assert batch is not None and batch.reserved_bytes == 200
+    # A blocked_batch_size not above batch.size turns growth off.
+    off = make_idempotent_accumulator(blocked_batch_size=200)
+    fill_and_send(off, 2)
+    off.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert off.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
+
+
+def test_the_producer_caps_blocked_batch_size_at_max_request_size() -> None:
+    producer = Producer({"bootstrap.servers": "localhost:1", "max.request.size": 300_000})
+    try:
+        assert producer._accumulator._blocked_batch_size == 300_000
+    finally:
+        producer.close(0)
+    producer = Producer({"bootstrap.servers": "localhost:1", "acks": "1"})
+    try:  # acks=1: not idempotent, so never grows
+        assert producer._accumulator._blocked_batch_size == 0
+    finally:
+        producer.close(0)
 
 
 # -- metadata -----------------------------------------------------------------------------------

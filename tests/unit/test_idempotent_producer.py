@@ -35,11 +35,12 @@ steps = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps)
+@given(steps, st.booleans())
 def test_exactly_once_in_order_despite_reordering_and_lost_answers(
-    plan: list[tuple[object, ...]],
+    plan: list[tuple[object, ...]], grow: bool
 ) -> None:
-    harness = IdempotenceHarness()
+    """``grow``: batches opened while the window is full grow past batch.size (up to 3x)."""
+    harness = IdempotenceHarness(blocked_batch_size=360 if grow else 0)
     for step in plan:
         if step[0] == "send":
             harness.send(int(step[1]))  # type: ignore[call-overload]

@@ -63,6 +63,8 @@ class Builder(Protocol):
 
 
 BuilderFactory = Callable[[], Builder]
+#: Makes a builder whose batches may reach the given size in bytes.
+SizedBuilderFactory = Callable[[int], Builder]
 
 
 class BufferExhaustedError(FjordError):
@@ -235,6 +237,15 @@ class RecordAccumulator:
     only its built payload's size once drained (the memory it still holds).
     A partition is *muted* while one of its batches is in flight when ``guarantee_order`` (Kafka's
     ``max.in.flight.requests.per.connection=1``), so retries cannot reorder it.
+
+    Growing while blocked (``blocked_batch_size``, Fjord's, not Kafka's): a batch that an
+    idempotent producer opens while its partition's window is full (``max_window`` batches
+    unanswered, so nothing of the partition can leave) may grow to ``blocked_batch_size``
+    instead of ``batch_size``. It only collects records that would otherwise wait in further
+    ``batch_size`` batches behind the window: it leaves as soon as the window has room (it is
+    past ``batch_size`` by then, or it would not have grown), so no record waits longer, and
+    each answer of the partition carries more records. One batch is still one sequence range,
+    so the broker's duplicate detection (the last 5 batches) is unchanged.
     """
 
     def __init__(
@@ -248,8 +259,18 @@ class RecordAccumulator:
         guarantee_order: bool = False,
         clock: Callable[[], float] | None = None,
         idempotence: IdempotenceState | None = None,
+        sized_builder: SizedBuilderFactory | None = None,
+        blocked_batch_size: int = 0,
     ) -> None:
         self._new_builder = builder_factory
+        self._sized_builder = sized_builder
+        # Growth is off without a sized builder, without idempotence, or when not larger.
+        self._blocked_batch_size = (
+            blocked_batch_size
+            if sized_builder is not None and idempotence is not None
+            and blocked_batch_size > batch_size
+            else 0
+        )
         # Milliseconds for batch creation times when append() is given now_ms=-1 (the producer
         # passes -1 so the clock is read once per batch, not once per record).
         self._clock = clock or (lambda: time.monotonic() * 1000)
@@ -313,16 +334,41 @@ class RecordAccumulator:
                 # linger.ms) is the moment the sticky partitioner moves on.
                 return None, False
             size = _record_size_estimate(key, value, headers)
-            reserve = max(self._batch_size, size)
-            self._reserve(reserve, max_block_s)
+            builder = self._grown_builder(tp, size)
+            if builder is not None:
+                reserve = self._blocked_batch_size  # reserved by _grown_builder
+            else:
+                reserve = max(self._batch_size, size)
+                self._reserve(reserve, max_block_s)
+                builder = self._new_builder()
             created = now_ms if now_ms >= 0 else self._clock()
-            batch = ProducerBatch(tp, self._new_builder(), created, reserve, coordinator_epoch)
+            batch = ProducerBatch(tp, builder, created, reserve, coordinator_epoch)
             batch.builder.append(timestamp_ms, key, value, headers)
             queue.append(batch)
             self._open[tp] = batch
             self._incomplete.add(batch.completion)
             # A new batch means the previous one is full, or a linger timer must start.
             return RecordFuture(batch.completion, 0, timestamp_ms), True
+
+    def window_full(self, tp: TopicPartition) -> bool:
+        """Whether ``tp``'s idempotence window is full: no new batch of it may leave until an
+        answer comes (False without idempotence)."""
+        idem = self.idempotence
+        return idem is not None and len(idem.window.get(tp, ())) >= idem.max_window
+
+    def _grown_builder(self, tp: TopicPartition, record_size: int) -> Builder | None:
+        """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
+        up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked on its
+        window and ``buffer.memory`` has room without waiting; None for a normal batch."""
+        grown = self._blocked_batch_size
+        if not grown or record_size > grown or not self.window_full(tp):
+            return None
+        if self._reserved and self._reserved + grown > self._buffer_memory:
+            return None  # never block send() for the sake of a larger batch
+        assert self._sized_builder is not None
+        builder = self._sized_builder(grown)
+        self._reserved += grown
+        return builder
 
     def open_batch(self, tp: TopicPartition) -> ProducerBatch | None:
         """The batch of ``tp`` that appends go to now (None: the next append opens one)."""

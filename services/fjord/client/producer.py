@@ -404,6 +404,10 @@ class _ProducerBase:
             guarantee_order=cfg["max.in.flight.requests.per.connection"] == 1,
             clock=_mono_ms,
             idempotence=IdempotenceState() if cfg["enable.idempotence"] else None,
+            sized_builder=lambda size: BatchBuilder(
+                compression=codec, batch_size=size, is_transactional=transactional
+            ),
+            blocked_batch_size=min(cfg["blocked.batch.size"], cfg["max.request.size"]),
         )
         self._max_block_s = cfg["max.block.ms"] / 1000
         self._max_record = cfg["max.request.size"]
