@@ -20,6 +20,7 @@ from fjord.client.accumulator import (
 from fjord.client.futures import BatchCompletion, RecordFuture
 from fjord.client.metadata import merge_snapshots, snapshot_from_response
 from fjord.client.network import KafkaTimeoutError, NetworkError
+from fjord.client.producer import linger_wait
 from fjord.client.types import RecordMetadata, TopicPartition
 from fjord.errors import ErrorCode, FjordError, RecordTooLargeError
 from fjord.records.builder import BatchBuilder
@@ -663,3 +664,19 @@ def test_a_completion_wakes_a_waiter_that_came_first() -> None:
     waiter.join(30)
     assert results == [RecordMetadata("t", 0, 12, 5)]
     assert batch.done and batch.wait(0) and BatchCompletion("t", 1).wait(0) is False
+
+
+def test_linger_wait_never_wakes_late_on_the_loop_timer_nor_early() -> None:
+    """The sender waits whole milliseconds on the event loop's timer (epoll rounds a timeout
+    up to whole ms, so a fraction there wakes late) and the last fraction by a precise sleep;
+    the two never add up to more than asked."""
+    assert linger_wait(4.3) == (0.004, 0.0)
+    assert linger_wait(1000) == (1.0, 0.0)
+    timer_s, precise_s = linger_wait(0.7)
+    assert timer_s == 0.0 and precise_s == pytest.approx(0.0007)
+    assert linger_wait(0) == (0.0, 0.0) and linger_wait(-3) == (0.0, 0.0)
+    for delay in (0.01, 0.999, 1.0, 1.5, 4.999, 5.0, 250.25):
+        timer_s, precise_s = linger_wait(delay)
+        assert (timer_s == 0) != (precise_s == 0)
+        assert timer_s + precise_s <= delay / 1000 + 1e-12
+        assert precise_s < 0.001

@@ -20,7 +20,6 @@ later one when ``max.in.flight.requests.per.connection > 1`` (as in Kafka).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import sys
@@ -87,6 +86,24 @@ def _mono_ms() -> float:
     # Not rounded: the sender sleeps until a batch's linger.ms ends exactly (an int clock made
     # that up to a millisecond late, on top of the event loop's own rounding).
     return time.monotonic() * 1000
+
+
+def linger_wait(delay_ms: float) -> tuple[float, float]:
+    """How the sender waits ``delay_ms`` for its next due batch: (seconds on the event loop's
+    timer, seconds of blocking sleep), one of them 0.
+
+    The loop's timer is epoll's, whose timeout is whole milliseconds rounded up: waiting 4.3 ms
+    on it wakes after 5 (measured: 0.6 ms late at the median, more under load), and the batch
+    left that much after its ``linger.ms``. So the timer waits the whole milliseconds only
+    (rounded down: it wakes just before the batch is due) and the rest, under 1 ms, is slept
+    precisely on the next turn. Never early: a batch still leaves no sooner than ``linger.ms``
+    after it opened (Kafka's rule)."""
+    if delay_ms <= 0:
+        return 0.0, 0.0
+    whole_ms = int(delay_ms)
+    if whole_ms >= 1:
+        return whole_ms / 1000, 0.0
+    return 0.0, delay_ms / 1000
 
 
 def _to_bytes(data: Any, what: str) -> bytes | None:
@@ -196,11 +213,25 @@ class _Sender:
                 self.request_metadata_refresh()
             if blocked:
                 delay_ms = max(delay_ms, self.config["retry.backoff.ms"])
-            if delay_ms > 0:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.wakeup.wait(), delay_ms / 1000)
+            timer_s, precise_s = linger_wait(delay_ms)
+            if timer_s > 0:
+                await self._wait_woken(timer_s)
+            elif precise_s > 0:
+                # The last fraction of a millisecond before a batch is due: a blocking sleep
+                # (precise to tens of microseconds) holds this loop for under 1 ms, where the
+                # loop's own timer would wake up to 1 ms late (see linger_wait).
+                time.sleep(precise_s)
             else:
                 await asyncio.sleep(0)
+
+    async def _wait_woken(self, timeout_s: float) -> None:
+        """Until woken or ``timeout_s`` passed (a timer that sets the wake-up event: cheaper
+        than ``asyncio.wait_for``, which makes a task per wait)."""
+        timer = asyncio.get_running_loop().call_later(timeout_s, self.wakeup.set)
+        try:
+            await self.wakeup.wait()
+        finally:
+            timer.cancel()
 
     def _idempotence_ready(self) -> bool:
         """Whether batches may be drained: a producer id is known and no epoch bump is
