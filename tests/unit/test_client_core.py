@@ -445,7 +445,7 @@ def test_no_growth_without_idempotence_or_room_in_buffer_memory() -> None:
     assert plain.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
     # buffer.memory cannot hold a grown batch beside the two in flight: a normal one opens
     # (send() never waits for the sake of a larger batch).
-    tight = make_idempotent_accumulator(buffer_memory=1000)
+    tight = make_idempotent_accumulator(buffer_memory=900)
     fill_and_send(tight, 2)
     tight.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
     batch = tight.open_batch(TP0)
