@@ -39,7 +39,9 @@ from fjord.coordinator.offsets_log import (
     PendingTxnOffsetKey,
     encode_record,
 )
+from fjord.coordinator.ownership import PartitionOwnership
 from fjord.errors import ErrorCode, FjordError, InvalidGroupIdError, error_for_code
+from fjord.groups.defaults import OFFSETS_TOPIC
 from fjord.groups.offsets_topic import group_partition
 from fjord.groups.state import GroupState
 from fjord.observability.metrics import record_rebalance
@@ -110,7 +112,7 @@ class _Partition:
     )
 
 
-class GroupManager:
+class GroupManager(PartitionOwnership[_Partition]):
     """Every group this coordinator serves, grouped by ``__consumer_offsets`` partition.
 
     Invariants:
@@ -133,6 +135,8 @@ class GroupManager:
       call.
     """
 
+    internal_topic = OFFSETS_TOPIC
+
     def __init__(
         self,
         appender: Appender,
@@ -141,44 +145,19 @@ class GroupManager:
         clock: Callable[[], int] = wall_clock_ms,
         partition_exists: Callable[[str, int], bool] | None = None,
     ) -> None:
+        super().__init__()
         self._appender = appender
         self.config = config or GroupConfig()
         self._clock = clock
         self._partition_exists = partition_exists
-        self._partitions: dict[int, _Partition] = {}
-        #: {partition: the newest epoch an append was fenced at}: never owned at it again.
-        self._fenced: dict[int, int] = {}
         self._next_request_id = 1
         #: False while the coordinator is not registered (lease lost): nothing is served.
         self.active = False
 
-    # --- ownership --------------------------------------------------------------------------
+    # --- ownership (assign, owned, unloaded, fence, drop_all: PartitionOwnership) ----------
 
-    def assign(self, owned: Mapping[int, int]) -> list[tuple[int, int]]:
-        """Make ``owned`` ({partition: coordinator epoch}) the owned set. Partitions no longer
-        owned, or owned at another epoch, are dropped (their parked requests answered
-        NOT_COORDINATOR); returns the (partition, epoch) pairs that must now be replayed.
-        A partition whose appends were fenced at its epoch (or a newer one) stays unowned:
-        this coordinator's metadata lags behind the partition's leader."""
-        owned = {n: e for n, e in owned.items() if e > self._fenced.get(n, 0)}
-        dropped = [p for n, p in self._partitions.items() if owned.get(n) != p.epoch]
-        for part in dropped:
-            self._drop(part)
-        if dropped:
-            log.info("dropped __consumer_offsets partitions %s", sorted(p.number for p in dropped))
-        new = []
-        for number, epoch in sorted(owned.items()):
-            if number not in self._partitions:
-                self._partitions[number] = _Partition(number, epoch)
-                new.append((number, epoch))
-        return new
-
-    def unloaded(self) -> dict[int, int]:
-        """Owned partitions still waiting for their replay: {partition: epoch}."""
-        return {n: p.epoch for n, p in self._partitions.items() if not p.loaded}
-
-    def owned(self) -> dict[int, int]:
-        return {n: p.epoch for n, p in self._partitions.items()}
+    def _new_partition(self, number: int, epoch: int) -> _Partition:
+        return _Partition(number, epoch)
 
     def install(self, number: int, epoch: int, groups: Mapping[str, LoadedGroup]) -> bool:
         """Serve partition ``number`` from its replay (``GroupMetadataLoader.groups()``).
@@ -205,30 +184,8 @@ class GroupManager:
         )
         return True
 
-    def drop_all(self) -> None:
-        """Stop serving everything (the lease was lost): every parked request is answered
-        NOT_COORDINATOR."""
-        self.assign({})
-
-    def fence(self, number: int, epoch: int) -> None:
-        """The partition's leader refused ``epoch`` for partition ``number`` (an append or the
-        claim before its replay): a newer coordinator owns it. Drops the partition if owned
-        at that epoch; it is not owned again at that epoch or an older one."""
-        self._fenced[number] = max(self._fenced.get(number, 0), epoch)
-        part = self._partitions.get(number)
-        if part is None or part.epoch > epoch:
-            return
-        log.error(
-            "__consumer_offsets partition %d: coordinator epoch %d is fenced (a newer "
-            "coordinator owns it); no longer serving its groups",
-            number,
-            part.epoch,
-        )
-        self._drop(part)
-
-    def _drop(self, part: _Partition) -> None:
-        if self._partitions.get(part.number) is part:
-            del self._partitions[part.number]
+    def _release(self, part: _Partition) -> None:
+        """Every parked request of ``part``'s groups is answered NOT_COORDINATOR."""
         for group in part.groups.values():
             if group.timer is not None:
                 group.timer.cancel()
@@ -342,7 +299,7 @@ class GroupManager:
                     exc,
                     map_append_error(error).name,
                 )
-            if self._partitions.get(group.partition.number) is not group.partition:
+            if not self._owns(group.partition):
                 return  # the partition was lost: its requests were answered NOT_COORDINATOR
             self._apply(
                 group, group.machine.append_completed(effect.append_id, error, self._clock())
@@ -355,7 +312,7 @@ class GroupManager:
 
     def _after_call(self, group: _Group) -> None:
         part = group.partition
-        if self._partitions.get(part.number) is not part:
+        if not self._owns(part):
             return
         machine = group.machine
         vacant = (
@@ -620,7 +577,7 @@ class GroupManager:
             if exc.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED:
                 self.fence(part.number, part.epoch)
             return errors | dict.fromkeys(valid, map_append_error(exc.code))
-        if self._partitions.get(part.number) is not part:
+        if not self._owns(part):
             return errors | dict.fromkeys(valid, ErrorCode.NOT_COORDINATOR)
         part.pending_txn.setdefault(producer_id, {}).setdefault(group_id, {}).update(valid)
         return errors | dict.fromkeys(valid, ErrorCode.NONE)
@@ -663,7 +620,7 @@ class GroupManager:
                 for tp in offsets
             ]
             await asyncio.shield(self._appender.submit(part.number, part.epoch, tombstones))
-            if self._partitions.get(part.number) is not part:
+            if not self._owns(part):
                 raise error_for_code(ErrorCode.NOT_COORDINATOR, "the partition moved")
             by_group.pop(group_id, None)
         part.pending_txn.pop(producer_id, None)

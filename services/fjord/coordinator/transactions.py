@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from fjord.coordinator.manager import Appender, wall_clock_ms
+from fjord.coordinator.ownership import PartitionOwnership
 from fjord.errors import (
     ConcurrentTransactionsError,
     ErrorCode,
@@ -76,7 +77,7 @@ class _TxnPartition:
     txns: dict[str, TransactionMetadata] = field(default_factory=dict)
 
 
-class TransactionManager:
+class TransactionManager(PartitionOwnership[_TxnPartition]):
     """Every transactional id this coordinator serves, by ``__transaction_state`` partition.
 
     Invariants:
@@ -92,6 +93,8 @@ class TransactionManager:
       epoch or an older one.
     """
 
+    internal_topic = TRANSACTION_STATE_TOPIC
+
     def __init__(
         self,
         appender: Appender,
@@ -104,6 +107,7 @@ class TransactionManager:
         expiration_ms: int = TRANSACTIONAL_ID_EXPIRATION_MS,
         partition_exists: Callable[[str, int], bool] | None = None,
     ) -> None:
+        super().__init__()
         self._appender = appender
         self._markers = markers
         self._new_producer_id = new_producer_id
@@ -114,8 +118,6 @@ class TransactionManager:
         self.max_timeout_ms = max_timeout_ms
         self.expiration_ms = expiration_ms
         self._partition_exists = partition_exists
-        self._partitions: dict[int, _TxnPartition] = {}
-        self._fenced: dict[int, int] = {}
         self._completions: dict[str, asyncio.Task[None]] = {}
         #: Why a transactional id's prepared abort was started by the coordinator itself
         #: ("timeout", "fenced"), for the outcome metric; absent: the producer's EndTxn.
@@ -124,25 +126,8 @@ class TransactionManager:
 
     # --- ownership ---------------------------------------------------------------------------
 
-    def assign(self, owned: Mapping[int, int]) -> list[tuple[int, int]]:
-        """Make ``owned`` ({partition: coordinator epoch}) the owned set; returns the
-        (partition, epoch) pairs to claim and replay."""
-        owned = {n: e for n, e in owned.items() if e > self._fenced.get(n, 0)}
-        for number, part in list(self._partitions.items()):
-            if owned.get(number) != part.epoch:
-                self._drop(part)
-        new = []
-        for number, epoch in sorted(owned.items()):
-            if number not in self._partitions:
-                self._partitions[number] = _TxnPartition(number, epoch)
-                new.append((number, epoch))
-        return new
-
-    def unloaded(self) -> dict[int, int]:
-        return {n: p.epoch for n, p in self._partitions.items() if not p.loaded}
-
-    def owned(self) -> dict[int, int]:
-        return {n: p.epoch for n, p in self._partitions.items()}
+    def _new_partition(self, number: int, epoch: int) -> _TxnPartition:
+        return _TxnPartition(number, epoch)
 
     def install(self, number: int, epoch: int, records: Mapping[str, TxnRecord]) -> bool:
         """Serve partition ``number`` from its replay; transactions left in PrepareCommit or
@@ -163,21 +148,8 @@ class TransactionManager:
         )
         return True
 
-    def fence(self, number: int, epoch: int) -> None:
-        self._fenced[number] = max(self._fenced.get(number, 0), epoch)
-        part = self._partitions.get(number)
-        if part is not None and part.epoch <= epoch:
-            log.error(
-                "__transaction_state partition %d: coordinator epoch %d is fenced", number, epoch
-            )
-            self._drop(part)
-
-    def drop_all(self) -> None:
-        self.assign({})
-
-    def _drop(self, part: _TxnPartition) -> None:
-        if self._partitions.get(part.number) is part:
-            del self._partitions[part.number]
+    def _release(self, part: _TxnPartition) -> None:
+        """Cancel the completions (marker writing) of ``part``'s transactions."""
         for tid in part.txns:
             task = self._completions.pop(tid, None)
             if task is not None:
@@ -191,9 +163,6 @@ class TransactionManager:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _owns(self, part: _TxnPartition) -> bool:
-        return self._partitions.get(part.number) is part
 
     def _partition_for(self, transactional_id: str) -> _TxnPartition:
         if not transactional_id:
