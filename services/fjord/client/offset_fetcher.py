@@ -102,25 +102,8 @@ class OffsetFetcher:
         node = snapshot.leader_of(tp)
         if node is None:
             return None
-        request = broker_pb2.FetchRequest(
-            replica_id=-1,
-            max_wait_ms=0,
-            min_bytes=0,
-            max_bytes=self._config["max.partition.fetch.bytes"],
-            topics=[
-                broker_pb2.FetchTopic(
-                    name=tp.topic,
-                    partitions=[
-                        broker_pb2.FetchPartition(
-                            partition=tp.partition,
-                            fetch_offset=offset,
-                            partition_max_bytes=self._config["max.partition.fetch.bytes"],
-                            current_leader_epoch=snapshot.leader_epoch_of(tp),
-                            last_fetched_epoch=-1,
-                        )
-                    ],
-                )
-            ],
+        request = first_record_fetch(
+            tp, offset, self._config["max.partition.fetch.bytes"], snapshot.leader_epoch_of(tp)
         )
         try:
             response = await self._network.broker(node.address).Fetch(
@@ -276,6 +259,34 @@ class OffsetFetcher:
                     max(deadline - time.monotonic(), 0.001),
                 )
         return found
+
+
+def first_record_fetch(
+    tp: TopicPartition, offset: int, max_bytes: int, leader_epoch: int = -1
+) -> broker_pb2.FetchRequest:
+    """A consumer's Fetch of ``tp`` from ``offset`` that answers at once (max wait 0, min
+    bytes 0) with at most ``max_bytes``: at least one whole batch, as the broker never splits
+    one. ``leader_epoch`` -1: not checked. Read with :func:`first_record_at_or_after`."""
+    return broker_pb2.FetchRequest(
+        replica_id=-1,
+        max_wait_ms=0,
+        min_bytes=0,
+        max_bytes=max_bytes,
+        topics=[
+            broker_pb2.FetchTopic(
+                name=tp.topic,
+                partitions=[
+                    broker_pb2.FetchPartition(
+                        partition=tp.partition,
+                        fetch_offset=offset,
+                        partition_max_bytes=max_bytes,
+                        current_leader_epoch=leader_epoch,
+                        last_fetched_epoch=-1,
+                    )
+                ],
+            )
+        ],
+    )
 
 
 def first_record_at_or_after(

@@ -28,7 +28,11 @@ from grpc import aio
 
 from fjord._proto import broker_pb2, common_pb2, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client.network import Network, transport_error
-from fjord.client.offset_fetcher import NO_TIMESTAMP_BOUND, first_record_at_or_after
+from fjord.client.offset_fetcher import (
+    NO_TIMESTAMP_BOUND,
+    first_record_at_or_after,
+    first_record_fetch,
+)
 from fjord.coordinator import defaults
 from fjord.coordinator.appender import OffsetsAppender, replay_into, replay_partitions
 from fjord.coordinator.authorization import AuthorizedGroups, AuthorizedTransactions
@@ -932,26 +936,7 @@ class CoordinatorServer:
             leader = None if state is None else image.broker(state.leader)
             if leader is None:
                 return
-            request = broker_pb2.FetchRequest(
-                replica_id=-1,
-                max_wait_ms=0,
-                min_bytes=0,
-                max_bytes=defaults.LAG_FETCH_MAX_BYTES,
-                topics=[
-                    broker_pb2.FetchTopic(
-                        name=tp.topic,
-                        partitions=[
-                            broker_pb2.FetchPartition(
-                                partition=tp.partition,
-                                fetch_offset=offset,
-                                partition_max_bytes=defaults.LAG_FETCH_MAX_BYTES,
-                                current_leader_epoch=-1,
-                                last_fetched_epoch=-1,
-                            )
-                        ],
-                    )
-                ],
-            )
+            request = first_record_fetch(tp, offset, defaults.LAG_FETCH_MAX_BYTES)
             try:
                 response = await self._network.broker(leader.address).Fetch(
                     request, timeout=defaults.LAG_LIST_OFFSETS_TIMEOUT_S
