@@ -19,6 +19,12 @@ from fjord.cluster.topic_config import split_cluster_config
 from fjord.errors import ConfigError
 from fjord.metadata.etcd import parse_etcd_url
 from fjord_operator import settings as s
+from fjord_operator.listeners import (
+    kafka_listeners,
+    listener_problems,
+    sasl_grpc_door_port,
+    uses_named_listeners,
+)
 from fjord_operator.security import (
     ClusterSecurity,
     cluster_security,
@@ -159,6 +165,7 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
                     f"spec.brokers.config: {key}={value} exceeds the {replicas} brokers"
                 )
     problems += cluster_security_problems(spec)
+    problems += listener_problems(spec)
     for part in ("controllers", "coordinators"):
         count = (spec.get(part) or {}).get("replicas", 1)
         if not isinstance(count, int) or count < 1:
@@ -242,6 +249,10 @@ def _container(
     extra_ports: Sequence[Obj] = (),
 ) -> Obj:
     image, pull_policy = _image(spec)
+    sasl_port = sasl_grpc_door_port(spec)
+    if sasl_port is not None:
+        extra_ports = [*extra_ports, {"name": SASL_GRPC_PORT_NAME, "containerPort": sasl_port,
+                                      "protocol": "TCP"}]
     return {
         "name": component,
         "image": image,
@@ -276,7 +287,41 @@ def _pod_security() -> Obj:
     return {"runAsNonRoot": True, "runAsUser": 10001, "fsGroup": 10001}
 
 
-_KAFKA_CONTAINER_PORT: Obj = {"name": "kafka", "containerPort": s.KAFKA_PORT, "protocol": "TCP"}
+#: The name of the SASL gRPC door's port on pods and Services.
+SASL_GRPC_PORT_NAME = "sasl-grpc"
+
+
+def _kafka_container_ports(spec: Mapping[str, Any]) -> list[Obj]:
+    """One container port per Kafka listener, named like it (``kafka`` without
+    spec.listeners)."""
+    return [{"name": listener.name, "containerPort": listener.port, "protocol": "TCP"}
+            for listener in kafka_listeners(spec)]
+
+
+def _kafka_flags(spec: Mapping[str, Any], host: str) -> str:
+    """The Kafka doors of a broker or coordinator pod advertised at ``host`` (shell words):
+    without spec.listeners the one door named after its protocol, as before; with it each
+    listener under its own name, its protocol in --listener-security-protocol-map."""
+    listeners = kafka_listeners(spec)
+    named = uses_named_listeners(spec)
+
+    def name(listener: Any) -> str:
+        return str(listener.kafka_name if named else listener.protocol)
+
+    flags = (
+        "--listeners " + ",".join(f"{name(x)}://0.0.0.0:{x.port}" for x in listeners) + " "
+        + '--advertised-listeners "'
+        + ",".join(f"{name(x)}://{host}:{x.port}" for x in listeners) + '" '
+    )
+    if named:
+        flags += "--listener-security-protocol-map " + ",".join(
+            f"{x.kafka_name}:{x.protocol}" for x in listeners) + " "
+    return flags
+
+
+def _sasl_flags(spec: Mapping[str, Any]) -> str:
+    port = sasl_grpc_door_port(spec)
+    return "" if port is None else f"--sasl-listen 0.0.0.0:{port} "
 
 # An integer id for a Deployment pod, from the first 7 hex digits of its uid (< 2**28).
 _ID_FROM_UID = '$((0x$(echo "$POD_UID" | tr -d - | cut -c1-7)))'
@@ -289,12 +334,9 @@ def _security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
 
 
 def kafka_door(spec: Mapping[str, Any]) -> str:
-    """The Kafka-protocol listener's scheme: KAFKA (plaintext), SSL (client certificates) or
-    SASL_SSL (SCRAM logins over TLS), from spec.security."""
-    security = _security(spec)
-    if security is None:
-        return "KAFKA"
-    return "SASL_SSL" if security.kafka_authentication == "scram-sha-512" else "SSL"
+    """The first Kafka-protocol listener's scheme: KAFKA (plaintext), SSL (client
+    certificates) or SASL_SSL (SCRAM logins over TLS), from spec.listeners or spec.security."""
+    return kafka_listeners(spec)[0].protocol
 
 
 def _security_flags(spec: Mapping[str, Any]) -> str:
@@ -385,21 +427,19 @@ def broker_statefulset(
     storage = brokers.get("storage") or {}
     config_args = _config_args(config_parts(spec)[1])
     pod_host = f"$HOSTNAME.{broker_headless_name(name)}.{namespace}.svc"
-    door = kafka_door(spec)
     rack_key = rack_topology_key(spec)
     script = (
         (_wait_for_rack_script() if rack_key else "")
         + 'exec fjord broker --id "${HOSTNAME##*-}" '
         f"--listen 0.0.0.0:{s.BROKER_PORT} "
         f'--advertised-host "{pod_host}" '
-        f"--listeners {door}://0.0.0.0:{s.KAFKA_PORT} "
-        f'--advertised-listeners "{door}://{pod_host}:{s.KAFKA_PORT}" '
-        f"--data-dir {s.BROKER_DATA_DIR} " + _security_flags(spec)
+        + _kafka_flags(spec, pod_host)
+        + f"--data-dir {s.BROKER_DATA_DIR} " + _security_flags(spec) + _sasl_flags(spec)
         + _COMMON_FLAGS.format(metrics=s.METRICS_PORT) + ' "$@"'
     )
     container = _container(
         spec, "broker", script, config_args, s.BROKER_PORT, brokers.get("resources"), [], name,
-        extra_ports=[_KAFKA_CONTAINER_PORT],
+        extra_ports=_kafka_container_ports(spec),
     )
     container["volumeMounts"] = [{"name": "data", "mountPath": s.BROKER_DATA_DIR}]
     if rack_key:
@@ -479,16 +519,23 @@ def broker_statefulset(
 
 def _service(body: Mapping[str, Any], name: str, component: str, port: int, headless: bool) -> Obj:
     cluster = body["metadata"]["name"]
-    kafka = (
-        [{"name": "kafka", "port": s.KAFKA_PORT, "targetPort": "kafka", "protocol": "TCP"}]
+    cluster_spec = body.get("spec") or {}
+    # Client doors: the Kafka listeners (brokers and coordinators), the SASL gRPC door (all).
+    doors = (
+        [{"name": x["name"], "port": x["containerPort"], "targetPort": x["name"],
+          "protocol": "TCP"} for x in _kafka_container_ports(cluster_spec)]
         if component in ("broker", "coordinator")
         else []
     )
+    sasl_port = sasl_grpc_door_port(cluster_spec)
+    if sasl_port is not None:
+        doors.append({"name": SASL_GRPC_PORT_NAME, "port": sasl_port,
+                      "targetPort": SASL_GRPC_PORT_NAME, "protocol": "TCP"})
     spec: Obj = {
         "selector": selector_labels(cluster, component),
         "ports": [
             {"name": "grpc", "port": port, "targetPort": "grpc", "protocol": "TCP"},
-            *kafka,
+            *doors,
             {"name": "metrics", "port": s.METRICS_PORT, "targetPort": "metrics", "protocol": "TCP"},
         ],
     }
@@ -522,7 +569,6 @@ def _deployment(
         if secure
         else "$POD_IP"
     )
-    door = kafka_door(spec)
     part = spec.get(f"{component}s") or {}
     default = (
         s.DEFAULT_CONTROLLER_REPLICAS
@@ -536,13 +582,11 @@ def _deployment(
         f'exec fjord {command} --id "{_ID_FROM_UID}" --listen 0.0.0.0:{port} '
         f'--advertised-host "{host}" '
         + (
-            f"--listeners {door}://0.0.0.0:{s.KAFKA_PORT} "
-            f'--advertised-listeners "{door}://{host}:{s.KAFKA_PORT}" '
-            f"--state-dir {s.COORDINATOR_STATE_DIR} "
+            _kafka_flags(spec, host) + f"--state-dir {s.COORDINATOR_STATE_DIR} "
             if kafka
             else ""
         )
-        + _security_flags(spec)
+        + _security_flags(spec) + _sasl_flags(spec)
         + _COMMON_FLAGS.format(metrics=s.METRICS_PORT)
         + ' "$@"'
     )
@@ -551,7 +595,7 @@ def _deployment(
     args = _config_args(config_parts(spec)[0]) if component == "controller" else []
     container = _container(
         spec, component, script, args, port, part.get("resources"), env, name,
-        extra_ports=[_KAFKA_CONTAINER_PORT] if kafka else [],
+        extra_ports=_kafka_container_ports(spec) if kafka else [],
     )
     pod_spec: Obj = {"securityContext": _pod_security(), "containers": [container]}
     if kafka:  # the coordinator: its --state-dir (restarts in seconds after a crash)

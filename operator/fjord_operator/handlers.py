@@ -63,6 +63,11 @@ from fjord_operator.decisions import (
     topic_bytes_in,
     topic_spec_problems,
 )
+from fjord_operator.listeners import (
+    client_bootstrap_hints,
+    serves_scram,
+    uses_named_listeners,
+)
 from fjord_operator.login import SERVICE_ACCOUNT_DIR, KubeLogin, connection_info, resolve_login
 from fjord_operator.rolling import (
     in_flight_from_status,
@@ -911,13 +916,20 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
         return done(Outcome.ERROR, "ClusterNotSecure",
                     f"FjordCluster {spec.get('cluster')!r} has spec.security.tls off: users "
                     "need a cluster with TLS", True)
-    if kind == SCRAM and security.kafka_authentication != SCRAM:
-        # A credential no listener accepts would be accepted and ignored: refuse it instead.
+    cluster_spec = cluster.get("spec") or {}
+    if kind == SCRAM and not serves_scram(cluster_spec):
+        # A credential no door accepts would be accepted and ignored: refuse it instead.
+        listeners = (
+            "every spec.listeners entry takes client certificates"
+            if uses_named_listeners(cluster_spec)
+            else "its Kafka listener takes client certificates (spec.security."
+            "kafkaAuthentication: tls)"
+        )
         return done(Outcome.ERROR, "ScramNotServed",
-                    f"FjordCluster {spec.get('cluster')!r} has a Kafka listener that takes "
-                    "client certificates (spec.security.kafkaAuthentication: tls): a "
-                    "scram-sha-512 user could not log in; use authentication type tls or set "
-                    "kafkaAuthentication: scram-sha-512", True)
+                    f"FjordCluster {spec.get('cluster')!r} has no door that takes SCRAM logins "
+                    f"({listeners}, and spec.security.saslGrpcDoor is off): a scram-sha-512 "
+                    "user could not log in; use authentication type tls, or give the cluster "
+                    "a scram-sha-512 listener or the SASL gRPC doors", True)
     ca_data = decode_secret(
         await rt.kube.get("v1", "Secret", namespace, ca_secret_name(cluster["metadata"]["name"]))
     )
@@ -940,7 +952,8 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
                     "changed (name the user differently)", True)
     live = decode_secret(live_secret)
     credentials = plan_user_credentials(
-        name, kind, ca, live, now, security.validity, security.renew_before
+        name, kind, ca, live, now, security.validity, security.renew_before,
+        client_bootstrap_hints(cluster, kind),
     )
     principal = user_principal(name)
     try:

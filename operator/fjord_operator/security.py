@@ -518,9 +518,13 @@ def diff_acls(desired: frozenset[AclBinding], live: frozenset[AclBinding]) -> Ac
     return AclChanges(create=desired - live, delete=live - desired)
 
 
-def user_client_properties(kind: str, name: str, password: str | None, mount: str) -> bytes:
-    """A FjordUser's ``client.properties`` (Kafka's client names; paths under ``mount``)."""
+def user_client_properties(
+    kind: str, name: str, password: str | None, mount: str, hints: Sequence[str] = ()
+) -> bytes:
+    """A FjordUser's ``client.properties`` (Kafka's client names; paths under ``mount``;
+    ``hints``: comment lines, where to connect)."""
     lines = [f"# FjordUser {name}: mount this Secret at {mount} (the paths below point there)"]
+    lines += [f"# {hint}" for hint in hints]
     if kind == TLS:
         lines += [
             "security.protocol=SSL",
@@ -557,10 +561,12 @@ def plan_user_credentials(
     now: datetime.datetime,
     validity: datetime.timedelta,
     renew_before: datetime.timedelta,
+    hints: Sequence[str] = (),
 ) -> UserCredentials:
     """Keep what the live Secret holds when it is still right (same CA, a certificate not due
     for renewal, or a password), else make it anew. A new password is random
-    (:data:`~fjord_operator.settings.SCRAM_PASSWORD_BYTES`)."""
+    (:data:`~fjord_operator.settings.SCRAM_PASSWORD_BYTES`). ``hints``: where to connect
+    (comments of ``client.properties``, fjord_operator.listeners.client_bootstrap_hints)."""
     live = dict(live or {})
     data: dict[str, bytes] = {s.CA_CERT_KEY: ca.pem()}
     password: str | None = None
@@ -582,7 +588,7 @@ def plan_user_credentials(
         password = stored.decode() if stored else secrets.token_urlsafe(s.SCRAM_PASSWORD_BYTES)
         data[s.USER_PASSWORD_KEY] = password.encode()
     data[s.USER_PROPERTIES_KEY] = user_client_properties(
-        kind, name, password, s.USER_SECRET_MOUNT_DIR
+        kind, name, password, s.USER_SECRET_MOUNT_DIR, hints
     )
     return UserCredentials(data, data != live, password)
 

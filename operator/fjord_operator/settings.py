@@ -62,6 +62,9 @@ COORDINATOR_PORT = 9094
 #: advertised as a broker pod's stable DNS name, a coordinator pod's IP): Kafka clients bootstrap
 #: from ``<cluster>-broker.<ns>.svc:9095``. Not Kafka's 9092, the brokers' gRPC port here.
 KAFKA_PORT = 9095
+#: The SASL gRPC door of every broker, controller and coordinator pod when
+#: spec.security.saslGrpcDoor is enabled without a port (Fjord's own SCRAM clients).
+SASL_GRPC_PORT = 9097
 #: Prometheus /metrics port on every pod (the ServiceMonitor selects the port named "metrics").
 METRICS_PORT = 9404
 ETCD_CLIENT_PORT = 2379

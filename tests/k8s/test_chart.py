@@ -146,6 +146,10 @@ def test_default_install_is_the_operator_and_its_rbac_only() -> None:
         ("cluster.security.kafkaAuthentication=plain", "kafkaAuthentication"),
         ("cluster.security.superUsers={alice}", "superUsers"),
         ("cluster.security.certificates.validityDays=0", "validityDays"),
+        ("cluster.listeners[0].name=TLS,cluster.listeners[0].port=9095", "listeners"),
+        ("cluster.listeners[0].name=tls,cluster.listeners[0].port=9095,"
+         "cluster.listeners[0].authentication=plain", "authentication"),
+        ("cluster.security.saslGrpcDoor.port=0", "saslGrpcDoor"),
     ],
 )
 def test_bad_value_fails_helm_template(setting: str, complaint: str) -> None:
@@ -176,6 +180,45 @@ def test_the_charts_cluster_has_tls_and_acls_on_by_default_and_passes_the_operat
                                          "certificates": {"validityDays": 365,
                                                           "renewalDays": 30}}
     assert builders.cluster_spec_problems(plain["spec"]) == []
+
+
+LISTENER_VALUES = (
+    "--set", "cluster.enabled=true",
+    "--set", "cluster.listeners[0].name=tls", "--set", "cluster.listeners[0].port=9095",
+    "--set", "cluster.listeners[0].authentication=tls",
+    "--set", "cluster.listeners[1].name=scram", "--set", "cluster.listeners[1].port=9096",
+    "--set", "cluster.listeners[1].authentication=scram-sha-512",
+    "--set", "cluster.security.saslGrpcDoor.enabled=true",
+)  # fmt: skip
+
+
+def test_listeners_and_sasl_doors_from_values_reach_the_pods_and_services() -> None:
+    """Strimzi-style listeners and the SASL gRPC doors as chart values: the FjordCluster
+    carries them, the operator plans them without problems into both doors on every broker
+    Service and the doors' port everywhere, and the NOTES name each listener's address."""
+    from fjord_operator import builders
+
+    (cluster,) = [d for d in render(None, *LISTENER_VALUES) if d["kind"] == "FjordCluster"]
+    assert cluster["spec"]["listeners"] == [
+        {"name": "tls", "port": 9095, "authentication": "tls"},
+        {"name": "scram", "port": 9096, "authentication": "scram-sha-512"},
+    ]
+    assert cluster["spec"]["security"]["saslGrpcDoor"] == {"enabled": True, "port": 9097}
+    assert builders.cluster_spec_problems(cluster["spec"]) == []
+    cluster["metadata"]["uid"] = "u"
+    services = {o["metadata"]["name"]: o for o in builders.cluster_objects(cluster, 3)
+                if o["kind"] == "Service"}
+    ports = {p["name"]: p["port"] for p in services["fjord-broker"]["spec"]["ports"]}
+    assert ports == {"grpc": 9092, "tls": 9095, "scram": 9096, "sasl-grpc": 9097,
+                     "metrics": 9404}
+    notes = install_notes(*LISTENER_VALUES)
+    service = f"fjord-broker.{NAMESPACE}.svc"
+    assert f"tls (tls):  bootstrap.servers={service}:9095" in notes
+    assert f"scram (scram-sha-512):  bootstrap.servers={service}:9096" in notes
+    assert f"--bootstrap-server {service}:9097 --command-config" in notes
+    (default,) = [d for d in render(None, "--set", "cluster.enabled=true")
+                  if d["kind"] == "FjordCluster"]
+    assert "listeners" not in default["spec"] and "saslGrpcDoor" not in default["spec"]["security"]
 
 
 def test_managed_false_with_endpoints_renders_them() -> None:

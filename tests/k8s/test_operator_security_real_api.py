@@ -136,7 +136,8 @@ def world(real_kube: RealKube, tmp_path_factory: pytest.TempPathFactory) -> Iter
                          "annotations": {s.BOOTSTRAP_ANNOTATION: local.bootstrap_servers}},
             "spec": {"brokers": {"replicas": 1}, "etcd": {"endpoints": ["http://etcd:2379"]},
                      "security": {"tls": True, "authorization": True,
-                                  "kafkaAuthentication": "scram-sha-512"}},
+                                  "kafkaAuthentication": "scram-sha-512",
+                                  "saslGrpcDoor": {"enabled": True}}},
         }
         real_kube.kubectl("apply", "-f", "-",
                           stdin=yaml.safe_dump_all([namespace, ca_secret, cluster]))
@@ -351,6 +352,14 @@ def test_a_scram_users_secret_logs_a_kafka_client_in(
     wrong.produce(TOPIC, value=b"x", on_delivery=lambda err, _msg: failures.append(err))
     wrong.flush(15)
     assert failures and failures[0] is not None
+    # The same client.properties logs Fjord's own client in on the SASL gRPC doors; its
+    # comments name both doors (in-cluster Service names).
+    properties = (world.secret("carol") or {})[s.USER_PROPERTIES_KEY].decode()
+    assert f"# Kafka clients (listener kafka): bootstrap.servers={CLUSTER}-broker." in properties
+    assert f":{s.SASL_GRPC_PORT}" in properties and "SASL gRPC doors" in properties
+    with Producer({**carol, "bootstrap.servers": world.local.sasl_grpc_bootstrap_servers,
+                   "acks": "all"}) as fjord_producer:
+        fjord_producer.send(TOPIC, value=b"carol-over-the-door").result(timeout=30)
 
 
 def test_acl_drift_is_corrected_both_ways(
