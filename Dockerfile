@@ -45,7 +45,8 @@ USER 10001:10001
 WORKDIR /var/lib/fjord
 # Brokers keep their partition logs here (a PersistentVolume in Kubernetes).
 VOLUME ["/var/lib/fjord"]
-EXPOSE 9092 9093 9094 9095 9404
+# 9097: the SASL gRPC doors (spec.security.saslGrpcDoor); other Kafka listeners are spec.listeners' ports.
+EXPOSE 9092 9093 9094 9095 9097 9404
 # No HEALTHCHECK: Kubernetes ignores it; the pods' probes use /metrics on 9404.
 ENTRYPOINT ["fjord"]
 CMD ["--help"]

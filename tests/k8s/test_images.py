@@ -126,6 +126,7 @@ def test_fjord_image_exposes_the_ports_the_operator_uses() -> None:
             operator_settings.CONTROLLER_PORT,
             operator_settings.COORDINATOR_PORT,
             operator_settings.KAFKA_PORT,
+            operator_settings.SASL_GRPC_PORT,
             operator_settings.METRICS_PORT,
         }
     )
