@@ -70,6 +70,9 @@ class SourceFetcher:
         self._changed = asyncio.Event()
         self._channel: aio.Channel | None = None
         self._channel_address: str | None = None
+        #: The stub of ``_channel`` (made once per channel: a stub builds a callable per
+        #: method of the service, too much work for every fetch).
+        self._channel_stub: broker_pb2_grpc.BrokerStub | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         #: The incremental fetch session with the leader (KIP-227): idle partitions are
@@ -137,6 +140,7 @@ class SourceFetcher:
                 await self._channel.close()
         self._channel = None
         self._channel_address = None
+        self._channel_stub = None
 
     async def _stub(self) -> broker_pb2_grpc.BrokerStub | None:
         address = self._address_of(self.source_id)
@@ -152,7 +156,9 @@ class SourceFetcher:
                 ],
             )
             self._channel_address = address
-        return broker_pb2_grpc.BrokerStub(self._channel)
+        if self._channel_stub is None:
+            self._channel_stub = broker_pb2_grpc.BrokerStub(self._channel)
+        return self._channel_stub
 
     async def _pause(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early when the followed partitions changed since the
