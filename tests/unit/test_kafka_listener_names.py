@@ -10,8 +10,10 @@ import pytest
 from kafka.protocol.metadata.metadata import MetadataRequest
 
 from fjord._proto import broker_pb2
-from fjord.errors import ConfigError
+from fjord.errors import ConfigError, ErrorCode
+from fjord.groups.defaults import OFFSETS_TOPIC, OFFSETS_TOPIC_PARTITIONS
 from fjord.kafka.dispatch import RequestContext
+from fjord.kafka.groups import FindCoordinatorHandler
 from fjord.kafka.listeners import (
     KafkaDoor,
     door_for,
@@ -20,7 +22,7 @@ from fjord.kafka.listeners import (
     resolve_listeners,
 )
 from fjord.kafka.metadata import KafkaMetadata, kafka_nodes, lowest_kafka_broker
-from fjord.metadata import Keys, MetadataEvent, MetadataImage
+from fjord.metadata import Keys, MetadataEvent, MetadataImage, OffsetsOwner, TopicRecord
 from fjord.metadata.schema import (
     BrokerRegistration,
     CoordinatorRegistration,
@@ -134,3 +136,18 @@ def test_metadata_answers_each_listener_with_its_own_addresses() -> None:
 
     assert [(h, p) for _, h, p in ask("SCRAM")] == [("b1", 9096), ("c1", 9096)]
     assert [(h, p) for _, h, p in ask("TLS")] == [("b1", 9095), ("b2", 9095), ("c1", 9095)]
+
+
+def test_find_coordinator_names_the_coordinators_door_of_the_asking_listener() -> None:
+    keys = Keys("c1")
+    image = _image().apply(
+        [MetadataEvent.put(keys.topic(OFFSETS_TOPIC),
+                           TopicRecord("1" * 32, OFFSETS_TOPIC_PARTITIONS, 3).to_json(), 4, 4)]
+        + [MetadataEvent.put(keys.offsets_owner(p), OffsetsOwner(1, 1).to_json(), 5, 5)
+           for p in range(OFFSETS_TOPIC_PARTITIONS)]
+    )
+    finder = FindCoordinatorHandler(lambda: image)
+    assert finder.locate("g", 0, None, "SCRAM")[3:] == ("c1", 9096)
+    assert finder.locate("g", 0, None, "TLS")[3:] == ("c1", 9095)
+    error, message, *_ = finder.locate("g", 0, None, "OTHER")
+    assert error is ErrorCode.COORDINATOR_NOT_AVAILABLE and "listener OTHER" in message
