@@ -12,6 +12,11 @@ Invariants: every call but ``Sasl/Authenticate`` needs a session token this proc
 runs; during the call :data:`~fjord.security.sasl_sessions.SASL_SESSION_PRINCIPAL` holds the
 session's ``User:<name>``, which is what the ACLs see and which is never the cluster service
 identity (so inter-broker requests through this door are CLUSTER_AUTHORIZATION_FAILED).
+A session lives ``connections.max.reauth.ms`` (:class:`~fjord.security.sasl_sessions.
+SessionLifetime`, told to the client in the login's last answer); a call with an expired token
+is refused like one without a token, its trailing metadata ``fjord-sasl-session-state`` saying
+``expired`` (``unknown``, ``missing`` otherwise), so a client tells them apart. A credential
+deleted or changed meanwhile takes effect at the client's next login, never on a live session.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from fjord.security.sasl_sessions import (
     SESSION_METADATA_KEY,
     SaslExchangeError,
     ScramExchange,
+    SessionLifetime,
+    SessionState,
     SessionTokens,
 )
 from fjord.security.scram import SCRAM_MECHANISMS, CredentialLookup
@@ -39,6 +46,8 @@ from fjord.tls import load_tls
 log = logging.getLogger(__name__)
 
 AUTHENTICATE_METHOD = "/fjord.v1.Sasl/Authenticate"
+#: Trailing metadata of a refused call: the :class:`SessionState` that refused it.
+SESSION_STATE_METADATA_KEY = "fjord-sasl-session-state"
 
 
 class SaslServicer(sasl_pb2_grpc.SaslServicer):
@@ -67,6 +76,7 @@ class SaslServicer(sasl_pb2_grpc.SaslServicer):
             response = sasl_pb2.SaslAuthenticateResponse(auth_bytes=answer)
             if exchange.principal is not None:
                 response.session_token = self._sessions.issue(exchange.principal)
+                response.session_lifetime_ms = self._sessions.lifetime.max_reauth_ms
                 log.info("%s: %s logged in with SASL from %s", self._name,
                          exchange.principal, context.peer())
             yield response
@@ -108,10 +118,12 @@ def _with_principal(handler: grpc.RpcMethodHandler, principal: Principal
     return handler
 
 
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def _refusal(handler: grpc.RpcMethodHandler, message: str, state: SessionState
+             ) -> grpc.RpcMethodHandler:
     """A handler of ``handler``'s kind that aborts UNAUTHENTICATED without reading."""
     async def abort(request: Any, context: aio.ServicerContext) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message,
+                            trailing_metadata=((SESSION_STATE_METADATA_KEY, state.value),))
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(abort)
@@ -129,6 +141,7 @@ class SaslSessionInterceptor(aio.ServerInterceptor):
         self._sessions = sessions
         self._name = name
         self.refused = 0
+        self.expired = 0  # of which carried an expired token
 
     async def intercept_service(
         self,
@@ -139,14 +152,18 @@ class SaslSessionInterceptor(aio.ServerInterceptor):
         if handler is None or details.method == AUTHENTICATE_METHOD:
             return handler
         token = dict(details.invocation_metadata or ()).get(SESSION_METADATA_KEY)
-        principal = self._sessions.principal_of(token if isinstance(token, str) else None)
-        if principal is None:
+        found = self._sessions.check(token if isinstance(token, str) else None)
+        if found.principal is None:
             self.refused += 1
-            log.warning("%s: refused %s on the SASL door: %s session token", self._name,
-                        details.method, "unknown" if token else "no")
-            return _refusal(handler, "SASL authentication required: log in with "
-                                     "fjord.v1.Sasl/Authenticate and send its session token")
-        return _with_principal(handler, principal)
+            if found.state is SessionState.EXPIRED:
+                self.expired += 1
+                log.info("%s: refused %s on the SASL door: session expired", self._name,
+                         details.method)
+            else:
+                log.warning("%s: refused %s on the SASL door: %s session token", self._name,
+                            details.method, found.state.value)
+            return _refusal(handler, found.refusal(self._sessions.lifetime), found.state)
+        return _with_principal(handler, found.principal)
 
 
 def bind_sasl_port(server: aio.Server, address: str, security: ServiceSecurity | None) -> int:
@@ -168,11 +185,13 @@ def sasl_door_server(
     interceptors: Iterable[aio.ServerInterceptor] = (),
     options: Iterable[tuple[str, Any]] = (),
     sessions: SessionTokens | None = None,
+    lifetime: SessionLifetime | None = None,
 ) -> tuple[aio.Server, SaslSessionInterceptor]:
     """A new ``aio.Server`` for the door with ``Sasl/Authenticate`` registered; the caller
     registers its servicers on it and binds it with :func:`bind_sasl_port`. ``sessions``:
-    the token table (default: a new one of the default size)."""
-    sessions = sessions if sessions is not None else SessionTokens()
+    the token table (default: a new one of the default size, its sessions living
+    ``lifetime``, by default ``connections.max.reauth.ms``'s default)."""
+    sessions = sessions if sessions is not None else SessionTokens(lifetime=lifetime)
     guard = SaslSessionInterceptor(sessions, name)
     server = aio.server(interceptors=[*interceptors, guard], options=list(options))
     sasl_pb2_grpc.add_SaslServicer_to_server(SaslServicer(lookup, sessions, name), server)

@@ -3,8 +3,14 @@ SCRAM over ``fjord.v1.Sasl/Authenticate`` and send the session token with every 
 
 :class:`SaslLoginInterceptor` sits on every channel :func:`fjord.tls.open_channel` opens for
 a client whose ``security.protocol`` is SASL_SSL or SASL_PLAINTEXT. Invariants: at most one
-login per channel runs at a time; a call answered UNAUTHENTICATED (the server forgot the
-session: it restarted, or evicted it) logs in again once and is sent once more; the server's
+login per channel runs at a time; the session is renewed (a new login, KIP-368's
+re-authentication) before the lifetime the server answered ends, at 85-95% of it
+(:class:`~fjord.security.sasl_sessions.ClientSession`), so calls never wait on an expired
+token; a renewal that fails (the user was deleted, the password changed) fails the call with
+SASL_AUTHENTICATION_FAILED, as Kafka's failed re-authentication ends the connection; a call
+answered UNAUTHENTICATED (the server forgot the session: it restarted, or evicted it, or the
+session expired while the client was paused) logs in again once and is sent once more (it was
+refused before any handler ran, so nothing is applied twice); the server's
 final SCRAM message is verified (a server that does not know the credential is refused); a
 failed login raises :class:`~fjord.errors.FjordError` with SASL_AUTHENTICATION_FAILED (or the
 server's code) out of the call, never a partial session.
@@ -13,6 +19,7 @@ server's code) out of the call, never a partial session.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -23,13 +30,22 @@ from scramp import ScramClient, ScramException
 from fjord._proto import sasl_pb2, sasl_pb2_grpc
 from fjord.errors import ErrorCode, FjordError, error_code_from_number
 from fjord.security import ClientSecurity
-from fjord.security.sasl_sessions import SESSION_METADATA_KEY
+from fjord.security.sasl_sessions import SESSION_METADATA_KEY, ClientSession, Clock
 
 LOGIN_TIMEOUT_S = 15.0
 
 
 async def sasl_login(address: str, security: ClientSecurity) -> str:
     """One SCRAM login at ``address``'s SASL door: the session token."""
+    return (await sasl_login_session(address, security)).token
+
+
+async def sasl_login_session(address: str, security: ClientSecurity,
+                             clock: Clock = time.monotonic) -> ClientSession:
+    """One SCRAM login at ``address``'s SASL door: the session (token, lifetime, when to
+    renew it; the lifetime counts from before the login was sent, so the client's renewal is
+    never later than the server's expiry)."""
+    started_at = clock()
     login = security.sasl
     assert login is not None
     if security.uses_tls:
@@ -62,7 +78,8 @@ async def sasl_login(address: str, security: ClientSecurity) -> str:
                           ) from exc
         if not final.session_token:
             raise _failed(address, "no session token in the final answer")
-        return str(final.session_token)
+        return ClientSession(str(final.session_token), int(final.session_lifetime_ms),
+                             started_at)
 
 
 def _failed(address: str, message: str) -> FjordError:
@@ -87,20 +104,26 @@ def _with_token(details: aio.ClientCallDetails, token: str) -> aio.ClientCallDet
 class SaslLoginInterceptor(aio.UnaryUnaryClientInterceptor):
     """Adds the session token to every unary call of one channel (see the module docstring)."""
 
-    def __init__(self, address: str, security: ClientSecurity) -> None:
+    def __init__(self, address: str, security: ClientSecurity,
+                 clock: Clock = time.monotonic) -> None:
         self._address = address
         self._security = security
-        self._token: str | None = None
+        self._clock = clock
+        self._current: ClientSession | None = None
         self._lock: asyncio.Lock | None = None
+        #: Logins done (the first and every renewal or re-login).
+        self.logins = 0
 
     async def _session(self, stale: str | None = None) -> str:
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
-            if self._token is None or self._token == stale:
-                self._token = None
-                self._token = await sasl_login(self._address, self._security)
-            return self._token
+            current = self._current
+            if current is None or current.token == stale or current.renewal_due(self._clock()):
+                current = await sasl_login_session(self._address, self._security, self._clock)
+                self._current = current
+                self.logins += 1
+            return current.token
 
     async def intercept_unary_unary(
         self,

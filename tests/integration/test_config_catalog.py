@@ -359,7 +359,8 @@ def proof_timestamp_difference(bootstrap: str, **_: Any) -> None:
 @proves(*sorted(READ_ONLY_BROKER_KEYS - {"auto.create.topics.enable", "log.cleaner.enable",
                                          "log.scrubber.enable", "num.partitions",
                                          "default.replication.factor",
-                                         "max.records.per.user.op", "max.broker.partitions"}))
+                                         "max.records.per.user.op", "max.broker.partitions",
+                                         "connections.max.reauth.ms"}))
 def proof_read_only_broker_settings(bootstrap: str, **_: Any) -> None:
     """replica.* and log.retention.check.interval.ms land in the settings the broker runs
     with, and a dynamic change of any read-only key is refused (Kafka's error, all named)."""
@@ -378,6 +379,27 @@ def proof_read_only_broker_settings(bootstrap: str, **_: Any) -> None:
     assert caught.value.code is ErrorCode.INVALID_REQUEST
     assert "Cannot update these configs dynamically" in str(caught.value)
     assert all(key in str(caught.value) for key in static)
+
+
+@proves("connections.max.reauth.ms")
+def proof_connections_max_reauth(bootstrap: str, **_: Any) -> None:
+    """Validated (an integer >= 0, the key named), read-only, and the lifetime the SASL doors
+    run with. Its effect on real processes (sessions expire, clients re-authenticate, a
+    deleted user fails at the next re-authentication) is proven by
+    tests/integration/test_sasl_reauth.py."""
+    from fjord.security.sasl_sessions import SessionLifetime, connections_max_reauth_ms
+
+    assert validate_broker_config({"connections.max.reauth.ms": "5000"})
+    assert SessionLifetime(connections_max_reauth_ms({"connections.max.reauth.ms": "5000"})
+                           ).expires_at(10.0) == 15.0
+    for bad in ("-1", "soon"):
+        with pytest.raises(ConfigError, match=r"^connections\.max\.reauth\.ms: "):
+            validate_broker_config({"connections.max.reauth.ms": bad})
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin, \
+            pytest.raises(FjordError) as caught:
+        admin.alter_broker_configs({0: {"connections.max.reauth.ms": "1000"}})
+    assert caught.value.code is ErrorCode.INVALID_REQUEST
+    assert "connections.max.reauth.ms" in str(caught.value)
 
 
 @proves("auto.create.topics.enable")

@@ -9,8 +9,6 @@ Brokers and coordinators also open a second Kafka door, SSL:// with client certi
 from __future__ import annotations
 
 import queue
-import socket
-import ssl
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +21,6 @@ import pytest
 from click.testing import CliRunner, Result
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
-    SaslAuthenticateResponse,
     SaslHandshakeRequest,
 )
 from scramp import ScramClient
@@ -45,9 +42,17 @@ from fjord.security.acls import (
 from fjord.security.sasl_sessions import SESSION_METADATA_KEY
 from fjord.security.scram import ScramCredentialInfo, UserScramCredentialUpsertion
 from fjord.testing.waiting import wait_for
+from tests.helpers.sasl import (
+    admin_config,
+    closed,
+    door_client_config,
+    frame,
+    logs_in,
+    sasl_conf,
+    tls_socket,
+)
 
 pytestmark = pytest.mark.integration
-
 
 
 @pytest.fixture(scope="module")
@@ -72,25 +77,12 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         local.stop()
 
 
-def admin_config(cluster: LocalCluster) -> dict[str, object]:
-    return {"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}
-
-
 def fjord_users(cluster: LocalCluster, *args: str) -> Result:
     from fjord.cli.main import cli
 
     return CliRunner().invoke(cli, [
         "users", *args, "--bootstrap-server", cluster.bootstrap_servers,
         "--command-config", str(cluster.client_properties)])
-
-
-def sasl_conf(cluster: LocalCluster, user: str, password: str, mechanism: str = "SCRAM-SHA-512"
-              ) -> dict[str, object]:
-    return {
-        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
-        "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -238,88 +230,23 @@ def test_the_sasl_login_is_the_principal_acls_check(cluster: LocalCluster) -> No
     assert delivered == [ErrorCode.TOPIC_AUTHORIZATION_FAILED.code]
 
 
-def _tls_socket(cluster: LocalCluster) -> ssl.SSLSocket:
-    host, _, port = cluster.kafka_bootstrap_servers.split(",")[0].rpartition(":")
-    context = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
-    context.check_hostname = False
-    raw = socket.create_connection((host, int(port)), timeout=15)
-    return context.wrap_socket(raw)
-
-
-def _closed(sock: ssl.SSLSocket) -> bool:
-    """True when the server closed the connection (after reading any answers it sent)."""
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return True
-    except (ConnectionError, ssl.SSLError):
-        return True
-    except TimeoutError:
-        return False
-
-
-def _frame(request: object, version: int) -> bytes:
-    request.with_header(correlation_id=1, client_id="bad")  # type: ignore[attr-defined]
-    return bytes(request.encode(version=version, header=True, framed=True))  # type: ignore[attr-defined]
-
-
-def _read_frame(sock: ssl.SSLSocket) -> bytes:
-    size = b""
-    while len(size) < 4:
-        chunk = sock.recv(4 - len(size))
-        if not chunk:
-            raise ConnectionError("closed")
-        size += chunk
-    body = b""
-    (length,) = struct.unpack(">i", size)
-    while len(body) < length:
-        chunk = sock.recv(length - len(body))
-        if not chunk:
-            raise ConnectionError("closed")
-        body += chunk
-    return size + body
-
-
-def logs_in(cluster: LocalCluster, user: str, password: str) -> bool:
-    """One SCRAM-SHA-512 login on the broker's SASL_SSL door with scramp's client (the
-    broker's image may learn a new credential a moment after the controller wrote it)."""
-    client = ScramClient(["SCRAM-SHA-512"], user, password)
-    with _tls_socket(cluster) as sock:
-        sock.sendall(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
-        _read_frame(sock)
-        sock.sendall(_frame(SaslAuthenticateRequest[2](
-            auth_bytes=client.get_client_first().encode()), 2))
-        first = SaslAuthenticateResponse.decode(_read_frame(sock)[4:], version=2, header=True)
-        if first.error_code:
-            return False
-        client.set_server_first(first.auth_bytes.decode())
-        sock.sendall(_frame(SaslAuthenticateRequest[2](
-            auth_bytes=client.get_client_final().encode()), 2))
-        final = SaslAuthenticateResponse.decode(_read_frame(sock)[4:], version=2, header=True)
-        if final.error_code:
-            return False
-        client.set_server_final(final.auth_bytes.decode())
-        return True
-
-
 @pytest.mark.parametrize("bad", ["authenticate_first", "huge_frame", "metadata_first"])
 def test_bad_sasl_input_closes_the_connection_and_the_listener_goes_on(
     cluster: LocalCluster, alice: str, bad: str
 ) -> None:
-    with _tls_socket(cluster) as sock:
+    with tls_socket(cluster) as sock:
         if bad == "authenticate_first":
-            sock.sendall(_frame(SaslAuthenticateRequest[2](auth_bytes=b"n,,n=alice,r=x"), 2))
+            sock.sendall(frame(SaslAuthenticateRequest[2](auth_bytes=b"n,,n=alice,r=x"), 2))
         elif bad == "huge_frame":
             sock.sendall(struct.pack(">i", 10_000_000) + b"\0" * 1024)
         else:
             sock.sendall(struct.pack(">ihhih", 10, 3, 4, 1, -1) + b"\xff\xff\xff\xff")
-        assert _closed(sock)
+        assert closed(sock)
     # A handshake then garbage in SaslAuthenticate: answered SASL_AUTHENTICATION_FAILED, closed.
-    with _tls_socket(cluster) as sock:
-        sock.sendall(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
-        sock.sendall(_frame(SaslAuthenticateRequest[2](auth_bytes=b"\x00garbage"), 2))
-        assert _closed(sock)
+    with tls_socket(cluster) as sock:
+        sock.sendall(frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+        sock.sendall(frame(SaslAuthenticateRequest[2](auth_bytes=b"\x00garbage"), 2))
+        assert closed(sock)
     # Others go on.
     test_confluent_kafka_produces_and_consumes_with_scram(
         cluster, alice, "SCRAM-SHA-512", "alice-secret")
@@ -464,18 +391,6 @@ def test_grpc_sasl_door_refuses_bad_logins_and_calls_without_a_session(
             assert unauthenticated.value.code() is grpc.StatusCode.UNAUTHENTICATED
         # The door and a good login go on.
         assert grpc_login(channel, alice, "alice-secret").session_token
-
-
-def door_client_config(cluster: LocalCluster, user: str, password: str, **extra: object
-                       ) -> dict[str, object]:
-    """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate."""
-    return {
-        "bootstrap.servers": cluster.sasl_grpc_bootstrap_servers,
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
-        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
-        **extra,
-    }
 
 
 def test_fjord_client_produces_and_reads_over_the_sasl_door(

@@ -66,6 +66,7 @@ def test_settings_reach_the_group_config() -> None:
         "transaction.max.timeout.ms": 60_000,
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": 10_000,
         "transactional.id.expiration.ms": 7 * 24 * 3600 * 1000,
+        "connections.max.reauth.ms": 3_600_000,
     }
     with pytest.raises(ConfigError, match=r"group\.min\.session\.timeout\.ms"):
         parse_coordinator_config(

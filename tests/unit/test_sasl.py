@@ -20,6 +20,7 @@ from scramp import ScramClient
 from fjord.kafka.dispatch import Close, Reply
 from fjord.kafka.sasl import ReplyThenClose, SaslConnection, SaslState
 from fjord.security import Principal
+from fjord.security.sasl_sessions import DEFAULT_CONNECTIONS_MAX_REAUTH_MS, SessionLifetime
 from fjord.security.scram import ScramCredential, ScramCredentialError
 
 USERS = {
@@ -29,8 +30,22 @@ USERS = {
 }
 
 
-def _connection() -> SaslConnection:
-    return SaslConnection(["SCRAM-SHA-256", "SCRAM-SHA-512"], lambda m, u: USERS.get((m, u)))
+class ManualClock:
+    """An injected monotonic clock (seconds) the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _connection(lifetime_ms: int = DEFAULT_CONNECTIONS_MAX_REAUTH_MS,
+                clock: ManualClock | None = None, users: dict[Any, Any] | None = None
+                ) -> SaslConnection:
+    stored = USERS if users is None else users
+    return SaslConnection(["SCRAM-SHA-256", "SCRAM-SHA-512"], lambda m, u: stored.get((m, u)),
+                          lifetime=SessionLifetime(lifetime_ms), clock=clock or ManualClock())
 
 
 def _frame(request: Any, version: int, correlation_id: int = 5) -> bytes:
@@ -149,11 +164,124 @@ def test_out_of_order_or_malformed_sasl_closes(step: str) -> None:
     assert conn.state is SaslState.FAILED and conn.principal is None
 
 
-def test_reauthentication_is_refused() -> None:
-    conn = _connection()
+METADATA = MetadataRequest[4](topics=None)
+
+
+@pytest.mark.parametrize("version,answered", [(0, 0), (1, 5000), (2, 5000)])
+def test_session_lifetime_is_answered_with_the_final_message(version: int, answered: Any
+                                                              ) -> None:
+    conn = _connection(5000)
+    client = ScramClient(["SCRAM-SHA-512"], "alice", "secret")
+    _handshake(conn, "SCRAM-SHA-512")
+    _answer, first = _authenticate(conn, client.get_client_first(), version)
+    client.set_server_first(first.auth_bytes.decode())
+    _answer, final = _authenticate(conn, client.get_client_final(), version)
+    # v0 has no such field on the wire (kafka-python decodes its absence as 0).
+    assert getattr(final, "session_lifetime_ms", 0) == answered
+    assert getattr(first, "session_lifetime_ms", 0) == 0  # only the final answer carries it
+
+
+def test_an_expired_session_closes_on_its_next_request() -> None:
+    clock = ManualClock()
+    conn = _connection(5000, clock)
     _login(conn, "SCRAM-SHA-512", "alice", "secret")
-    answer = conn.on_frame(_frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
-    assert isinstance(answer, Close)
+    assert conn.expires_at == clock.now + 5.0
+    clock.now += 4.999
+    assert conn.on_frame(_frame(METADATA, 4)) is None  # still within the lifetime
+    clock.now += 0.001
+    closed = conn.on_frame(_frame(METADATA, 4))
+    assert isinstance(closed, Close) and "expired" in closed.reason
+    assert "connections.max.reauth.ms=5000" in closed.reason
+    assert conn.state is SaslState.FAILED
+    assert isinstance(conn.on_frame(_frame(METADATA, 4)), Close)
+
+
+def test_lifetime_zero_never_expires() -> None:
+    clock = ManualClock()
+    conn = _connection(0, clock)
+    _answer, final = _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    assert final.session_lifetime_ms == 0 and conn.expires_at is None
+    clock.now += 10**9
+    assert conn.on_frame(_frame(METADATA, 4)) is None
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_reauthentication_renews_the_session_on_the_same_connection(late: bool) -> None:
+    """KIP-368: SaslHandshake + SaslAuthenticate on an authenticated connection, in time or
+    after the expiry (a handshake is never refused for lateness), starts a new lifetime."""
+    clock = ManualClock()
+    conn = _connection(5000, clock)
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    clock.now += 5.5 if late else 4.5
+    answer, final = _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    assert isinstance(answer, Reply) and final.error_code == 0
+    assert final.session_lifetime_ms == 5000
+    assert conn.state is SaslState.DONE and conn.principal == Principal("alice")
+    assert conn.authentications == 2 and conn.expires_at == clock.now + 5.0
+    clock.now += 4.5
+    assert conn.on_frame(_frame(METADATA, 4)) is None
+    clock.now += 0.5
+    assert isinstance(conn.on_frame(_frame(METADATA, 4)), Close)
+
+
+def test_requests_during_reauthentication_and_a_bare_authenticate_close() -> None:
+    conn = _connection(5000)
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    _handshake(conn, "SCRAM-SHA-512")
+    assert conn.reauthenticating and not conn.frame_size_allowed(10**8)
+    assert isinstance(conn.on_frame(_frame(METADATA, 4)), Close)
+
+    other = _connection(5000)
+    _login(other, "SCRAM-SHA-512", "alice", "secret")
+    answer, _ = _authenticate(other, "n,,n=alice,r=abc")
+    assert isinstance(answer, Close) and "without a SaslHandshake" in answer.reason
+
+
+def test_reauthentication_keeps_the_mechanism_and_the_principal() -> None:
+    conn = _connection(5000)
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    answer, response = _handshake(conn, "SCRAM-SHA-256")
+    assert isinstance(answer, ReplyThenClose) and response.error_code == 33
+    assert response.mechanisms == ["SCRAM-SHA-512"]
+    assert "re-authentication of SCRAM-SHA-512" in answer.reason
+
+    users = {**USERS, ("SCRAM-SHA-512", "bob"): ScramCredential.from_password(
+        "SCRAM-SHA-512", "bob-pw")}
+    conn = _connection(5000, users=users)
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    answer, final = _login(conn, "SCRAM-SHA-512", "bob", "bob-pw")
+    assert isinstance(answer, ReplyThenClose) and final.error_code == 58
+    assert final.error_message \
+        == "Cannot change principals during re-authentication from User:alice: User:bob"
+    assert conn.principal == Principal("alice") and conn.state is SaslState.FAILED
+
+
+@pytest.mark.parametrize("change", ["deleted", "new_password"])
+def test_a_deleted_or_changed_credential_fails_at_reauthentication_not_before(change: str
+                                                                             ) -> None:
+    """Kafka's rule: the live session goes on until its client re-authenticates (or it
+    expires); the re-authentication then fails and closes the connection."""
+    users = dict(USERS)
+    clock = ManualClock()
+    conn = _connection(5000, clock, users)
+    _login(conn, "SCRAM-SHA-512", "alice", "secret")
+    if change == "deleted":
+        del users[("SCRAM-SHA-512", "alice")]
+    else:
+        users[("SCRAM-SHA-512", "alice")] = ScramCredential.from_password(
+            "SCRAM-SHA-512", "rotated")
+    clock.now += 4.0
+    assert conn.on_frame(_frame(METADATA, 4)) is None  # the live session is not cut
+    client = ScramClient(["SCRAM-SHA-512"], "alice", "secret")
+    _handshake(conn, "SCRAM-SHA-512")
+    answer, first = _authenticate(conn, client.get_client_first())
+    if change == "new_password":
+        assert first.error_code == 0
+        client.set_server_first(first.auth_bytes.decode())
+        answer, first = _authenticate(conn, client.get_client_final())
+    assert isinstance(answer, ReplyThenClose) and first.error_code == 58
+    assert conn.state is SaslState.FAILED
+    assert isinstance(conn.on_frame(_frame(METADATA, 4)), Close)
 
 
 def test_huge_frames_refused_only_before_authentication() -> None:

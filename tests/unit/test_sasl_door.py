@@ -1,6 +1,7 @@
 """The SASL gRPC door's shells against a real in-process gRPC server (plaintext,
 SASL_PLAINTEXT): fjord.sasl_login's interceptor logs in, the door maps its token to the
-principal a handler sees, and a forgotten session is logged in again once."""
+principal a handler sees, a forgotten session is logged in again once, and sessions expire
+and are renewed on an injected clock."""
 
 from __future__ import annotations
 
@@ -12,10 +13,16 @@ import pytest
 from grpc import aio
 
 from fjord.errors import ErrorCode, FjordError
-from fjord.sasl_door import bind_sasl_port, sasl_door_server
+from fjord.sasl_door import SESSION_STATE_METADATA_KEY, bind_sasl_port, sasl_door_server
+from fjord.sasl_login import SaslLoginInterceptor, sasl_login
 from fjord.security import ClientSecurity, SecurityProtocol
 from fjord.security.config import SaslLogin
-from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL, SessionTokens
+from fjord.security.sasl_sessions import (
+    SASL_SESSION_PRINCIPAL,
+    SESSION_METADATA_KEY,
+    SessionLifetime,
+    SessionTokens,
+)
 from fjord.security.scram import ScramCredential
 from fjord.tls import open_channel
 
@@ -76,3 +83,69 @@ async def door_round_trips() -> None:
 
 def test_door_login_principal_and_relogin_after_a_forgotten_session() -> None:
     asyncio.run(door_round_trips())
+
+
+class ManualClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def door_session_lifetimes() -> None:
+    """One clock for the door and the client: the client renews at 85-95% of the lifetime
+    the door answered; a token past its lifetime is refused as expired (typed in the trailing
+    metadata); a deleted credential keeps its live session and fails the renewal."""
+    clock = ManualClock()
+    stored = dict(STORED)
+    sessions = SessionTokens(lifetime=SessionLifetime(10_000), clock=clock)
+    server, guard = sasl_door_server(lambda m, u: stored.get((m, u)), "test door",
+                                     sessions=sessions)
+    server.add_generic_rpc_handlers((whoami_handler(),))
+    port = bind_sasl_port(server, "127.0.0.1:0", None)
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        login = SaslLoginInterceptor(address, client(port, "secret"), clock)
+        async with aio.insecure_channel(address, interceptors=[login]) as channel:
+            ask = channel.unary_unary(WHOAMI)
+            assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 1
+            clock.now += 8.4  # before 85%: the same session
+            assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 1
+            clock.now += 1.2  # past 95%: renewed before the call, never refused
+            refused_before = guard.refused
+            assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 2
+            assert guard.refused == refused_before
+
+            # The door's own view: the first token, replayed after its lifetime, is expired.
+            first = await sasl_login(address, client(port, "secret"))
+            clock.now += 10.0
+            async with aio.insecure_channel(address) as bare:
+                with pytest.raises(aio.AioRpcError) as expired:
+                    await bare.unary_unary(WHOAMI)(
+                        b"", timeout=10, metadata=((SESSION_METADATA_KEY, first),))
+            assert expired.value.code() is grpc.StatusCode.UNAUTHENTICATED
+            assert "SASL session expired (connections.max.reauth.ms=10000)" in \
+                str(expired.value.details())
+            assert (SESSION_STATE_METADATA_KEY, "expired") in \
+                tuple(expired.value.trailing_metadata() or ())
+            assert guard.expired >= 1
+
+            # The client slept past its renewal and past the expiry: renewed all the same.
+            assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 3
+
+            # The credential is deleted: the live session goes on until its renewal, which
+            # fails with a typed error (Kafka: the re-authentication fails).
+            del stored[("SCRAM-SHA-256", "alice")]
+            assert await ask(b"", timeout=10) == b"User:alice"
+            clock.now += 9.6
+            with pytest.raises(FjordError) as failed:
+                await ask(b"", timeout=10)
+            assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED
+    finally:
+        await server.stop(None)
+
+
+def test_door_sessions_expire_and_clients_renew_before() -> None:
+    asyncio.run(door_session_lifetimes())

@@ -4,16 +4,24 @@ client on the other side) and the session token table."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from scramp import ScramClient
 
-from fjord.errors import ErrorCode
+from fjord.errors import ConfigError, ErrorCode
 from fjord.security import Principal
 from fjord.security.sasl_sessions import (
+    DEFAULT_CONNECTIONS_MAX_REAUTH_MS,
     MAX_SCRAM_MESSAGE_BYTES,
+    ClientSession,
     ExchangeState,
     SaslExchangeError,
     ScramExchange,
+    SessionCheck,
+    SessionLifetime,
+    SessionState,
     SessionTokens,
+    connections_max_reauth_ms,
 )
 from fjord.security.scram import ScramCredential
 
@@ -93,3 +101,85 @@ def test_session_tokens_map_to_principals_and_forget_the_oldest() -> None:
     assert tokens.principal_of(first) is None and tokens.principal_of(second) == Principal("bob")
     with pytest.raises(ValueError):
         tokens.issue(Principal("broker-0", is_service=True))
+
+
+class ManualClock:
+    """An injected monotonic clock (seconds) the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 500.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_session_tokens_expire_after_their_lifetime_and_never_come_back() -> None:
+    clock = ManualClock()
+    tokens = SessionTokens(lifetime=SessionLifetime(2000), clock=clock)
+    token = tokens.issue(Principal("alice"))
+    assert tokens.check(token) == SessionCheck(SessionState.VALID, Principal("alice"))
+    clock.now += 1.999
+    assert tokens.principal_of(token) == Principal("alice")
+    clock.now += 0.001
+    assert tokens.check(token) == SessionCheck(SessionState.EXPIRED)
+    assert tokens.principal_of(token) is None
+    assert tokens.check(None).state is SessionState.MISSING
+    assert tokens.check("forged").state is SessionState.UNKNOWN
+    # A renewal is a new login and a new token, valid for a whole lifetime again.
+    renewed = tokens.issue(Principal("alice"))
+    assert renewed != token and tokens.principal_of(renewed) == Principal("alice")
+    assert "expired (connections.max.reauth.ms=2000)" in \
+        tokens.check(token).refusal(tokens.lifetime)
+    assert "unknown session token" in tokens.check("forged").refusal(tokens.lifetime)
+
+
+def test_long_expired_tokens_are_forgotten_and_lifetime_zero_keeps_them() -> None:
+    clock = ManualClock()
+    tokens = SessionTokens(lifetime=SessionLifetime(1000), clock=clock)
+    old = tokens.issue(Principal("alice"))
+    clock.now += 1.5  # expired, but within one more lifetime: still told apart as expired
+    tokens.issue(Principal("bob"))
+    assert tokens.check(old).state is SessionState.EXPIRED and len(tokens) == 2
+    clock.now += 0.5
+    tokens.issue(Principal("carol"))
+    assert tokens.check(old).state is SessionState.UNKNOWN and len(tokens) == 2
+
+    forever = SessionTokens(lifetime=SessionLifetime(0), clock=clock)
+    kept = forever.issue(Principal("alice"))
+    clock.now += 10**9
+    forever.issue(Principal("bob"))
+    assert forever.principal_of(kept) == Principal("alice")
+
+
+def test_lifetime_config_parses_kafkas_key_and_names_bad_values() -> None:
+    assert connections_max_reauth_ms({}) == DEFAULT_CONNECTIONS_MAX_REAUTH_MS == 3_600_000
+    assert connections_max_reauth_ms({"connections.max.reauth.ms": " 0 "}) == 0
+    assert connections_max_reauth_ms({"connections.max.reauth.ms": "5000"}) == 5000
+    for bad, message in (("-1", "below the minimum 0"), ("soon", "expected an integer")):
+        with pytest.raises(ConfigError, match=f"^connections.max.reauth.ms: .*{message}"):
+            connections_max_reauth_ms({"connections.max.reauth.ms": bad})
+    with pytest.raises(ValueError):
+        SessionLifetime(-1)
+
+
+@given(lifetime_ms=st.integers(1, 10**9), fraction=st.floats(0.85, 0.95),
+       started_at=st.floats(0, 10**6), server_delay=st.floats(0, 10))
+def test_a_client_renews_before_the_server_expires_its_token(
+    lifetime_ms: int, fraction: float, started_at: float, server_delay: float
+) -> None:
+    """The client counts from before its login was sent, the server from when it issued the
+    token (no earlier): the renewal point is always before the server's expiry."""
+    session = ClientSession("t", lifetime_ms, started_at, fraction)
+    server_expiry = SessionLifetime(lifetime_ms).expires_at(started_at + server_delay)
+    assert session.renew_at is not None and server_expiry is not None
+    assert session.renew_at < server_expiry
+    assert not session.renewal_due(started_at)
+    assert session.renewal_due(session.renew_at)
+
+
+def test_client_session_without_a_lifetime_never_renews_and_checks_its_fraction() -> None:
+    assert not ClientSession("t", 0, 0.0).renewal_due(10**12)
+    jittered = {ClientSession("t", 1000, 0.0).renew_at for _ in range(20)}
+    assert len(jittered) > 1 and all(r is not None and 0.85 <= r <= 0.95 for r in jittered)
+    with pytest.raises(ValueError):
+        ClientSession("t", 1000, 0.0, fraction=0.99)

@@ -26,7 +26,7 @@ _sym_db = _symbol_database.Default()
 from fjord._proto import common_pb2 as fjord_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66jord/v1/sasl.proto\x12\x08\x66jord.v1\x1a\x15\x66jord/v1/common.proto\"@\n\x17SaslAuthenticateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\"e\n\x18SaslAuthenticateResponse\x12\x1e\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0f.fjord.v1.Error\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\x12\x15\n\rsession_token\x18\x03 \x01(\t2a\n\x04Sasl\x12Y\n\x0c\x41uthenticate\x12!.fjord.v1.SaslAuthenticateRequest\x1a\".fjord.v1.SaslAuthenticateResponse(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13\x66jord/v1/sasl.proto\x12\x08\x66jord.v1\x1a\x15\x66jord/v1/common.proto\"@\n\x17SaslAuthenticateRequest\x12\x11\n\tmechanism\x18\x01 \x01(\t\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\"\x82\x01\n\x18SaslAuthenticateResponse\x12\x1e\n\x05\x65rror\x18\x01 \x01(\x0b\x32\x0f.fjord.v1.Error\x12\x12\n\nauth_bytes\x18\x02 \x01(\x0c\x12\x15\n\rsession_token\x18\x03 \x01(\t\x12\x1b\n\x13session_lifetime_ms\x18\x04 \x01(\x03\x32\x61\n\x04Sasl\x12Y\n\x0c\x41uthenticate\x12!.fjord.v1.SaslAuthenticateRequest\x1a\".fjord.v1.SaslAuthenticateResponse(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,8 +35,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SASLAUTHENTICATEREQUEST']._serialized_start=56
   _globals['_SASLAUTHENTICATEREQUEST']._serialized_end=120
-  _globals['_SASLAUTHENTICATERESPONSE']._serialized_start=122
-  _globals['_SASLAUTHENTICATERESPONSE']._serialized_end=223
-  _globals['_SASL']._serialized_start=225
-  _globals['_SASL']._serialized_end=322
+  _globals['_SASLAUTHENTICATERESPONSE']._serialized_start=123
+  _globals['_SASLAUTHENTICATERESPONSE']._serialized_end=253
+  _globals['_SASL']._serialized_start=255
+  _globals['_SASL']._serialized_end=352
 # @@protoc_insertion_point(module_scope)

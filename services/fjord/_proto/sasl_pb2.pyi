@@ -16,11 +16,13 @@ class SaslAuthenticateRequest(_message.Message):
     def __init__(self, mechanism: _Optional[str] = ..., auth_bytes: _Optional[bytes] = ...) -> None: ...
 
 class SaslAuthenticateResponse(_message.Message):
-    __slots__ = ("error", "auth_bytes", "session_token")
+    __slots__ = ("error", "auth_bytes", "session_token", "session_lifetime_ms")
     ERROR_FIELD_NUMBER: _ClassVar[int]
     AUTH_BYTES_FIELD_NUMBER: _ClassVar[int]
     SESSION_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SESSION_LIFETIME_MS_FIELD_NUMBER: _ClassVar[int]
     error: _common_pb2.Error
     auth_bytes: bytes
     session_token: str
-    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., auth_bytes: _Optional[bytes] = ..., session_token: _Optional[str] = ...) -> None: ...
+    session_lifetime_ms: int
+    def __init__(self, error: _Optional[_Union[_common_pb2.Error, _Mapping]] = ..., auth_bytes: _Optional[bytes] = ..., session_token: _Optional[str] = ..., session_lifetime_ms: _Optional[int] = ...) -> None: ...

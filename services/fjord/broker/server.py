@@ -79,6 +79,7 @@ from fjord.process_state import StateDirLock, record_incarnation
 from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
+from fjord.security.sasl_sessions import SessionLifetime, connections_max_reauth_ms
 from fjord.serving import (
     access_control,
     advertised_host,
@@ -424,6 +425,7 @@ class BrokerServer:
                 lambda mechanism, user: self._image().scram_credential(mechanism, user),
                 f"broker {opts.broker_id}",
                 interceptors=server_interceptors("broker"),
+                lifetime=self._sasl_lifetime(),
                 options=[
                     ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
                     ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
@@ -714,8 +716,13 @@ class BrokerServer:
                 with contextlib.suppress(Exception):
                     await self._etcd.refresh_lease(self._lease_id)
 
+    def _sasl_lifetime(self) -> SessionLifetime:
+        """``connections.max.reauth.ms`` of ``--config``: both SASL doors' session lifetime."""
+        return SessionLifetime(connections_max_reauth_ms(self.options.config))
+
     def _sasl_settings(self) -> SaslSettings:
-        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user))
+        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user),
+                            lifetime=self._sasl_lifetime())
 
     def _image(self) -> MetadataImage:
         assert self._watcher is not None

@@ -58,7 +58,11 @@ class NetworkError(FjordError):
 
 
 def transport_error(exc: BaseException, address: str) -> FjordError:
-    """A gRPC failure as a typed, retriable error naming the peer."""
+    """A gRPC failure as a typed, retriable error naming the peer; an error that is already
+    typed (a SASL login refused by fjord.sasl_login: the user was deleted or the password
+    changed) keeps its code, so it is not retried as a network error."""
+    if isinstance(exc, FjordError):
+        return exc
     if isinstance(exc, grpc.aio.AioRpcError):
         status = exc.code()
         if status is grpc.StatusCode.DEADLINE_EXCEEDED:

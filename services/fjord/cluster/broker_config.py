@@ -18,6 +18,7 @@ from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
 from fjord.records.header import Compression
 from fjord.records.recompress import topic_codec
+from fjord.security.sasl_sessions import CONNECTIONS_MAX_REAUTH_MS_KEY, connections_max_reauth_ms
 from fjord.storage.config import LogConfig
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG, LONG_MAX, OTHER_TOPIC_CONFIG_KEYS
 
@@ -27,7 +28,7 @@ TOPIC_CONFIG_KEYS = frozenset(DEFAULT_LOG_CONFIG) | OTHER_TOPIC_CONFIG_KEYS
 #: Broker-only keys accepted by ``fjord broker --config`` besides topic defaults.
 BROKER_ONLY_KEYS = frozenset(
     {"auto.create.topics.enable", "log.retention.check.interval.ms", *REPLICATION_CONFIG_DEFAULTS,
-     *SCRUBBER_CONFIG_DEFAULTS, *CLEANER_CONFIG_DEFAULTS}
+     *SCRUBBER_CONFIG_DEFAULTS, *CLEANER_CONFIG_DEFAULTS, CONNECTIONS_MAX_REAUTH_MS_KEY}
 )
 
 #: Cluster-wide keys only the controller reads (defaults for CreateTopics with -1, and the
@@ -144,6 +145,7 @@ def validate_broker_config(config: Mapping[str, str]) -> dict[str, str]:
     ScrubberSettings.from_config(out)  # log.scrubber.* settings
     CleanerSettings.from_config(out)  # log.cleaner.* settings
     retention_check_interval_s(out)
+    connections_max_reauth_ms(out)
     return out
 
 

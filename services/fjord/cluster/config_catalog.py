@@ -119,6 +119,12 @@ _BROKER_EFFECTS: dict[str, str] = {
     "log.cleaner.io.max.bytes.per.second": "The cleaner reads at most this many bytes per "
     "second.",
     "log.cleaner.backoff.ms": "The cleaner's pause when no log needs cleaning.",
+    "connections.max.reauth.ms": "How long a SASL session lives (KIP-368): the Kafka "
+    "listener answers it as SaslAuthenticate's session_lifetime_ms and closes a connection "
+    "whose session expired on its next request unless the client re-authenticated; the SASL "
+    "gRPC door's session tokens expire after it (Fjord's clients renew them at 85-95%). A "
+    "deleted user or changed password takes effect at the next re-authentication. 0: never "
+    "(Kafka's default; Fjord bounds it, see docs/security.md).",
     "log.cleaner.dedupe.buffer.size": "The memory bound of the cleaner's offset map (about "
     "120 bytes a key plus the key); a log with more dirty keys is cleaned in rounds.",
 }

@@ -33,6 +33,10 @@ from fjord.cluster.scrubber_config import SCRUBBER_CONFIG_DEFAULTS
 from fjord.cluster.values import positive_int
 from fjord.errors import ConfigError
 from fjord.records.recompress import TOPIC_COMPRESSION_TYPES
+from fjord.security.sasl_sessions import (
+    CONNECTIONS_MAX_REAUTH_MS_KEY,
+    DEFAULT_CONNECTIONS_MAX_REAUTH_MS,
+)
 from fjord.storage.defaults import DEFAULT_LOG_CONFIG
 from fjord.topic_names import is_internal_topic
 
@@ -222,6 +226,7 @@ BROKER_ONLY_DEFAULTS: dict[str, str] = {
     **{k: str(v) for k, v in REPLICATION_CONFIG_DEFAULTS.items()},
     **SCRUBBER_CONFIG_DEFAULTS,
     **CLEANER_CONFIG_DEFAULTS,
+    CONNECTIONS_MAX_REAUTH_MS_KEY: str(DEFAULT_CONNECTIONS_MAX_REAUTH_MS),
 }
 
 assert set(BROKER_ONLY_DEFAULTS) == set(BROKER_ONLY_KEYS), "every broker key needs a default"

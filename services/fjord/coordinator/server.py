@@ -79,6 +79,11 @@ from fjord.process_state import StateDirLock, record_incarnation
 from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import AuthorizerSettings
+from fjord.security.sasl_sessions import (
+    CONNECTIONS_MAX_REAUTH_MS_KEY,
+    DEFAULT_CONNECTIONS_MAX_REAUTH_MS,
+    SessionLifetime,
+)
 from fjord.serving import (
     access_control,
     advertised_host,
@@ -113,6 +118,7 @@ _SERVICE_CONFIG_KEYS = (
     "transaction.max.timeout.ms",
     "transaction.abort.timed.out.transaction.cleanup.interval.ms",
     "transactional.id.expiration.ms",
+    CONNECTIONS_MAX_REAUTH_MS_KEY,
 )
 CONFIG_KEYS = tuple(sorted([*_GROUP_CONFIG_KEYS, *_SERVICE_CONFIG_KEYS]))
 
@@ -129,6 +135,7 @@ def parse_coordinator_config(config: Mapping[str, str]) -> tuple[GroupConfig, di
             ABORT_TIMED_OUT_INTERVAL_MS
         ),
         "transactional.id.expiration.ms": TRANSACTIONAL_ID_EXPIRATION_MS,
+        CONNECTIONS_MAX_REAUTH_MS_KEY: DEFAULT_CONNECTIONS_MAX_REAUTH_MS,
     }
     for key, text in config.items():
         if key not in CONFIG_KEYS:
@@ -139,7 +146,8 @@ def parse_coordinator_config(config: Mapping[str, str]) -> tuple[GroupConfig, di
             value = int(text)
         except ValueError:
             raise ConfigError(f"{key}: expected an integer, got {text!r}") from None
-        if value < 0 or (value == 0 and key not in ("group.initial.rebalance.delay.ms",)):
+        if value < 0 or (value == 0 and key not in ("group.initial.rebalance.delay.ms",
+                                                    CONNECTIONS_MAX_REAUTH_MS_KEY)):
             raise ConfigError(f"{key}: must be positive, got {value}")
         if key in _GROUP_CONFIG_KEYS:
             group_fields[_GROUP_CONFIG_KEYS[key]] = value
@@ -252,6 +260,8 @@ class CoordinatorServer:
         self.group_config, service = parse_coordinator_config(options.config)
         self._retention_check_s = service["offsets.retention.check.interval.ms"] / 1000
         self._commit_timeout_ms = service["offsets.commit.timeout.ms"]
+        #: connections.max.reauth.ms: both SASL doors' session lifetime.
+        self._sasl_lifetime = SessionLifetime(service[CONNECTIONS_MAX_REAUTH_MS_KEY])
         self._txn_sweep_s = (
             service["transaction.abort.timed.out.transaction.cleanup.interval.ms"] / 1000
         )
@@ -354,6 +364,7 @@ class CoordinatorServer:
                 lambda mechanism, user: self._image().scram_credential(mechanism, user),
                 f"coordinator {opts.coordinator_id}",
                 interceptors=server_interceptors("coordinator"),
+                lifetime=self._sasl_lifetime,
                 options=[("grpc.so_reuseport", 0)],
             )
             coordinator_pb2_grpc.add_CoordinatorServicer_to_server(servicer, self._sasl_server)
@@ -567,7 +578,8 @@ class CoordinatorServer:
     # --- ownership and replay ---------------------------------------------------------------
 
     def _sasl_settings(self) -> SaslSettings:
-        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user))
+        return SaslSettings(lambda mechanism, user: self._image().scram_credential(mechanism, user),
+                            lifetime=self._sasl_lifetime)
 
     def _image(self) -> MetadataImage:
         assert self._watcher is not None

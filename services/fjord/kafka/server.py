@@ -12,7 +12,8 @@ On a SASL door (``sasl`` given: SASL_PLAINTEXT:// or SASL_SSL://) each connectio
 :class:`~fjord.kafka.sasl.SaslConnection` that sees every frame first: until the client has
 authenticated only ApiVersions and the SASL exchange are served (a larger frame than
 ``sasl.server.max.receive.size`` closes the connection unread), afterwards requests run as
-``User:<name>``.
+``User:<name>`` until the session expires (``connections.max.reauth.ms``, KIP-368): a client
+re-authenticates on the same connection, or its next request closes it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from fjord.kafka.zerocopy import Part
 from fjord.metadata.schema import KafkaEndpoint
 from fjord.observability import metrics
 from fjord.security import ANONYMOUS, Principal, ServiceSecurity
+from fjord.security.sasl_sessions import SessionLifetime
 from fjord.security.scram import SCRAM_MECHANISMS, CredentialLookup
 from fjord.storage.region import FileRegion
 from fjord.tls import server_ssl_context, ssl_peer_principal
@@ -49,13 +51,18 @@ def client_host(peer: object) -> str:
     return ""
 
 
+DEFAULT_SESSION_LIFETIME = SessionLifetime()
+
+
 @dataclass(frozen=True)
 class SaslSettings:
     """A SASL door's mechanisms (Kafka's ``sasl.enabled.mechanisms``; both SCRAM ones by
-    default) and where the salted credentials come from (the process's metadata image)."""
+    default), where the salted credentials come from (the process's metadata image) and how
+    long a session lives before the client must re-authenticate (``connections.max.reauth.ms``)."""
 
     lookup: CredentialLookup
     mechanisms: Iterable[str] = tuple(SCRAM_MECHANISMS)
+    lifetime: SessionLifetime = DEFAULT_SESSION_LIFETIME
 
 
 class KafkaListener:
@@ -166,7 +173,8 @@ class KafkaListener:
         self, reader: asyncio.StreamReader, host: str, principal: Principal, pipeline: _Pipeline
     ) -> str:
         sasl = (
-            SaslConnection(self._sasl.mechanisms, self._sasl.lookup) if self._sasl else None
+            SaslConnection(self._sasl.mechanisms, self._sasl.lookup, lifetime=self._sasl.lifetime)
+            if self._sasl else None
         )
         # Records as file regions: sent with sendfile on plaintext doors; over TLS read once
         # from the file straight into the encryption (no copy into the encoded frame).
@@ -196,9 +204,13 @@ class KafkaListener:
                     "(connections.max.idle.ms)"
                 )
             if sasl is not None:
+                renewals = sasl.authentications
                 answer = sasl.on_frame(frame)
                 if isinstance(answer, Close):
                     return answer.reason
+                if sasl.authentications > max(renewals, 1):
+                    log.info("%s listener: %s re-authenticated from %s (KIP-368)",
+                             self._name, sasl.principal, host)
                 if isinstance(answer, (Reply, ReplyThenClose)):
                     done_sasl: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
                     done_sasl.set_result(Reply(answer.frame))

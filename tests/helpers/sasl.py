@@ -1,0 +1,114 @@
+"""Shared by the SASL tests on a ``fjord local up --secure --sasl`` cluster
+(tests/integration/test_sasl.py, test_sasl_reauth.py): client settings for the SASL_SSL
+Kafka listener and the SASL gRPC doors, and raw Kafka frames over TLS."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import struct
+
+from kafka.protocol.sasl import (
+    SaslAuthenticateRequest,
+    SaslAuthenticateResponse,
+    SaslHandshakeRequest,
+)
+from scramp import ScramClient
+
+from fjord.local.cluster import LocalCluster
+
+
+def admin_config(cluster: LocalCluster) -> dict[str, object]:
+    return {"bootstrap.servers": cluster.bootstrap_servers, **cluster.client_config}
+
+
+def sasl_conf(cluster: LocalCluster, user: str, password: str, mechanism: str = "SCRAM-SHA-512"
+              ) -> dict[str, object]:
+    return {
+        "bootstrap.servers": cluster.kafka_bootstrap_servers, "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
+        "sasl.mechanism": mechanism, "sasl.username": user, "sasl.password": password,
+    }
+
+
+def tls_socket(cluster: LocalCluster) -> ssl.SSLSocket:
+    host, _, port = cluster.kafka_bootstrap_servers.split(",")[0].rpartition(":")
+    context = ssl.create_default_context(cafile=str(cluster.data_dir / "tls" / "ca.pem"))
+    context.check_hostname = False
+    raw = socket.create_connection((host, int(port)), timeout=15)
+    return context.wrap_socket(raw)
+
+
+def closed(sock: ssl.SSLSocket) -> bool:
+    """True when the server closed the connection (after reading any answers it sent)."""
+    try:
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return True
+    except (ConnectionError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def frame(request: object, version: int) -> bytes:
+    request.with_header(correlation_id=1, client_id="bad")  # type: ignore[attr-defined]
+    return bytes(request.encode(version=version, header=True, framed=True))  # type: ignore[attr-defined]
+
+
+def read_frame(sock: ssl.SSLSocket) -> bytes:
+    size = b""
+    while len(size) < 4:
+        chunk = sock.recv(4 - len(size))
+        if not chunk:
+            raise ConnectionError("closed")
+        size += chunk
+    body = b""
+    (length,) = struct.unpack(">i", size)
+    while len(body) < length:
+        chunk = sock.recv(length - len(body))
+        if not chunk:
+            raise ConnectionError("closed")
+        body += chunk
+    return size + body
+
+
+def scram_login(sock: ssl.SSLSocket, user: str, password: str) -> object | None:
+    """A SCRAM-SHA-512 login on a raw Kafka connection with scramp's client: the final
+    SaslAuthenticate (v2) answer, None when the login was refused."""
+    client = ScramClient(["SCRAM-SHA-512"], user, password)
+    sock.sendall(frame(SaslHandshakeRequest[1](mechanism="SCRAM-SHA-512"), 1))
+    read_frame(sock)
+    sock.sendall(frame(SaslAuthenticateRequest[2](
+        auth_bytes=client.get_client_first().encode()), 2))
+    first = SaslAuthenticateResponse.decode(read_frame(sock)[4:], version=2, header=True)
+    if first.error_code:
+        return None
+    client.set_server_first(first.auth_bytes.decode())
+    sock.sendall(frame(SaslAuthenticateRequest[2](
+        auth_bytes=client.get_client_final().encode()), 2))
+    final = SaslAuthenticateResponse.decode(read_frame(sock)[4:], version=2, header=True)
+    if final.error_code:
+        return None
+    client.set_server_final(final.auth_bytes.decode())  # the server proved it knows the key
+    return final
+
+
+def logs_in(cluster: LocalCluster, user: str, password: str) -> bool:
+    """One login on the broker's SASL_SSL door (the broker's image may learn a new
+    credential a moment after the controller wrote it)."""
+    with tls_socket(cluster) as sock:
+        return scram_login(sock, user, password) is not None
+
+
+def door_client_config(cluster: LocalCluster, user: str, password: str, **extra: object
+                       ) -> dict[str, object]:
+    """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate."""
+    return {
+        "bootstrap.servers": cluster.sasl_grpc_bootstrap_servers,
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
+        "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
+        **extra,
+    }
