@@ -65,6 +65,7 @@ from fjord_operator.decisions import (
 )
 from fjord_operator.listeners import (
     client_bootstrap_hints,
+    listener_problems,
     serves_scram,
     uses_named_listeners,
 )
@@ -917,6 +918,9 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
                     f"FjordCluster {spec.get('cluster')!r} has spec.security.tls off: users "
                     "need a cluster with TLS", True)
     cluster_spec = cluster.get("spec") or {}
+    listener_trouble = listener_problems(cluster_spec)
+    if listener_trouble:
+        return done(Outcome.ERROR, "ClusterInvalid", "; ".join(listener_trouble), True)
     if kind == SCRAM and not serves_scram(cluster_spec):
         # A credential no door accepts would be accepted and ignored: refuse it instead.
         listeners = (

@@ -414,6 +414,13 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
                          "spec": {**plain["spec"], "security": {"tls": True}}}
     scram_on_certs = _user("scram-on-certs", "scram-sha-512", [])
     scram_on_certs["spec"]["cluster"] = "certs-only"
+    # a listener the schema takes but the operator cannot build (plaintext on a TLS cluster)
+    bad_listeners = {**plain, "metadata": {**plain["metadata"], "name": "bad-listeners"},
+                     "spec": {**plain["spec"], "security": {"tls": True},
+                              "listeners": [{"name": "open", "port": 9200,
+                                             "authentication": "none"}]}}
+    on_bad_listeners = _user("on-bad-listeners", "scram-sha-512", [])
+    on_bad_listeners["spec"]["cluster"] = "bad-listeners"
     # a user named like the cluster CA Secret must never replace (or delete) the CA
     ca_name = f"{CLUSTER}-cluster-ca"
     ca_before = world.secret(ca_name)
@@ -431,7 +438,7 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
     bad_acl = _user("bad-acl", "tls", [{"resource": {"type": "group", "name": "g"},
                                         "operations": ["Write"]}])
     world.apply(plain, broken_ca, broken, certificates_only, nowhere, on_plain, bad_acl,
-                scram_on_certs, squatter, foreign, taken)
+                scram_on_certs, squatter, foreign, taken, bad_listeners, on_bad_listeners)
     expected = {
         ("fjorduser", "nowhere"): ("ClusterNotFound", "'missing' does not exist"),
         ("fjorduser", "on-plain"): ("ClusterNotSecure", "spec.security.tls off"),
@@ -442,21 +449,25 @@ def test_what_cannot_be_reconciled_is_named_in_status(world: World) -> None:
         ("fjorduser", "scram-on-certs"): ("ScramNotServed", "kafkaAuthentication: tls"),
         ("fjorduser", ca_name): ("SecretNameTaken", f"Secret {ca_name} exists and does not"),
         ("fjordcluster", "taken"): ("SecretNameTaken", "Secret taken-broker-tls exists"),
+        ("fjordcluster", "bad-listeners"): ("InvalidSpec", "spec.listeners[0].authentication"),
+        ("fjorduser", "on-bad-listeners"): ("ClusterInvalid",
+                                            "spec.listeners[0].authentication"),
     }
     for (kind, name), (reason, words) in expected.items():
         condition = world.wait(lambda k=kind, n=name: _condition(world, k, n),
                                f"{kind} {name} in Error")
         assert condition["reason"] == reason and words in condition["message"], condition
-    for name in ("nowhere", "on-plain", "bad-acl", "broken-broker-tls", "scram-on-certs"):
+    for name in ("nowhere", "on-plain", "bad-acl", "broken-broker-tls", "scram-on-certs",
+                 "on-bad-listeners"):
         assert world.get("secret", name) is None, name
     assert world.get("statefulset", "broken-broker") is None  # nothing built on a bad CA
     world.kube.kubectl("delete", "fjorduser", "nowhere", "on-plain", "bad-acl", "scram-on-certs",
-                       ca_name, "-n", NAMESPACE, "--wait=false")
+                       "on-bad-listeners", ca_name, "-n", NAMESPACE, "--wait=false")
     world.wait(lambda: world.get("fjorduser", ca_name) is None, "the squatting user deleted")
     assert world.secret(ca_name) == ca_before  # the CA untouched throughout
     assert world.secret("taken-broker-tls") == {"app": b"someone else's"}
-    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "taken", "-n",
-                       NAMESPACE, "--wait=false")
+    world.kube.kubectl("delete", "fjordcluster", "plain", "broken", "certs-only", "taken",
+                       "bad-listeners", "-n", NAMESPACE, "--wait=false")
 
 
 def test_switching_a_user_from_certificate_to_scram_replaces_its_secret(world: World) -> None:
