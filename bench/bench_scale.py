@@ -10,15 +10,25 @@ each count of ``--counts`` a fresh cluster gets one topic of that many partition
   difference divided by the count;
 - **open files**: entries in /proc/<broker>/fd once served (before: in brackets);
 - **produce**: ``--records`` 100-byte records with acks=1 spread round-robin over every
-  partition by fjord.client's Producer (explicit partition), records/s;
+  partition by fjord.client's Producer (explicit partition, linger.ms 5, ``buffer.memory``
+  the default unless ``--buffer-memory``), records/s. Every open batch holds batch.size
+  (16 KiB) of buffer.memory (Kafka's rule), so beyond 2,048 partitions written at once the
+  default 32 MiB blocks send() until lingering batches leave;
 - **restart**: SIGTERM, start again, until every partition is led and served again
   (the broker answers Metadata with every partition led, its gauge says all are open);
 - **recovery**: SIGKILL (no clean-shutdown marker: every partition's log is recovered past its
   recovery point), start again, same end condition.
 
+With ``--brokers N`` (default 1) the cluster has N brokers and the topic's partitions (RF 1)
+are spread over them; memory and open files are then broker 0's (about 1/N of the
+partitions), restart and recovery are broker 0's (served again = every partition led, broker 0
+reporting its own as open), and create -> served waits for the brokers' gauges to add up to the
+count.
+
 Run::
 
     .venv/bin/python bench/bench_scale.py [--counts 1,100,1000,4000] [--records 100000]
+        [--brokers 1]
 """
 
 from __future__ import annotations
@@ -51,11 +61,16 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
-def served(cluster: LocalCluster, topic: str, count: int) -> bool:
-    try:
-        led = scrape_metric(cluster.metrics_address("broker", 0), "fjord_broker_partitions_led")
-    except OSError:
-        return False
+def served(cluster: LocalCluster, topic: str, count: int, brokers: int = 1) -> bool:
+    """Every partition led (the metadata of broker 0 says so) and opened by its leader (the
+    brokers' ``fjord_broker_partitions_led`` gauges add up to the count)."""
+    led = 0.0
+    for broker in range(brokers):
+        try:
+            led += scrape_metric(cluster.metrics_address("broker", broker),
+                                 "fjord_broker_partitions_led")
+        except OSError:
+            return False
     if led < count:
         return False
     response = cluster.broker_metadata(0)
@@ -63,13 +78,20 @@ def served(cluster: LocalCluster, topic: str, count: int) -> bool:
         return False
     for t in response.topics:
         if t.name == topic:
-            return len(t.partitions) == count and all(p.leader == 0 for p in t.partitions)
+            return len(t.partitions) == count and all(
+                0 <= p.leader < brokers for p in t.partitions
+            )
     return False
 
 
-def produce_spread(bootstrap: str, topic: str, count: int, records: int) -> float:
+def produce_spread(
+    bootstrap: str, topic: str, count: int, records: int, buffer_memory: int = 0
+) -> float:
     value = b"x" * 100
-    with Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5}) as producer:
+    config: dict[str, object] = {"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5}
+    if buffer_memory:
+        config["buffer.memory"] = buffer_memory
+    with Producer(config) as producer:
         producer.partitions_for(topic)
         start = time.perf_counter()
         for i in range(records):
@@ -78,7 +100,7 @@ def produce_spread(bootstrap: str, topic: str, count: int, records: int) -> floa
         return records / (time.perf_counter() - start)
 
 
-def restart(cluster: LocalCluster, topic: str, count: int, sig: int) -> float:
+def restart(cluster: LocalCluster, topic: str, count: int, sig: int, brokers: int) -> float:
     stopping = time.monotonic()
     process = cluster.process("broker", 0)
     process.send_signal(sig)
@@ -88,8 +110,8 @@ def restart(cluster: LocalCluster, topic: str, count: int, sig: int) -> float:
     print(f"  broker stopped ({signal.Signals(sig).name}) in {stopped:.2f} s", flush=True)
     start = time.monotonic()
     cluster.start_broker(0, wait=False)  # its own wait gives up after 30 s; ours measures
-    wait_for(lambda: served(cluster, topic, count), f"{count} partitions served again", WAIT_S,
-             interval=0.1)
+    wait_for(lambda: served(cluster, topic, count, brokers), f"{count} partitions served again",
+             WAIT_S, interval=0.1)
     took = time.monotonic() - start
     print(f"  served again {took:.2f} s after the start", flush=True)
     return took
@@ -99,13 +121,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--counts", default="1,100,1000,4000")
     parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--brokers", type=int, default=1)
+    parser.add_argument("--buffer-memory", type=int, default=0,
+                        help="the producer's buffer.memory (0: the default, 32 MiB)")
     args = parser.parse_args()
+    brokers = args.brokers
     rows = []
     for count in (int(c) for c in args.counts.split(",")):
         with tempfile.TemporaryDirectory(prefix="fjord-bench-scale-") as tmp:
-            cluster = LocalCluster(Path(tmp), brokers=1, controllers=1, coordinators=0,
+            cluster = LocalCluster(Path(tmp), brokers=brokers, controllers=1, coordinators=0,
                                    unsafe_etcd_no_fsync=True,
-                                   config={"max.broker.partitions": str(max(count, 1000))})
+                                   config={"max.broker.partitions": str(max(count, 1000)),
+                                           # one CreateTopics of `count` partitions
+                                           "max.records.per.user.op": str(
+                                               max(count + 100, 10_000))})
             with cluster:
                 pid = cluster.process("broker", 0).pid
                 rss_before, files_before = rss_mib(pid), open_files(pid)
@@ -113,16 +142,17 @@ def main() -> int:
                 with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
                     start = time.monotonic()
                     admin.create_topics([NewTopic(topic, count, 1, {})])
-                    wait_for(lambda c=cluster, n=count: served(c, TOPIC, n),
+                    wait_for(lambda c=cluster, n=count: served(c, TOPIC, n, brokers),
                              "partitions served", WAIT_S, interval=0.1)
                     create_s = time.monotonic() - start
                 print(f"  {count} partitions: create -> served {create_s:.2f} s", flush=True)
                 rss_after, files_after = rss_mib(pid), open_files(pid)
-                rate = produce_spread(cluster.bootstrap_servers, topic, count, args.records)
-                print(f"  produce spread {rate:,.0f} rec/s", flush=True)
+                rate = produce_spread(cluster.bootstrap_servers, topic, count, args.records,
+                                      args.buffer_memory)
                 load = os.getloadavg()[0]
-                restart_s = restart(cluster, topic, count, signal.SIGTERM)
-                recovery_s = restart(cluster, topic, count, signal.SIGKILL)
+                print(f"  produce spread {rate:,.0f} rec/s (load {load:.1f})", flush=True)
+                restart_s = restart(cluster, topic, count, signal.SIGTERM, brokers)
+                recovery_s = restart(cluster, topic, count, signal.SIGKILL, brokers)
                 pid = cluster.process("broker", 0).pid
                 files_restarted = open_files(pid)
             row = (count, create_s, rss_before, rss_after, files_before, files_after, rate,

@@ -195,7 +195,11 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--linger-ms", type=int, default=5)
+    parser.add_argument("--switch-interval-us", type=int, default=0,
+                        help="sys.setswitchinterval for this (the clients') process; 0: keep")
     args = parser.parse_args()
+    if args.switch_interval_us:
+        sys.setswitchinterval(args.switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
         cluster = LocalCluster(Path(tmp), brokers=1)
         cluster.start()
