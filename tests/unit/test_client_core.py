@@ -443,13 +443,18 @@ def test_no_growth_without_idempotence_or_room_in_buffer_memory() -> None:
         plain.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
     assert plain.open_batch(TP0) is not None
     assert plain.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
-    # buffer.memory cannot hold a grown batch beside the two in flight: a normal one opens
-    # (send() never waits for the sake of a larger batch).
-    tight = make_idempotent_accumulator(buffer_memory=900)
+    # Grown batches may take at most half of buffer.memory: beyond, a normal one opens
+    # (send() never waits for the sake of a larger batch, and open grown batches holding a
+    # few records each cannot reserve the whole buffer).
+    tight = make_idempotent_accumulator(buffer_memory=1700)
     fill_and_send(tight, 2)
     tight.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
     batch = tight.open_batch(TP0)
     assert batch is not None and batch.reserved_bytes == 200
+    roomy = make_idempotent_accumulator(buffer_memory=2100)  # 2 x 108 in flight + 800 <= 1050
+    fill_and_send(roomy, 2)
+    roomy.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert roomy.open_batch(TP0).reserved_bytes == 800  # type: ignore[union-attr]
     # A blocked_batch_size not above batch.size turns growth off.
     off = make_idempotent_accumulator(blocked_batch_size=200)
     fill_and_send(off, 2)

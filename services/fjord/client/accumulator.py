@@ -359,12 +359,16 @@ class RecordAccumulator:
     def _grown_builder(self, tp: TopicPartition, record_size: int) -> Builder | None:
         """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
         up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked on its
-        window and ``buffer.memory`` has room without waiting; None for a normal batch."""
+        window and the grown batches leave half of ``buffer.memory`` free; None for a normal
+        batch."""
         grown = self._blocked_batch_size
         if not grown or record_size > grown or not self.window_full(tp):
             return None
-        if self._reserved and self._reserved + grown > self._buffer_memory:
-            return None  # never block send() for the sake of a larger batch
+        if self._reserved + grown > self._buffer_memory // 2:
+            # Never block send() for the sake of a larger batch, and keep half of
+            # buffer.memory for normal ones: many blocked partitions with a few records each
+            # must not reserve the whole buffer with mostly empty grown batches.
+            return None
         assert self._sized_builder is not None
         builder = self._sized_builder(grown)
         self._reserved += grown
