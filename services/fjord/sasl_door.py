@@ -29,6 +29,7 @@ import grpc
 from grpc import aio
 
 from fjord._proto import common_pb2, sasl_pb2, sasl_pb2_grpc
+from fjord.observability import metrics
 from fjord.security import ServiceSecurity
 from fjord.security.principal import Principal
 from fjord.security.sasl_sessions import (
@@ -157,6 +158,7 @@ class SaslSessionInterceptor(aio.ServerInterceptor):
             self.refused += 1
             if found.state is SessionState.EXPIRED:
                 self.expired += 1
+                metrics.record_sasl_expired_session("grpc")
                 log.info("%s: refused %s on the SASL door: session expired", self._name,
                          details.method)
             else:

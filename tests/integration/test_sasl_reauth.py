@@ -27,6 +27,7 @@ from fjord.errors import ErrorCode, FjordError
 from fjord.local.cluster import LocalCluster
 from fjord.security.scram import UserScramCredentialDeletion, UserScramCredentialUpsertion
 from fjord.testing.waiting import wait_for
+from tests.helpers.metrics import metric_value
 from tests.helpers.sasl import (
     admin_config,
     closed,
@@ -146,6 +147,9 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
     # never a record: that is what the exactly-once check above covers.)
     assert len(log_lines(cluster, "broker-0", "alice re-authenticated")) >= 3
     assert len(log_lines(cluster, "coordinator-1", "alice re-authenticated")) >= 2
+    for process in (("broker", 0), ("coordinator", 1)):
+        assert metric_value(cluster.metrics_address(*process),
+                            "fjord_sasl_reauthentications_total") >= 2
     assert len(log_lines(cluster, "broker-0", "User:alice logged in with SASL")) >= 4
     assert len(log_lines(cluster, "coordinator-1", "User:alice logged in with SASL")) >= 3
 
@@ -172,6 +176,8 @@ def test_a_connection_that_does_not_reauthenticate_is_closed_after_its_lifetime(
         assert time.monotonic() - logged_in_at >= LIFETIME_S
         assert closed(sock)
     assert log_lines(cluster, "broker-0", "session of User:erin expired")
+    assert metric_value(cluster.metrics_address("broker", 0),
+                        "fjord_sasl_expired_sessions_total", door="kafka") >= 1
 
 
 def test_a_deleted_user_keeps_its_session_until_the_next_reauthentication(

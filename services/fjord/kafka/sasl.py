@@ -120,6 +120,8 @@ class SaslConnection:
         self.authentications = 0
         #: When the current session ends (clock seconds; None: never, or not authenticated).
         self.expires_at: float | None = None
+        #: True once the connection is being closed because its session expired.
+        self.closed_expired = False
         self._mechanism = ""
         self._exchange = ScramExchange(self.mechanisms, lookup)
 
@@ -149,6 +151,7 @@ class SaslConnection:
                     "SaslAuthenticate on an authenticated connection without a SaslHandshake"
                 )
             if self.session_expired():
+                self.closed_expired = True
                 return self._fail_close(
                     f"SASL session of {self.principal} expired "
                     f"({CONNECTIONS_MAX_REAUTH_MS_KEY}={self.lifetime.max_reauth_ms}) and the "

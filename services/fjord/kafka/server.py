@@ -207,8 +207,11 @@ class KafkaListener:
                 renewals = sasl.authentications
                 answer = sasl.on_frame(frame)
                 if isinstance(answer, Close):
+                    if sasl.closed_expired:
+                        metrics.record_sasl_expired_session("kafka")
                     return answer.reason
                 if sasl.authentications > max(renewals, 1):
+                    metrics.record_sasl_reauthentication()
                     log.info("%s listener: %s re-authenticated from %s (KIP-368)",
                              self._name, sasl.principal, host)
                 if isinstance(answer, (Reply, ReplyThenClose)):

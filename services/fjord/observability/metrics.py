@@ -282,6 +282,31 @@ def record_authorization_denial(operation: AclOperation, resource_type: Resource
     AUTHORIZATION_DENIALS.labels(operation.java_name, resource_type.java_name).inc()
 
 
+# --- SASL sessions (KIP-368; brokers and coordinators with SASL doors) ---------------------------
+
+SASL_REAUTHENTICATIONS = Counter(
+    "fjord_sasl_reauthentications",
+    "Successful SASL re-authentications on Kafka-protocol connections (KIP-368; Kafka's "
+    "successful-reauthentication-total).",
+)
+SASL_EXPIRED_SESSIONS = Counter(
+    "fjord_sasl_expired_sessions",
+    "SASL sessions used after their connections.max.reauth.ms: on door kafka a connection "
+    "closed on its next request (Kafka's expired-connections-killed-count), on door grpc a "
+    "call refused for an expired session token.",
+    ["door"],
+)
+
+
+def record_sasl_reauthentication() -> None:
+    SASL_REAUTHENTICATIONS.inc()
+
+
+def record_sasl_expired_session(door: str) -> None:
+    """``door``: ``kafka`` (a connection closed) or ``grpc`` (a call refused)."""
+    SASL_EXPIRED_SESSIONS.labels(door).inc()
+
+
 def record_bytes_in(topic: str, num_bytes: int, num_records: int = 0) -> None:
     """Count ``num_bytes`` of batches (and ``num_records`` records) appended to ``topic``."""
     BROKER_BYTES_IN.labels(topic).inc(num_bytes)
