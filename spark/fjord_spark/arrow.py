@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -217,3 +218,70 @@ def batch_to_records(batch: pa.RecordBatch, topic_option: str | None) -> Iterato
     else:
         headers = [None] * count
     return zip(topics, partitions, keys, values, headers, strict=True)
+
+
+#: Rows of one topic (and one explicit partition, or None: the producer's partitioner) in the
+#: order they came: ``(topic, partition, keys or None, values)``, what ``Producer.send_many``
+#: takes.
+OutgoingGroup = tuple[str, int | None, list[bytes | None] | None, list[bytes | None]]
+
+
+def batch_to_groups(batch: pa.RecordBatch, topic_option: str | None) -> list[OutgoingGroup] | None:
+    """The rows of a batch to write as :data:`OutgoingGroup` s, split with Arrow's vectorised
+    calls (no Python per row but the lists handed over); None when the batch needs the
+    row-by-row path (:func:`batch_to_records`): a row has headers, or the ``partition`` column
+    mixes null and set values (grouping would reorder a partition's rows). Every row of one
+    partition keeps its order. ``ConfigError`` for a null topic (no ``topic`` option)."""
+    names = set(batch.schema.names)
+    if "headers" in names:
+        headers = batch.column("headers")
+        if headers.null_count < len(headers) and pc.max(pc.list_value_length(headers)).as_py():
+            return None
+    partitions = batch.column("partition") if "partition" in names else None
+    if partitions is not None and 0 < partitions.null_count < len(partitions):
+        return None
+    if topic_option is None:
+        topics = batch.column("topic")
+        if topics.null_count:
+            raise ConfigError("a row has a null topic and the option topic is not set")
+    groups: list[OutgoingGroup] = []
+    for topic, rows in _split(batch, None if topic_option is not None else "topic"):
+        if partitions is None or partitions.null_count:
+            parts: list[tuple[Any, pa.RecordBatch]] = [(None, rows)]
+        else:
+            parts = _split(rows, "partition")
+        for partition, part_rows in parts:
+            groups.append(
+                (
+                    topic_option if topic_option is not None else topic,
+                    partition,
+                    _as_bytes_list(part_rows, "key"),
+                    _as_bytes_list(part_rows, "value") or [],
+                )
+            )
+    return groups
+
+
+def _split(batch: pa.RecordBatch, column: str | None) -> list[tuple[Any, pa.RecordBatch]]:
+    """``batch`` split by the distinct values of ``column`` (None: not split), each part's
+    rows in their order."""
+    if column is None:
+        return [(None, batch)]
+    values = batch.column(column)
+    distinct = pc.unique(values).to_pylist()
+    if len(distinct) == 1:
+        return [(distinct[0], batch)]
+    return [(v, batch.filter(pc.equal(values, pa.scalar(v, values.type)))) for v in distinct]
+
+
+def _as_bytes_list(batch: pa.RecordBatch, name: str) -> list[bytes | None] | None:
+    """Column ``name`` (binary or string: strings as their UTF-8 bytes) as a list of bytes and
+    None; None when the batch has no such column or it is all null."""
+    if name not in batch.schema.names:
+        return None
+    column = batch.column(name)
+    if name == "key" and column.null_count == len(column):
+        return None
+    if not pa.types.is_binary(column.type):
+        column = column.cast(pa.binary())
+    return column.to_pylist()

@@ -37,6 +37,14 @@ ARROW_BATCH_ROWS = 20_000
 #: ``acks`` of the producer inside a write task unless ``fjord.acks`` is given (Kafka's default).
 WRITER_ACKS = "all"
 
+#: ``batch.size`` of the producer inside a write task unless ``fjord.batch.size`` is given: a
+#: task writes many rows at once (Producer.send_many), and with the producer's 16 KiB default
+#: an idempotent producer (at most 5 batches of a partition unanswered) waits on round trips:
+#: 148k rows/s vs 1.18M with 1 MiB (bench/RESULTS.md, section spark). 1 MiB is the default
+#: ``max.request.size``, and a batch never exceeds batch.size, so it fits a topic's default
+#: ``max.message.bytes``.
+WRITER_BATCH_SIZE = 1_048_576
+
 #: ``maxTriggerDelay`` default: with ``minOffsetsPerTrigger``, the longest a micro-batch waits
 #: for enough records (Spark's Kafka source: 15m).
 MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000

@@ -192,7 +192,10 @@ class WriterOptions:
     transactional_id_prefix: str = defaults.TRANSACTIONAL_ID_PREFIX
 
     def producer_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {"acks": defaults.WRITER_ACKS}
+        config: dict[str, Any] = {
+            "acks": defaults.WRITER_ACKS,
+            "batch.size": defaults.WRITER_BATCH_SIZE,
+        }
         config.update(self.client_properties)
         config["bootstrap.servers"] = self.bootstrap_servers
         return config

@@ -47,6 +47,8 @@ from fjord.client import (
     ConsumerRecord,
     OffsetAndMetadata,
     Producer,
+    RecordFuture,
+    RecordsFuture,
     TopicPartition,
 )
 from fjord.errors import (
@@ -61,6 +63,7 @@ from fjord_spark import defaults
 from fjord_spark.arrow import (
     TIMESTAMP_TYPES,
     arrow_schema,
+    batch_to_groups,
     batch_to_records,
     check_writer_schema,
     reader_schema,
@@ -620,21 +623,32 @@ class FjordCommitMessage(WriterCommitMessage):
 
 
 def write_batches(options: WriterOptions, batches: Iterator[pa.RecordBatch]) -> FjordCommitMessage:
-    """Send every row with one producer, then flush and check every record's future: a record
-    that was not acknowledged fails the task (Spark retries it), it is never lost silently."""
-    futures = []
+    """Send every row with one producer, then flush and check that every record was
+    acknowledged: a record that was not fails the task (Spark retries it), it is never lost
+    silently. Rows go in bulk (``Producer.send_many``: one call per topic and partition
+    group of a batch, no Python per row), row by row only for batches with headers or a
+    ``partition`` column mixing null and set values."""
+    futures: list[RecordsFuture | RecordFuture] = []
+    sent = 0
     with Producer(options.producer_config()) as producer:
         for batch in batches:
+            groups = batch_to_groups(batch, options.topic)
+            if groups is not None:
+                for group_topic, group_partition, keys, values in groups:
+                    futures.append(producer.send_many(group_topic, values, keys, group_partition))
+                    sent += len(values)
+                continue
             for topic, partition, key, value, headers in batch_to_records(batch, options.topic):
                 if topic is None:
                     raise ConfigError("a row has a null topic and the option topic is not set")
                 futures.append(
                     producer.send(topic, value=value, key=key, partition=partition, headers=headers)
                 )
+                sent += 1
         producer.flush()
         for future in futures:
-            future.result()  # raises the record's typed error
-    return FjordCommitMessage(len(futures))
+            future.result()  # raises the typed error of a record that was not written
+    return FjordCommitMessage(sent)
 
 
 @dataclass(frozen=True)

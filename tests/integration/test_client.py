@@ -33,6 +33,7 @@ from fjord.errors import (
     FjordError,
     InvalidGroupIdError,
     RecordDeserializationError,
+    RecordTooLargeError,
 )
 from fjord.testing.waiting import seconds_until
 
@@ -144,6 +145,44 @@ def test_keyed_records_land_on_kafkas_murmur2_partition(admin: AdminClient, boot
     for record in records:
         if record.key is not None:
             assert record.partition == (kafka_murmur2(record.key) & 0x7FFFFFFF) % 5
+
+
+def test_send_many_partitions_like_send_and_keeps_each_partitions_order(
+    admin: AdminClient, bootstrap: str
+) -> None:
+    topic = make_topic(admin, 5)
+    keys = [f"user-{i % 17}".encode() for i in range(300)]
+    values = [f"v{i}".encode() for i in range(300)]
+    config = {"bootstrap.servers": bootstrap, "acks": "all", "batch.size": 1024}
+    with Producer(config) as producer:
+        keyed = producer.send_many(topic, values, keys, timestamp_ms=1_700_000_000_000)
+        pinned = producer.send_many(topic, [b"p0", b"p1"], partition=3)
+        unkeyed = producer.send_many(topic, [b"n%d" % i for i in range(50)])
+        with pytest.raises(ValueError, match="one key per value"):
+            producer.send_many(topic, [b"a"], [b"k", b"k2"])
+        with pytest.raises(RecordTooLargeError):
+            producer.send_many(topic, [b"ok", b"x" * 2_000_000])
+        with pytest.raises(FjordError) as missing:
+            producer.send_many(topic, [b"a"], partition=9)
+        assert missing.value.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        assert producer.send_many(topic, []).result(WAIT_S) == 0
+        producer.flush(WAIT_S)
+        assert (keyed.result(0), pinned.result(0), unkeyed.result(0)) == (300, 2, 50)
+        assert keyed.done() and keyed.exception() is None
+    with consumer_for(bootstrap) as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(5)])
+        records = consume_n(consumer, 352)
+    assert len(records) == 352  # nothing of the refused calls was sent
+    by_value = {r.value: r for r in records}
+    for key, value in zip(keys, values, strict=True):
+        record = by_value[value]
+        assert record.key == key and record.timestamp == 1_700_000_000_000
+        assert record.partition == (kafka_murmur2(key) & 0x7FFFFFFF) % 5
+    assert {by_value[v].partition for v in (b"p0", b"p1")} == {3}
+    assert len({by_value[b"n%d" % i].partition for i in range(50)}) == 1  # sticky
+    for p in range(5):
+        mine = [int(r.value[1:]) for r in records if r.partition == p and r.value[:1] == b"v"]
+        assert mine == sorted(mine)  # each partition's records in the order given
 
 
 def test_seek_positions_offsets_for_times_pause_resume(admin: AdminClient, bootstrap: str) -> None:

@@ -18,6 +18,7 @@ from fjord_spark import defaults
 from fjord_spark.arrow import (
     HEADER_TYPE,
     arrow_schema,
+    batch_to_groups,
     batch_to_records,
     check_writer_schema,
     reader_schema,
@@ -145,6 +146,9 @@ def test_writer_options() -> None:
     w = parse_writer_options({**BOOT, "topic": "out", "fjord.linger.ms": "20"})
     config = w.producer_config()
     assert w.topic == "out" and config["linger.ms"] == "20" and config["acks"] == "all"
+    assert config["batch.size"] == defaults.WRITER_BATCH_SIZE == 1_048_576
+    small = parse_writer_options({**BOOT, "kafka.batch.size": "16384"}).producer_config()
+    assert small["batch.size"] == "16384"  # the user's wins
     assert parse_writer_options(BOOT).topic is None
     with pytest.raises(ConfigError, match=r"compression\.type"):
         parse_writer_options({**BOOT, "fjord.compression.type": "rar"})
@@ -505,6 +509,58 @@ def test_c_column_builders_refuse_what_is_not_a_record_field() -> None:
     with pytest.raises(ValueError, match="index must be >= 0"):
         columns.int64_column([good], -1, 1)
     assert columns.binary_column([], 3) == (b"\0\0\0\0", b"", None, 0)
+
+
+def test_batch_to_groups_splits_by_topic_and_partition_keeping_order() -> None:
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array(["a", None, "c", "d"], pa.string()),
+            "value": pa.array([b"1", b"2", None, b"4"], pa.binary()),
+            "topic": ["x", "y", "x", "x"],
+            "partition": pa.array([0, 1, 1, 0], pa.int32()),
+        }
+    )
+    assert batch_to_groups(batch, None) == [
+        ("x", 0, [b"a", b"d"], [b"1", b"4"]),
+        ("x", 1, [b"c"], [None]),
+        ("y", 1, None, [b"2"]),  # (a group whose keys are all null: no keys)
+    ]
+    # The topic option wins over the column; no partition column: the producer's partitioner.
+    plain = batch.drop_columns(["partition"])
+    assert batch_to_groups(plain, "out") == [
+        ("out", None, [b"a", None, b"c", b"d"], [b"1", b"2", None, b"4"])
+    ]
+    # All keys null: no keys; an all-null partition column: the partitioner.
+    no_keys = pa.RecordBatch.from_pydict(
+        {
+            "key": pa.array([None, None], pa.binary()),
+            "value": pa.array(["s", "t"], pa.string()),
+            "partition": pa.array([None, None], pa.int32()),
+            "headers": pa.array([None, []], pa.list_(fjord_arrow.arrow_schema(
+                reader_schema(True)).field("headers").type.value_type)),
+        }
+    )  # fmt: skip
+    assert batch_to_groups(no_keys, "out") == [("out", None, None, [b"s", b"t"])]
+
+
+def test_batch_to_groups_leaves_headers_and_mixed_partitions_to_the_row_path() -> None:
+    header_type = fjord_arrow.arrow_schema(reader_schema(True)).field("headers").type
+    with_headers = pa.RecordBatch.from_pydict(
+        {
+            "value": pa.array([b"1", b"2"]),
+            "headers": pa.array([[], [{"key": "h", "value": b"v"}]], header_type),
+        }
+    )
+    assert batch_to_groups(with_headers, "out") is None
+    mixed = pa.RecordBatch.from_pydict(
+        {"value": pa.array([b"1", b"2"]), "partition": pa.array([None, 2], pa.int32())}
+    )
+    assert batch_to_groups(mixed, "out") is None
+    null_topic = pa.RecordBatch.from_pydict(
+        {"value": pa.array([b"1"]), "topic": pa.array([None], pa.string())}
+    )
+    with pytest.raises(ConfigError, match="null topic"):
+        batch_to_groups(null_topic, None)
 
 
 def test_writer_schema_rules() -> None:

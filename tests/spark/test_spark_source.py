@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka.partitioner.default import murmur2 as kafka_murmur2
 
 from fjord.client import Consumer, TopicPartition
 from fjord.errors import KafkaTimeoutError
@@ -119,6 +120,33 @@ def test_batch_write_then_read_back(spark: Any, bootstrap: str, new_topic: Any) 
     assert got == sorted(data)
     # Order within a partition is the write order of that task's rows.
     assert sorted(r.offset for r in back if r.partition == 0) == list(range(60))
+
+
+def test_bulk_write_of_keyed_rows_lands_on_kafkas_partitions(
+    spark: Any, bootstrap: str, new_topic: Any
+) -> None:
+    """Rows without headers go through Producer.send_many: string keys and values as UTF-8,
+    the topic from a column, keyed rows on Kafka's murmur2 partition, null keys too, nothing
+    lost or doubled, each partition in write order."""
+    topic = new_topic(3)
+    df = spark.range(0, 500, numPartitions=2).selectExpr(
+        "IF(id % 50 = 0, NULL, CONCAT('k', CAST(id % 40 AS STRING))) AS key",
+        "CAST(id AS STRING) AS value",
+        f"'{topic}' AS topic",
+    )
+    df.write.format("fjord").option("bootstrap.servers", bootstrap).mode("append").save()
+    back = reader(spark, bootstrap, subscribe=topic).load().collect()
+    assert sorted(int(bytes(r.value)) for r in back) == list(range(500))
+    for r in back:
+        if r.key is not None:
+            key = bytes(r.key)
+            assert key == b"k%d" % (int(bytes(r.value)) % 40)
+            assert r.partition == (kafka_murmur2(key) & 0x7FFFFFFF) % 3
+    for p in range(3):
+        rows = sorted((r.offset, int(bytes(r.value))) for r in back if r.partition == p)
+        for task in (range(0, 250), range(250, 500)):  # each write task's rows in order
+            mine = [v for _, v in rows if v in task]
+            assert mine == sorted(mine)
 
 
 def test_write_to_unknown_topic_fails_the_task(spark: Any, bootstrap: str) -> None:

@@ -22,7 +22,7 @@ from fjord.client.metadata import merge_snapshots, snapshot_from_response
 from fjord.client.network import KafkaTimeoutError, NetworkError
 from fjord.client.producer import linger_wait
 from fjord.client.types import RecordMetadata, TopicPartition
-from fjord.errors import ErrorCode, FjordError, RecordTooLargeError
+from fjord.errors import ErrorCode, FjordError, InvalidRecordError, RecordTooLargeError
 from fjord.records.builder import BatchBuilder
 from fjord.records.reader import decode_records
 
@@ -124,6 +124,44 @@ def test_records_fill_a_batch_then_open_the_next() -> None:
     assert [r.value for r in records] == [b"v" * 20] * 20
     assert [r.timestamp for r in records] == list(range(1000, 1020))
     assert all(f.done() is False for f in futures)
+
+
+def test_append_many_continues_the_open_batch_then_opens_more_in_order() -> None:
+    acc = make_accumulator()
+    first, _ = acc.append(TP0, 5, b"k0", b"v" * 20, (), now_ms=0)
+    assert first is not None
+    keys = [b"k%d" % i for i in range(1, 21)]
+    values = [b"v" * 20] * 19 + [None]
+    completions, wake = acc.append_many(TP0, 7, keys, values)
+    assert wake is True  # the open batch filled up and new ones opened
+    assert completions[0] is first._batch  # the open batch took records first
+    assert len(completions) == len(set(map(id, completions))) >= 3
+    drained = acc.drain([TP0], max_request_bytes=10**6, now_ms=10**9)
+    assert [b.completion for b in drained] == completions
+    records = list(decode_records(b"".join(b.close() for b in drained)))
+    assert [r.key for r in records] == [b"k0", *keys]
+    assert [r.value for r in records] == [b"v" * 20, *values]
+    assert [r.timestamp for r in records] == [5] + [7] * 20
+
+
+def test_append_many_into_an_open_batch_with_room_wakes_nobody() -> None:
+    acc = make_accumulator(batch_size=10_000)
+    completions, wake = acc.append_many(TP0, 1, None, [b"a"])
+    assert wake is True
+    assert acc.append_many(TP0, 1, [b"k"], [b"b"]) == (completions, False)
+
+
+def test_append_many_error_keeps_earlier_records_and_no_empty_batch() -> None:
+    acc = make_accumulator(batch_size=200)
+    with pytest.raises(InvalidRecordError):  # (after the first record, in the same batch)
+        acc.append_many(TP0, 1, None, [b"a" * 150, 42])
+    with pytest.raises(InvalidRecordError):  # the first record of a new batch
+        acc.append_many(TP1, 1, None, [42])
+    drained = acc.drain([TP0, TP1], max_request_bytes=10**6, now_ms=10**9)
+    assert [(b.tp, b.record_count) for b in drained] == [(TP0, 1)]
+    acc.deallocate(drained[0])
+    assert acc.append_many(TP0, 1, None, [b"ok"])[1] is True
+    assert acc._reserved == 200  # only the new batch's: nothing leaked
 
 
 def test_linger_makes_a_lone_batch_ready_later() -> None:

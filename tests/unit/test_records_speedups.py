@@ -283,3 +283,41 @@ def test_huge_record_counts_do_not_allocate(c_impl) -> None:
     section, _ = _section([(1, None, b"v", ())])
     with pytest.raises(CorruptRecordError):
         c_impl["decode_record_tuples"](section, 0, 0, (1 << 31) - 1, (1 << 31) - 1)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(
+    keys=st.one_of(st.none(), st.lists(st.one_of(st.none(), st.binary(max_size=30)), max_size=40)),
+    data=st.data(),
+    batch_size=st.integers(1, 2000),
+)
+def test_try_append_many_is_try_append_in_a_loop(c_impl, keys, data, batch_size) -> None:
+    """The C try_append_many appends what the Python one (try_append per record) appends: the
+    same next index after each call, the same bytes, until a batch is full."""
+    count = len(keys) if keys is not None else data.draw(st.integers(0, 40))
+    values = data.draw(
+        st.lists(st.one_of(st.none(), st.binary(max_size=200)), min_size=count, max_size=count)
+    )
+    ours, reference = c_impl["BatchBuilder"](batch_size=batch_size), PyBatchBuilder(
+        batch_size=batch_size
+    )
+    start = data.draw(st.integers(0, count))
+    got = ours.try_append_many(1_700_000_000_000, keys, values, start)
+    want = reference.try_append_many(1_700_000_000_000, keys, values, start)
+    assert got == want and start <= got <= count
+    assert got > start or start == count  # an empty batch takes its first record
+    assert ours.record_count == reference.record_count == got - start
+    assert outcome(ours.build) == outcome(reference.build)
+
+
+def test_try_append_many_errors(c_impl) -> None:
+    for builder in (c_impl["BatchBuilder"](), PyBatchBuilder()):
+        with pytest.raises(ValueError, match="differ in length"):
+            builder.try_append_many(0, [b"k"], [b"a", b"b"], 0)
+        with pytest.raises(ValueError, match="start must be >= 0"):
+            builder.try_append_many(0, None, [b"a"], -1)
+        # A value of the wrong type: the records before it stay appended, the error is the
+        # Python builder's.
+        with pytest.raises(InvalidRecordError):
+            builder.try_append_many(0, None, [b"a", 42], 0)
+        assert builder.record_count == 1

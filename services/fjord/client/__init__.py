@@ -15,7 +15,7 @@ from fjord.client.consumer import (
     IllegalStateError,
     NoOffsetForPartitionError,
 )
-from fjord.client.futures import RecordFuture
+from fjord.client.futures import RecordFuture, RecordsFuture
 from fjord.client.partitioner import murmur2, partition_for_key
 from fjord.client.producer import AsyncProducer, Producer
 from fjord.client.types import (
@@ -63,6 +63,7 @@ __all__ = [
     "Producer",
     "RecordFuture",
     "RecordMetadata",
+    "RecordsFuture",
     "ScrubStatus",
     "TopicDescription",
     "TopicPartition",

@@ -42,6 +42,14 @@ class Builder(Protocol):
         self, timestamp_ms: int, key: bytes | None, value: bytes | None, headers: Headers = ()
     ) -> int: ...
 
+    def try_append_many(
+        self,
+        timestamp_ms: int,
+        keys: list[bytes | None] | None,
+        values: list[bytes | None],
+        start: int,
+    ) -> int: ...
+
     def try_append_future(
         self,
         future_type: type[RecordFuture],
@@ -373,6 +381,74 @@ class RecordAccumulator:
         builder = self._sized_builder(grown)
         self._reserved += grown
         return builder
+
+    def append_many(
+        self,
+        tp: TopicPartition,
+        timestamp_ms: int,
+        keys: list[bytes | None] | None,
+        values: list[bytes | None],
+        *,
+        max_block_s: float = 0.0,
+    ) -> tuple[list[BatchCompletion], bool]:
+        """Add records ``(keys[i] or None, values[i])`` (no headers, all with ``timestamp_ms``)
+        to ``tp`` in order: into its open batch while it has room, then into new batches
+        (each reserving ``batch.size`` or its first record's size). Returns the completions
+        of the batches the records went into, in order, and whether the sender must be woken
+        (a batch was filled or opened). The same invariants as :meth:`append`; a record that
+        cannot be encoded raises with the records before it appended."""
+        completions: list[BatchCompletion] = []
+        wake = False
+        start, count = 0, len(values)
+        with self._lock:
+            if self.closed:
+                raise FjordError("the producer is closed", code=ErrorCode.INVALID_REQUEST)
+            batch = self._open.get(tp)
+            if batch is not None and batch.coordinator_epoch != 0:
+                self._close_open(tp, batch)
+                batch = None
+            if batch is not None:
+                after = batch.builder.try_append_many(timestamp_ms, keys, values, start)
+                if after > start:
+                    completions.append(batch.completion)
+                    start = after
+                if start < count:
+                    self._close_open(tp, batch)  # full
+                    wake = True
+            while start < count:
+                if self._open.get(tp) is batch is not None:
+                    self._close_open(tp, batch)  # full
+                queue = self._queues.get(tp)
+                if queue is None:
+                    queue = self._queues[tp] = deque()
+                key = None if keys is None else keys[start]
+                value = values[start]
+                estimate = _record_size_estimate(
+                    key if type(key) is bytes else None,  # (others: the builder's error)
+                    value if type(value) is bytes else None,
+                    (),
+                )
+                builder = self._grown_builder(tp, estimate)  # (as append() opens batches)
+                if builder is not None:
+                    reserve = self._blocked_batch_size  # reserved by _grown_builder
+                else:
+                    reserve = max(self._batch_size, estimate)
+                    self._reserve(reserve, max_block_s)
+                    builder = self._new_builder()
+                batch = ProducerBatch(tp, builder, self._clock(), reserve)
+                try:  # (a fresh batch takes at least its first record, unless it raises)
+                    start = batch.builder.try_append_many(timestamp_ms, keys, values, start)
+                finally:
+                    if batch.record_count:  # queued even when a later record raised
+                        queue.append(batch)
+                        self._open[tp] = batch
+                        self._incomplete.add(batch.completion)
+                        completions.append(batch.completion)
+                        wake = True
+                    else:  # never queued: give its reservation back
+                        self._reserved -= reserve
+                        self._space.notify_all()
+        return completions, wake
 
     def open_batch(self, tp: TopicPartition) -> ProducerBatch | None:
         """The batch of ``tp`` that appends go to now (None: the next append opens one)."""

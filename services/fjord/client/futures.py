@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -173,3 +174,39 @@ class RecordFuture(_RecordFutureBase):
     def __repr__(self) -> str:
         state = "pending" if not self.done() else "failed" if self._batch.error else "done"
         return f"<RecordFuture {self._batch.topic}-{self._batch.partition} {state}>"
+
+
+class RecordsFuture:
+    """The outcome of the records one :meth:`fjord.client.Producer.send_many` call queued:
+    done when every batch they went into is. ``result()`` returns how many records were
+    sent, or raises the error of the first batch (in the order the records went in) that
+    failed; waiting longer than ``timeout`` raises ``TimeoutError``."""
+
+    __slots__ = ("_completions", "count")
+
+    def __init__(self, completions: list[BatchCompletion], count: int) -> None:
+        self._completions = completions
+        self.count = count
+
+    def done(self) -> bool:
+        return all(c.done for c in self._completions)
+
+    def _wait(self, timeout: float | None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for completion in self._completions:
+            remaining = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+            if not completion.wait(remaining):
+                raise TimeoutError(f"the records were not acknowledged within {timeout} s")
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._wait(timeout)
+        return next((c.error for c in self._completions if c.error is not None), None)
+
+    def result(self, timeout: float | None = None) -> int:
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"<RecordsFuture {self.count} records, {'done' if self.done() else 'pending'}>"

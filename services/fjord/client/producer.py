@@ -25,7 +25,7 @@ import logging
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from fjord._proto import broker_pb2
@@ -38,10 +38,10 @@ from fjord.client.accumulator import (
     handle_produce_results,
 )
 from fjord.client.consumer_coordinator import normalize_offsets
-from fjord.client.futures import RecordFuture
+from fjord.client.futures import RecordFuture, RecordsFuture
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
-from fjord.client.partitioner import StickyPartitioner, partition_for_key
+from fjord.client.partitioner import StickyPartitioner, group_by_partition, partition_for_key
 from fjord.client.transactions import ClientTransactionManager
 from fjord.client.types import (
     ConsumerGroupMetadata,
@@ -758,6 +758,104 @@ class Producer(_ProducerBase):
                 # throughput (about half, bench_e2e) than it saved in latency.
                 time.sleep(0)
         return future
+
+    def send_many(
+        self,
+        topic: str,
+        values: Sequence[bytes | None],
+        keys: Sequence[bytes | None] | None = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+    ) -> RecordsFuture:
+        """Queue many records of one topic at once: record ``i`` is ``values[i]`` with key
+        ``keys[i]`` (``keys`` None: no keys), no headers, all with one timestamp
+        (``timestamp_ms``, default now). Partitions as :meth:`send` chooses them (``partition``,
+        else Kafka's murmur2 of the key, else the sticky partition; all null-key records of
+        one call go to one partition), and records of a partition keep their order. The bulk
+        form of :meth:`send` for callers that hold records in columns (the Spark sink): the
+        records go into batches in one C call per batch (with the extension) and there is
+        one future for all of them, a :class:`RecordsFuture` (``result()``: the count, or
+        the first failed batch's error). Same blocking and size rules as :meth:`send`: a
+        record larger than ``max.request.size`` raises RecordTooLargeError before anything
+        of this call is queued; a value or key that is not bytes-like raises with the
+        records before it queued."""
+        self._not_from_callback("send_many()")
+        if self._closed:
+            raise FjordError("send_many() after close()", code=ErrorCode.INVALID_REQUEST)
+        if self._txn is not None:
+            self._txn.check_send()
+        values = values if type(values) is list else list(values)
+        if keys is not None:
+            keys = keys if type(keys) is list else list(keys)
+            if len(keys) != len(values):
+                raise ValueError(
+                    f"send_many(): {len(keys)} keys for {len(values)} values (one key per value)"
+                )
+        if not values:
+            return RecordsFuture([], 0)
+        if self._trace_records:  # every record needs its own traceparent header: one by one
+            futures = [
+                self.send(topic, value, None if keys is None else keys[i], partition, None,
+                          timestamp_ms)
+                for i, value in enumerate(values)
+            ]  # fmt: skip
+            return RecordsFuture(list(dict.fromkeys(f._batch for f in futures)), len(futures))
+        self._check_sizes(values, keys)
+        tps = self._tps.get(topic)
+        if tps is None or self._sender.partition_counts.get(topic) != len(tps):
+            tps = self._partitions(topic)
+        if tps is None:
+            self._io.run(self._await_topic(topic), self._max_block_s + 1)
+            tps = self._partitions(topic)
+            assert tps is not None
+        count = len(tps)
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise error_for_code(
+                    ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"partition {partition} of topic {topic!r} does not exist ({count} "
+                    "partitions)",
+                )
+            groups: list[tuple[int, list[Any] | None, list[Any]]] = [(partition, keys, values)]
+        else:
+            sticky = self._sticky.partition(topic, count)
+            if keys is None or self._ignore_keys:
+                groups = [(sticky, keys, values)]
+            else:
+                groups = [
+                    (p, group[0], group[1])
+                    for p, group in enumerate(group_by_partition(keys, values, count, sticky))
+                    if group is not None
+                ]
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        completions: list[Any] = []
+        moved_sticky = False
+        for number, group_keys, group_values in groups:
+            done, wake = self._accumulator.append_many(
+                tps[number], timestamp_ms, group_keys, group_values, max_block_s=self._max_block_s
+            )
+            completions.extend(done)
+            if wake:
+                self._wake_sender()
+                if partition is None and not moved_sticky:
+                    self._sticky.on_new_batch(topic, count, sticky)  # KIP-480: move on
+                    moved_sticky = True
+                if self._yield_per_batch:
+                    time.sleep(0)  # (see send(): the I/O thread needs the GIL once per batch)
+        return RecordsFuture(completions, len(values))
+
+    def _check_sizes(self, values: list[Any], keys: list[Any] | None) -> None:
+        """RecordTooLargeError for the first record larger than max.request.size allows (the
+        exact check only when the largest key and value together could be too large)."""
+        limit = self._max_record - _HEADER_OVERHEAD
+        largest = max(map(len, filter(None, values)), default=0)
+        if keys is not None:
+            largest += max(map(len, filter(None, keys)), default=0)
+        if largest <= limit:
+            return
+        for i, value in enumerate(values):
+            self._check_size(value, None if keys is None else keys[i])
 
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued now and wait until each record is acknowledged or failed

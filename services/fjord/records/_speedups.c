@@ -16,6 +16,11 @@
  *                       -> [cls(topic, partition, offset, key, value, headers, timestamp), ...]
  *                       for the records at or after min_offset (cls: a tuple subclass, e.g. the
  *                       consumer's ConsumerRecord NamedTuple, filled as tuple.__new__ would).
+ *   RecordAppender.try_append_many(timestamp_ms, keys, values, start)
+ *                       try_append() over lists of records, until one is refused (the
+ *                       producer's send_many).
+ *   murmur2(data), group_by_partition(keys, values, num_partitions, null_key_partition)
+ *                       Kafka's keyed partitioner (fjord.client.partitioner is the reference).
  *   binary_column(records, index), int64_column(records, index, multiplier)
  *                       one field of a list of tuples (ConsumerRecords) as the buffers of an
  *                       Arrow column, so that a columnar consumer of records (the Spark
@@ -617,6 +622,60 @@ Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nar
     return future;
 }
 
+/* try_append_many(timestamp_ms, keys, values, start) -> next: appends records start, start+1,
+ * ... (keys[i] or None when keys is None, values[i], no headers, all with timestamp_ms) as
+ * try_append() would, one by one, until one is refused or the lists end; returns the index of
+ * the first record not appended (start when none was). keys and values: lists of the same
+ * length. Errors as try_append()'s (the records before the failing one stay appended). */
+static PyObject *
+Appender_try_append_many(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError,
+                     "try_append_many() takes 4 arguments (timestamp_ms, keys, values, start), "
+                     "%zd given", nargs);
+        return NULL;
+    }
+    PyObject *timestamp_obj = args[0], *keys = args[1], *values = args[2];
+    if (!PyList_Check(values) || (keys != Py_None && !PyList_Check(keys))) {
+        PyErr_SetString(PyExc_TypeError, "try_append_many(): keys (or None) and values must be "
+                        "lists");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    if (keys != Py_None && PyList_GET_SIZE(keys) != count) {
+        PyErr_SetString(PyExc_ValueError, "try_append_many(): keys and values differ in length");
+        return NULL;
+    }
+    Py_ssize_t index = PyLong_AsSsize_t(args[3]);
+    if (index == -1 && PyErr_Occurred())
+        return NULL;
+    if (index < 0) {
+        PyErr_SetString(PyExc_ValueError, "try_append_many(): start must be >= 0");
+        return NULL;
+    }
+    for (; index < count; index++) {
+        /* (a list may shrink under a callback run by a conversion: re-check the bound) */
+        if (index >= PyList_GET_SIZE(values)
+            || (keys != Py_None && index >= PyList_GET_SIZE(keys))) {
+            PyErr_SetString(PyExc_ValueError, "try_append_many(): a list changed size");
+            return NULL;
+        }
+        PyObject *value = PyList_GET_ITEM(values, index);
+        PyObject *key = keys == Py_None ? Py_None : PyList_GET_ITEM(keys, index);
+        Py_INCREF(value);
+        Py_INCREF(key);
+        int64_t result = append_core(self, timestamp_obj, key, value, NULL, 1);
+        Py_DECREF(value);
+        Py_DECREF(key);
+        if (result == APPEND_ERROR)
+            return NULL;
+        if (result < 0)
+            break;
+    }
+    return PyLong_FromSsize_t(index);
+}
+
 static PyObject *
 Appender_seal(Appender *self, PyObject *Py_UNUSED(ignored))
 {
@@ -691,6 +750,10 @@ static PyMethodDef Appender_methods[] = {
      "try_append_future(future_type, completion, timestamp_ms, key, value) -> future or None: "
      "try_append() without headers, then future_type(completion, index, timestamp_ms) in the "
      "same call (the producer's fast path); timestamp_ms None: now (wall clock, ms)."},
+    {"try_append_many", (PyCFunction)(void (*)(void))Appender_try_append_many, METH_FASTCALL,
+     "try_append_many(timestamp_ms, keys, values, start) -> int: try_append() of records "
+     "start.. (keys None: null keys; no headers) until one is refused or the lists end; "
+     "returns the index of the first record not appended."},
     {"seal", (PyCFunction)Appender_seal, METH_NOARGS,
      "From now on try_append() and try_append_future() refuse every record (the producer's "
      "accumulator seals a batch that stops being its partition's open one)."},
@@ -1248,6 +1311,128 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- keyed partitioning */
+
+/* Kafka's Utils.murmur2 (the Java client's keyed partitioner), as uint32. */
+static uint32_t
+kafka_murmur2(const unsigned char *data, Py_ssize_t length)
+{
+    const uint32_t m = 0x5bd1e995u;
+    uint32_t h = 0x9747b28cu ^ (uint32_t)length;
+    Py_ssize_t whole = length & ~(Py_ssize_t)3;
+    for (Py_ssize_t i = 0; i < whole; i += 4) {
+        uint32_t k = (uint32_t)data[i] | ((uint32_t)data[i + 1] << 8)
+            | ((uint32_t)data[i + 2] << 16) | ((uint32_t)data[i + 3] << 24);
+        k *= m;
+        k ^= k >> 24;
+        k *= m;
+        h *= m;
+        h ^= k;
+    }
+    switch (length & 3) {
+    case 3:
+        h ^= (uint32_t)data[whole + 2] << 16;
+        /* fall through */
+    case 2:
+        h ^= (uint32_t)data[whole + 1] << 8;
+        /* fall through */
+    case 1:
+        h ^= (uint32_t)data[whole];
+        h *= m;
+    }
+    h ^= h >> 13;
+    h *= m;
+    h ^= h >> 15;
+    return h;
+}
+
+/* murmur2(data: bytes) -> int: as fjord.client.partitioner.py_murmur2. */
+static PyObject *
+murmur2(PyObject *Py_UNUSED(module), PyObject *data)
+{
+    if (!PyBytes_Check(data)) {
+        PyErr_Format(PyExc_TypeError, "murmur2() needs bytes, got %.100s",
+                     Py_TYPE(data)->tp_name);
+        return NULL;
+    }
+    return PyLong_FromUnsignedLong(
+        kafka_murmur2((const unsigned char *)PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data)));
+}
+
+/* group_by_partition(keys, values, num_partitions, null_key_partition)
+ *     -> [(keys, values) or None per partition]
+ * Each record (keys[i], values[i]) goes to Kafka's keyed partition of its key
+ * (toPositive(murmur2(key)) % num_partitions), a record with a None key to
+ * null_key_partition; the order of records within a partition is kept. Keys: bytes or None. */
+static PyObject *
+group_by_partition(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_Format(PyExc_TypeError, "group_by_partition() takes 4 arguments (keys, values, "
+                     "num_partitions, null_key_partition), %zd given", nargs);
+        return NULL;
+    }
+    PyObject *keys = args[0], *values = args[1];
+    if (!PyList_Check(keys) || !PyList_Check(values)) {
+        PyErr_SetString(PyExc_TypeError, "group_by_partition(): keys and values must be lists");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(values) != count) {
+        PyErr_SetString(PyExc_ValueError, "group_by_partition(): keys and values differ in "
+                        "length");
+        return NULL;
+    }
+    Py_ssize_t partitions = PyLong_AsSsize_t(args[2]);
+    if (partitions == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t null_partition = PyLong_AsSsize_t(args[3]);
+    if (null_partition == -1 && PyErr_Occurred())
+        return NULL;
+    if (partitions < 1 || null_partition < 0 || null_partition >= partitions) {
+        PyErr_SetString(PyExc_ValueError, "group_by_partition(): need num_partitions >= 1 and "
+                        "0 <= null_key_partition < num_partitions");
+        return NULL;
+    }
+    PyObject *groups = PyList_New(partitions);
+    if (groups == NULL)
+        return NULL;
+    for (Py_ssize_t p = 0; p < partitions; p++) {
+        Py_INCREF(Py_None);
+        PyList_SET_ITEM(groups, p, Py_None);
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        Py_ssize_t p;
+        if (key == Py_None) {
+            p = null_partition;
+        } else if (PyBytes_Check(key)) {
+            uint32_t h = kafka_murmur2((const unsigned char *)PyBytes_AS_STRING(key),
+                                       PyBytes_GET_SIZE(key));
+            p = (Py_ssize_t)((h & 0x7fffffffu) % (uint32_t)partitions);
+        } else {
+            PyErr_Format(PyExc_TypeError, "group_by_partition(): key %zd is %.100s, not bytes "
+                         "or None", i, Py_TYPE(key)->tp_name);
+            goto fail;
+        }
+        PyObject *group = PyList_GET_ITEM(groups, p);
+        if (group == Py_None) {
+            group = Py_BuildValue("(NN)", PyList_New(0), PyList_New(0));
+            if (group == NULL)
+                goto fail;
+            PyList_SET_ITEM(groups, p, group);
+            Py_DECREF(Py_None);
+        }
+        if (PyList_Append(PyTuple_GET_ITEM(group, 0), key) < 0
+            || PyList_Append(PyTuple_GET_ITEM(group, 1), PyList_GET_ITEM(values, i)) < 0)
+            goto fail;
+    }
+    return groups;
+fail:
+    Py_DECREF(groups);
+    return NULL;
+}
+
 static PyMethodDef module_methods[] = {
     {"decode_record_tuples", (PyCFunction)(void (*)(void))decode_record_tuples, METH_FASTCALL,
      "decode_record_tuples(data, base_offset, base_timestamp, record_count, last_offset_delta)"
@@ -1264,6 +1449,12 @@ static PyMethodDef module_methods[] = {
     {"int64_column", (PyCFunction)(void (*)(void))int64_column, METH_FASTCALL,
      "int64_column(records, index, multiplier) -> bytes: field index (int) of a list of "
      "tuples, times multiplier, as native int64s (an Arrow int64 column's values)."},
+    {"murmur2", (PyCFunction)murmur2, METH_O,
+     "murmur2(data: bytes) -> int: Kafka's murmur2 (unsigned 32-bit); as "
+     "fjord.client.partitioner.py_murmur2."},
+    {"group_by_partition", (PyCFunction)(void (*)(void))group_by_partition, METH_FASTCALL,
+     "group_by_partition(keys, values, num_partitions, null_key_partition) -> list of "
+     "(keys, values) or None per partition: Kafka's keyed partitioner over lists of records."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -282,6 +282,26 @@ class PyRecordAppender:
         index = self.try_append(timestamp_ms, key, value)
         return None if index < 0 else future_type(completion, index, timestamp_ms)
 
+    def try_append_many(
+        self,
+        timestamp_ms: int,
+        keys: list[bytes | None] | None,
+        values: list[bytes | None],
+        start: int,
+    ) -> int:
+        """:meth:`try_append` of records ``start``, ``start + 1``, ... (``keys`` None: null
+        keys; no headers; all with ``timestamp_ms``) until one is refused or the lists end;
+        returns the index of the first record not appended (``start`` when none was)."""
+        if keys is not None and len(keys) != len(values):
+            raise ValueError("try_append_many(): keys and values differ in length")
+        if start < 0:
+            raise ValueError("try_append_many(): start must be >= 0")
+        for index in range(start, len(values)):
+            key = None if keys is None else keys[index]
+            if self.try_append(timestamp_ms, key, values[index]) < 0:
+                return index
+        return max(start, len(values))
+
     def seal(self) -> None:
         """From now on :meth:`try_append` refuses every record (:meth:`append` is unaffected):
         the producer's accumulator seals a batch that stops being its partition's open one."""
