@@ -18,6 +18,7 @@ from typing import Any
 from fjord.cluster.topic_config import split_cluster_config
 from fjord.errors import ConfigError
 from fjord.metadata.etcd import parse_etcd_url
+from fjord.security.sasl_sessions import CONNECTIONS_MAX_REAUTH_MS_KEY
 from fjord_operator import settings as s
 from fjord_operator.listeners import (
     kafka_listeners,
@@ -591,8 +592,14 @@ def _deployment(
         + ' "$@"'
     )
     env = _env_from_fields(POD_UID="metadata.uid", POD_IP="status.podIP")
-    # Controllers read the cluster's topic defaults and num.partitions/default.replication.factor.
-    args = _config_args(config_parts(spec)[0]) if component == "controller" else []
+    # Controllers read the cluster's topic defaults and num.partitions/default.replication.factor;
+    # coordinators' SASL doors share the brokers' session lifetime (connections.max.reauth.ms).
+    if component == "controller":
+        args = _config_args(config_parts(spec)[0])
+    else:
+        brokers_config = config_parts(spec)[1]
+        args = _config_args({k: v for k, v in brokers_config.items()
+                             if k == CONNECTIONS_MAX_REAUTH_MS_KEY})
     container = _container(
         spec, component, script, args, port, part.get("resources"), env, name,
         extra_ports=_kafka_container_ports(spec) if kafka else [],

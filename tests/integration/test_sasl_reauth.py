@@ -54,8 +54,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     local = LocalCluster(
         tmp_path_factory.mktemp("fjord-reauth"), brokers=1, coordinators=1,
         unsafe_etcd_no_fsync=True, secure=True, kafka_sasl=True, config=lifetime,
-        coordinator_config={"group.initial.rebalance.delay.ms": "100", **lifetime},
+        coordinator_config={"group.initial.rebalance.delay.ms": "100"},
     )
+    # `fjord local up --config connections.max.reauth.ms=...` reaches the coordinators too.
+    assert local.coordinator_config["connections.max.reauth.ms"] == str(LIFETIME_MS)
     local.start()
     try:
         with AdminClient(admin_config(local)) as admin:

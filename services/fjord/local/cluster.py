@@ -186,6 +186,13 @@ class LocalCluster:
         # cluster-config gets the controller's part, each broker's --config its own part.
         self.cluster_config, self.broker_config = split_cluster_config(dict(config or {}))
         self.broker_config.setdefault("replica.lag.time.max.ms", str(LOCAL_REPLICA_LAG_TIME_MAX_MS))
+        # One SASL session lifetime for the whole local cluster: the coordinators' SASL doors
+        # take the brokers' connections.max.reauth.ms unless given their own.
+        from fjord.security.sasl_sessions import CONNECTIONS_MAX_REAUTH_MS_KEY
+
+        if CONNECTIONS_MAX_REAUTH_MS_KEY in self.broker_config:
+            self.coordinator_config.setdefault(
+                CONNECTIONS_MAX_REAUTH_MS_KEY, self.broker_config[CONNECTIONS_MAX_REAUTH_MS_KEY])
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s
         self.detach = detach
