@@ -153,7 +153,9 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
         assert metric_value(cluster.metrics_address(*process),
                             "fjord_sasl_reauthentications_total") >= 2
     assert len(log_lines(cluster, "broker-0", "User:alice logged in with SASL")) >= 4
-    assert len(log_lines(cluster, "coordinator-1", "User:alice logged in with SASL")) >= 3
+    # The group's calls to the coordinator (heartbeats, commits) are seconds apart: a first
+    # login and at least one renewal.
+    assert len(log_lines(cluster, "coordinator-1", "User:alice logged in with SASL")) >= 2
 
 
 def test_a_connection_that_does_not_reauthenticate_is_closed_after_its_lifetime(
@@ -195,17 +197,25 @@ def test_a_deleted_user_keeps_its_session_until_the_next_reauthentication(
     kafka_producer = confluent_kafka.Producer({
         **sasl_conf(cluster, "dave", "dave-secret"), "message.timeout.ms": 20000,
         "error_cb": lambda err: kafka_errors.append(err.code())})
+    kafka_producer.produce(TOPIC, b"dave-kafka-before")
+    assert kafka_producer.flush(15) == 0
     with AdminClient(admin_config(cluster)) as admin, Producer(door) as producer:
-        producer.send(TOPIC, value=b"dave-before").result(15)  # logged in now
-        kafka_producer.produce(TOPIC, b"dave-kafka-before")
-        assert kafka_producer.flush(15) == 0
+        admin.list_topics(timeout=15)  # connected before the clock below starts
+        logged_in = time.monotonic()
+        producer.send(TOPIC, value=b"dave-before").result(15)  # the door login
         admin.alter_user_scram_credentials(
             [UserScramCredentialDeletion("dave", "SCRAM-SHA-512")])
         wait_for(lambda: not logs_in(cluster, "dave", "dave-secret"),
-                 "the deletion reached the broker")
+                 "the deletion reached the broker", interval=0.05)
         # Served: with the credential gone a new login would fail, so this ran on the live
-        # session (the renewal is due only at 85% of the lifetime after the login above).
-        producer.send(TOPIC, value=b"dave-after-delete").result(15)
+        # session (the client renews only from 85% of the lifetime after its login).
+        try:
+            producer.send(TOPIC, value=b"dave-after-delete").result(15)
+        except FjordError as exc:
+            raise AssertionError(
+                f"refused {time.monotonic() - logged_in:.2f} s after the login (the renewal "
+                f"is due from {0.85 * LIFETIME_S:.2f} s): the machine was too slow for "
+                "this check, or the live session was cut") from exc
 
         def refused() -> bool:
             try:

@@ -93,10 +93,10 @@ class ManualClock:
         return self.now
 
 
-async def door_session_lifetimes() -> None:
+async def door_session_lifetimes(change: str) -> None:
     """One clock for the door and the client: the client renews at 85-95% of the lifetime
     the door answered; a token past its lifetime is refused as expired (typed in the trailing
-    metadata); a deleted credential keeps its live session and fails the renewal."""
+    metadata); a deleted or changed credential keeps its live session and fails the renewal."""
     clock = ManualClock()
     stored = dict(STORED)
     sessions = SessionTokens(lifetime=SessionLifetime(10_000), clock=clock)
@@ -135,9 +135,14 @@ async def door_session_lifetimes() -> None:
             # The client slept past its renewal and past the expiry: renewed all the same.
             assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 3
 
-            # The credential is deleted: the live session goes on until its renewal, which
-            # fails with a typed error (Kafka: the re-authentication fails).
-            del stored[("SCRAM-SHA-256", "alice")]
+            # The credential is deleted or its password changed: the live session goes on
+            # until its renewal, which fails with a typed error (Kafka: the
+            # re-authentication fails).
+            if change == "deleted":
+                del stored[("SCRAM-SHA-256", "alice")]
+            else:
+                stored[("SCRAM-SHA-256", "alice")] = ScramCredential.from_password(
+                    "SCRAM-SHA-256", "rotated", iterations=4096)
             assert await ask(b"", timeout=10) == b"User:alice"
             clock.now += 9.6
             with pytest.raises(FjordError) as failed:
@@ -147,5 +152,6 @@ async def door_session_lifetimes() -> None:
         await server.stop(None)
 
 
-def test_door_sessions_expire_and_clients_renew_before() -> None:
-    asyncio.run(door_session_lifetimes())
+@pytest.mark.parametrize("change", ["deleted", "new_password"])
+def test_door_sessions_expire_and_clients_renew_before(change: str) -> None:
+    asyncio.run(door_session_lifetimes(change))
