@@ -188,8 +188,10 @@ def test_an_expired_session_closes_on_its_next_request() -> None:
     assert conn.expires_at == clock.now + 5.0
     clock.now += 4.999
     assert conn.on_frame(_frame(METADATA, 4)) is None  # still within the lifetime
+    assert not conn.closed_expired
     clock.now += 0.001
     closed = conn.on_frame(_frame(METADATA, 4))
+    assert conn.closed_expired  # what the listener counts (fjord_sasl_expired_sessions_total)
     assert isinstance(closed, Close) and "expired" in closed.reason
     assert "connections.max.reauth.ms=5000" in closed.reason
     assert conn.state is SaslState.FAILED
