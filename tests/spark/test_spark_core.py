@@ -689,3 +689,10 @@ def test_trigger_delay_waits_for_min_records_or_max_delay() -> None:
 
 def test_available_records_counts_only_forward() -> None:
     assert available_records({T0: 5, T1: 9}, {T0: 8, T1: 7, U0: 4}) == 3 + 0 + 4
+
+
+@pytest.mark.parametrize(("text", "count"), [("orders", 3), ("", 2), ("töpic", 1), ("x", 0)])
+def test_repeated_string_is_pa_repeat(text: str, count: int) -> None:
+    built = fjord_arrow.repeated_string(text, count)
+    assert built.equals(pa.repeat(pa.scalar(text, pa.string()), count))
+    built.validate(full=True)
