@@ -509,27 +509,30 @@ def test_service_monitor_selects_the_operators_services_once() -> None:
         "/metrics",
         "15s",
     )
-    sample = load_yaml(CHART_DIR / "samples" / "fjordcluster-fjord.yaml")
-    sample["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
-    built = builders.cluster_objects(sample, broker_replicas=3)
-    services = [o for o in built if o["kind"] == "Service"]
     selector = monitor["spec"]["selector"]
     drop = next(r for r in endpoint["relabelings"] if r.get("action") == "drop")
-    scraped = []
-    for service in services:
-        labels = service["metadata"]["labels"]
-        selected = all(labels.get(k) == v for k, v in selector["matchLabels"].items()) and all(
-            labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"]
-        )
-        has_metrics = any(p["name"] == "metrics" for p in service["spec"]["ports"])
-        if (
-            selected
-            and has_metrics
-            and not re.fullmatch(drop["regex"], service["metadata"]["name"])
-        ):
-            scraped.append(labels["app.kubernetes.io/component"])
-    # Every component scraped exactly once (the etcd Service is not Fjord's).
-    assert sorted(scraped) == ["broker", "controller", "coordinator"]
+    # A TLS cluster (the chart's default; headless Services for the certificates' pod names)
+    # and a plaintext one.
+    for name in ("fjordcluster-fjord.yaml", "fjordcluster-minimal.yaml"):
+        sample = load_yaml(CHART_DIR / "samples" / name)
+        sample["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+        built = builders.cluster_objects(sample, broker_replicas=3)
+        services = [o for o in built if o["kind"] == "Service"]
+        scraped = []
+        for service in services:
+            labels = service["metadata"]["labels"]
+            selected = all(labels.get(k) == v for k, v in selector["matchLabels"].items()) and all(
+                labels.get(e["key"]) in e["values"] for e in selector["matchExpressions"]
+            )
+            has_metrics = any(p["name"] == "metrics" for p in service["spec"]["ports"])
+            if (
+                selected
+                and has_metrics
+                and not re.fullmatch(drop["regex"], service["metadata"]["name"])
+            ):
+                scraped.append(labels["app.kubernetes.io/component"])
+        # Every component scraped exactly once (the etcd Service is not Fjord's).
+        assert sorted(scraped) == ["broker", "controller", "coordinator"], name
     assert one(ALL_NAMESPACES, "ServiceMonitor")["spec"]["namespaceSelector"] == {"any": True}
 
 
