@@ -15,15 +15,18 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
+from fjord.config import CONSUMER_CONFIG, PRODUCER_CONFIG
 from fjord.errors import ConfigError
+from fjord.security.config import ClientSecurity, parse_properties
 from fjord_jobs.defaults import (
     DEFAULT_BOOTSTRAP_SERVERS,
     DEFAULT_LOCAL_MASTER,
@@ -35,8 +38,14 @@ from fjord_jobs.defaults import (
 
 #: The data source's format name (registered by ``fjord_spark.register``).
 FJORD_FORMAT = "fjord"
-#: Option prefix the data source passes to the Fjord client (Spark's Kafka source: ``kafka.``).
-CLIENT_OPTION_PREFIX = "fjord."
+#: Option prefix the data source passes to the Fjord client (Spark's Kafka source's ``kafka.``).
+CLIENT_OPTION_PREFIX = "kafka."
+#: Keys a ``--command-config`` file may set: the settings every client of a job shares (the
+#: source's consumers and the sink's producers: security, client.id, timeouts). A producer- or
+#: consumer-only key would be refused by the other side's data source, so it is refused here,
+#: at start, naming the file. ``bootstrap.servers`` is taken when ``--bootstrap-servers`` is not
+#: given.
+COMMAND_CONFIG_KEYS = frozenset(CONSUMER_CONFIG) & frozenset(PRODUCER_CONFIG)
 #: Column holding why a row was rejected (null for rows that are fine).
 REJECT_REASON = "reject_reason"
 #: Internal column of ``from_json``'s corrupt-record mode.
@@ -66,6 +75,9 @@ class JobOptions:
     max_offsets_per_trigger: int = DEFAULT_MAX_OFFSETS_PER_TRIGGER
     trigger_interval: str = DEFAULT_TRIGGER_INTERVAL
     master: str | None = None
+    #: Client properties (Kafka's names, e.g. ``security.protocol``, ``ssl.*``, ``sasl.*``)
+    #: passed to every source and sink of the job as ``kafka.<key>``; from ``--command-config``.
+    client_properties: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers.strip():
@@ -83,8 +95,17 @@ def base_arg_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument(
         "--bootstrap-servers",
-        default=DEFAULT_BOOTSTRAP_SERVERS,
-        help=f"Fjord brokers, host:port[,host:port...] (default {DEFAULT_BOOTSTRAP_SERVERS})",
+        default=None,
+        help="Fjord brokers, host:port[,host:port...] (default: bootstrap.servers of "
+        f"--command-config, else {DEFAULT_BOOTSTRAP_SERVERS})",
+    )
+    parser.add_argument(
+        "--command-config",
+        default=None,
+        metavar="FILE",
+        help="client properties file, as Kafka's tools take it (security.protocol, ssl.*, "
+        "sasl.*; e.g. the client.properties of a FjordUser's Secret): each key reaches every "
+        "source and sink of the job as kafka.<key>",
     )
     parser.add_argument(
         "--checkpoint",
@@ -120,16 +141,44 @@ def base_arg_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def read_command_config(path: str) -> dict[str, str]:
+    """The client properties of a ``--command-config`` file (Kafka's properties syntax).
+
+    Raises ConfigError naming the file when it cannot be read, a line is not ``key=value``, a
+    key is not in :data:`COMMAND_CONFIG_KEYS`, or the security settings do not fit together
+    (e.g. ``security.protocol=SASL_SSL`` without ``sasl.username``)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"--command-config: cannot read {path}: {exc.strerror or exc}") from None
+    properties = parse_properties(text, path)
+    for key in sorted(properties):
+        if key not in COMMAND_CONFIG_KEYS:
+            raise ConfigError(
+                f"--command-config {path}: {key!r} is not a setting every client of the job "
+                f"takes (known: {', '.join(sorted(COMMAND_CONFIG_KEYS))})"
+            )
+    try:
+        ClientSecurity.from_config(properties)
+    except ConfigError as exc:
+        raise ConfigError(f"--command-config {path}: {exc}") from None
+    return properties
+
+
 def job_options(args: argparse.Namespace) -> JobOptions:
-    """The shared options out of parsed arguments (raises ConfigError on bad values)."""
+    """The shared options out of parsed arguments (raises ConfigError on bad values).
+    ``--bootstrap-servers`` wins over the ``bootstrap.servers`` of ``--command-config``."""
+    properties = read_command_config(args.command_config) if args.command_config else {}
+    file_bootstrap = properties.pop("bootstrap.servers", None)
     return JobOptions(
-        bootstrap_servers=args.bootstrap_servers,
+        bootstrap_servers=args.bootstrap_servers or file_bootstrap or DEFAULT_BOOTSTRAP_SERVERS,
         checkpoint=args.checkpoint,
         available_now=args.available_now,
         starting_offsets=args.starting_offsets,
         max_offsets_per_trigger=args.max_offsets_per_trigger,
         trigger_interval=args.trigger_interval,
         master=args.master,
+        client_properties=properties,
     )
 
 
@@ -155,7 +204,7 @@ def read_topic(
     isolation = "read_committed" if read_committed else "read_uncommitted"
     return (
         spark.readStream.format(FJORD_FORMAT)
-        .option(f"{CLIENT_OPTION_PREFIX}bootstrap.servers", options.bootstrap_servers)
+        .options(**client_options(options))
         .option(f"{CLIENT_OPTION_PREFIX}isolation.level", isolation)
         .option("subscribe", topic)
         .option("startingOffsets", options.starting_offsets)
@@ -177,13 +226,21 @@ def write_topic(
     with read_committed)."""
     writer = (
         records.writeStream.format(FJORD_FORMAT)
-        .option(f"{CLIENT_OPTION_PREFIX}bootstrap.servers", options.bootstrap_servers)
+        .options(**client_options(options))
         .option("exactlyOnce", str(exactly_once).lower())
         .option("checkpointLocation", checkpoint_path(options, checkpoint_subdir))
         .outputMode(output_mode)
         .queryName(query_name)
     )
     return with_trigger(writer, options).start()
+
+
+def client_options(options: JobOptions) -> dict[str, str]:
+    """The data source options every source and sink of the job gets: the client properties
+    and the bootstrap servers, as Spark's Kafka source spells them (``kafka.<key>``)."""
+    out = {f"{CLIENT_OPTION_PREFIX}{k}": v for k, v in options.client_properties.items()}
+    out[f"{CLIENT_OPTION_PREFIX}bootstrap.servers"] = options.bootstrap_servers
+    return out
 
 
 def checkpoint_path(options: JobOptions, subdir: str) -> str:

@@ -76,3 +76,18 @@ K8S_BOOTSTRAP_SERVERS = "fjord-broker.fjord.svc:9092"
 #: executors: a streaming checkpoint must outlive the driver pod.
 SPARK_DATA_CLAIM = "fjord-spark-data"
 SPARK_DATA_MOUNT = "/var/lib/fjord-spark"
+
+# --- the jobs' credentials on a secure cluster (TLS + ACLs, the chart's default) ---
+
+#: The FjordUser of each job (spark/k8s/fjorduser-<job>.yaml) is named like its SparkApplication,
+#: ``fjord-<job>``; the operator writes that user's Secret under the same name (ca.crt,
+#: user.crt, user.key, client.properties) and its principal is ``User:fjord-<job>``.
+SPARK_USER_PREFIX = "fjord-"
+#: Where driver and executors mount the job's user Secret: the directory the paths inside its
+#: ``client.properties`` point to (the operator's USER_SECRET_MOUNT_DIR; executors open the
+#: certificate files themselves, so they mount it too).
+SPARK_USER_MOUNT = "/etc/fjord-user"
+#: What the jobs are given as ``--command-config`` on Kubernetes.
+SPARK_USER_PROPERTIES = f"{SPARK_USER_MOUNT}/client.properties"
+#: Name of the Secret volume in the SparkApplication manifests.
+SPARK_USER_VOLUME = "fjord-user"

@@ -12,6 +12,10 @@
 #   SPARK_IMAGE            image with Spark and fjord_jobs [fjord/spark:0.1.0]
 #   SERVICE_ACCOUNT        driver's service account [fjord-spark]
 #   BOOTSTRAP_SERVERS      Fjord brokers as seen from the pods [fjord-broker.fjord.svc:9092]
+#   FJORD_USER             the job's FjordUser Secret (spark/k8s/fjorduser-JOB.yaml), mounted at
+#                          /etc/fjord-user in the driver and executors; the job gets
+#                          --command-config /etc/fjord-user/client.properties [fjord-JOB];
+#                          FJORD_USER= (empty) for a plaintext cluster without ACLs
 #   DATA_DIR               shared volume's mount point in the pods [/var/lib/fjord-spark]
 #   EXECUTORS              executor count [2]
 #   SPARK_SUBMIT           the spark-submit to run [spark-submit]
@@ -43,6 +47,8 @@ service_account="${SERVICE_ACCOUNT:-fjord-spark}"
 bootstrap="${BOOTSTRAP_SERVERS:-fjord-broker.fjord.svc:9092}"
 data_dir="${DATA_DIR:-/var/lib/fjord-spark}"
 executors="${EXECUTORS:-2}"
+user_secret="${FJORD_USER-fjord-$job}"
+user_mount=/etc/fjord-user
 spark_submit="${SPARK_SUBMIT:-spark-submit}"
 
 if [[ -z "${K8S_API_SERVER:-}" ]]; then
@@ -56,7 +62,18 @@ if [[ -z "${K8S_API_SERVER:-}" ]]; then
 fi
 
 module="${job//-/_}"
-job_args=(--bootstrap-servers "$bootstrap" --checkpoint "$data_dir/checkpoints/$job")
+job_args=(--bootstrap-servers "$bootstrap")
+secret_confs=()
+if [[ -n "$user_secret" ]]; then
+    # Spark mounts a Secret in the driver and in every executor (the executors' clients open the
+    # certificate files themselves): spark.kubernetes.{driver,executor}.secrets.NAME=PATH.
+    secret_confs=(
+        --conf "spark.kubernetes.driver.secrets.$user_secret=$user_mount"
+        --conf "spark.kubernetes.executor.secrets.$user_secret=$user_mount"
+    )
+    job_args+=(--command-config "$user_mount/client.properties")
+fi
+job_args+=(--checkpoint "$data_dir/checkpoints/$job")
 if [[ "$job" == log-analysis ]]; then
     job_args+=(--parquet-dir "$data_dir/log-counts")
 fi
@@ -76,6 +93,7 @@ command=(
     --conf "spark.kubernetes.executor.podTemplateContainerName=spark-kubernetes-executor"
     --conf "spark.executor.instances=$executors"
     --conf "spark.sql.session.timeZone=UTC"
+    ${secret_confs[@]+"${secret_confs[@]}"}
     "local:///opt/fjord/spark/fjord_jobs/$module.py"
     "${job_args[@]}"
     "$@"

@@ -1,6 +1,7 @@
 """The CRDs in charts/fjord/crds are structural and validate what they should: every sample in
-charts/fjord/samples passes, every sample in samples/invalid fails with exactly the error its
-``samples.fjord.io/expected-error`` annotation names (helpers: tests/k8s/crd_validation.py)."""
+charts/fjord/samples (and the Spark jobs' FjordUsers in spark/k8s) passes, every sample in
+samples/invalid fails with exactly the error its ``samples.fjord.io/expected-error`` annotation
+names (helpers: tests/k8s/crd_validation.py)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,9 @@ from tests.k8s.crd_validation import (
 )
 
 EXPECTED_ERROR = "samples.fjord.io/expected-error"
-VALID_SAMPLES = sorted(SAMPLES_DIR.glob("*.yaml"))
+#: The Spark jobs' FjordUsers (spark/k8s/fjorduser-<job>.yaml) are samples too.
+SPARK_USERS = sorted((SAMPLES_DIR.parents[2] / "spark" / "k8s").glob("fjorduser-*.yaml"))
+VALID_SAMPLES = sorted(SAMPLES_DIR.glob("*.yaml")) + SPARK_USERS
 INVALID_SAMPLES = sorted((SAMPLES_DIR / "invalid").glob("*.yaml"))
 CRDS = load_crds()
 
@@ -187,6 +190,13 @@ def test_the_spark_cluster_sample_matches_spark_k8s_bootstrap() -> None:
     assert (sample["metadata"]["name"], sample["metadata"]["namespace"]) == ("fjord", "fjord")
     spark_job = SAMPLES_DIR.parents[2] / "spark" / "k8s" / "sparkapplication-orders-shipments.yaml"
     assert "fjord-broker.fjord.svc:9092" in spark_job.read_text()
+    # The chart's default: TLS and ACLs on; the jobs' FjordUsers are users of this cluster.
+    assert sample["spec"]["security"] == {"tls": True, "authorization": True}
+    assert len(SPARK_USERS) == 3
+    for path in SPARK_USERS:
+        user = load_yaml(path)
+        assert user["spec"]["cluster"] == "fjord", path.name
+        assert user["metadata"]["namespace"] == "fjord", path.name
 
 
 def test_unknown_fields_are_found_at_any_depth_but_not_in_maps_or_kopf_status() -> None:

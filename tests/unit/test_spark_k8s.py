@@ -43,6 +43,15 @@ def mounts_data_volume(container_or_pod_spec: dict[str, Any]) -> bool:
     )
 
 
+def mounts_user_secret(container_or_pod_spec: dict[str, Any]) -> bool:
+    return any(
+        m["name"] == defaults.SPARK_USER_VOLUME
+        and m["mountPath"] == defaults.SPARK_USER_MOUNT
+        and m.get("readOnly") is True
+        for m in container_or_pod_spec.get("volumeMounts", [])
+    )
+
+
 def data_volume_declared(volumes: list[dict[str, Any]]) -> bool:
     return any(
         v["name"] == defaults.SPARK_DATA_CLAIM
@@ -59,6 +68,7 @@ def test_every_yaml_file_parses_and_is_known() -> None:
             "driver-pod-template.yaml",
             "executor-pod-template.yaml",
             *(f"sparkapplication-{job}.yaml" for job in JOBS),
+            *(f"fjorduser-{job}.yaml" for job in JOBS),
         ]
     )
     for name in files:
@@ -89,6 +99,10 @@ def test_spark_application_manifest(job: str) -> None:
     options = dict(zip(arguments[::2], arguments[1::2], strict=True))
     assert options["--bootstrap-servers"] == defaults.K8S_BOOTSTRAP_SERVERS
     assert options["--checkpoint"] == f"{defaults.SPARK_DATA_MOUNT}/checkpoints/{job}"
+    # The job's FjordUser Secret, mounted in driver and executors, named by --command-config.
+    assert options["--command-config"] == defaults.SPARK_USER_PROPERTIES
+    (user_volume,) = [v for v in spec["volumes"] if v["name"] == defaults.SPARK_USER_VOLUME]
+    assert user_volume["secret"]["secretName"] == f"{defaults.SPARK_USER_PREFIX}{job}"
     if job == "log-analysis":
         assert options["--parquet-dir"].startswith(defaults.SPARK_DATA_MOUNT + "/")
 
@@ -101,6 +115,7 @@ def test_spark_application_manifest(job: str) -> None:
         assert isinstance(pod["cores"], int) and pod["cores"] >= 1, role
         assert str(pod["memory"]).endswith(("m", "g")), role
         assert mounts_data_volume(pod), role
+        assert mounts_user_secret(pod), role
     assert spec["executor"]["instances"] >= 1
 
 
@@ -111,6 +126,7 @@ def test_the_manifest_arguments_are_accepted_by_the_job(job: str) -> None:
     arguments = load(f"sparkapplication-{job}.yaml")["spec"]["arguments"]
     parsed = module.build_parser().parse_args(arguments)
     assert parsed.bootstrap_servers == defaults.K8S_BOOTSTRAP_SERVERS
+    assert parsed.command_config == defaults.SPARK_USER_PROPERTIES
     assert not parsed.available_now  # on Kubernetes the jobs run continuously
 
 
@@ -174,11 +190,97 @@ def test_submit_script_builds_a_cluster_mode_spark_submit(job: str) -> None:
         assert template.is_file()
         container = load(template.name)["spec"]["containers"][0]["name"]
         assert confs[f"spark.kubernetes.{role}.podTemplateContainerName"] == container
+    # The job's FjordUser Secret in the driver and every executor, where --command-config is.
+    secret = f"{defaults.SPARK_USER_PREFIX}{job}"
+    assert confs[f"spark.kubernetes.driver.secrets.{secret}"] == defaults.SPARK_USER_MOUNT
+    assert confs[f"spark.kubernetes.executor.secrets.{secret}"] == defaults.SPARK_USER_MOUNT
     main_file = f"local://{defaults.SPARK_JOBS_DIR_IN_IMAGE}/{JOBS[job]}.py"
     job_args = argv[argv.index(main_file) + 1 :]
     # Same job arguments as the operator manifest, then the extra ones.
     manifest_args = load(f"sparkapplication-{job}.yaml")["spec"]["arguments"]
     assert job_args == [*manifest_args, "--available-now"]
+
+
+def test_submit_script_names_another_user_or_none_for_a_plaintext_cluster() -> None:
+    api = "https://10.0.0.1:6443"
+    other = submit("log-analysis", DRY_RUN="1", K8S_API_SERVER=api, FJORD_USER="team-logs")
+    assert other.returncode == 0, other.stderr
+    assert "spark.kubernetes.executor.secrets.team-logs=/etc/fjord-user" in other.stdout
+    plain = submit("log-analysis", DRY_RUN="1", K8S_API_SERVER=api, FJORD_USER="")
+    assert plain.returncode == 0, plain.stderr
+    assert ".secrets." not in plain.stdout
+    assert "--command-config" not in plain.stdout.splitlines()
+
+
+#: What each job reads and writes, by its parser's flags (defaults in fjord_jobs.defaults).
+JOB_TOPICS = {
+    "orders-shipments": ("orders_topic", ("shipments_topic", "dead_letter_topic")),
+    "log-analysis": ("logs_topic", ("counts_topic", "dead_letter_topic")),
+    "risk-control": ("transactions_topic", ("alerts_topic", "dead_letter_topic")),
+}
+#: The jobs whose sink runs exactly once (transactions; fjord_jobs' write_topic(exactly_once=)).
+EXACTLY_ONCE_JOBS = {"orders-shipments"}
+
+
+@pytest.mark.parametrize("job", sorted(JOBS))
+def test_each_jobs_fjord_user_grants_exactly_what_the_job_reads_and_writes(job: str) -> None:
+    """The FjordUser a job connects as (spark/k8s/fjorduser-<job>.yaml), read by the operator's
+    own parser: Read (and DescribeConfigs, for the topic's timestamp type) on the input topic,
+    Write on the outputs; an exactly-once job also Read on its outputs (the batch marker is a
+    transactional offset commit), Write on its transactional ids and Read on their groups
+    (prefix: the sink's transactionalIdPrefix). Nothing else. Run for real with orders-shipments
+    in tests/spark/test_spark_secure.py."""
+    from fjord.security.acls import AclOperation as Op
+    from fjord.security.acls import PatternType, ResourceType
+    from fjord_operator.security import user_acls, user_authentication
+    from fjord_spark.defaults import TRANSACTIONAL_ID_PREFIX
+
+    user = load(f"fjorduser-{job}.yaml")
+    name = user["metadata"]["name"]
+    assert name == f"{defaults.SPARK_USER_PREFIX}{job}"  # = the Secret the manifests mount
+    assert user["metadata"]["namespace"] == defaults.SPARK_NAMESPACE
+    assert user_authentication(user["spec"]) == "tls"
+    module = importlib.import_module(f"fjord_jobs.{JOBS[job]}")
+    required = ["--checkpoint", "/x", *(["--parquet-dir", "/y"] if job == "log-analysis" else [])]
+    parsed = vars(module.build_parser().parse_args(required))
+    source, sinks = JOB_TOPICS[job]
+    literal, prefixed = PatternType.LITERAL, PatternType.PREFIXED
+    expected = {(ResourceType.TOPIC, parsed[source], literal, op)
+                for op in (Op.READ, Op.DESCRIBE_CONFIGS)}
+    for sink in sinks:
+        expected.add((ResourceType.TOPIC, parsed[sink], literal, Op.WRITE))
+        if job in EXACTLY_ONCE_JOBS:
+            expected.add((ResourceType.TOPIC, parsed[sink], literal, Op.READ))
+    if job in EXACTLY_ONCE_JOBS:
+        prefix = f"{TRANSACTIONAL_ID_PREFIX}-"
+        expected |= {(ResourceType.TRANSACTIONAL_ID, prefix, prefixed, Op.WRITE),
+                     (ResourceType.GROUP, prefix, prefixed, Op.READ)}
+    bindings = user_acls(name, user["spec"])
+    assert {b.entry.principal for b in bindings} == {f"User:{name}"}
+    assert {b.entry.permission.name for b in bindings} == {"ALLOW"}
+    got = {(b.pattern.resource_type, b.pattern.name, b.pattern.pattern_type, b.entry.operation)
+           for b in bindings}
+    assert got == expected
+
+
+def test_the_user_secret_mount_is_where_the_operators_client_properties_point(
+    tmp_path: Path,
+) -> None:
+    """The operator writes paths under its USER_SECRET_MOUNT_DIR into a user's
+    client.properties; the jobs mount the Secret there and read the file as it is."""
+    from fjord_jobs.common import read_command_config
+    from fjord_operator import settings
+    from fjord_operator.security import user_client_properties
+
+    assert defaults.SPARK_USER_MOUNT == settings.USER_SECRET_MOUNT_DIR
+    assert defaults.SPARK_USER_PROPERTIES.endswith("/" + settings.USER_PROPERTIES_KEY)
+    text = user_client_properties("tls", "fjord-risk-control", None, defaults.SPARK_USER_MOUNT)
+    path = tmp_path / "client.properties"
+    path.write_bytes(text)
+    properties = read_command_config(str(path))
+    assert properties["security.protocol"] == "SSL"
+    for key in ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location"):
+        assert properties[key].startswith(defaults.SPARK_USER_MOUNT + "/"), key
 
 
 def test_submit_script_refuses_unknown_jobs_and_missing_api_server() -> None:
