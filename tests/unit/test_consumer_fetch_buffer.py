@@ -191,3 +191,35 @@ def test_records_before_an_unreadable_batch_are_returned_first() -> None:
     buffer.add(CompletedFetch(bad, 9, _batch(9, 2), 11))
     out, _ = buffer.collect(positions, set(), 100)
     assert [r.offset for r in out] == [9, 10] and positions[bad] == 11
+
+
+def test_records_stored_while_a_poll_waits_hand_it_the_gil() -> None:
+    """The fetch loop hands the GIL to a ``poll()`` that waits for records (it would otherwise
+    wait until the loop thread has sent its next Fetch), and only then: a poll() that is not
+    waiting (busy decoding) must not delay the next Fetch."""
+    from fjord._proto import broker_pb2
+    from fjord.client.fetcher import Fetcher
+    from fjord.client.subscription_state import SubscriptionState
+
+    tp = TopicPartition("t", 0)
+    state = SubscriptionState()
+    state.assignment = [tp]
+    state.positions[tp] = 0
+    config = {"auto.offset.reset": "latest", "request.timeout.ms": 1000,
+              "retry.backoff.ms": 100, "isolation.level": "read_uncommitted"}
+    fetcher = Fetcher(state, None, None, config, None)  # type: ignore[arg-type]
+
+    def answer(offset: int, records: bytes) -> broker_pb2.FetchResponse:
+        response = broker_pb2.FetchResponse()
+        response.topics.add(name="t").partitions.add(
+            partition=0, high_watermark=offset + 2, records=records
+        )
+        return response
+
+    assert not fetcher._store_fetch({tp: 0}, answer(0, _batch(0, 2)))
+    assert not fetcher._hand_over  # nobody waited
+    state.polls_waiting = 1
+    assert not fetcher._store_fetch({tp: 2}, answer(2, b""))
+    assert not fetcher._hand_over  # nothing arrived
+    assert not fetcher._store_fetch({tp: 2}, answer(2, _batch(2, 2)))
+    assert fetcher._hand_over

@@ -336,7 +336,11 @@ class Consumer:
                     # (Kafka's poll timer is refreshed by every round of its poll loop).
                     coordinator.still_polling()
                     remaining = min(remaining, POLL_TIMER_REFRESH_S)
-                self._state.arrived.wait(remaining)
+                self._state.polls_waiting += 1
+                try:
+                    self._state.arrived.wait(remaining)
+                finally:
+                    self._state.polls_waiting -= 1
         if woke_fetcher:
             self._fetcher.wake()
         return out

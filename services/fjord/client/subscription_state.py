@@ -37,6 +37,9 @@ class SubscriptionState:
         self.paused: set[TopicPartition] = set()
         self.errors: list[FjordError] = []
         self.closed = False
+        #: ``poll()`` calls waiting on ``arrived`` now (the loop thread hands them the GIL
+        #: after storing records: :meth:`Fetcher._store_fetch`).
+        self.polls_waiting = 0
 
     def raise_pending_error(self) -> None:
         """Raise the oldest error posted for ``poll()`` (called with the lock held)."""
