@@ -6,6 +6,8 @@ and are renewed on an injected clock."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
@@ -13,7 +15,12 @@ import pytest
 from grpc import aio
 
 from fjord.errors import ErrorCode, FjordError
-from fjord.sasl_door import SESSION_STATE_METADATA_KEY, bind_sasl_port, sasl_door_server
+from fjord.sasl_door import (
+    SESSION_STATE_METADATA_KEY,
+    SaslSessionInterceptor,
+    bind_sasl_port,
+    sasl_door_server,
+)
 from fjord.sasl_login import SaslLoginInterceptor, sasl_login
 from fjord.security import ClientSecurity, SecurityProtocol
 from fjord.security.config import SaslLogin
@@ -39,22 +46,31 @@ def whoami_handler() -> grpc.GenericRpcHandler:
         "WhoAmI": grpc.unary_unary_rpc_method_handler(whoami)})
 
 
-def client(port: int, password: str) -> ClientSecurity:
+def client(password: str) -> ClientSecurity:
     return ClientSecurity(SecurityProtocol.SASL_PLAINTEXT,
                           sasl=SaslLogin("SCRAM-SHA-256", "alice", password))
 
 
-async def door_round_trips() -> None:
-    sessions = SessionTokens(max_sessions=1)
-    server, guard = sasl_door_server(lambda m, u: STORED.get((m, u)), "test door",
+@asynccontextmanager
+async def running_door(stored: dict[Any, ScramCredential], sessions: SessionTokens
+                       ) -> AsyncIterator[tuple[str, SaslSessionInterceptor]]:
+    """A plaintext door on a free port serving WhoAmI: (its address, its session guard)."""
+    server, guard = sasl_door_server(lambda m, u: stored.get((m, u)), "test door",
                                      sessions=sessions)
     server.add_generic_rpc_handlers((whoami_handler(),))
     port = bind_sasl_port(server, "127.0.0.1:0", None)
     await server.start()
-    address = f"127.0.0.1:{port}"
     try:
-        first = open_channel(address, client(port, "secret"))
-        second = open_channel(address, client(port, "secret"))
+        yield f"127.0.0.1:{port}", guard
+    finally:
+        await server.stop(None)
+
+
+async def door_round_trips() -> None:
+    sessions = SessionTokens(max_sessions=1)
+    async with running_door(STORED, sessions) as (address, guard):
+        first = open_channel(address, client("secret"))
+        second = open_channel(address, client("secret"))
         ask_first = first.unary_unary(WHOAMI)
         ask_second = second.unary_unary(WHOAMI)
         assert await ask_first(b"", timeout=10) == b"User:alice"
@@ -71,14 +87,12 @@ async def door_round_trips() -> None:
                 await bare.unary_unary(WHOAMI)(b"", timeout=10)
             assert refused.value.code() is grpc.StatusCode.UNAUTHENTICATED
 
-        wrong = open_channel(address, client(port, "wrong"))
+        wrong = open_channel(address, client("wrong"))
         with pytest.raises(FjordError) as failed:
             await wrong.unary_unary(WHOAMI)(b"", timeout=10)
         assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED
         for channel in (first, second, wrong):
             await channel.close()
-    finally:
-        await server.stop(None)
 
 
 def test_door_login_principal_and_relogin_after_a_forgotten_session() -> None:
@@ -100,14 +114,8 @@ async def door_session_lifetimes(change: str) -> None:
     clock = ManualClock()
     stored = dict(STORED)
     sessions = SessionTokens(lifetime=SessionLifetime(10_000), clock=clock)
-    server, guard = sasl_door_server(lambda m, u: stored.get((m, u)), "test door",
-                                     sessions=sessions)
-    server.add_generic_rpc_handlers((whoami_handler(),))
-    port = bind_sasl_port(server, "127.0.0.1:0", None)
-    await server.start()
-    address = f"127.0.0.1:{port}"
-    try:
-        login = SaslLoginInterceptor(address, client(port, "secret"), clock)
+    async with running_door(stored, sessions) as (address, guard):
+        login = SaslLoginInterceptor(address, client("secret"), clock)
         async with aio.insecure_channel(address, interceptors=[login]) as channel:
             ask = channel.unary_unary(WHOAMI)
             assert await ask(b"", timeout=10) == b"User:alice" and login.logins == 1
@@ -119,7 +127,7 @@ async def door_session_lifetimes(change: str) -> None:
             assert guard.refused == refused_before
 
             # The door's own view: the first token, replayed after its lifetime, is expired.
-            first = await sasl_login(address, client(port, "secret"))
+            first = await sasl_login(address, client("secret"))
             clock.now += 10.0
             async with aio.insecure_channel(address) as bare:
                 with pytest.raises(aio.AioRpcError) as expired:
@@ -148,8 +156,6 @@ async def door_session_lifetimes(change: str) -> None:
             with pytest.raises(FjordError) as failed:
                 await ask(b"", timeout=10)
             assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED
-    finally:
-        await server.stop(None)
 
 
 @pytest.mark.parametrize("change", ["deleted", "new_password"])
