@@ -593,13 +593,11 @@ def _deployment(
     )
     env = _env_from_fields(POD_UID="metadata.uid", POD_IP="status.podIP")
     # Controllers read the cluster's topic defaults and num.partitions/default.replication.factor;
-    # coordinators' SASL doors share the brokers' session lifetime (connections.max.reauth.ms).
-    if component == "controller":
-        args = _config_args(config_parts(spec)[0])
-    else:
-        brokers_config = config_parts(spec)[1]
-        args = _config_args({k: v for k, v in brokers_config.items()
-                             if k == CONNECTIONS_MAX_REAUTH_MS_KEY})
+    # every SASL door shares the brokers' session lifetime (connections.max.reauth.ms).
+    controllers_config, brokers_config = config_parts(spec)
+    lifetime = {k: v for k, v in brokers_config.items() if k == CONNECTIONS_MAX_REAUTH_MS_KEY}
+    args = _config_args(
+        {**controllers_config, **lifetime} if component == "controller" else lifetime)
     container = _container(
         spec, component, script, args, port, part.get("resources"), env, name,
         extra_ports=_kafka_container_ports(spec) if kafka else [],

@@ -4,10 +4,13 @@ Kafka listener and the SASL gRPC doors, and raw Kafka frames over TLS."""
 
 from __future__ import annotations
 
+import queue
 import socket
 import ssl
 import struct
+from collections.abc import Iterator
 
+import grpc
 from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslAuthenticateResponse,
@@ -15,6 +18,7 @@ from kafka.protocol.sasl import (
 )
 from scramp import ScramClient
 
+from fjord._proto import sasl_pb2, sasl_pb2_grpc
 from fjord.local.cluster import LocalCluster
 
 
@@ -112,3 +116,39 @@ def door_client_config(cluster: LocalCluster, user: str, password: str, **extra:
         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
         **extra,
     }
+
+
+def sasl_grpc_channel(cluster: LocalCluster, role: str = "broker", node_id: int = 0
+                      ) -> grpc.Channel:
+    """A TLS channel to a process's SASL gRPC door (broker 0's by default) showing no client
+    certificate."""
+    ca = (cluster.data_dir / "tls" / "ca.pem").read_bytes()
+    return grpc.secure_channel(cluster.sasl_grpc_address(role, node_id),
+                               grpc.ssl_channel_credentials(root_certificates=ca))
+
+
+def grpc_login(channel: grpc.Channel, user: str, password: str,
+               mechanism: str = "SCRAM-SHA-512") -> sasl_pb2.SaslAuthenticateResponse:
+    """One SCRAM exchange over ``Sasl/Authenticate``: the last answer (its session_token on
+    success, its error otherwise)."""
+    client = ScramClient([mechanism], user, password)
+    outbox: queue.Queue[sasl_pb2.SaslAuthenticateRequest | None] = queue.Queue()
+
+    def requests() -> Iterator[sasl_pb2.SaslAuthenticateRequest]:
+        while (item := outbox.get(timeout=15)) is not None:
+            yield item
+
+    outbox.put(sasl_pb2.SaslAuthenticateRequest(
+        mechanism=mechanism, auth_bytes=client.get_client_first().encode()))
+    answers = sasl_pb2_grpc.SaslStub(channel).Authenticate(requests(), timeout=15)
+    first = next(answers)
+    if first.error.code:
+        outbox.put(None)
+        return first
+    client.set_server_first(first.auth_bytes.decode())
+    outbox.put(sasl_pb2.SaslAuthenticateRequest(auth_bytes=client.get_client_final().encode()))
+    final = next(answers)
+    outbox.put(None)
+    if not final.error.code:
+        client.set_server_final(final.auth_bytes.decode())  # the server proved it knows us too
+    return final

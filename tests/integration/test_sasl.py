@@ -8,7 +8,6 @@ Brokers and coordinators also open a second Kafka door, SSL:// with client certi
 
 from __future__ import annotations
 
-import queue
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +22,6 @@ from kafka.protocol.sasl import (
     SaslAuthenticateRequest,
     SaslHandshakeRequest,
 )
-from scramp import ScramClient
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, sasl_pb2, sasl_pb2_grpc
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -47,8 +45,10 @@ from tests.helpers.sasl import (
     closed,
     door_client_config,
     frame,
+    grpc_login,
     logs_in,
     sasl_conf,
+    sasl_grpc_channel,
     tls_socket,
 )
 
@@ -295,40 +295,6 @@ def test_confluent_kafka_admin_alters_and_describes_scram_credentials(
 
 
 # --- The SASL gRPC door (Fjord's own SASL clients) ---------------------------------------------
-
-
-def sasl_grpc_channel(cluster: LocalCluster) -> grpc.Channel:
-    """A TLS channel to broker 0's SASL gRPC door showing no client certificate."""
-    ca = (cluster.data_dir / "tls" / "ca.pem").read_bytes()
-    return grpc.secure_channel(cluster.sasl_grpc_address("broker", 0),
-                               grpc.ssl_channel_credentials(root_certificates=ca))
-
-
-def grpc_login(channel: grpc.Channel, user: str, password: str,
-               mechanism: str = "SCRAM-SHA-512") -> sasl_pb2.SaslAuthenticateResponse:
-    """One SCRAM exchange over ``Sasl/Authenticate``: the last answer (its session_token on
-    success, its error otherwise)."""
-    client = ScramClient([mechanism], user, password)
-    outbox: queue.Queue[sasl_pb2.SaslAuthenticateRequest | None] = queue.Queue()
-
-    def requests() -> Iterator[sasl_pb2.SaslAuthenticateRequest]:
-        while (item := outbox.get(timeout=15)) is not None:
-            yield item
-
-    outbox.put(sasl_pb2.SaslAuthenticateRequest(
-        mechanism=mechanism, auth_bytes=client.get_client_first().encode()))
-    answers = sasl_pb2_grpc.SaslStub(channel).Authenticate(requests(), timeout=15)
-    first = next(answers)
-    if first.error.code:
-        outbox.put(None)
-        return first
-    client.set_server_first(first.auth_bytes.decode())
-    outbox.put(sasl_pb2.SaslAuthenticateRequest(auth_bytes=client.get_client_final().encode()))
-    final = next(answers)
-    outbox.put(None)
-    if not final.error.code:
-        client.set_server_final(final.auth_bytes.decode())  # the server proved it knows us too
-    return final
 
 
 def produce_on_door(channel: grpc.Channel, token: str | None, topic: str) -> int:

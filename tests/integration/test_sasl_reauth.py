@@ -33,9 +33,11 @@ from tests.helpers.sasl import (
     closed,
     door_client_config,
     frame,
+    grpc_login,
     logs_in,
     read_frame,
     sasl_conf,
+    sasl_grpc_channel,
     scram_login,
     tls_socket,
 )
@@ -156,6 +158,19 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
     # The group's calls to the coordinator (heartbeats, commits) are seconds apart: a first
     # login and at least one renewal.
     assert len(log_lines(cluster, "coordinator-1", "User:alice logged in with SASL")) >= 2
+
+
+@pytest.mark.parametrize(("role", "node_id"), [("broker", 0), ("coordinator", 1),
+                                              ("controller", 0)])
+def test_every_sasl_grpc_door_answers_the_configured_lifetime(
+    cluster: LocalCluster, role: str, node_id: int
+) -> None:
+    """`fjord local up --config connections.max.reauth.ms=...` reaches every process's door
+    (the controllers' too)."""
+    with sasl_grpc_channel(cluster, role, node_id) as channel:
+        login = grpc_login(channel, "erin", "erin-secret")
+    assert login.error.code == 0 and login.session_token
+    assert login.session_lifetime_ms == LIFETIME_MS
 
 
 def test_a_connection_that_does_not_reauthenticate_is_closed_after_its_lifetime(

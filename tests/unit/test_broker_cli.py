@@ -17,6 +17,7 @@ from fjord.cli.broker_cmd import broker
         (["--config", "segment.bytes=big"], "segment.bytes"),
         (["--config", "novalue"], "k=v"),
         (["--config", "auto.create.topics.enable=true"], "auto.create.topics.enable"),
+        (["--config", "connections.max.reauth.ms=-5"], "connections.max.reauth.ms"),
         (["--id", "-3"], "id"),
         (["--listen", "127.0.0.1:http"], "listen"),
         (["--lease-ttl", "0"], "lease-ttl"),

@@ -313,7 +313,7 @@ def test_etcd_endpoints_are_read_as_etcd_clients_read_them() -> None:
 def test_cluster_config_goes_to_the_processes_that_read_it(tmp_path: Path) -> None:
     """spec.brokers.config is the cluster's server.properties: topic defaults reach brokers and
     controllers, num.partitions/default.replication.factor only controllers (they create
-    topics), replica.* only brokers, connections.max.reauth.ms brokers and coordinators."""
+    topics), replica.* only brokers, connections.max.reauth.ms every process (SASL doors)."""
     config = {
         "num.partitions": "12",
         "default.replication.factor": "3",
@@ -341,7 +341,7 @@ def test_cluster_config_goes_to_the_processes_that_read_it(tmp_path: Path) -> No
     ]
     assert config_flags("Deployment", "fjord-coordinator", **pod) == []
 
-    # connections.max.reauth.ms: brokers and coordinators (both have SASL doors).
+    # connections.max.reauth.ms: every process with a SASL door.
     body = cluster(brokers={"replicas": 3, "config": {**config,
                                                       "connections.max.reauth.ms": "600000"}})
     assert builders.cluster_spec_problems(body["spec"]) == []
@@ -350,7 +350,7 @@ def test_cluster_config_goes_to_the_processes_that_read_it(tmp_path: Path) -> No
         "StatefulSet", "fjord-broker", HOSTNAME="fjord-broker-0")
     assert config_flags("Deployment", "fjord-coordinator", **pod) == [
         "connections.max.reauth.ms=600000"]
-    assert "connections.max.reauth.ms=600000" not in config_flags(
+    assert "connections.max.reauth.ms=600000" in config_flags(
         "Deployment", "fjord-controller", **pod)
 
 

@@ -23,6 +23,11 @@ from fjord.controller.defaults import (
 from fjord.controller.server import run_controller
 from fjord.errors import ConfigError
 from fjord.metadata import parse_etcd_endpoint
+from fjord.security.sasl_sessions import (
+    CONNECTIONS_MAX_REAUTH_MS_KEY,
+    SessionLifetime,
+    connections_max_reauth_ms,
+)
 
 
 @click.command("controller")
@@ -103,7 +108,11 @@ def controller(
     if not cluster_id or "/" in cluster_id:
         raise click.BadParameter("must be non-empty without '/'", param_hint="--cluster-id")
     try:
-        static_config = validate_cluster_config(parse_pairs(config_items, "--config"))
+        pairs = parse_pairs(config_items, "--config")
+        # The SASL door's session lifetime is this process's, not a cluster default.
+        sasl_lifetime = SessionLifetime(connections_max_reauth_ms(pairs))
+        pairs.pop(CONNECTIONS_MAX_REAUTH_MS_KEY, None)
+        static_config = validate_cluster_config(pairs)
     except ConfigError as exc:
         raise click.BadParameter(str(exc), param_hint="--config") from exc
     security = load_service_security(security_config)
@@ -118,6 +127,7 @@ def controller(
                 security=security,
                 authorization=load_authorization(security_config),
                 sasl_listen=sasl_listen,
+                sasl_lifetime=sasl_lifetime,
             )
         )
     except OSError as exc:

@@ -124,7 +124,8 @@ _BROKER_EFFECTS: dict[str, str] = {
     "whose session expired on its next request unless the client re-authenticated; the SASL "
     "gRPC door's session tokens expire after it (Fjord's clients renew them at 85-95%). A "
     "deleted user or changed password takes effect at the next re-authentication. 0: never "
-    "(Kafka's default; Fjord bounds it, see docs/security.md).",
+    "(Kafka's default; Fjord bounds it, see docs/security.md). Coordinators and controllers "
+    "take it in their --config too.",
     "log.cleaner.dedupe.buffer.size": "The memory bound of the cleaner's offset map (about "
     "120 bytes a key plus the key); a log with more dirty keys is cleaned in rounds.",
 }

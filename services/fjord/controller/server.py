@@ -41,6 +41,7 @@ from fjord.security.acls import (
     Caller,
     Resource,
 )
+from fjord.security.sasl_sessions import SessionLifetime
 from fjord.security.scram import SCRAM_MECHANISMS, ScramDeletion, ScramUpsertion
 from fjord.serving import access_control, grpc_caller_or_forwarded
 from fjord.tls import ClusterActionGuard, bind_port, use_service_security
@@ -561,9 +562,11 @@ async def run_controller(
     security: ServiceSecurity | None = None,
     authorization: AuthorizerSettings | None = None,
     sasl_listen: str | None = None,
+    sasl_lifetime: SessionLifetime | None = None,
 ) -> None:
     """Serve until ``stop`` is set or SIGTERM/SIGINT arrives; then revoke the lease and exit.
-    ``sasl_listen``: HOST:PORT of a SASL gRPC door for Fjord's SASL clients (fjord.sasl_door).
+    ``sasl_listen``: HOST:PORT of a SASL gRPC door for Fjord's SASL clients (fjord.sasl_door),
+    its sessions living ``sasl_lifetime`` (``connections.max.reauth.ms``; default one hour).
     ``static_config``: cluster defaults under etcd's cluster-config (``--config``);
     ``security``: TLS on the listener and towards etcd (None: plaintext); with required client
     authentication AlterPartition and AllocateProducerIds need the cluster service identity."""
@@ -594,6 +597,7 @@ async def run_controller(
             lambda mechanism, user: service.image.scram_credential(mechanism, user),
             f"controller {controller_id}",
             interceptors=server_interceptors("controller"),
+            lifetime=sasl_lifetime,
             options=[("grpc.so_reuseport", 0)],
         )
         sasl_port = bind_sasl_port(sasl_server, sasl_listen, security)

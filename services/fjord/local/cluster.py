@@ -186,13 +186,17 @@ class LocalCluster:
         # cluster-config gets the controller's part, each broker's --config its own part.
         self.cluster_config, self.broker_config = split_cluster_config(dict(config or {}))
         self.broker_config.setdefault("replica.lag.time.max.ms", str(LOCAL_REPLICA_LAG_TIME_MAX_MS))
-        # One SASL session lifetime for the whole local cluster: the coordinators' SASL doors
-        # take the brokers' connections.max.reauth.ms unless given their own.
+        # One SASL session lifetime for the whole local cluster: the coordinators' and the
+        # controllers' SASL doors take the brokers' connections.max.reauth.ms (a coordinator
+        # keeps its own when given one).
         from fjord.security.sasl_sessions import CONNECTIONS_MAX_REAUTH_MS_KEY
 
+        self._controller_config_args: list[str] = []
         if CONNECTIONS_MAX_REAUTH_MS_KEY in self.broker_config:
-            self.coordinator_config.setdefault(
-                CONNECTIONS_MAX_REAUTH_MS_KEY, self.broker_config[CONNECTIONS_MAX_REAUTH_MS_KEY])
+            lifetime = self.broker_config[CONNECTIONS_MAX_REAUTH_MS_KEY]
+            self.coordinator_config.setdefault(CONNECTIONS_MAX_REAUTH_MS_KEY, lifetime)
+            self._controller_config_args = [
+                "--config", f"{CONNECTIONS_MAX_REAUTH_MS_KEY}={lifetime}"]
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s
         self.detach = detach
@@ -485,7 +489,8 @@ class LocalCluster:
                 "--leader-imbalance-check-interval", str(LOCAL_LEADER_IMBALANCE_CHECK_INTERVAL_S),
                 *self._security_args("controller", controller_id),
                 *(["--sasl-listen",
-                   f"{LOOPBACK_HOST}:{self._sasl_grpc_port('controller', controller_id)}"]
+                   f"{LOOPBACK_HOST}:{self._sasl_grpc_port('controller', controller_id)}",
+                   *self._controller_config_args]
                   if self.kafka_sasl else []),
             ],
         )
