@@ -86,7 +86,8 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
 ) -> None:
     """confluent-kafka on the Kafka listeners and fjord.client on the SASL gRPC doors, side by
     side for more than three lifetimes, each through a consumer group: every record once, in
-    order; re-authentications and door logins logged."""
+    order; re-authentications and door logins logged. A fjord AdminClient creates a topic
+    before and after (its controller session renewed in between)."""
     kafka_conf = sasl_conf(cluster, "alice", "alice-secret")
     kafka_producer = confluent_kafka.Producer({**kafka_conf, "enable.idempotence": True})
     kafka_consumer = confluent_kafka.Consumer({
@@ -96,6 +97,8 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
     kafka_consumer.subscribe([TOPIC])
     door = door_client_config(cluster, "alice", "alice-secret")
     fjord_producer = Producer(door)  # idempotent by default
+    fjord_admin = AdminClient(door)  # Metadata at a broker's door, CreateTopics at the
+    # controller's: the second call comes lifetimes after the first login
     fjord_consumer = Consumer({**door, "group.id": "g-reauth-fjord",
                                "auto.offset.reset": "earliest"})
     fjord_consumer.subscribe([TOPIC])
@@ -110,6 +113,7 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
         fjord_seen.extend(r.value for r in fjord_consumer.poll(0.05) if r.value is not None)
 
     try:
+        fjord_admin.create_topics([NewTopic("reauth-admin-1", 1, 1)])
         started = time.monotonic()
         number = 0
         # A paced, long-running workload: running for a while is the point, not a stand-in.
@@ -125,6 +129,8 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
             number += 1
             poll_both()
         assert kafka_producer.flush(30) == 0
+        fjord_admin.create_topics([NewTopic("reauth-admin-2", 1, 1)])
+        assert {"reauth-admin-1", "reauth-admin-2"} <= set(fjord_admin.list_topics(timeout=15))
         for item in acked:
             if not isinstance(item, (confluent_kafka.KafkaError, type(None))):
                 item.result(30)  # type: ignore[attr-defined]  # a fjord send future
@@ -140,6 +146,7 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
         kafka_consumer.close()
         fjord_consumer.close()
         fjord_producer.close()
+        fjord_admin.close()
     for seen in (kafka_seen, fjord_seen):
         assert len(seen) == len(sent) and set(seen) == set(sent), "each record exactly once"
         for name in ("kafka", "fjord"):  # one partition: each producer's records in order
@@ -158,6 +165,8 @@ def test_long_producers_and_consumers_survive_several_reauth_periods(
     # The group's calls to the coordinator (heartbeats, commits) are seconds apart: a first
     # login and at least one renewal.
     assert len(log_lines(cluster, "coordinator-1", "User:alice logged in with SASL")) >= 2
+    assert len(log_lines(cluster, "controller-0", "User:alice logged in with SASL")) + \
+        len(log_lines(cluster, "controller-1", "User:alice logged in with SASL")) >= 2
 
 
 @pytest.mark.parametrize(("role", "node_id"), [("broker", 0), ("coordinator", 1),
