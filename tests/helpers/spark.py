@@ -40,11 +40,15 @@ def produce(
 
 
 def send_orders(
-    bootstrap: str, topic: str, values: list[tuple[str, str]], partition: int | None = None
+    bootstrap: str,
+    topic: str,
+    values: list[tuple[str, str]],
+    partition: int | None = None,
+    **config: Any,
 ) -> None:
     """Produce (key, value) records, as the order service would (keyed by order id; to
-    ``partition`` when given)."""
-    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1}) as producer:
+    ``partition`` when given; ``config`` adds producer properties, e.g. security)."""
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 1, **config}) as producer:
         futures = [
             producer.send(topic, value=value, key=key, partition=partition) for key, value in values
         ]
