@@ -13,20 +13,7 @@ import pytest
 
 from fjord_operator import builders
 from fjord_operator import settings as s
-
-
-def cluster(**spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "brokers": {"replicas": 3, "storage": {"size": "20Gi", "storageClassName": "fast"}},
-        "etcd": {"endpoints": ["http://etcd.infra.svc:2379"]},
-    }
-    base.update(spec)
-    return {
-        "apiVersion": "fjord.io/v1alpha1",
-        "kind": "FjordCluster",
-        "metadata": {"name": "fjord", "namespace": "fjord", "uid": "1234-abcd", "generation": 1},
-        "spec": base,
-    }
+from tests.helpers.operator_specs import cluster, flag, run_container_command
 
 
 def by_kind_name(objects: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
@@ -110,27 +97,6 @@ def test_broker_config_becomes_flags_and_shell_words_stay_intact() -> None:
     assert command[3] == "broker"  # $0 of the script
     assert command[4:] == ["--config", "min.insync.replicas=2", "--config", "retention.ms=1000"]
     assert shlex.split(command[2])[-1] == "$@"  # extra args reach fjord broker
-
-
-def run_container_command(command: list[str], tmp_path: Path, **env: str) -> list[str]:
-    """Run a container command in a real sh with a stand-in ``fjord`` that prints its argv."""
-    fake = tmp_path / "fjord"
-    fake.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
-    fake.chmod(0o755)
-    base = {"PATH": f"{tmp_path}:/usr/bin:/bin", "FJORD_ETCD": "http://e:2379"}
-    out = subprocess.run(
-        command,
-        env={**base, "FJORD_CLUSTER_ID": "ns.c", **env},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    )
-    return out.stdout.splitlines()
-
-
-def flag(argv: list[str], name: str) -> str:
-    return argv[argv.index(name) + 1]
 
 
 def test_broker_command_in_a_real_shell(tmp_path: Path) -> None:

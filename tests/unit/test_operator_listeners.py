@@ -23,7 +23,7 @@ from fjord_operator.listeners import (
     serves_scram,
 )
 from fjord_operator.security import plan_user_credentials
-from tests.unit.test_operator_builders import cluster, flag, run_container_command
+from tests.helpers.operator_specs import cluster, flag, run_container_command
 
 TWO_LISTENERS = [
     {"name": "tls", "port": 9095, "authentication": "tls"},
