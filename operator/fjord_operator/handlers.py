@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -37,6 +37,7 @@ from fjord.security.acls import AclBinding, AclBindingFilter
 from fjord.topic_partition import TopicPartition
 from fjord_operator import builders
 from fjord_operator import settings as s
+from fjord_operator.ca_rotation import ROTATION_KEYS, CaPhase, ClusterCa, ca_status, read_cluster_ca
 from fjord_operator.decisions import (
     AutoscalingPolicy,
     ClusterObservation,
@@ -79,6 +80,7 @@ from fjord_operator.rolling import (
 from fjord_operator.security import (
     SCRAM,
     AclChanges,
+    CertificatePlan,
     SecuritySpecError,
     ca_secret_name,
     cluster_security,
@@ -520,11 +522,16 @@ class KubeApi:
     async def list(
         self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]
     ) -> list[dict[str, Any]]:
-        """The live objects of ``kind`` in ``namespace`` carrying every label of ``labels``."""
+        """The live objects of ``kind`` in ``namespace`` carrying every label of ``labels``
+        (the selector is checked here too: a server that ignores it, as the test emulator
+        does, never hands one role's pods to another's decision)."""
         resource = self._resource_of({"apiVersion": api_version, "kind": kind})
         out = []
         async for item in self.client().list(resource, namespace=namespace, labels=dict(labels)):
-            out.append(item.to_dict() if hasattr(item, "to_dict") else dict(item))
+            obj = item.to_dict() if hasattr(item, "to_dict") else dict(item)
+            found = (obj.get("metadata") or {}).get("labels") or {}
+            if all(found.get(k) == v for k, v in labels.items()):
+                out.append(obj)
         return out
 
     async def apply(self, obj: Mapping[str, Any]) -> str:
@@ -644,24 +651,13 @@ class Runtime:
         if security is None:
             return self.admin(builders.bootstrap_servers(cluster))
         meta = cluster["metadata"]
-        namespace = meta.get("namespace", "default")
-        ca_data = decode_secret(
-            await self.kube.get("v1", "Secret", namespace, ca_secret_name(meta["name"]))
-        )
-        if ca_data is None:
-            raise SecuritySpecError(f"Secret {ca_secret_name(meta['name'])} does not exist yet")
-        from fjord.security.certificates import CertificateAuthority
-
-        try:
-            ca = CertificateAuthority.from_pem(
-                ca_data.get(s.CA_CERT_KEY, b""), ca_data.get(s.CA_KEY_KEY, b"")
-            )
-        except ValueError as exc:
-            raise SecuritySpecError(f"Secret {ca_secret_name(meta['name'])}: {exc}") from None
+        ca = await self.cluster_ca(cluster)
         identity = self.identities.get(meta["uid"])
         if identity is None:
             identity = self.identities[meta["uid"]] = OperatorIdentity()
-        config = identity.client_config(ca, datetime.now(UTC))
+        # Signed by the CA that signs now, trusting every CA trusted now: during a CA renewal
+        # both (fjord_operator.ca_rotation), so it reaches every pod whichever it runs.
+        config = identity.client_config(ca.signing, datetime.now(UTC), ca.bundle())
         admin = self.admin(builders.bootstrap_servers(cluster), config)
         previous = identity.admin
         if previous is not None and previous is not admin:
@@ -670,6 +666,20 @@ class Runtime:
             await asyncio.to_thread(previous.close)
         identity.admin = admin
         return admin
+
+    async def cluster_ca(self, cluster: Mapping[str, Any]) -> ClusterCa:
+        """A secure FjordCluster's CA Secret (managed: owned by the cluster, so the operator
+        made it). SecuritySpecError while it is missing or unusable."""
+        meta = cluster["metadata"]
+        name = ca_secret_name(meta["name"])
+        live = await self.kube.get("v1", "Secret", meta.get("namespace", "default"), name)
+        data = decode_secret(live)
+        if live is None or data is None:
+            raise SecuritySpecError(f"Secret {name} does not exist yet")
+        try:
+            return read_cluster_ca(data, owned_by(live, meta.get("uid")))
+        except ValueError as exc:
+            raise SecuritySpecError(f"Secret {name}: {exc}") from None
 
     def lock(self, uid: str) -> asyncio.Lock:
         return self.locks.setdefault(uid, asyncio.Lock())
@@ -687,8 +697,8 @@ class Runtime:
 class OperatorIdentity:
     """The operator's client certificate for one secure cluster, in a private temporary
     directory (0700, files 0600): the client settings name files. Re-issued from the cluster
-    CA at half its life or when the CA changes; each issue goes to new file names, so an admin
-    client built on the old ones keeps working until it is replaced."""
+    CA at half its life or when the CA or the trusted CAs change; each issue goes to new file
+    names, so an admin client built on the old ones keeps working until it is replaced."""
 
     def __init__(self) -> None:
         import tempfile
@@ -699,14 +709,19 @@ class OperatorIdentity:
         self._config: dict[str, str] | None = None
         self._renew_at: datetime | None = None
         self._ca_pem: bytes | None = None
+        self._trust: bytes | None = None
         self._serial = 0
 
-    def client_config(self, ca: Any, now: datetime) -> dict[str, str]:
+    def client_config(self, ca: Any, now: datetime, trust: bytes | None = None) -> dict[str, str]:
+        """Client settings with a certificate of ``ca`` that trust ``trust`` (a PEM bundle;
+        default ``ca`` alone)."""
         from fjord.tls import write_private
 
+        trust = trust if trust is not None else ca.pem()
         if (
             self._config is None
             or self._ca_pem != ca.pem()
+            or self._trust != trust
             or self._renew_at is None
             or now >= self._renew_at
         ):
@@ -716,10 +731,10 @@ class OperatorIdentity:
                 name: self.directory / f"{name}-{self._serial}.pem"
                 for name in ("ca", "operator", "operator-key")
             }
-            write_private(paths["ca"], ca.pem())
+            write_private(paths["ca"], trust)
             write_private(paths["operator"], cert)
             write_private(paths["operator-key"], key)
-            self._ca_pem = ca.pem()
+            self._ca_pem, self._trust = ca.pem(), trust
             from datetime import timedelta
 
             self._renew_at = now + timedelta(hours=s.OPERATOR_CERT_VALIDITY_HOURS / 2)
@@ -760,9 +775,11 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
     now = datetime.now(UTC)
     problems = builders.cluster_spec_problems(body.get("spec") or {})
     revisions: dict[str, str] | None = None
+    certificates: CertificatePlan | None = None
     if not problems:
         try:
-            revisions = await reconcile_certificates(rt, body, now)
+            certificates = await reconcile_certificates(rt, body, now)
+            revisions = None if certificates is None else certificates.revisions
         except SecuritySpecError as exc:
             reason = "SecretNameTaken" if isinstance(exc, SecretNameTaken) else "InvalidClusterCA"
             verdict = Verdict(Outcome.ERROR, reason, str(exc))
@@ -780,6 +797,8 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
     plan = plan_cluster(
         body, sts_replicas, ready, registered, assignment, reassigning, now, revisions, racks
     )
+    if certificates is not None:
+        plan = _with_ca_status(body, plan, certificates)
     try:
         for obj in plan.objects:
             await rt.kube.apply(obj)
@@ -834,18 +853,20 @@ async def _assign_racks(rt: Runtime, body: Mapping[str, Any], plan: ClusterPlan)
 
 async def reconcile_certificates(
     rt: Runtime, body: Mapping[str, Any], now: datetime
-) -> dict[str, str] | None:
-    """Write the secure cluster's CA and service Secrets as security.plan_certificates says;
-    returns each role's TLS revision (None for a plaintext cluster). A role whose certificate
-    was renewed while its pods run is logged: controllers and coordinators roll through their
-    pod template's revision; brokers are restarted by the operator one at a time (see
-    restart_brokers_one_at_a_time)."""
+) -> CertificatePlan | None:
+    """Write the secure cluster's CA and service Secrets as security.plan_certificates says
+    (the CA Secret first); returns the plan (None for a plaintext cluster). A role whose
+    certificate or trusted CAs changed while its pods run is logged: controllers and
+    coordinators roll through their pod template's revision; brokers are restarted by the
+    operator one at a time (see _roll_brokers). During a CA renewal the pods' revisions and the
+    FjordUser Secrets are observed: each phase waits for them (fjord_operator.ca_rotation)."""
     security = cluster_security(body.get("spec") or {})
     if security is None:
         return None
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
-    ca_data = decode_secret(await rt.kube.get("v1", "Secret", namespace, ca_secret_name(name)))
+    ca_live = await rt.kube.get("v1", "Secret", namespace, ca_secret_name(name))
+    ca_data = decode_secret(ca_live)
     roles: dict[str, Any] = {}
     for role in ("broker", "controller", "coordinator"):
         live = await rt.kube.get("v1", "Secret", namespace, service_secret_name(name, role))
@@ -857,12 +878,63 @@ async def reconcile_certificates(
                 "FjordCluster; nothing was changed"
             )
         roles[role] = decode_secret(live)
-    plan = plan_certificates(body, security, ca_data, roles, now)
+    managed = ca_live is None or owned_by(ca_live, meta.get("uid"))
+    pods: dict[str, dict[str, str | None]] | None = None
+    users: dict[str, dict[str, bytes]] = {}
+    if managed and ca_data is not None and any(k in ca_data for k in ROTATION_KEYS):
+        # A CA renewal is under way: its next step waits for the pods and the users.
+        pods = {}
+        for role in ("broker", "controller", "coordinator"):
+            found = await rt.kube.list("v1", "Pod", namespace, builders.selector_labels(name, role))
+            pods[role] = {
+                str(p["metadata"]["name"]): (p["metadata"].get("annotations") or {}).get(
+                    s.TLS_REVISION_ANNOTATION
+                )
+                for p in found
+            }
+        for obj in await rt.kube.list(
+            "v1", "Secret", namespace, builders.selector_labels(name, "user")
+        ):
+            users[str(obj["metadata"]["name"])] = decode_secret(obj) or {}
+    plan = plan_certificates(
+        body, security, ca_data, roles, now, ca_managed=managed, pods=pods, users=users
+    )
     for obj in plan.secrets:
         await rt.kube.apply(obj)
+    decision = plan.ca_decision
+    if decision.changed and ca_data is not None:
+        log.info("cluster %s/%s: cluster CA %s: %s", namespace, name,
+                 plan.cluster_ca.phase.value, decision.message)
+        _post_event(body, "Normal", f"ClusterCa{plan.cluster_ca.phase.value}", decision.message)
+    previous = (body.get("status") or {}).get("clusterCa") or {}
+    if decision.expiring and not previous.get("expiring"):
+        log.warning("cluster %s/%s: %s", namespace, name, decision.message)
+        _post_event(body, "Warning", "ClusterCaExpiring", decision.message)
     for role, why in plan.renewed.items():
         log.info("cluster %s/%s: %s certificate renewed (%s)", namespace, name, role, why)
-    return plan.revisions
+    return plan
+
+
+def _post_event(body: Mapping[str, Any], kind: str, reason: str, message: str) -> None:
+    """A Kubernetes Event on the FjordCluster (through kopf; nothing outside a kopf handler)."""
+    with contextlib.suppress(LookupError):
+        kopf.event(cast(Any, body), type=kind, reason=reason, message=message)
+
+
+def _with_ca_status(
+    body: Mapping[str, Any], plan: ClusterPlan, certificates: CertificatePlan
+) -> ClusterPlan:
+    """``status.clusterCa``; while a CA renewal is under way the cluster is Reconciling and the
+    reconciliation comes back soon (each phase waits for pods to roll)."""
+    status = {**plan.status, "clusterCa": ca_status(certificates.ca_decision)}
+    renewing = certificates.cluster_ca.phase is not CaPhase.STABLE
+    if renewing and (condition_of(plan.status, "Ready") or {}).get("status") == "True":
+        meta = body["metadata"]
+        verdict = Verdict(Outcome.RECONCILING, "RenewingClusterCa",
+                          certificates.ca_decision.message)
+        status.update(status_patch(verdict, meta.get("generation"), body.get("status"),
+                                   datetime.now(UTC)))
+    return ClusterPlan(plan.objects, plan.reassign, status, retry=plan.retry or renewing)
 
 
 class SecretNameTaken(SecuritySpecError):
@@ -888,8 +960,6 @@ async def _user_cluster(rt: Runtime, body: Mapping[str, Any]) -> Mapping[str, An
 
 async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
     """Bring a FjordUser's Secret, SCRAM credential and ACLs to its spec (drift both ways)."""
-    from fjord.security.certificates import CertificateAuthority
-
     spec = body.get("spec") or {}
     meta = body["metadata"]
     name, namespace = meta["name"], meta.get("namespace", "default")
@@ -934,18 +1004,16 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
                     f"({listeners}, and spec.security.saslGrpcDoor is off): a scram-sha-512 "
                     "user could not log in; use authentication type tls, or give the cluster "
                     "a scram-sha-512 listener or the SASL gRPC doors", True)
-    ca_data = decode_secret(
-        await rt.kube.get("v1", "Secret", namespace, ca_secret_name(cluster["metadata"]["name"]))
-    )
-    if ca_data is None:
+    if await rt.kube.get(
+        "v1", "Secret", namespace, ca_secret_name(cluster["metadata"]["name"])
+    ) is None:
         return done(Outcome.RECONCILING, "WaitingForClusterCA",
                     f"Secret {ca_secret_name(cluster['metadata']['name'])} does not exist yet",
                     True)
     try:
-        ca = CertificateAuthority.from_pem(ca_data.get(s.CA_CERT_KEY, b""),
-                                           ca_data.get(s.CA_KEY_KEY, b""))
+        cluster_ca = await rt.cluster_ca(cluster)
         admin = await rt.cluster_admin(cluster)
-    except (ValueError, SecuritySpecError) as exc:
+    except SecuritySpecError as exc:
         return done(Outcome.ERROR, "InvalidClusterCA", str(exc), True)
     live_secret = await rt.kube.get("v1", "Secret", namespace, name)
     if live_secret is not None and not owned_by(live_secret, meta.get("uid")):
@@ -955,9 +1023,10 @@ async def reconcile_user(rt: Runtime, body: Mapping[str, Any]) -> UserPlan:
                     f"Secret {name} exists and does not belong to this FjordUser; nothing was "
                     "changed (name the user differently)", True)
     live = decode_secret(live_secret)
+    # Signed by the CA that signs now, ca.crt the CAs trusted now (both during a CA renewal).
     credentials = plan_user_credentials(
-        name, kind, ca, live, now, security.validity, security.renew_before,
-        client_bootstrap_hints(cluster, kind),
+        name, kind, cluster_ca.signing, live, now, security.validity, security.renew_before,
+        client_bootstrap_hints(cluster, kind), trust=cluster_ca.bundle(),
     )
     principal = user_principal(name)
     try:

@@ -5,9 +5,12 @@ randomness of new keys, salts and passwords.
 
 Secrets (for a FjordCluster ``X``; data keys in :mod:`fjord_operator.settings`):
 
-- ``X-cluster-ca``: ``ca.crt``, ``ca.key``. Made once (or supplied by the user before the
-  cluster: an existing one is adopted) and never renewed automatically.
-- ``X-broker-tls``, ``X-controller-tls``, ``X-coordinator-tls``: ``ca.crt``, ``service.pem``
+- ``X-cluster-ca``: ``ca.crt``, ``ca.key`` (the CA that signs). Made once (or supplied by the
+  user before the cluster: an existing one is adopted, never replaced). One the operator made
+  is renewed inside ``spec.security.clusterCa.renewalDays`` of its end, in phases kept in the
+  same Secret (``next-ca.*``, then ``previous-ca.crt``; :mod:`fjord_operator.ca_rotation`).
+- ``X-broker-tls``, ``X-controller-tls``, ``X-coordinator-tls``: ``ca.crt`` (the trust bundle:
+  every CA trusted now, several during a CA renewal), ``service.pem``
   (certificate and key, Kafka's PEM keystore) and ``security.properties`` (the services'
   ``--security-config``, paths under :data:`~fjord_operator.settings.TLS_MOUNT_DIR`). One
   certificate per role, ``CN=X-<role>, OU=fjord-service`` (the cluster service identity), with
@@ -19,7 +22,9 @@ Secrets (for a FjordCluster ``X``; data keys in :mod:`fjord_operator.settings`):
   ``client.properties`` in Kafka's client names, as ``fjord local up --secure`` writes.
 
 Invariants: a certificate is (re)issued only when it is missing, unreadable, not signed by the
-cluster CA, names other SANs or subject than wanted, or expires within the renew-before window;
+cluster CA, names other SANs or subject than wanted, or expires within the renew-before window
+(and a new one would end later: a certificate already ending with its CA waits for the CA's
+renewal);
 every other reconciliation keeps the Secret's bytes, so applying the plan twice changes nothing.
 A role's :func:`tls_revision` changes exactly when its Secret's content changes, which is what
 tells the pods that must restart.
@@ -35,8 +40,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from cryptography import x509
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from fjord.errors import ConfigError
@@ -54,9 +57,20 @@ from fjord.security.acls import (
     ResourcePattern,
     ResourceType,
 )
-from fjord.security.certificates import CertificateAuthority, make_ca
+from fjord.security.certificates import CertificateAuthority
 from fjord.security.scram import SCRAM_SHA_512
 from fjord_operator import settings as s
+from fjord_operator.ca_rotation import (
+    ROTATION_KEYS,
+    CaDecision,
+    ClusterCa,
+    decide_cluster_ca,
+    load_certificate,
+    new_ca,
+    observe_rotation,
+    read_cluster_ca,
+    signed_by,
+)
 
 Obj = dict[str, Any]
 SecretData = Mapping[str, bytes]
@@ -86,6 +100,8 @@ class ClusterSecurity:
     super_users: tuple[str, ...]
     validity: datetime.timedelta
     renew_before: datetime.timedelta
+    ca_validity: datetime.timedelta = datetime.timedelta(days=s.CA_VALIDITY_DAYS)
+    ca_renew_before: datetime.timedelta = datetime.timedelta(days=s.DEFAULT_CA_RENEWAL_DAYS)
 
 
 def cluster_security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
@@ -98,6 +114,7 @@ def cluster_security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
     if not security.get("tls"):
         return None
     certs = security.get("certificates") or {}
+    cluster_ca = security.get("clusterCa") or {}
     return ClusterSecurity(
         authorization=bool(security.get("authorization")),
         kafka_authentication=str(security.get("kafkaAuthentication", TLS)),
@@ -107,6 +124,12 @@ def cluster_security(spec: Mapping[str, Any]) -> ClusterSecurity | None:
         ),
         renew_before=datetime.timedelta(
             days=int(certs.get("renewalDays", s.DEFAULT_CERT_RENEWAL_DAYS))
+        ),
+        ca_validity=datetime.timedelta(
+            days=int(cluster_ca.get("validityDays", s.CA_VALIDITY_DAYS))
+        ),
+        ca_renew_before=datetime.timedelta(
+            days=int(cluster_ca.get("renewalDays", s.DEFAULT_CA_RENEWAL_DAYS))
         ),
     )
 
@@ -136,18 +159,26 @@ def cluster_security_problems(spec: Mapping[str, Any]) -> list[str]:
             Principal.parse(str(user))
         except ConfigError as exc:
             problems.append(f"spec.security.superUsers: {exc}")
-    certs = security.get("certificates") or {}
-    validity = certs.get("validityDays", s.DEFAULT_CERT_VALIDITY_DAYS)
-    renewal = certs.get("renewalDays", s.DEFAULT_CERT_RENEWAL_DAYS)
-    if not isinstance(validity, int) or validity < 1:
-        problems.append(
-            f"spec.security.certificates.validityDays must be an integer >= 1, got {validity!r}"
-        )
-    elif not isinstance(renewal, int) or not 0 <= renewal < validity:
-        problems.append(
-            "spec.security.certificates.renewalDays must be an integer >= 0 and below "
-            f"validityDays ({validity}), got {renewal!r}"
-        )
+    for field, defaults in (
+        ("certificates", (s.DEFAULT_CERT_VALIDITY_DAYS, s.DEFAULT_CERT_RENEWAL_DAYS)),
+        ("clusterCa", (s.CA_VALIDITY_DAYS, s.DEFAULT_CA_RENEWAL_DAYS)),
+    ):
+        days = security.get(field) or {}
+        if not isinstance(days, Mapping):
+            problems.append(f"spec.security.{field} must be an object, got {days!r}")
+            continue
+        validity = days.get("validityDays", defaults[0])
+        renewal = days.get("renewalDays", defaults[1])
+        if not isinstance(validity, int) or isinstance(validity, bool) or validity < 1:
+            problems.append(
+                f"spec.security.{field}.validityDays must be an integer >= 1, got {validity!r}"
+            )
+        elif (not isinstance(renewal, int) or isinstance(renewal, bool)
+              or not 0 <= renewal < validity):
+            problems.append(
+                f"spec.security.{field}.renewalDays must be an integer >= 0 and below "
+                f"validityDays ({validity}), got {renewal!r}"
+            )
     return problems
 
 
@@ -186,16 +217,6 @@ def service_sans(cluster: str, namespace: str, role: str) -> list[str]:
 # -- certificates -------------------------------------------------------------------------------
 
 
-def load_certificate(pem: bytes | None) -> x509.Certificate | None:
-    """The first certificate of ``pem``; None when there is none or it does not parse."""
-    if not pem:
-        return None
-    try:
-        return x509.load_pem_x509_certificate(pem)
-    except ValueError:
-        return None
-
-
 def certificate_sans(cert: x509.Certificate) -> list[str]:
     try:
         ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
@@ -204,19 +225,6 @@ def certificate_sans(cert: x509.Certificate) -> list[str]:
     return [str(v) for v in ext.get_values_for_type(x509.DNSName)] + [
         str(v) for v in ext.get_values_for_type(x509.IPAddress)
     ]
-
-
-def signed_by(cert: x509.Certificate, ca: CertificateAuthority) -> bool:
-    if cert.issuer != ca.certificate.subject:
-        return False
-    public = ca.certificate.public_key()
-    if not isinstance(public, ec.EllipticCurvePublicKey):
-        return False
-    try:
-        cert.verify_directly_issued_by(ca.certificate)
-    except (InvalidSignature, ValueError, TypeError):
-        return False
-    return True
 
 
 def renewal_due(
@@ -230,7 +238,9 @@ def renewal_due(
     renew_before: datetime.timedelta,
 ) -> str | None:
     """Why ``cert`` must be (re)issued, or None when it may be kept: missing or unreadable,
-    not signed by ``ca``, another subject or SAN list, or expiring within ``renew_before``."""
+    not signed by ``ca``, another subject or SAN list, or expiring within ``renew_before``
+    unless it already ends with ``ca`` (a new one could not end later: re-issuing it on every
+    reconciliation would restart the pods for nothing; the CA's renewal replaces it)."""
     if cert is None:
         return "missing"
     if not signed_by(cert, ca):
@@ -242,8 +252,9 @@ def renewal_due(
         return "another subject"
     if sorted(certificate_sans(cert)) != sorted(sans):
         return "other names (SANs)"
-    if cert.not_valid_after_utc - renew_before <= now:
-        return f"expires at {cert.not_valid_after_utc.isoformat()}"
+    end = cert.not_valid_after_utc
+    if end - renew_before <= now and end < ca.certificate.not_valid_after_utc:
+        return f"expires at {end.isoformat()}"
     return None
 
 
@@ -257,8 +268,15 @@ def issue(
     validity: datetime.timedelta,
 ) -> tuple[bytes, bytes]:
     """(certificate PEM, key PEM) valid from a few minutes before ``now`` for ``validity``
-    (capped at the CA's own end: a leaf never outlives its issuer)."""
+    (capped at the CA's own end: a leaf never outlives its issuer). SecuritySpecError when the
+    CA has expired."""
     not_after = min(now + validity, ca.certificate.not_valid_after_utc)
+    if not_after <= now:
+        raise SecuritySpecError(
+            f"the cluster CA {ca.certificate.subject.rfc4514_string()} expired at "
+            f"{ca.certificate.not_valid_after_utc.isoformat()}: no certificate can be issued "
+            "with it (replace the CA Secret; every pod and client must trust the new CA)"
+        )
     return ca.issue(
         common_name,
         organizational_unit=organizational_unit,
@@ -292,15 +310,23 @@ def service_properties(security: ClusterSecurity) -> bytes:
 
 @dataclass(frozen=True, slots=True)
 class CertificatePlan:
-    """One reconciliation of a secure cluster's Secrets: the CA to sign with, the Secrets to
-    write (only those whose content changes), each role's :func:`tls_revision` after the plan,
-    and why each rewritten role changed (``renewed``: the pods of these roles must restart
-    once the Secret is written, unless they are new)."""
+    """One reconciliation of a secure cluster's Secrets: the CA to sign with (``cluster_ca``:
+    the whole CA Secret, ``trust``: the bundle every ``ca.crt`` holds), the Secrets to write
+    (only those whose content changes, the CA Secret first), each role's :func:`tls_revision`
+    after the plan, why each rewritten role changed (``renewed``: the pods of these roles must
+    restart once the Secret is written, unless they are new) and the CA's renewal step
+    (``ca_decision``, for ``status.clusterCa``)."""
 
     ca: CertificateAuthority
     secrets: list[Obj]
     revisions: dict[str, str]
     renewed: dict[str, str]
+    cluster_ca: ClusterCa
+    ca_decision: CaDecision
+
+    @property
+    def trust(self) -> bytes:
+        return self.cluster_ca.bundle()
 
 
 def plan_certificates(
@@ -309,34 +335,72 @@ def plan_certificates(
     ca_data: SecretData | None,
     service_data: Mapping[str, SecretData | None],
     now: datetime.datetime,
+    *,
+    ca_managed: bool = False,
+    pods: Mapping[str, Mapping[str, str | None]] | None = None,
+    users: Mapping[str, SecretData] | None = None,
 ) -> CertificatePlan:
     """What the cluster's Secrets must hold now. ``ca_data``/``service_data``: the live
-    Secrets' decoded data (None: missing). An unusable CA Secret raises SecuritySpecError (the
-    operator never overwrites a CA: every certificate and client trusts it)."""
+    Secrets' decoded data (None: missing). ``ca_managed``: the operator made the CA Secret
+    (owns it), so it may renew it. ``pods`` (per role, each live pod's TLS revision) and
+    ``users`` (each FjordUser Secret of the cluster): what a CA renewal waits for (see
+    :mod:`fjord_operator.ca_rotation`; ``pods`` None: not observed, no phase advances). An
+    unusable CA Secret raises SecuritySpecError (the operator never overwrites a CA: every
+    certificate and client trusts it)."""
     meta = body["metadata"]
     cluster, namespace = meta["name"], meta.get("namespace", "default")
     out: list[Obj] = []
     if ca_data is None:
-        ca = make_ca(
-            f"fjord cluster CA {namespace}/{cluster}",
-            validity=datetime.timedelta(days=s.CA_VALIDITY_DAYS),
-            now=now - datetime.timedelta(minutes=5),
+        ca = ClusterCa(
+            new_ca(namespace, cluster, now - datetime.timedelta(minutes=5),
+                   security.ca_validity),
+            managed=True,
         )
-        out.append(
-            secret(body, ca_secret_name(cluster), "ca",
-                   {s.CA_CERT_KEY: ca.pem(), s.CA_KEY_KEY: ca.key_pem()})
-        )
+        out.append(_ca_secret(body, ca, {}))
     else:
         try:
-            ca = CertificateAuthority.from_pem(
-                ca_data.get(s.CA_CERT_KEY, b""), ca_data.get(s.CA_KEY_KEY, b"")
-            )
+            ca = read_cluster_ca(ca_data, ca_managed)
         except ValueError as exc:
             raise SecuritySpecError(
                 f"Secret {ca_secret_name(cluster)}: {exc} (it needs {s.CA_CERT_KEY} and "
                 f"{s.CA_KEY_KEY}, PEM, an EC key)"
             ) from None
+    services, revisions, renewed = _plan_services(body, security, ca, service_data, now)
+    decision = decide_cluster_ca(
+        ca, observe_rotation(ca, revisions, pods, users or {}), now,
+        renew_before=security.ca_renew_before, validity=security.ca_validity,
+        namespace=namespace, cluster=cluster,
+    )
+    if decision.changed:
+        ca = decision.ca
+        out.append(_ca_secret(body, ca, ca_data or {}))
+        services, revisions, renewed = _plan_services(body, security, ca, service_data, now)
+    return CertificatePlan(ca.signing, out + services, revisions, renewed, ca, decision)
+
+
+def _ca_secret(body: Mapping[str, Any], ca: ClusterCa, live: SecretData) -> Obj:
+    """The CA Secret of ``ca``; renewal keys the ``live`` one has and ``ca`` no longer has are
+    removed (null in the merge patch)."""
+    obj = secret(body, ca_secret_name(body["metadata"]["name"]), "ca", ca.secret_data())
+    for key in ROTATION_KEYS:
+        if key in live:
+            obj["data"].setdefault(key, None)
+    return obj
+
+
+def _plan_services(
+    body: Mapping[str, Any],
+    security: ClusterSecurity,
+    ca: ClusterCa,
+    service_data: Mapping[str, SecretData | None],
+    now: datetime.datetime,
+) -> tuple[list[Obj], dict[str, str], dict[str, str]]:
+    """Each role's Secret under ``ca``: (Secrets to write, revisions, why each changed)."""
+    meta = body["metadata"]
+    cluster, namespace = meta["name"], meta.get("namespace", "default")
     properties = service_properties(security)
+    trust = ca.bundle()
+    out: list[Obj] = []
     revisions: dict[str, str] = {}
     renewed: dict[str, str] = {}
     for role in SERVICE_ROLES:
@@ -345,28 +409,30 @@ def plan_certificates(
         sans = service_sans(cluster, namespace, role)
         keystore = (live or {}).get(s.SERVICE_KEYSTORE_KEY)
         why = renewal_due(
-            load_certificate(keystore), ca, common_name=common_name,
+            load_certificate(keystore), ca.signing, common_name=common_name,
             organizational_unit=SERVICE_IDENTITY_OU, sans=sans, now=now,
             renew_before=security.renew_before,
         )
         if why is not None or keystore is None:
             cert, key = issue(
-                ca, common_name, organizational_unit=SERVICE_IDENTITY_OU, sans=sans, now=now,
-                validity=security.validity,
+                ca.signing, common_name, organizational_unit=SERVICE_IDENTITY_OU, sans=sans,
+                now=now, validity=security.validity,
             )
             keystore = cert + key
         data = {
-            s.CA_CERT_KEY: ca.pem(),
+            s.CA_CERT_KEY: trust,
             s.SERVICE_KEYSTORE_KEY: keystore,
             s.SERVICE_PROPERTIES_KEY: properties,
         }
         revisions[role] = tls_revision(data)
         if live is None or dict(live) != data:
             if live is not None:
+                if why is None and live.get(s.CA_CERT_KEY) != trust:
+                    why = f"trusted CAs changed (cluster CA {ca.phase.value})"
                 renewed[role] = why or "security settings changed"
             out.append(secret(body, service_secret_name(cluster, role), role, data,
                               {s.TLS_REVISION_ANNOTATION: revisions[role]}))
-    return CertificatePlan(ca, out, revisions, renewed)
+    return out, revisions, renewed
 
 
 def secret(
@@ -406,7 +472,9 @@ def decode_secret(obj: Mapping[str, Any] | None) -> dict[str, bytes] | None:
 
     if obj is None:
         return None
-    return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    return {
+        k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items() if v is not None
+    }
 
 
 def operator_identity(
@@ -562,13 +630,17 @@ def plan_user_credentials(
     validity: datetime.timedelta,
     renew_before: datetime.timedelta,
     hints: Sequence[str] = (),
+    *,
+    trust: bytes | None = None,
 ) -> UserCredentials:
     """Keep what the live Secret holds when it is still right (same CA, a certificate not due
     for renewal, or a password), else make it anew. A new password is random
     (:data:`~fjord_operator.settings.SCRAM_PASSWORD_BYTES`). ``hints``: where to connect
-    (comments of ``client.properties``, fjord_operator.listeners.client_bootstrap_hints)."""
+    (comments of ``client.properties``, fjord_operator.listeners.client_bootstrap_hints).
+    ``trust``: the ``ca.crt`` bundle (default: ``ca`` alone; during a CA renewal both CAs, see
+    :class:`~fjord_operator.ca_rotation.ClusterCa`)."""
     live = dict(live or {})
-    data: dict[str, bytes] = {s.CA_CERT_KEY: ca.pem()}
+    data: dict[str, bytes] = {s.CA_CERT_KEY: trust if trust is not None else ca.pem()}
     password: str | None = None
     if kind == TLS:
         cert_pem = live.get(s.USER_CERT_KEY)

@@ -88,6 +88,12 @@ USER_SECRET_MOUNT_DIR = "/etc/fjord-user"
 #: Keys of the Secrets the operator writes.
 CA_CERT_KEY = "ca.crt"
 CA_KEY_KEY = "ca.key"
+#: Keys of the cluster CA Secret during a CA renewal (fjord_operator.ca_rotation): the new CA
+#: made but not signing yet, then the replaced CA's certificate, trusted until nothing it
+#: signed is left.
+NEXT_CA_CERT_KEY = "next-ca.crt"
+NEXT_CA_KEY_KEY = "next-ca.key"
+PREVIOUS_CA_CERT_KEY = "previous-ca.crt"
 SERVICE_KEYSTORE_KEY = "service.pem"
 SERVICE_PROPERTIES_KEY = "security.properties"
 USER_CERT_KEY = "user.crt"
@@ -101,8 +107,10 @@ TLS_REVISION_ANNOTATION = "fjord.io/tls-revision"
 #: private temporary directory): it carries the service identity, as the operator holds the
 #: CA key anyway and must administer topics, ACLs and credentials on a cluster with ACLs on.
 OPERATOR_COMMON_NAME = "fjord-operator"
-#: Validity of the cluster CA the operator makes (its renewal is not automated yet).
+#: Defaults of spec.security.clusterCa: validity of a cluster CA the operator makes, and how
+#: long before its end the operator renews it (Strimzi's clusterCa validityDays/renewalDays).
 CA_VALIDITY_DAYS = 5 * 365
+DEFAULT_CA_RENEWAL_DAYS = 30
 #: Defaults of spec.security.certificates: leaf validity, renewed this long before expiry.
 DEFAULT_CERT_VALIDITY_DAYS = 365
 DEFAULT_CERT_RENEWAL_DAYS = 30

@@ -169,6 +169,7 @@ def test_the_charts_cluster_has_tls_and_acls_on_by_default_and_passes_the_operat
     assert cluster["spec"]["security"] == {
         "tls": True, "authorization": True, "kafkaAuthentication": "tls",
         "certificates": {"validityDays": 365, "renewalDays": 30},
+        "clusterCa": {"validityDays": 1825, "renewalDays": 30},
     }
     assert builders.cluster_spec_problems(cluster["spec"]) == []
     (plain,) = [d for d in render(None, "--set", "cluster.enabled=true",
@@ -178,7 +179,9 @@ def test_the_charts_cluster_has_tls_and_acls_on_by_default_and_passes_the_operat
     assert plain["spec"]["security"] == {"tls": False, "authorization": False,
                                          "kafkaAuthentication": "tls",
                                          "certificates": {"validityDays": 365,
-                                                          "renewalDays": 30}}
+                                                          "renewalDays": 30},
+                                         "clusterCa": {"validityDays": 1825,
+                                                       "renewalDays": 30}}
     assert builders.cluster_spec_problems(plain["spec"]) == []
 
 

@@ -43,6 +43,7 @@ from fjord_operator.security import (
     user_acls,
     user_authentication,
 )
+from tests.helpers.tls_peer import memory_handshake
 
 NOW = datetime.datetime(2026, 11, 25, 22, 0, tzinfo=datetime.UTC)
 DAY = datetime.timedelta(days=1)
@@ -147,27 +148,6 @@ def test_a_new_secure_cluster_gets_a_ca_and_one_service_certificate_per_role() -
     assert plan.renewed == {}  # nothing ran before
 
 
-def _handshake(server: ssl.SSLContext, client: ssl.SSLContext, hostname: str) -> None:
-    """A TLS handshake in memory (no sockets); raises ssl.SSLError when the client refuses."""
-    c_in, c_out, s_in, s_out = (ssl.MemoryBIO() for _ in range(4))
-    client_side = client.wrap_bio(c_in, c_out, server_hostname=hostname)
-    server_side = server.wrap_bio(s_in, s_out, server_side=True)
-    done = {"client": False, "server": False}
-    for _ in range(20):
-        for name, side in (("client", client_side), ("server", server_side)):
-            if not done[name]:
-                try:
-                    side.do_handshake()
-                    done[name] = True
-                except ssl.SSLWantReadError:
-                    pass
-        s_in.write(c_out.read())
-        c_in.write(s_out.read())
-        if all(done.values()):
-            return
-    raise AssertionError("handshake did not finish")
-
-
 def test_the_keystore_serves_tls_that_a_client_verifies_by_pod_and_service_name(
     tmp_path: Any,
 ) -> None:
@@ -191,10 +171,10 @@ def test_the_keystore_serves_tls_that_a_client_verifies_by_pod_and_service_name(
         (tmp_path / key).write_bytes(user.data[key])
     client = ssl.create_default_context(cafile=tmp_path / "ca.crt")
     client.load_cert_chain(tmp_path / "user.crt", tmp_path / "user.key")
-    _handshake(server, client, "fj-broker-2.fj-broker-headless.ns.svc")
-    _handshake(server, client, "fj-broker.ns.svc")
+    memory_handshake(server, client, "fj-broker-2.fj-broker-headless.ns.svc")
+    memory_handshake(server, client, "fj-broker.ns.svc")
     with pytest.raises(ssl.SSLCertVerificationError):
-        _handshake(server, client, "fj-controller.ns.svc")
+        memory_handshake(server, client, "fj-controller.ns.svc")
 
 
 def test_reconciling_again_keeps_every_secret_byte_for_byte() -> None:

@@ -16,6 +16,7 @@ from fjord.security import (
     TlsFiles,
     parse_properties,
 )
+from fjord.security.certificates import CertificateAuthority
 from fjord.tls import load_tls, principal_from_pem, server_ssl_context
 
 
@@ -114,3 +115,53 @@ def test_kafka_listener_over_tls_hands_handlers_the_principal(tmp_path: Path) ->
     asyncio.run(asyncio.wait_for(scenario(), 30))
     assert [str(p) for p in seen] == ["User:admin", "User:broker-0"]
     assert [p.is_service for p in seen] == [False, True]
+
+
+def test_a_ca_bundle_serves_grpc_mutual_tls_with_either_ca(tmp_path: Path) -> None:
+    """A truststore holding two CAs (the operator's bundle during a cluster CA renewal): a
+    gRPC service and client of fjord.tls complete mutual TLS whichever of the two signed each
+    side's certificate (the server of one, the client of the other); a certificate of a third
+    CA is refused."""
+    import asyncio
+
+    import grpc
+    from grpc import aio
+
+    from fjord.security import SecurityProtocol
+    from fjord.tls import bind_port, open_channel
+
+    old, new, stranger = (make_ca(f"fjord cluster CA ns/fj {i}") for i in range(3))
+    bundle = tmp_path / "ca.crt"
+    bundle.write_bytes(old.pem() + new.pem())
+
+    def keystore(name: str, ca: CertificateAuthority) -> str:
+        cert, key = ca.issue(name, organizational_unit=SERVICE_IDENTITY_OU)
+        # A file per CA: fjord.tls caches a client's credentials by their paths.
+        path = tmp_path / f"{name}-{ca.certificate.serial_number}.pem"
+        path.write_bytes(cert + key)
+        return str(path)
+
+    echo = grpc.method_handlers_generic_handler(
+        "test.Echo", {"Say": grpc.unary_unary_rpc_method_handler(lambda req, ctx: req)}
+    )
+
+    async def call(server_ca: CertificateAuthority, client_ca: CertificateAuthority) -> bytes:
+        server = aio.server()
+        server.add_generic_rpc_handlers((echo,))
+        port = bind_port(server, "127.0.0.1:0",
+                         ServiceSecurity(keystore("server", server_ca), str(bundle)))
+        await server.start()
+        client = keystore("client", client_ca)
+        security = ClientSecurity(SecurityProtocol.SSL, TlsFiles(str(bundle), client, client))
+        try:
+            async with open_channel(f"localhost:{port}", security) as channel:
+                say = channel.unary_unary("/test.Echo/Say")
+                return bytes(await say(b"hello", timeout=10))
+        finally:
+            await server.stop(None)
+
+    assert asyncio.run(call(new, old)) == b"hello"
+    assert asyncio.run(call(old, new)) == b"hello"
+    with pytest.raises(aio.AioRpcError) as refused:
+        asyncio.run(call(new, stranger))
+    assert refused.value.code() is grpc.StatusCode.UNAVAILABLE

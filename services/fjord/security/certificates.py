@@ -85,6 +85,12 @@ class CertificateAuthority:
                 ),
                 critical=False,
             )
+            # Names the issuing key: while a renewed CA and its predecessor are both trusted,
+            # a verifier picks the right one even where their subjects are alike.
+            .add_extension(
+                x509.AuthorityKeyIdentifier.from_issuer_public_key(self.key.public_key()),
+                critical=False,
+            )
         )
         if names:
             builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
@@ -119,6 +125,8 @@ def make_ca(
             ),
             critical=True,
         )
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
         .sign(key, hashes.SHA256())
     )
     return CertificateAuthority(cert, key)
