@@ -44,8 +44,10 @@ from tests.helpers.sasl import (
 
 pytestmark = pytest.mark.integration
 
-#: connections.max.reauth.ms of the cluster: short, so a test sees several lifetimes.
-LIFETIME_MS = 3000
+#: connections.max.reauth.ms of the cluster: short, so a test sees several lifetimes, yet
+#: long enough that on a loaded 2-core machine a credential's deletion reaches the broker
+#: well before 85% of it (the deleted-user test needs that window; ~1 s is typical).
+LIFETIME_MS = 5000
 LIFETIME_S = LIFETIME_MS / 1000
 TOPIC = "reauth"
 
