@@ -625,30 +625,41 @@ class FjordCommitMessage(WriterCommitMessage):
 def write_batches(options: WriterOptions, batches: Iterator[pa.RecordBatch]) -> FjordCommitMessage:
     """Send every row with one producer, then flush and check that every record was
     acknowledged: a record that was not fails the task (Spark retries it), it is never lost
-    silently. Rows go in bulk (``Producer.send_many``: one call per topic and partition
-    group of a batch, no Python per row), row by row only for batches with headers or a
-    ``partition`` column mixing null and set values."""
+    silently."""
     futures: list[RecordsFuture | RecordFuture] = []
-    sent = 0
     with Producer(options.producer_config()) as producer:
         for batch in batches:
-            groups = batch_to_groups(batch, options.topic)
-            if groups is not None:
-                for group_topic, group_partition, keys, values in groups:
-                    futures.append(producer.send_many(group_topic, values, keys, group_partition))
-                    sent += len(values)
-                continue
-            for topic, partition, key, value, headers in batch_to_records(batch, options.topic):
-                if topic is None:
-                    raise ConfigError("a row has a null topic and the option topic is not set")
-                futures.append(
-                    producer.send(topic, value=value, key=key, partition=partition, headers=headers)
-                )
-                sent += 1
+            futures.extend(send_batch(producer, batch, options.topic))
         producer.flush()
         for future in futures:
             future.result()  # raises the typed error of a record that was not written
-    return FjordCommitMessage(sent)
+    return FjordCommitMessage(sum(_count(f) for f in futures))
+
+
+def send_batch(
+    producer: Producer, batch: pa.RecordBatch, topic_option: str | None
+) -> list[RecordsFuture | RecordFuture]:
+    """Queue the rows of one Arrow batch: in bulk (``Producer.send_many``: one call per topic
+    and partition group, no Python per row), row by row only for a batch with headers or a
+    ``partition`` column mixing null and set values (see ``batch_to_groups``)."""
+    groups = batch_to_groups(batch, topic_option)
+    if groups is not None:
+        return [
+            producer.send_many(topic, values, keys, partition)
+            for topic, partition, keys, values in groups
+        ]
+    futures: list[RecordsFuture | RecordFuture] = []
+    for topic, partition, key, value, headers in batch_to_records(batch, topic_option):
+        if topic is None:
+            raise ConfigError("a row has a null topic and the option topic is not set")
+        futures.append(
+            producer.send(topic, value=value, key=key, partition=partition, headers=headers)
+        )
+    return futures
+
+
+def _count(future: RecordsFuture | RecordFuture) -> int:
+    return future.count if isinstance(future, RecordsFuture) else 1
 
 
 @dataclass(frozen=True)
@@ -687,14 +698,14 @@ QUERY_ID_PROPERTY = "sql.streaming.queryId"
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 
 
-def _records(
-    options: WriterOptions, batches: Iterator[pa.RecordBatch]
-) -> Iterator[tuple[str, int | None, bytes | None, bytes | None, Any]]:
-    for batch in batches:
-        for topic, partition, key, value, headers in batch_to_records(batch, options.topic):
-            if topic is None:
-                raise ConfigError("a row has a null topic and the option topic is not set")
-            yield topic, partition, key, value, headers
+def _first_topic(options: WriterOptions, batch: pa.RecordBatch) -> str:
+    """The topic of the batch's first row (the ``topic`` option when set)."""
+    if options.topic is not None:
+        return options.topic
+    topic = batch.column("topic")[0].as_py()
+    if topic is None:
+        raise ConfigError("a row has a null topic and the option topic is not set")
+    return str(topic)
 
 
 def committed_batches(options: WriterOptions, transactional_id: str, marker: TopicPartition) -> int:
@@ -720,12 +731,12 @@ def write_exactly_once(
     set) in the consumer group named like the transactional id, committed by
     ``send_offsets_to_transaction`` atomically with the records. A task without rows writes
     and marks nothing (a rerun of it has nothing to duplicate)."""
-    records = _records(options, batches)
-    first = next(records, None)
+    rows = (batch for batch in batches if batch.num_rows)
+    first = next(rows, None)
     if first is None:
         return FjordCommitMessage(0)
     transactional_id = task.transactional_id(options.transactional_id_prefix)
-    marker = TopicPartition(options.topic or first[0], 0)
+    marker = TopicPartition(_first_topic(options, first), 0)
     with Producer(options.transactional_producer_config(transactional_id)) as producer:
         producer.init_transactions()
         done = committed_batches(options, transactional_id, marker)
@@ -740,9 +751,8 @@ def write_exactly_once(
         producer.begin_transaction()
         sent = 0
         try:
-            for topic, partition, key, value, headers in itertools.chain([first], records):
-                producer.send(topic, value=value, key=key, partition=partition, headers=headers)
-                sent += 1
+            for batch in itertools.chain([first], rows):
+                sent += sum(_count(f) for f in send_batch(producer, batch, options.topic))
             producer.send_offsets_to_transaction(
                 {marker: OffsetAndMetadata(task.batch_id + 1, f"spark batch {task.batch_id}")},
                 transactional_id,
