@@ -8,7 +8,11 @@ Spark's image entrypoint would; the driver, logged in with the pod's own service
 (so with exactly the chart's Spark Role), asks the API server for two executor pods, which the
 harness runs too; the job reads orders from and writes shipments and dead letters to a Fjord
 cluster on loopback (the session's), ends (``--available-now``), deletes its executors, and the
-harness reports the driver pod ``Succeeded``, which spark-submit waits for.
+harness reports the driver pod ``Succeeded``, which spark-submit waits for. The job's FjordUser
+Secret (``fjord-orders-shipments``, created here with a client.properties for the session's
+plaintext cluster: the paths inside a TLS user's file point at /etc/fjord-user, which only a
+container's mount provides, and this harness runs no containers) is mounted by submit.sh in the
+driver and in every executor, and the job reads ``--command-config`` from that mount.
 
 Also: the chart's Spark RBAC with ``kubectl auth can-i --as`` the service account: everything
 Spark's driver does, nothing else (no secrets, no exec, no other namespace, no RBAC).
@@ -180,6 +184,15 @@ def test_submit_sh_runs_orders_to_shipments_in_cluster_mode(
         ("o-5", "{broken json"),
     ]
     send_orders(bootstrap, orders, sent)
+    # The job's FjordUser Secret as the operator names it (its content fits this plaintext
+    # cluster; tests/spark/test_spark_secure.py runs the job with a TLS user's real one).
+    user_secret = "fjord-orders-shipments"
+    user_properties = "security.protocol=PLAINTEXT\nclient.id=orders-k8s\n"
+    real_kube.kubectl("delete", "secret", user_secret, "-n", NAMESPACE, "--ignore-not-found")
+    real_kube.kubectl(
+        "create", "secret", "generic", user_secret, "-n", NAMESPACE,
+        f"--from-literal=client.properties={user_properties}",
+    )
 
     env = {
         **os.environ,
@@ -244,9 +257,22 @@ def test_submit_sh_runs_orders_to_shipments_in_cluster_mode(
         if "persistentVolumeClaim" in v
     ]
     assert claims == [CLAIM]
+
+    def mounts_user_secret(pod: dict[str, Any]) -> bool:
+        secrets = {v["name"] for v in pod["spec"]["volumes"]
+                   if v.get("secret", {}).get("secretName") == user_secret}
+        return any(m["name"] in secrets and m["mountPath"] == "/etc/fjord-user"
+                   for c in pod["spec"]["containers"] for m in c.get("volumeMounts", []))
+
+    assert mounts_user_secret(driver)
     # The driver asked for two executors; the harness ran them and they registered.
     executors = [r for r in spark_kubelet.pods.values() if r.role == "executor"]
     assert len(executors) >= 2, _diagnose(spark_kubelet, output)
+    # Each executor had the user Secret mounted (the harness wrote the volume the pod named,
+    # read from the API server, under the pod's directory; the pods are deleted by now).
+    for run in executors:
+        mounted = list((spark_kubelet.workdir / run.pod / "volumes").glob("*/client.properties"))
+        assert [f.read_text() for f in mounted] == [user_properties], run.pod
     # Its checkpoint is on the shared claim.
     assert (spark_kubelet.claims[CLAIM] / "checkpoints" / "orders-shipments").is_dir()
 
