@@ -59,6 +59,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (fresh memory touched the first time)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return int(stat.read().rsplit(")", 1)[1].split()[7])
+
+
 def own_cpu_seconds() -> float:
     times = os.times()
     return times.user + times.system
@@ -164,6 +170,7 @@ def main() -> int:
                         )
                         time.sleep(1.0)  # attached before the round starts
                     before = {p.pid: cpu_seconds(p.pid) for p in servers}
+                    faults_before = {p.pid: minor_faults(p.pid) for p in servers}
                     own_before = own_cpu_seconds()
                     started = time.perf_counter()
                     try:
@@ -173,11 +180,14 @@ def main() -> int:
                         producer.close()
                     wall = time.perf_counter() - started
                     spent = {p.pid: cpu_seconds(p.pid) - before[p.pid] for p in servers}
+                    faults = sum(minor_faults(p.pid) - faults_before[p.pid] for p in servers
+                                 if p.role == "broker")
                     print(
                         f"round {round_no + 1} {topic} acks={acks}: "
                         f"{report['records_per_sec']:,.0f} rec/s, wall {wall:.2f} s, CPU s: "
                         f"client {own_cpu_seconds() - own_before:.2f}, "
                         + ", ".join(f"{p.role} {p.id} {spent[p.pid]:.2f}" for p in servers)
+                        + f"; brokers' minor page faults {faults:,}"
                         + f"; p50 {report['latency_ms']['p50']} ms; load "
                         f"{os.getloadavg()[0]:.1f}",
                         flush=True,

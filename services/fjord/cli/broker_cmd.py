@@ -22,7 +22,11 @@ from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError
 from fjord.kafka.listeners import resolve_kafka_doors
 from fjord.observability import setup_tracing, shutdown_tracing
-from fjord.runtime import freeze_startup_objects, shorten_gil_switch_interval
+from fjord.runtime import (
+    freeze_startup_objects,
+    keep_large_buffers_in_heap,
+    shorten_gil_switch_interval,
+)
 from fjord.serving import parse_listen
 
 
@@ -131,6 +135,7 @@ def broker(
     # Keep full garbage collections of the start-up objects from stalling produce and fetch.
     freeze_startup_objects()
     shorten_gil_switch_interval()  # gRPC's poller thread gets the GIL without waiting 5 ms
+    keep_large_buffers_in_heap()  # record buffers reuse heap memory instead of page faults
     try:
         asyncio.run(BrokerServer(options).run_until_signalled())
     finally:
