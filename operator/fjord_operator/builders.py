@@ -27,6 +27,7 @@ from fjord_operator.listeners import (
     uses_named_listeners,
 )
 from fjord_operator.security import (
+    ETCD_ROLE,
     ClusterSecurity,
     cluster_security,
     cluster_security_problems,
@@ -97,7 +98,8 @@ def broker_metrics_addresses(body: Mapping[str, Any], broker_hosts: Sequence[str
 
 
 def etcd_url(body: Mapping[str, Any]) -> str:
-    """The etcd endpoint services use: the managed etcd's Service, or the first endpoint as
+    """The etcd endpoint services use: the managed etcd's Service (https when TLS is on: see
+    :func:`etcd_command`), or the first endpoint as
     ``http://HOST:PORT`` (etcd clients read a bare ``HOST:PORT`` as http) or
     ``https://HOST:PORT`` (TLS clusters only: the services dial it with their own certificate
     as client certificate and the cluster CA as trust, so etcd's server certificate must be
@@ -107,8 +109,10 @@ def etcd_url(body: Mapping[str, Any]) -> str:
         tls, host, port = parse_etcd_url(str(etcd["endpoints"][0]))
         return f"{'https' if tls else 'http'}://{host}:{port}"
     meta = body["metadata"]
+    # A managed etcd of a TLS cluster serves https with a certificate of the cluster CA.
+    scheme = "https" if _security(body.get("spec") or {}) is not None else "http"
     return (
-        f"http://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
+        f"{scheme}://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
         f"{s.ETCD_CLIENT_PORT}"
     )
 
@@ -639,22 +643,73 @@ def _pdb(body: Mapping[str, Any], name: str, component: str) -> Obj:
     }
 
 
-def etcd_objects(body: Mapping[str, Any]) -> list[Obj]:
+def etcd_command(body: Mapping[str, Any]) -> list[str]:
+    """The managed etcd container's command (argv; ``$(POD_NAME)`` is expanded by the kubelet:
+    etcd's image has no shell). With TLS on, as ``fjord local up --secure`` runs etcd
+    (fjord.local.etcd): https client and peer URLs, the mounted Secret ``X-etcd-tls``'s
+    keystore as certificate and key for both, its ``ca.crt`` (every CA trusted now) as trust,
+    client certificates required and only those naming
+    :data:`~fjord_operator.settings.ETCD_CLIENT_CERT_HOSTNAME` (Fjord's services, not
+    FjordUsers), peers only with etcd's own certificate (``--peer-cert-allowed-cn``); /health
+    and /metrics on a plain-http port for the kubelet's probe."""
+    meta, spec = body["metadata"], body.get("spec", {})
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    etcd = etcd_name(name)
+    members = int(((spec.get("etcd") or {}).get("managed") or {}).get("replicas", 1))
+    secure = _security(spec) is not None
+    scheme = "https" if secure else "http"
+    peers = ",".join(
+        f"{etcd}-{i}={scheme}://{etcd}-{i}.{etcd}.{namespace}.svc:{s.ETCD_PEER_PORT}"
+        for i in range(members)
+    )
+    host = f"$(POD_NAME).{etcd}.{namespace}.svc"
+    command = [
+        "etcd",
+        "--name=$(POD_NAME)",
+        f"--data-dir={s.ETCD_DATA_DIR}",
+        f"--listen-client-urls={scheme}://0.0.0.0:{s.ETCD_CLIENT_PORT}",
+        f"--advertise-client-urls={scheme}://{host}:{s.ETCD_CLIENT_PORT}",
+        f"--listen-peer-urls={scheme}://0.0.0.0:{s.ETCD_PEER_PORT}",
+        f"--initial-advertise-peer-urls={scheme}://{host}:{s.ETCD_PEER_PORT}",
+        f"--initial-cluster={peers}",
+        "--initial-cluster-state=new",
+        f"--initial-cluster-token={cluster_id(body)}",
+    ]
+    if secure:
+        keystore = f"{s.ETCD_TLS_MOUNT_DIR}/{s.SERVICE_KEYSTORE_KEY}"
+        trust = f"{s.ETCD_TLS_MOUNT_DIR}/{s.CA_CERT_KEY}"
+        command += [
+            f"--cert-file={keystore}",
+            f"--key-file={keystore}",
+            f"--trusted-ca-file={trust}",
+            "--client-cert-auth",
+            f"--client-cert-allowed-hostname={s.ETCD_CLIENT_CERT_HOSTNAME}",
+            f"--peer-cert-file={keystore}",
+            f"--peer-key-file={keystore}",
+            f"--peer-trusted-ca-file={trust}",
+            "--peer-client-cert-auth",
+            f"--peer-cert-allowed-cn={etcd}",
+            f"--listen-metrics-urls=http://0.0.0.0:{s.ETCD_METRICS_PORT}",
+        ]
+    return command
+
+
+def etcd_objects(body: Mapping[str, Any], tls_revision: str | None = None) -> list[Obj]:
     """A managed etcd: headless Service + StatefulSet ``X-etcd`` of 1 or 3 members (none
-    when the spec names external endpoints)."""
+    when the spec names external endpoints). With TLS on its pods mount ``X-etcd-tls`` and
+    the template carries that Secret's ``tls_revision``: a renewed certificate (or a CA
+    renewal's new trust) restarts the members through the StatefulSet's RollingUpdate, one at
+    a time, the next only once the restarted one reports /health (it rejoined a quorum), so
+    3 members keep their quorum throughout."""
     meta, spec = body["metadata"], body.get("spec", {})
     managed = (spec.get("etcd") or {}).get("managed")
     if managed is None:
         return []
-    name, namespace = meta["name"], meta.get("namespace", "default")
+    name = meta["name"]
     etcd = etcd_name(name)
     members = int(managed.get("replicas", 1))
     storage = managed.get("storage") or {}
-    peers = ",".join(
-        f"{etcd}-{i}=http://{etcd}-{i}.{etcd}.{namespace}.svc:{s.ETCD_PEER_PORT}"
-        for i in range(members)
-    )
-    host = f"$(POD_NAME).{etcd}.{namespace}.svc"
+    secure = _security(spec) is not None
     claim_spec: Obj = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.get("size", s.DEFAULT_ETCD_STORAGE)}},
@@ -675,6 +730,33 @@ def etcd_objects(body: Mapping[str, Any]) -> list[Obj]:
             ],
         },
     }
+    container: Obj = {
+        "name": "etcd",
+        "image": s.MANAGED_ETCD_IMAGE,
+        "command": etcd_command(body),
+        "env": _env_from_fields(POD_NAME="metadata.name"),
+        "ports": [
+            {"name": "client", "containerPort": s.ETCD_CLIENT_PORT},
+            {"name": "peer", "containerPort": s.ETCD_PEER_PORT},
+        ],
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": "client"},
+            "periodSeconds": 5,
+        },
+        "volumeMounts": [{"name": "data", "mountPath": s.ETCD_DATA_DIR}],
+    }
+    pod_spec: Obj = {"containers": [container]}
+    template_meta: Obj = {"labels": labels(name, "etcd")}
+    if secure:
+        container["ports"].append({"name": "metrics", "containerPort": s.ETCD_METRICS_PORT})
+        container["readinessProbe"]["httpGet"]["port"] = "metrics"
+        container["volumeMounts"].append(
+            {"name": "tls", "mountPath": s.ETCD_TLS_MOUNT_DIR, "readOnly": True})
+        # etcd's image runs as root: 0400 keeps the key from any other user.
+        pod_spec["volumes"] = [{"name": "tls", "secret": {
+            "secretName": service_secret_name(name, ETCD_ROLE), "defaultMode": 0o400}}]
+        if tls_revision:
+            template_meta["annotations"] = {s.TLS_REVISION_ANNOTATION: tls_revision}
     statefulset = {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -684,39 +766,7 @@ def etcd_objects(body: Mapping[str, Any]) -> list[Obj]:
             "serviceName": etcd,
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(name, "etcd")},
-            "template": {
-                "metadata": {"labels": labels(name, "etcd")},
-                "spec": {
-                    "containers": [
-                        {
-                            "name": "etcd",
-                            "image": s.MANAGED_ETCD_IMAGE,
-                            "command": [
-                                "etcd",
-                                "--name=$(POD_NAME)",
-                                f"--data-dir={s.ETCD_DATA_DIR}",
-                                f"--listen-client-urls=http://0.0.0.0:{s.ETCD_CLIENT_PORT}",
-                                f"--advertise-client-urls=http://{host}:{s.ETCD_CLIENT_PORT}",
-                                f"--listen-peer-urls=http://0.0.0.0:{s.ETCD_PEER_PORT}",
-                                f"--initial-advertise-peer-urls=http://{host}:{s.ETCD_PEER_PORT}",
-                                f"--initial-cluster={peers}",
-                                "--initial-cluster-state=new",
-                                f"--initial-cluster-token={cluster_id(body)}",
-                            ],
-                            "env": _env_from_fields(POD_NAME="metadata.name"),
-                            "ports": [
-                                {"name": "client", "containerPort": s.ETCD_CLIENT_PORT},
-                                {"name": "peer", "containerPort": s.ETCD_PEER_PORT},
-                            ],
-                            "readinessProbe": {
-                                "httpGet": {"path": "/health", "port": "client"},
-                                "periodSeconds": 5,
-                            },
-                            "volumeMounts": [{"name": "data", "mountPath": s.ETCD_DATA_DIR}],
-                        }
-                    ]
-                },
-            },
+            "template": {"metadata": template_meta, "spec": pod_spec},
             "volumeClaimTemplates": [
                 {"metadata": {"name": "data", "labels": labels(name, "etcd")}, "spec": claim_spec}
             ],
@@ -745,7 +795,7 @@ def cluster_objects(
     )
     return [
         config_map(body),
-        *etcd_objects(body),
+        *etcd_objects(body, revisions.get(ETCD_ROLE)),
         _service(body, broker_headless_name(name), "broker", s.BROKER_PORT, headless=True),
         _service(body, broker_name(name), "broker", s.BROKER_PORT, headless=False),
         broker_statefulset(body, broker_replicas, revisions.get("broker")),

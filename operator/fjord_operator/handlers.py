@@ -92,6 +92,7 @@ from fjord_operator.security import (
     plan_user_credentials,
     secret,
     service_secret_name,
+    tls_roles,
     user_acls,
     user_authentication,
     user_principal,
@@ -856,8 +857,9 @@ async def reconcile_certificates(
 ) -> CertificatePlan | None:
     """Write the secure cluster's CA and service Secrets as security.plan_certificates says
     (the CA Secret first); returns the plan (None for a plaintext cluster). A role whose
-    certificate or trusted CAs changed while its pods run is logged: controllers and
-    coordinators roll through their pod template's revision; brokers are restarted by the
+    certificate or trusted CAs changed while its pods run is logged: controllers,
+    coordinators and a managed etcd's members (one at a time, each back in its quorum before
+    the next) roll through their pod template's revision; brokers are restarted by the
     operator one at a time (see _roll_brokers). During a CA renewal the pods' revisions and the
     FjordUser Secrets are observed: each phase waits for them (fjord_operator.ca_rotation)."""
     security = cluster_security(body.get("spec") or {})
@@ -868,7 +870,8 @@ async def reconcile_certificates(
     ca_live = await rt.kube.get("v1", "Secret", namespace, ca_secret_name(name))
     ca_data = decode_secret(ca_live)
     roles: dict[str, Any] = {}
-    for role in ("broker", "controller", "coordinator"):
+    tls_roles_now = tls_roles(body.get("spec") or {})
+    for role in tls_roles_now:
         live = await rt.kube.get("v1", "Secret", namespace, service_secret_name(name, role))
         if live is not None and not owned_by(live, meta.get("uid")):
             # Only the CA Secret may be supplied; a service Secret of another owner (a
@@ -884,7 +887,7 @@ async def reconcile_certificates(
     if managed and ca_data is not None and any(k in ca_data for k in ROTATION_KEYS):
         # A CA renewal is under way: its next step waits for the pods and the users.
         pods = {}
-        for role in ("broker", "controller", "coordinator"):
+        for role in tls_roles_now:  # the managed etcd's members too
             found = await rt.kube.list("v1", "Pod", namespace, builders.selector_labels(name, role))
             pods[role] = {
                 str(p["metadata"]["name"]): (p["metadata"].get("annotations") or {}).get(

@@ -17,6 +17,9 @@ Secrets (for a FjordCluster ``X``; data keys in :mod:`fjord_operator.settings`):
   SANs for the role's Service names and, by wildcard, every pod's name under its headless
   Service (brokers: ``X-broker-N.X-broker-headless.NS.svc``; controllers and coordinators:
   ``<pod-ip-dashed>.X-<role>-headless.NS.svc``, the name they advertise when TLS is on).
+- ``X-etcd-tls`` (a managed etcd, ``spec.etcd.managed``): ``ca.crt`` (the same trust bundle)
+  and ``service.pem``, etcd's server, peer and client certificate (``CN=X-etcd``, no service
+  identity) with SANs for the Service ``X-etcd`` and, by wildcard, every member under it.
 - a FjordUser ``U``'s Secret ``U``: ``ca.crt`` and, for ``tls``, ``user.crt``/``user.key``
   (``CN=U``, principal ``User:U``), for ``scram-sha-512`` a generated ``password``; and a
   ``client.properties`` in Kafka's client names, as ``fjord local up --secure`` writes.
@@ -76,6 +79,10 @@ Obj = dict[str, Any]
 SecretData = Mapping[str, bytes]
 
 SERVICE_ROLES = ("broker", "controller", "coordinator")
+#: The TLS Secret role of a managed etcd (``X-etcd-tls``): planned, renewed and carried
+#: through a CA renewal like the services' Secrets, but its certificate carries no service
+#: identity (``CN=X-etcd``, no OU): an etcd member can never pass for a broker.
+ETCD_ROLE = "etcd"
 #: Kafka's name of the ACL authorizer the services are given when authorization is on.
 AUTHORIZER_CLASS = AUTHORIZER_CLASS_NAMES[0]
 TLS, SCRAM = "tls", "scram-sha-512"
@@ -212,6 +219,35 @@ def service_sans(cluster: str, namespace: str, role: str) -> list[str]:
     headless = headless_service_name(cluster, role)
     names += [f"*.{headless}.{namespace}.svc", f"*.{headless}.{namespace}.svc.cluster.local"]
     return [*names, "localhost", "127.0.0.1"]
+
+
+def tls_roles(spec: Mapping[str, Any]) -> tuple[str, ...]:
+    """Every role with a TLS Secret in a secure cluster: the services, and the managed etcd
+    when the operator runs one (``spec.etcd.managed``)."""
+    managed = isinstance(spec.get("etcd"), Mapping) and "managed" in spec["etcd"]
+    return (*SERVICE_ROLES, ETCD_ROLE) if managed else SERVICE_ROLES
+
+
+def etcd_sans(cluster: str, namespace: str) -> list[str]:
+    """Every name a managed etcd member is dialled by: its (headless) Service ``X-etcd``, short
+    and full forms (clients; a forward lookup of it also finds every member's IP, which
+    etcd's peer check accepts), every member under it by wildcard (``X-etcd-N.X-etcd.NS.svc``,
+    the peer and advertised client URLs) and loopback, which is also
+    :data:`~fjord_operator.settings.ETCD_CLIENT_CERT_HOSTNAME` (it dials itself as a client)."""
+    etcd = f"{cluster}-etcd"
+    names = [etcd, f"{etcd}.{namespace}", f"{etcd}.{namespace}.svc",
+             f"{etcd}.{namespace}.svc.cluster.local",
+             f"*.{etcd}.{namespace}.svc", f"*.{etcd}.{namespace}.svc.cluster.local"]
+    return [*names, "localhost", "127.0.0.1"]
+
+
+def role_subject(cluster: str, namespace: str, role: str) -> tuple[str, str | None, list[str]]:
+    """(common name, organizational unit, SANs) of a role's certificate: the services carry the
+    cluster service identity (OU ``fjord-service``), a managed etcd does not."""
+    if role == ETCD_ROLE:
+        return f"{cluster}-etcd", None, etcd_sans(cluster, namespace)
+    return (service_common_name(cluster, role), SERVICE_IDENTITY_OU,
+            service_sans(cluster, namespace, role))
 
 
 # -- certificates -------------------------------------------------------------------------------
@@ -403,27 +439,24 @@ def _plan_services(
     out: list[Obj] = []
     revisions: dict[str, str] = {}
     renewed: dict[str, str] = {}
-    for role in SERVICE_ROLES:
+    for role in tls_roles(body.get("spec") or {}):
         live = service_data.get(role)
-        common_name = service_common_name(cluster, role)
-        sans = service_sans(cluster, namespace, role)
+        common_name, unit, sans = role_subject(cluster, namespace, role)
         keystore = (live or {}).get(s.SERVICE_KEYSTORE_KEY)
         why = renewal_due(
             load_certificate(keystore), ca.signing, common_name=common_name,
-            organizational_unit=SERVICE_IDENTITY_OU, sans=sans, now=now,
+            organizational_unit=unit, sans=sans, now=now,
             renew_before=security.renew_before,
         )
         if why is not None or keystore is None:
             cert, key = issue(
-                ca.signing, common_name, organizational_unit=SERVICE_IDENTITY_OU, sans=sans,
+                ca.signing, common_name, organizational_unit=unit, sans=sans,
                 now=now, validity=security.validity,
             )
             keystore = cert + key
-        data = {
-            s.CA_CERT_KEY: trust,
-            s.SERVICE_KEYSTORE_KEY: keystore,
-            s.SERVICE_PROPERTIES_KEY: properties,
-        }
+        data = {s.CA_CERT_KEY: trust, s.SERVICE_KEYSTORE_KEY: keystore}
+        if role != ETCD_ROLE:  # etcd takes its files as flags
+            data[s.SERVICE_PROPERTIES_KEY] = properties
         revisions[role] = tls_revision(data)
         if live is None or dict(live) != data:
             if live is not None:

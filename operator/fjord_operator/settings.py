@@ -69,6 +69,9 @@ SASL_GRPC_PORT = 9097
 METRICS_PORT = 9404
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+#: A managed etcd's plain-http /health and /metrics (``--listen-metrics-urls``) when TLS is on:
+#: its client port then requires a client certificate, which the kubelet's probe has none of.
+ETCD_METRICS_PORT = 2381
 #: Mount point of a broker's PersistentVolume (its data directory).
 BROKER_DATA_DIR = "/var/lib/fjord"
 ETCD_DATA_DIR = "/var/lib/etcd"
@@ -95,6 +98,15 @@ NEXT_CA_CERT_KEY = "next-ca.crt"
 NEXT_CA_KEY_KEY = "next-ca.key"
 PREVIOUS_CA_CERT_KEY = "previous-ca.crt"
 SERVICE_KEYSTORE_KEY = "service.pem"
+#: Where a managed etcd pod mounts its Secret ``<cluster>-etcd-tls`` (``ca.crt`` and the
+#: ``service.pem`` keystore, its server, peer and client certificate with its key).
+ETCD_TLS_MOUNT_DIR = "/etc/etcd/tls"
+#: The name a client certificate must carry for a managed etcd to take it
+#: (``--client-cert-allowed-hostname``): every certificate the operator issues to a Fjord
+#: process (services and etcd itself) names ``localhost`` (probes and local tools dial it);
+#: FjordUser and operator certificates carry no names, so a FjordUser's certificate, though
+#: of the same cluster CA, never opens etcd.
+ETCD_CLIENT_CERT_HOSTNAME = "localhost"
 SERVICE_PROPERTIES_KEY = "security.properties"
 USER_CERT_KEY = "user.crt"
 USER_KEY_KEY = "user.key"

@@ -44,3 +44,42 @@ def run_container_command(command: list[str], tmp_path: Path, **env: str) -> lis
 def flag(argv: list[str], name: str) -> str:
     """The value given to option ``name`` in ``argv``."""
     return argv[argv.index(name) + 1]
+
+
+def expand_kubelet_references(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``$(VAR)`` in a container's command expanded as the kubelet does (``$$`` escapes ``$``;
+    an undefined reference stays as written), for images without a shell (etcd's)."""
+    import re
+
+    def one(arg: str) -> str:
+        return re.sub(
+            r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
+            lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)),
+            arg,
+        )
+
+    return [one(arg) for arg in argv]
+
+
+def run_container_argv(command: list[str], tmp_path: Path, **env: str) -> list[str]:
+    """Exec a shell-less container command (its ``$(VAR)`` expanded from ``env``) through a
+    stand-in for its program that prints the argv it was given, one word a line."""
+    program = tmp_path / command[0]
+    program.write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    program.chmod(0o755)
+    argv = [str(program), *expand_kubelet_references(command[1:], env)]
+    out = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True,
+                         check=True, timeout=30)
+    return out.stdout.splitlines()
+
+
+def equals_flags(argv: list[str]) -> dict[str, str]:
+    """``--name=value`` (etcd's style) and bare ``--switch`` (value ``""``) flags of ``argv``;
+    a flag given twice is an error."""
+    flags: dict[str, str] = {}
+    for arg in argv:
+        assert arg.startswith("--"), arg
+        name, _, value = arg.partition("=")
+        assert name not in flags, f"{name} given twice"
+        flags[name] = value
+    return flags
