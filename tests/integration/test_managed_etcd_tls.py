@@ -1,0 +1,201 @@
+"""The managed etcd's command line, for real (issue 16): three etcd processes started with
+exactly the flags the operator's StatefulSet gives each member and the files of the Secret it
+plans, only the in-cluster names and ports mapped to loopback and free ports (and the mount
+and data paths to temporary directories). They form a quorum over https peers; a Fjord
+service's certificate opens etcd through Fjord's metadata client, a FjordUser's certificate
+of the same CA, the operator's, or none is refused; a member restarted alone (as a roll does)
+rejoins while the other two keep serving."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aetcd.exceptions import ConnectionFailedError
+
+from fjord.local.etcd import EtcdProcess, find_etcd_binary, free_port, log_tail, stop_process
+from fjord.metadata.etcd import etcd_client
+from fjord.security.config import ClientSecurity, SecurityProtocol, TlsFiles
+from fjord.testing.waiting import wait_for
+from fjord.tls import write_private
+from fjord_operator import builders
+from fjord_operator import settings as s
+from fjord_operator.security import (
+    TLS,
+    cluster_security,
+    decode_secret,
+    operator_identity,
+    plan_certificates,
+    plan_user_credentials,
+)
+from tests.helpers.operator_specs import cluster, expand_kubelet_references
+
+MEMBERS = 3
+HEALTHY_S = 30.0
+
+
+@dataclass
+class Member:
+    name: str
+    argv: list[str]
+    metrics_url: str
+    client_url: str
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop_process(self.process)
+
+    def healthy(self) -> bool:
+        """What the kubelet's readiness probe asks: plain-http /health on the metrics port."""
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.name} exited:\n{log_tail(self.log)}")
+        return EtcdProcess.health_at(self.metrics_url)
+
+
+@dataclass
+class SecureEtcd:
+    members: list[Member]
+    files: dict[str, TlsFiles]  # who dials: their CA and client certificate
+
+    def security(self, who: str) -> ClientSecurity:
+        return ClientSecurity(SecurityProtocol.SSL, self.files[who])
+
+
+def localized(argv: list[str], mapping: dict[str, str]) -> list[str]:
+    """``argv`` with each ``mapping`` key replaced (every key must occur: nothing the builder
+    writes is dropped or missed)."""
+    out = []
+    for arg in argv:
+        for old, new in mapping.items():
+            arg = arg.replace(old, new)
+        out.append(arg)
+    for old in mapping:
+        assert any(old in arg for arg in argv), f"{old!r} is not in the builder's command"
+    return out
+
+
+def write_files(directory: Path, data: dict[str, bytes]) -> Path:
+    directory.mkdir()
+    for key, value in data.items():
+        write_private(directory / key, value)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
+    body = cluster(etcd={"managed": {"replicas": MEMBERS}}, security={"tls": True})
+    security = cluster_security(body["spec"])
+    assert security is not None
+    now = datetime.datetime.now(datetime.UTC)
+    plan = plan_certificates(body, security, None, {}, now)
+    secrets = {o["metadata"]["name"]: decode_secret(o) or {} for o in plan.secrets}
+    base = tmp_path_factory.mktemp("managed-etcd-tls")
+    etcd_tls = write_files(base / "etcd-tls", secrets["fjord-etcd-tls"])
+    broker = write_files(base / "broker-tls", secrets["fjord-broker-tls"])
+    user = plan_user_credentials("alice", TLS, plan.ca, None, now, security.validity,
+                                 security.renew_before, trust=plan.trust)
+    user_dir = write_files(base / "alice", user.data)
+    operator_cert, operator_key = operator_identity(plan.ca, now)
+    operator = write_files(base / "operator", {"cert.pem": operator_cert,
+                                               "key.pem": operator_key})
+    keystore, ca = str(broker / s.SERVICE_KEYSTORE_KEY), str(broker / s.CA_CERT_KEY)
+    files = {
+        "broker": TlsFiles(ca, keystore, keystore),
+        "user": TlsFiles(ca, str(user_dir / s.USER_CERT_KEY), str(user_dir / s.USER_KEY_KEY)),
+        "operator": TlsFiles(ca, str(operator / "cert.pem"), str(operator / "key.pem")),
+        "nobody": TlsFiles(ca),
+    }
+    pod = builders.etcd_objects(body)[1]["spec"]["template"]["spec"]
+    command = pod["containers"][0]["command"]
+    ports = [{p: free_port() for p in ("client", "peer", "metrics")} for _ in range(MEMBERS)]
+    members = []
+    for i in range(MEMBERS):
+        name = f"fjord-etcd-{i}"
+        mapping = {
+            s.ETCD_TLS_MOUNT_DIR: str(etcd_tls),
+            s.ETCD_DATA_DIR: str(base / f"data-{i}"),
+            f"0.0.0.0:{s.ETCD_CLIENT_PORT}": f"127.0.0.1:{ports[i]['client']}",
+            f"0.0.0.0:{s.ETCD_PEER_PORT}": f"127.0.0.1:{ports[i]['peer']}",
+            f"0.0.0.0:{s.ETCD_METRICS_PORT}": f"127.0.0.1:{ports[i]['metrics']}",
+            f"{name}.fjord-etcd.fjord.svc:{s.ETCD_CLIENT_PORT}":
+                f"127.0.0.1:{ports[i]['client']}",
+            **{f"fjord-etcd-{j}.fjord-etcd.fjord.svc:{s.ETCD_PEER_PORT}":
+               f"127.0.0.1:{ports[j]['peer']}" for j in range(MEMBERS)},
+        }
+        argv = localized(expand_kubelet_references(command, {"POD_NAME": name}), mapping)
+        assert argv[0] == "etcd"
+        members.append(Member(name, [find_etcd_binary(), *argv[1:]],
+                              f"http://127.0.0.1:{ports[i]['metrics']}",
+                              f"https://127.0.0.1:{ports[i]['client']}", base / f"{name}.log"))
+    try:
+        for member in members:
+            member.start()
+        for member in members:
+            wait_for(member.healthy, f"{member.name} healthy", HEALTHY_S)
+        yield SecureEtcd(members, files)
+    finally:
+        for member in members:
+            member.stop()
+
+
+async def put_get(url: str, security: ClientSecurity, key: bytes, value: bytes) -> Any:
+    async with etcd_client(url, timeout_s=5.0, security=security) as client:
+        await client.put(key, value)
+        return (await client.get(key)).value
+
+
+def test_a_services_certificate_opens_every_member(secure_etcd: SecureEtcd) -> None:
+    for i, member in enumerate(secure_etcd.members):
+        key, value = f"/fjord/test/{i}".encode(), f"from-{member.name}".encode()
+        got = asyncio.run(put_get(member.client_url, secure_etcd.security("broker"), key, value))
+        assert got == value
+    # Written through one member, read through another: one raft group over https peers.
+    async def read_back() -> Any:
+        url = secure_etcd.members[2].client_url
+        async with etcd_client(url, timeout_s=5.0,
+                               security=secure_etcd.security("broker")) as client:
+            return (await client.get(b"/fjord/test/0")).value
+
+    assert asyncio.run(read_back()) == b"from-fjord-etcd-0"
+
+
+@pytest.mark.parametrize("who", ["user", "operator", "nobody"])
+def test_other_certificates_of_the_cluster_ca_and_none_are_refused(
+    secure_etcd: SecureEtcd, who: str
+) -> None:
+    """A FjordUser's certificate and the operator's are of the same CA but name no
+    ``localhost``: etcd refuses them, as it refuses a client without a certificate."""
+    url = secure_etcd.members[0].client_url
+    with pytest.raises(ConnectionFailedError, match="handshake"):
+        asyncio.run(put_get(url, secure_etcd.security(who), b"/fjord/test/x", b"no"))
+
+
+def test_a_member_restarted_alone_rejoins_while_two_keep_the_quorum(
+    secure_etcd: SecureEtcd,
+) -> None:
+    first, *others = secure_etcd.members
+    first.stop()
+    security = secure_etcd.security("broker")
+    got = asyncio.run(put_get(others[0].client_url, security, b"/fjord/test/roll", b"during"))
+    assert got == b"during"
+    first.start()
+    wait_for(first.healthy, f"{first.name} healthy again", HEALTHY_S)
+    async def read_on_first() -> Any:
+        async with etcd_client(first.client_url, timeout_s=5.0, security=security) as client:
+            return (await client.get(b"/fjord/test/roll")).value
+
+    assert asyncio.run(read_on_first()) == b"during"
