@@ -4,7 +4,9 @@ plans, only the in-cluster names and ports mapped to loopback and free ports (an
 and data paths to temporary directories). They form a quorum over https peers; a Fjord
 service's certificate opens etcd through Fjord's metadata client, a FjordUser's certificate
 of the same CA, the operator's, or none is refused; a member restarted alone (as a roll does)
-rejoins while the other two keep serving."""
+rejoins while the other two keep serving; a cluster-CA renewal's three phases, each rolled
+one member at a time, keep the quorum and every service's certificate of either phase
+working."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from fjord.testing.waiting import wait_for
 from fjord.tls import write_private
 from fjord_operator import builders
 from fjord_operator import settings as s
+from fjord_operator.ca_rotation import CaPhase
 from fjord_operator.security import (
     TLS,
     cluster_security,
@@ -33,6 +36,8 @@ from fjord_operator.security import (
     operator_identity,
     plan_certificates,
     plan_user_credentials,
+    tls_revision,
+    tls_roles,
 )
 from tests.helpers.operator_specs import cluster, expand_kubelet_references
 
@@ -70,6 +75,9 @@ class Member:
 class SecureEtcd:
     members: list[Member]
     files: dict[str, TlsFiles]  # who dials: their CA and client certificate
+    body: dict[str, Any]
+    secrets: dict[str, dict[str, bytes]]  # the cluster's Secrets as planned last
+    etcd_tls: Path  # what the members mount
 
     def security(self, who: str) -> ClientSecurity:
         return ClientSecurity(SecurityProtocol.SSL, self.files[who])
@@ -97,11 +105,14 @@ def write_files(directory: Path, data: dict[str, bytes]) -> Path:
 
 @pytest.fixture(scope="module")
 def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd]:
-    body = cluster(etcd={"managed": {"replicas": MEMBERS}}, security={"tls": True})
+    # A cluster CA made 36 hours ago for 2 days, renewed 1 day before its end: its renewal is
+    # due now (the renewal test), and every certificate is valid now.
+    body = cluster(etcd={"managed": {"replicas": MEMBERS}}, security={
+        "tls": True, "clusterCa": {"validityDays": 2, "renewalDays": 1}})
     security = cluster_security(body["spec"])
     assert security is not None
-    now = datetime.datetime.now(datetime.UTC)
-    plan = plan_certificates(body, security, None, {}, now)
+    now = datetime.datetime.now(datetime.UTC) - datetime.timedelta(hours=36)
+    plan = plan_certificates(body, security, None, {}, now, ca_managed=True)
     secrets = {o["metadata"]["name"]: decode_secret(o) or {} for o in plan.secrets}
     base = tmp_path_factory.mktemp("managed-etcd-tls")
     etcd_tls = write_files(base / "etcd-tls", secrets["fjord-etcd-tls"])
@@ -146,7 +157,7 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
             member.start()
         for member in members:
             wait_for(member.healthy, f"{member.name} healthy", HEALTHY_S)
-        yield SecureEtcd(members, files)
+        yield SecureEtcd(members, files, body, secrets, etcd_tls)
     finally:
         for member in members:
             member.stop()
@@ -199,3 +210,54 @@ def test_a_member_restarted_alone_rejoins_while_two_keep_the_quorum(
             return (await client.get(b"/fjord/test/roll")).value
 
     assert asyncio.run(read_on_first()) == b"during"
+
+
+def test_a_cluster_ca_renewal_rolls_the_members_and_keeps_every_service_in(
+    secure_etcd: SecureEtcd, tmp_path: Path
+) -> None:
+    """Each phase (trust old + new, re-issue by the new CA, drop the old) as the operator plans
+    it: the etcd Secret's files replaced, the members restarted one at a time as the
+    StatefulSet rolls them (writes go on through the other two meanwhile); then a broker
+    still on the previous phase's Secret and one on the current Secret both open every
+    member (services and etcd roll at the same time)."""
+    body, store = secure_etcd.body, secure_etcd.secrets
+    security = cluster_security(body["spec"])
+    assert security is not None
+    roles = tls_roles(body["spec"])
+    revisions = {r: tls_revision(store[f"fjord-{r}-tls"]) for r in roles}
+    previous = secure_etcd.files["broker"]
+    phases = []
+    for step in range(3):
+        plan = plan_certificates(
+            body, security, store["fjord-cluster-ca"],
+            {r: store[f"fjord-{r}-tls"] for r in roles}, datetime.datetime.now(datetime.UTC),
+            ca_managed=True, users={},
+            # every pod runs its role's current Secret (the roll of the phase before is done)
+            pods={r: {f"fjord-{r}-{i}": revisions[r] for i in range(MEMBERS)} for r in roles},
+        )
+        assert plan.ca_decision.changed, plan.ca_decision.message
+        phases.append(plan.cluster_ca.phase)
+        for obj in plan.secrets:
+            store[obj["metadata"]["name"]] = decode_secret(obj) or {}
+        revisions = dict(plan.revisions)
+        for key, value in store["fjord-etcd-tls"].items():
+            write_private(secure_etcd.etcd_tls / key, value)
+        for member in reversed(secure_etcd.members):  # as the StatefulSet rolls: N-1 .. 0
+            member.stop()
+            other = next(m for m in secure_etcd.members if m is not member)
+            value = f"{step}-{member.name}".encode()
+            got = asyncio.run(put_get(other.client_url, ClientSecurity(
+                SecurityProtocol.SSL, previous), b"/fjord/test/ca", value))
+            assert got == value  # two members keep the quorum
+            member.start()
+            wait_for(member.healthy, f"{member.name} healthy on phase {step}", HEALTHY_S)
+        current = write_files(tmp_path / f"broker-{step}", store["fjord-broker-tls"])
+        keystore = str(current / s.SERVICE_KEYSTORE_KEY)
+        now_files = TlsFiles(str(current / s.CA_CERT_KEY), keystore, keystore)
+        for files in (previous, now_files):
+            for member in secure_etcd.members:
+                got = asyncio.run(put_get(member.client_url, ClientSecurity(
+                    SecurityProtocol.SSL, files), b"/fjord/test/ca", b"after"))
+                assert got == b"after"
+        previous = now_files
+    assert phases == [CaPhase.TRUSTING_NEW, CaPhase.REISSUING, CaPhase.STABLE]
