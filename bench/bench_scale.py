@@ -11,9 +11,8 @@ each count of ``--counts`` a fresh cluster gets one topic of that many partition
 - **open files**: entries in /proc/<broker>/fd once served (before: in brackets);
 - **produce**: ``--records`` 100-byte records with acks=1 spread round-robin over every
   partition by fjord.client's Producer (explicit partition, linger.ms 5, ``buffer.memory``
-  the default unless ``--buffer-memory``), records/s. Every open batch holds batch.size
-  (16 KiB) of buffer.memory (Kafka's rule), so beyond 2,048 partitions written at once the
-  default 32 MiB blocks send() until lingering batches leave;
+  the default unless ``--buffer-memory``), records/s. buffer.memory bounds the batches
+  open at once (docs/clients.md: batch.size each, 2 KiB each past 1,024 open partitions);
 - **restart**: SIGTERM, start again, until every partition is led and served again
   (the broker answers Metadata with every partition led, its gauge says all are open);
 - **recovery**: SIGKILL (no clean-shutdown marker: every partition's log is recovered past its

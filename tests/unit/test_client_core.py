@@ -10,6 +10,7 @@ import pytest
 from fjord._proto import broker_pb2, common_pb2
 from fjord.client import Producer
 from fjord.client.accumulator import (
+    SPREAD_BATCH_FRACTION,
     BufferExhaustedError,
     IdempotenceState,
     PartitionResult,
@@ -724,3 +725,36 @@ def test_linger_wait_never_wakes_late_on_the_loop_timer_nor_early() -> None:
         assert (timer_s == 0) != (precise_s == 0)
         assert timer_s + precise_s <= delay / 1000 + 1e-12
         assert precise_s < 0.001
+
+
+def test_records_spread_over_many_partitions_open_smaller_batches_not_wait() -> None:
+    """Once open batches alone would take over half of buffer.memory at batch.size each, a new
+    batch reserves batch.size / SPREAD_BATCH_FRACTION (and may fill only that): send() goes on
+    instead of waiting for memory no record uses; few partitions keep batch.size."""
+    acc = make_idempotent_accumulator(
+        batch_size=800, buffer_memory=8000, blocked_batch_size=0, idempotent=False
+    )
+    tps = [TopicPartition("t", n) for n in range(20)]
+    for tp in tps[:6]:  # until 5 x 800 (half of buffer.memory) are open: full-sized
+        acc.append(tp, 1, None, b"x", (), now_ms=0)
+        batch = acc.open_batch(tp)
+        assert batch is not None and batch.reserved_bytes == 800
+    small = 800 // SPREAD_BATCH_FRACTION
+    for tp in tps[6:]:  # 14 more would need 11,200 at 800 each: each takes 100, no wait
+        future, _ = acc.append(tp, 1, None, b"x", (), now_ms=0, max_block_s=0)
+        batch = acc.open_batch(tp)
+        assert future is not None and batch is not None and batch.reserved_bytes == small
+    # A small batch fills up to its reservation only; the next record opens the next batch.
+    last = acc.open_batch(tps[-1])
+    for _ in range(3):
+        acc.append(tps[-1], 1, None, b"y" * 20, (), now_ms=0, max_block_s=0)
+    assert last is not None and last.builder.size_in_bytes <= small
+    assert acc.open_batch(tps[-1]) is not last
+    # A record larger than the small size still gets a batch of its own size.
+    acc.append(tps[7], 1, None, b"z" * 300, (), now_ms=0, max_block_s=0)
+    big = acc.open_batch(tps[7])
+    assert big is not None and big.reserved_bytes >= 300
+    # Memory given back exactly: everything drained and answered leaves nothing reserved.
+    for batch in acc.drain(tps, 1 << 20, now_ms=10**9):
+        acc.deallocate(batch)
+    assert acc._reserved == 0

@@ -27,6 +27,9 @@ from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
 from fjord.records.header import stamp_producer_state
 from fjord.records.speedups import ATOMIC_APPEND
 
+#: Under many open batches a new one reserves batch.size / this (2 KiB by default: ~17
+#: records of 100 bytes); see RecordAccumulator._spread_batch_size.
+SPREAD_BATCH_FRACTION = 8
 _MAX_SEQUENCE = 0x7FFFFFFF
 _MAX_EPOCH = 0x7FFF
 
@@ -241,8 +244,9 @@ class RecordAccumulator:
     put back for a retry goes back to the head of its queue; only the last batch of a queue is
     open for appends; the bytes reserved by queued and in-flight batches never exceed
     ``buffer_memory`` except for one batch larger than it (which is let through alone). A batch
-    reserves ``batch_size`` (or its first record's size, if larger) while it takes appends and
-    only its built payload's size once drained (the memory it still holds).
+    reserves ``batch_size`` (or its first record's size, if larger; a fraction of it when open
+    batches of many partitions fill half the buffer: :meth:`_spread_batch_size`) while it takes
+    appends and only its built payload's size once drained (the memory it still holds).
     A partition is *muted* while one of its batches is in flight when ``guarantee_order`` (Kafka's
     ``max.in.flight.requests.per.connection=1``), so retries cannot reorder it.
 
@@ -346,9 +350,13 @@ class RecordAccumulator:
             if builder is not None:
                 reserve = self._blocked_batch_size  # reserved by _grown_builder
             else:
-                reserve = max(self._batch_size, size)
+                reserve = self._spread_batch_size(size)
                 self._reserve(reserve, max_block_s)
-                builder = self._new_builder()
+                builder = (
+                    self._new_builder()
+                    if reserve == max(self._batch_size, size) or self._sized_builder is None
+                    else self._sized_builder(reserve)
+                )
             created = now_ms if now_ms >= 0 else self._clock()
             batch = ProducerBatch(tp, builder, created, reserve, coordinator_epoch)
             batch.builder.append(timestamp_ms, key, value, headers)
@@ -357,6 +365,21 @@ class RecordAccumulator:
             self._incomplete.add(batch.completion)
             # A new batch means the previous one is full, or a linger timer must start.
             return RecordFuture(batch.completion, 0, timestamp_ms), True
+
+    def _spread_batch_size(self, record_size: int) -> int:
+        """With the lock held: the bytes a new batch reserves (and may fill). ``batch.size``
+        normally; ``batch.size / SPREAD_BATCH_FRACTION`` (at least the record) when open
+        batches alone would take over half of ``buffer.memory`` at ``batch.size`` each, i.e.
+        records are spread over more than ``buffer.memory / batch.size / 2`` partitions at
+        once (1,024 by default). There each batch holds a few records when it leaves after
+        ``linger.ms``, and reserving ``batch.size`` for each made ``send()`` wait for memory
+        that no record used (bench/bench_scale.py, docs/performance.md). Fjord's, not
+        Kafka's (Kafka reserves ``batch.size`` and blocks)."""
+        full = max(self._batch_size, record_size)
+        if (self._sized_builder is None
+                or len(self._open) * self._batch_size <= self._buffer_memory // 2):
+            return full
+        return max(record_size, self._batch_size // SPREAD_BATCH_FRACTION)
 
     def window_full(self, tp: TopicPartition) -> bool:
         """Whether ``tp``'s idempotence window is full: no new batch of it may leave until an
