@@ -213,3 +213,57 @@ def test_a_supplied_ca_is_kept_and_reported_as_expiring(api: ApiServer) -> None:
     for role in ROLES:
         cert = load_certificate(read_secret(api, f"adopt-{role}-tls")["service.pem"])
         assert cert is not None and signed_by(cert, mine)
+
+
+def test_the_managed_etcd_secret_and_members_are_part_of_the_renewal(api: ApiServer) -> None:
+    """With ``spec.etcd.managed`` the handler writes ``X-etcd-tls`` beside the roles' Secrets,
+    its revision reaches the etcd StatefulSet's template, and a CA renewal's phases wait for
+    the etcd members (listed by label) like the services' pods."""
+    body = api.create("fjordclusters", NAMESPACE, {
+        "apiVersion": s.API_VERSION, "kind": s.CLUSTER_KIND,
+        "metadata": {"name": "etc", "namespace": NAMESPACE},
+        "spec": {"brokers": {"replicas": 2}, "etcd": {"managed": {"replicas": 3}},
+                 "security": {"tls": True, "clusterCa": {"validityDays": 10,
+                                                         "renewalDays": 3}}},
+    })
+    roles = (*ROLES, "etcd")
+
+    def put_all_pods(revisions: dict[str, str], stale: str | None = None) -> None:
+        put_pods(api, "etc", revisions)
+        for i in range(3):
+            pod = f"etc-etcd-{i}"
+            revision = "stale" if pod == stale else revisions["etcd"]
+            meta = {"name": pod, "labels": builders.labels("etc", "etcd"),
+                    "annotations": {s.TLS_REVISION_ANNOTATION: revision}}
+            if api.get("pods", NAMESPACE, pod) is None:
+                api.create("pods", NAMESPACE, {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+                                               "spec": {"containers": [{"name": "etcd",
+                                                                        "image": "etcd"}]}})
+            else:
+                api.patch("pods", NAMESPACE, pod,
+                          {"metadata": {"annotations": meta["annotations"]}})
+
+    with_runtime(api, lambda rt: reconcile_cluster(rt, body))
+    etcd = live_secret(api, "etc-etcd-tls")
+    assert etcd is not None and etcd["metadata"]["ownerReferences"][0]["uid"] == \
+        body["metadata"]["uid"]
+    first = reconcile(api, body, T0)
+    assert first.secrets == [] and set(first.revisions) == set(roles)
+    sts = api.get("statefulsets", NAMESPACE, "etc-etcd")
+    assert sts is not None
+    assert sts["spec"]["template"]["metadata"]["annotations"][s.TLS_REVISION_ANNOTATION] == \
+        first.revisions["etcd"]
+    put_all_pods(first.revisions)
+
+    t1 = T0 + 8 * DAY
+    p1 = reconcile(api, body, t1)
+    assert p1.cluster_ca.phase is CaPhase.TRUSTING_NEW and "etcd" in p1.renewed
+    assert len(load_certificates(read_secret(api, "etc-etcd-tls")["ca.crt"])) == 2
+    put_all_pods(p1.revisions, stale="etc-etcd-1")
+    waiting = reconcile(api, body, t1)
+    assert waiting.ca_decision.message.endswith("etc-etcd-1"), waiting.ca_decision.message
+    put_all_pods(p1.revisions)
+    p2 = reconcile(api, body, t1)
+    assert p2.cluster_ca.phase is CaPhase.REISSUING
+    cert = load_certificate(read_secret(api, "etc-etcd-tls")["service.pem"])
+    assert cert is not None and signed_by(cert, p2.ca)
