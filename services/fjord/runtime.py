@@ -114,9 +114,10 @@ def keep_large_buffers_in_heap() -> bool:
     free top back to the kernel; either way the next buffer is fresh memory that the kernel
     zeroes and faults in page by page. Under acks=all with replication factor 3 and 512 KiB
     batches that was 15,000-27,000 minor page faults across the 3 brokers per 100,000
-    records (ten times the bytes moved, in 4 KiB pages); with these thresholds 1,000-9,000
-    and about a fifth less broker CPU (bench/profile_replication.py, docs/performance.md).
-    The cost: up to 64 MiB of freed memory stays with the process.
+    records (ten times the bytes moved, in 4 KiB pages); with these thresholds 1,000-10,000
+    (bench/profile_replication.py, docs/performance.md; the brokers' CPU per round fell in
+    one A/B run and did not measurably in another, at load 13-20). The cost: up to 64 MiB of
+    freed memory stays with the process.
     """
     if os.environ.get(MALLOC_TUNING_ENV_VAR, "true").strip().lower() in ("false", "0", "no"):
         return False

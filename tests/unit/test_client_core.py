@@ -482,18 +482,30 @@ def test_no_growth_without_idempotence_or_room_in_buffer_memory() -> None:
         plain.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
     assert plain.open_batch(TP0) is not None
     assert plain.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
-    # Grown batches may take at most half of buffer.memory: beyond, a normal one opens
-    # (send() never waits for the sake of a larger batch, and open grown batches holding a
-    # few records each cannot reserve the whole buffer).
-    tight = make_idempotent_accumulator(buffer_memory=1700)
-    fill_and_send(tight, 2)
-    tight.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
-    batch = tight.open_batch(TP0)
-    assert batch is not None and batch.reserved_bytes == 200
-    roomy = make_idempotent_accumulator(buffer_memory=2100)  # 2 x 108 in flight + 800 <= 1050
-    fill_and_send(roomy, 2)
-    roomy.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
-    assert roomy.open_batch(TP0).reserved_bytes == 800  # type: ignore[union-attr]
+    # No room in buffer.memory for a grown batch without waiting: a normal one opens (send()
+    # never waits for the sake of a larger batch).
+    full = make_idempotent_accumulator(buffer_memory=1000)  # 2 x 108 in flight + 800 > 1000
+    fill_and_send(full, 2)
+    full.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert full.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
+    # Open grown batches reserve at most half of buffer.memory (they may be mostly empty):
+    # with 3,000 bytes, one partition's open batch grows (800 <= 1,500), a second one's not.
+    two = make_idempotent_accumulator(buffer_memory=3000)
+    for tp in (TP0, TP1):
+        for _ in range(2):  # each partition's window (2 batches) full
+            two.append(tp, 1, None, b"v" * 40, (), now_ms=0)
+            assert len(two.drain([tp], 1 << 20, now_ms=10**9)) == 1
+    two.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    two.append(TP1, 1, None, b"v" * 40, (), now_ms=0)
+    first = two.open_batch(TP0)
+    assert first is not None and first.reserved_bytes == 800
+    assert two.open_batch(TP1).reserved_bytes == 200  # type: ignore[union-attr]
+    # A full grown batch waiting to leave no longer counts as open: the backlog keeps growing
+    # its batches although more than half of buffer.memory is reserved by now.
+    while two.open_batch(TP0) is first:
+        two.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert two.open_batch(TP0).reserved_bytes == 800  # type: ignore[union-attr]
+    assert two._reserved > 1500
     # A blocked_batch_size not above batch.size turns growth off.
     off = make_idempotent_accumulator(blocked_batch_size=200)
     fill_and_send(off, 2)

@@ -287,6 +287,8 @@ class RecordAccumulator:
         # passes -1 so the clock is read once per batch, not once per record).
         self._clock = clock or (lambda: time.monotonic() * 1000)
         self._open: dict[TopicPartition, ProducerBatch] = {}
+        #: The partitions whose open batch is a grown one (``_grown_builder``).
+        self._open_grown: set[TopicPartition] = set()
         self._batch_size = batch_size
         self._linger_ms = linger_ms
         self._buffer_memory = buffer_memory
@@ -347,6 +349,7 @@ class RecordAccumulator:
                 return None, False
             size = _record_size_estimate(key, value, headers)
             builder = self._grown_builder(tp, size)
+            grown = builder is not None
             if builder is not None:
                 reserve = self._blocked_batch_size  # reserved by _grown_builder
             else:
@@ -361,7 +364,7 @@ class RecordAccumulator:
             batch = ProducerBatch(tp, builder, created, reserve, coordinator_epoch)
             batch.builder.append(timestamp_ms, key, value, headers)
             queue.append(batch)
-            self._open[tp] = batch
+            self._set_open(tp, batch, grown)
             self._incomplete.add(batch.completion)
             # A new batch means the previous one is full, or a linger timer must start.
             return RecordFuture(batch.completion, 0, timestamp_ms), True
@@ -390,15 +393,18 @@ class RecordAccumulator:
     def _grown_builder(self, tp: TopicPartition, record_size: int) -> Builder | None:
         """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
         up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked on its
-        window and the grown batches leave half of ``buffer.memory`` free; None for a normal
-        batch."""
+        window, ``buffer.memory`` has room without waiting and the open grown batches
+        (``_open_grown``) would reserve at most half of it; None for a normal batch."""
         grown = self._blocked_batch_size
         if not grown or record_size > grown or not self.window_full(tp):
             return None
-        if self._reserved + grown > self._buffer_memory // 2:
-            # Never block send() for the sake of a larger batch, and keep half of
-            # buffer.memory for normal ones: many blocked partitions with a few records each
-            # must not reserve the whole buffer with mostly empty grown batches.
+        if self._reserved + grown > self._buffer_memory:
+            return None  # never block send() for the sake of a larger batch
+        if (len(self._open_grown) + 1) * grown > self._buffer_memory // 2:
+            # Open grown batches may be mostly empty (reserved whole, filled slowly): they
+            # hold at most half of buffer.memory, so many blocked partitions with a few
+            # records each cannot reserve it all. Full grown batches waiting to leave hold
+            # records and count as any batch does (a backlog keeps growing its batches).
             return None
         assert self._sized_builder is not None
         builder = self._sized_builder(grown)
@@ -452,6 +458,7 @@ class RecordAccumulator:
                     (),
                 )
                 builder = self._grown_builder(tp, estimate)  # (as append() opens batches)
+                grown = builder is not None
                 if builder is not None:
                     reserve = self._blocked_batch_size  # reserved by _grown_builder
                 else:
@@ -464,7 +471,7 @@ class RecordAccumulator:
                 finally:
                     if batch.record_count:  # queued even when a later record raised
                         queue.append(batch)
-                        self._open[tp] = batch
+                        self._set_open(tp, batch, grown)
                         self._incomplete.add(batch.completion)
                         completions.append(batch.completion)
                         wake = True
@@ -501,10 +508,19 @@ class RecordAccumulator:
                 RecordFuture, batch.completion, timestamp_ms, None, value
             )
 
+    def _set_open(self, tp: TopicPartition, batch: ProducerBatch, grown: bool) -> None:
+        # With the lock held: ``batch`` (grown or not) is the one appends of ``tp`` go to.
+        self._open[tp] = batch
+        if grown:
+            self._open_grown.add(tp)
+        else:
+            self._open_grown.discard(tp)
+
     def _close_open(self, tp: TopicPartition, batch: ProducerBatch) -> None:
         # With the lock held: ``batch`` stops taking appends (it is full, built, or of another
         # coordinator epoch); the fast path must not append to it either.
         del self._open[tp]
+        self._open_grown.discard(tp)
         batch.builder.seal()
 
     def _reserve(self, nbytes: int, max_block_s: float) -> None:
