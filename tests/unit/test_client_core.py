@@ -770,3 +770,16 @@ def test_records_spread_over_many_partitions_open_smaller_batches_not_wait() -> 
     for batch in acc.drain(tps, 1 << 20, now_ms=10**9):
         acc.deallocate(batch)
     assert acc._reserved == 0
+
+
+def test_only_the_producers_own_loop_may_block_for_the_last_fraction_of_a_linger() -> None:
+    """AsyncProducer's sender runs on the application's loop, which it must never block: the
+    precise sub-millisecond sleep is the threaded Producer's (its own I/O loop) only."""
+    from fjord.client.producer import AsyncProducer, Producer
+
+    producer = Producer({"bootstrap.servers": "127.0.0.1:9"})
+    try:
+        assert producer._sender.owns_loop
+    finally:
+        producer.close(1)
+    assert not AsyncProducer({"bootstrap.servers": "127.0.0.1:9"})._sender.owns_loop

@@ -147,6 +147,9 @@ class _Sender:
         self.in_flight_total = 0
         self.wakeup = asyncio.Event()
         self.wake_pending = False
+        #: True when the loop is the client's own I/O thread (``Producer``): the last fraction
+        #: of a linger wait may then block it; never the application's loop (AsyncProducer).
+        self.owns_loop = False
         self.closing = False
         self.partition_counts: dict[str, int] = {}
         self._refresh_task: asyncio.Task[Any] | None = None
@@ -216,11 +219,13 @@ class _Sender:
             timer_s, precise_s = linger_wait(delay_ms)
             if timer_s > 0:
                 await self._wait_woken(timer_s)
-            elif precise_s > 0:
+            elif precise_s > 0 and self.owns_loop:
                 # The last fraction of a millisecond before a batch is due: a blocking sleep
                 # (precise to tens of microseconds) holds this loop for under 1 ms, where the
                 # loop's own timer would wake up to 1 ms late (see linger_wait).
                 time.sleep(precise_s)
+            elif precise_s > 0:
+                await self._wait_woken(precise_s)  # the application's loop: never blocked
             else:
                 await asyncio.sleep(0)
 
@@ -648,6 +653,7 @@ class Producer(_ProducerBase):
         self._fast_value_limit = 0 if self._trace_records else self._max_record - _HEADER_OVERHEAD
         self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
         self._io_thread_id = self._io.thread_id
+        self._sender.owns_loop = True
         self._sender_task = self._io.submit(self._start_sender())
 
     async def _start_sender(self) -> None:
