@@ -6,7 +6,8 @@ changes nothing; every object carries the four ``app.kubernetes.io/*`` labels an
 owner reference to the FjordCluster; names follow docs/kubernetes.md (for a cluster ``X``:
 ``X-broker`` StatefulSet and client Service, ``X-broker-headless``, ``X-controller``,
 ``X-coordinator`` (+ ``-headless``), ``X-config``, PDBs ``X-broker``/``X-controller``,
-``X-etcd`` when managed). The broker id is the pod's ordinal, parsed from its hostname.
+``X-etcd`` (StatefulSet, Service and PDB) when managed). The broker id is the pod's
+ordinal, parsed from its hostname.
 """
 
 from __future__ import annotations
@@ -812,4 +813,6 @@ def cluster_objects(
         ),
         _pdb(body, broker_name(name), "broker"),
         _pdb(body, controller_name(name), "controller"),
+        # A drain, like a roll, takes one etcd member at a time: 3 members keep their quorum.
+        *([_pdb(body, etcd_name(name), "etcd")] if etcd_objects(body) else []),
     ]

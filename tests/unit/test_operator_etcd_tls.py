@@ -105,8 +105,13 @@ def test_the_etcd_certificate_is_kept_then_renewed_inside_the_window() -> None:
         first.revisions[ETCD_ROLE]
     assert after["spec"]["template"]["metadata"]["annotations"][annotation] == \
         due.revisions[ETCD_ROLE] != first.revisions[ETCD_ROLE]
-    # RollingUpdate (the default): one member at a time, the next once it is Ready again.
+    # RollingUpdate (the default): one member at a time, the next once it is Ready again;
+    # a drain too takes one member at a time.
     assert "updateStrategy" not in after["spec"]
+    pdb = by_kind(body)[("PodDisruptionBudget", "fjord-etcd")]["spec"]
+    assert pdb["maxUnavailable"] == 1
+    assert pdb["selector"]["matchLabels"] == after["spec"]["selector"]["matchLabels"]
+    assert ("PodDisruptionBudget", "fjord-etcd") not in by_kind(cluster())
 
 
 def test_a_cluster_ca_renewal_carries_the_etcd_certificate_and_waits_for_its_members() -> None:
