@@ -104,6 +104,24 @@ class LocalPki:
             properties.write_text(text)
         return keystore, properties
 
+    def mounted_service_properties(self, directory: Path, authorization: bool = False) -> Path:
+        """The ``--security-config`` of a process whose keystore and truststore are the
+        ``service.pem`` and ``ca.crt`` in ``directory`` (a mounted Kubernetes Secret), written
+        there as ``local.properties``."""
+        text = (
+            f"ssl.keystore.location={directory / 'service.pem'}\n"
+            f"ssl.truststore.location={directory / 'ca.crt'}\n"
+            "ssl.client.auth=required\n"
+        )
+        if authorization:
+            text += (
+                f"authorizer.class.name={AUTHORIZER_CLASS_NAMES[0]}\n"
+                f"super.users=User:{CLIENT_CN}\n"
+            )
+        properties = directory / "local.properties"
+        properties.write_text(text)
+        return properties
+
     def client_properties(self) -> Path:
         """``<data_dir>/client.properties`` for a ``User:admin`` client (made when missing)."""
         cert_path, key_path = self.directory / "client.pem", self.directory / "client.key"

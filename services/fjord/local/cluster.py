@@ -165,6 +165,7 @@ class LocalCluster:
         kafka_sasl: bool = False,
         racks: Mapping[int, str] | None = None,
         mtls_kafka_door: bool = False,
+        etcd_tls: bool = True,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -235,9 +236,13 @@ class LocalCluster:
             unsafe_no_fsync=unsafe_etcd_no_fsync,
             tls=(
                 (self.data_dir / "tls" / "etcd-0.pem", self.data_dir / "tls" / "ca.pem")
-                if secure else None
+                if secure and etcd_tls else None
             ),
         )
+        #: Per process (role, id), a directory holding ``service.pem`` and ``ca.crt`` (as a
+        #: Kubernetes Secret volume does, in the operator's tests): that process starts with
+        #: them as keystore and truststore instead of the local CA's files.
+        self.mounted_tls: dict[tuple[str, int], Path] = {}
         self._children: dict[tuple[str, int], tuple[subprocess.Popen[bytes], str]] = {}
         self._argv: dict[tuple[str, int], tuple[str, ...]] = {}
         self._log_start: dict[tuple[str, int], int] = {}  # where each run's output begins
@@ -555,8 +560,23 @@ class LocalCluster:
     def _security_args(self, role: str, node_id: int) -> list[str]:
         if self._pki is None:
             return []
-        _, properties = self._pki.service_files(role, node_id, self.authorization)
+        mounted = self.mounted_tls.get((role, node_id))
+        if mounted is not None:
+            properties = self._pki.mounted_service_properties(mounted, self.authorization)
+        else:
+            _, properties = self._pki.service_files(role, node_id, self.authorization)
         return ["--security-config", str(properties)]
+
+    @property
+    def client_security(self) -> ClientSecurity | None:
+        """How the launcher's own probes and waits dial the services (a secure cluster: the
+        ``client.properties`` identity); a test whose services stop trusting the local CA
+        gives it another."""
+        return self._client_security
+
+    @client_security.setter
+    def client_security(self, security: ClientSecurity | None) -> None:
+        self._client_security = security
 
     @property
     def client_properties(self) -> Path | None:
