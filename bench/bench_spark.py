@@ -1,19 +1,45 @@
-"""Streaming read throughput of the fjord Spark source, beside an in-memory Python source.
+"""Throughput of the fjord Spark source and sink on ``local[2]``, each beside in-memory
+baselines measured in the same run (issue 18: source >= 1,000,000 rows/s into the noop sink,
+sink >= 500,000 rows/s).
 
-What it measures: a ``spark.readStream.format("fjord")`` query with ``Trigger.AvailableNow``
-into the ``noop`` sink reads every record of a topic (``--records`` records with a 10-byte key
-and a ``--value-size`` value, in ``--partitions`` partitions, on a private local cluster of
-3 brokers) in ``local[2]``; rows/s = records / wall time from ``start()`` to termination.
-The baseline is a trivial Python streaming data source (``memory-baseline``, defined here)
-that, in the same session, yields the same rows (same key/value sizes, same partitioning)
-from memory as Arrow batches built the same way (``records_to_batch``), with no network and
-no RecordBatch decoding: the ratio shows what fetching and decoding cost on top of Spark's
-own per-query and per-row overhead. The target is a ratio of at least 70%.
+Setup: a private local cluster (``fjord.local``, ``--brokers`` brokers, etcd without fsync);
+topic ``bench`` with ``--partitions`` partitions is prefilled with ``--records`` records
+(10-byte keys ``k000000042``, ``--value-size``-byte values) by one ``fjord.client.Producer``.
+One Spark session ``local[2]`` runs every query; Spark's Python workers are reused
+(``spark.python.worker.reuse``, Spark's default) and the session is warmed up first (JVM,
+Python workers, the fjord connector's imports) with a tenth of the rows.
 
-Each round runs both queries once (fjord first); a warm-up round of 1/10 of the records runs
-first (JVM and Python worker start). The best round of each is reported.
+Source (rows/s = rows / wall time of the whole action, planning included):
 
-    .venv/bin/python bench/bench_spark.py [--records 200000] [--rounds 3] [--write-results]
+- ``fjord batch``: ``spark.read.format("fjord")`` (subscribe, earliest .. latest)
+  ``.load().write.format("noop").mode("overwrite").save()``: one task per partition.
+- ``fjord streaming``: ``spark.readStream.format("fjord")`` with ``Trigger.AvailableNow`` into
+  the ``noop`` sink (one micro-batch), from query start to termination.
+- ``python source (baseline)``: a Python data source defined here (``memory-baseline``) with
+  the same schema, the same number of partitions and rows, whose ``read()`` yields Arrow
+  batches of the same size (same columns, keys and values of the same lengths) built with
+  vectorised Arrow calls (no per-row Python): what Spark itself costs for rows that come from a
+  Python data source (the Python worker, Arrow to the JVM, the rows into the noop sink). The
+  fjord source cannot beat it; the gap is the fetching and decoding.
+- ``spark.range (JVM baseline)``: ``spark.range(rows, numPartitions)`` with columns of the same
+  types and sizes built by Spark expressions, into ``noop``: Spark without any Python.
+
+Sink (rows/s = rows / wall time of ``save()``), all from the same DataFrame
+``spark.range(rows, numPartitions).selectExpr(key binary 10 bytes, value binary)``:
+
+- ``fjord sink``: ``.write.format("fjord")`` to topic ``sink`` (``--partitions`` partitions,
+  the producer's partitioner by key), the sink's default options (``fjord.acks`` all; with one
+  broker and replication factor 1 that is acks=1 in effect); the written count is checked
+  against the topic's end offsets after each round.
+- ``python noop writer (baseline)``: a Python ``DataSourceArrowWriter`` defined here that
+  counts the rows of the Arrow batches it receives: what Spark itself costs to hand rows to a
+  Python sink.
+- ``noop (JVM baseline)``: ``.write.format("noop")``.
+
+Every round runs each measurement once, in the order above, and records the 1-minute load
+average beside it (the machine is shared: the spread over rounds is reported).
+
+    .venv/bin/python bench/bench_spark.py [--records 10000000] [--rounds 3] [--write-results]
 """
 
 from __future__ import annotations
@@ -24,26 +50,62 @@ import platform
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    InputPartition,
+    WriterCommitMessage,
+)
 from pyspark.sql.types import StructType
 
 import fjord_spark
-from fjord.client import AdminClient, ConsumerRecord, NewTopic, Producer
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
-from fjord_spark.arrow import arrow_schema, reader_schema, records_to_batch
+from fjord_spark.arrow import arrow_schema, reader_schema, repeated_string
 
-TARGET_RATIO = 0.70
-ARROW_BATCH_ROWS = 20_000
+SOURCE_TARGET = 1_000_000
+SINK_TARGET = 500_000
+BASELINE_BATCH_ROWS = 20_000
+KEY_SIZE = 10
 
 
-class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """Offsets {"p": n} over ``partitions`` partitions of ``records`` rows in all."""
+def memory_batch(
+    schema: pa.Schema, partition: int, first: int, count: int, value_size: int, now_us: int
+) -> pa.RecordBatch:
+    """Rows ``first .. first+count`` of the baseline, shaped like the fjord source's rows
+    (10-byte keys, ``value_size``-byte values, topic, partition, offset, timestamp, type),
+    built with vectorised numpy/Arrow calls only (no Python per row)."""
+
+    def fixed_binary(size: int, data: bytes) -> pa.Array:
+        offsets = np.arange(0, (count + 1) * size, size, dtype=np.int32)
+        return pa.Array.from_buffers(
+            pa.binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        )
+
+    keys = fixed_binary(KEY_SIZE, b"k%09d" % first * count)
+    values = fixed_binary(value_size, b"x" * (value_size * count))
+    columns = [
+        keys,
+        values,
+        repeated_string("bench", count),
+        pa.repeat(pa.scalar(partition, pa.int32()), count),
+        pa.array(np.arange(first, first + count, dtype=np.int64)),
+        pa.repeat(pa.scalar(now_us, pa.timestamp("us", tz="UTC")), count),
+        pa.repeat(pa.scalar(0, pa.int32()), count),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+class MemoryReader(DataSourceReader):
+    """``partitions`` partitions holding ``records`` rows in all, as Arrow batches."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.records = int(options["records"])
@@ -51,35 +113,34 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.value_size = int(options["valuesize"])  # Spark lower-cases option names
         self.schema = arrow_schema(schema)
 
-    def _sizes(self) -> dict[str, int]:
+    def partitions(self) -> list[InputPartition]:
         base, extra = divmod(self.records, self.partitions_count)
-        return {str(p): base + (p < extra) for p in range(self.partitions_count)}
-
-    def initialOffset(self) -> dict[str, int]:
-        return {str(p): 0 for p in range(self.partitions_count)}
-
-    def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
-        return self._sizes()
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        return None
-
-    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         # Plain InputPartition (a class of this script would not unpickle in the workers).
-        return [InputPartition((int(p), start[p], end[p])) for p in end if end[p] > start[p]]
+        return [
+            InputPartition((p, base + (p < extra))) for p in range(self.partitions_count)
+        ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        number, begin, end = partition.value
-        value = b"x" * self.value_size
-        now = int(time.time() * 1000)
-        new = tuple.__new__
-        for first in range(begin, end, ARROW_BATCH_ROWS):
-            last = min(first + ARROW_BATCH_ROWS, end)
-            rows = [
-                new(ConsumerRecord, ("bench", number, o, b"k%09d" % o, value, (), now))
-                for o in range(first, last)
-            ]
-            yield records_to_batch(rows, self.schema, 0)
+        number, rows = partition.value
+        now_us = int(time.time() * 1_000_000)
+        for first in range(0, rows, BASELINE_BATCH_ROWS):
+            count = min(BASELINE_BATCH_ROWS, rows - first)
+            yield memory_batch(self.schema, number, first, count, self.value_size, now_us)
+
+
+@dataclass(frozen=True)
+class CountMessage(WriterCommitMessage):
+    rows: int
+
+
+class CountingWriter(DataSourceArrowWriter):
+    """Counts the rows of the Arrow batches Spark hands it; keeps nothing."""
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> WriterCommitMessage:
+        return CountMessage(sum(batch.num_rows for batch in iterator))
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        return None
 
 
 class MemoryDataSource(DataSource):
@@ -90,51 +151,90 @@ class MemoryDataSource(DataSource):
     def schema(self) -> StructType:
         return reader_schema(False)
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MemoryStreamReader(dict(self.options), schema)
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return MemoryReader(dict(self.options), schema)
 
-
-def timed_query(spark: Any, fmt: str, options: dict[str, str], checkpoint: str) -> float:
-    reader = spark.readStream.format(fmt)
-    for key, value in options.items():
-        reader = reader.option(key, value)
-    start = time.monotonic()
-    query = (
-        reader.load()
-        .writeStream.format("noop")
-        .option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True)
-        .start()
-    )
-    if not query.awaitTermination(1800):
-        query.stop()
-        raise RuntimeError(f"{fmt} query did not finish in 30 min")
-    if query.exception() is not None:
-        raise RuntimeError(f"{fmt} query failed: {query.exception()}")
-    return time.monotonic() - start
+    def writer(self, schema: StructType, overwrite: bool) -> CountingWriter:
+        return CountingWriter()
 
 
 def produce(bootstrap: str, topic: str, records: int, value_size: int) -> None:
     value = b"x" * value_size
     config = {"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 5, "batch.size": 262144}
     with Producer(config) as producer:
+        send = producer.send
         for i in range(records):
-            producer.send(topic, value=value, key=b"k%09d" % i)
+            send(topic, value=value, key=b"k%09d" % i)
         producer.flush()
+
+
+def end_offsets_total(bootstrap: str, topic: str, partitions: int) -> int:
+    with Consumer({"bootstrap.servers": bootstrap}) as consumer:
+        ends = consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
+    return sum(ends.values())
+
+
+@dataclass
+class Series:
+    """One measured thing: rows/s per round and the load average beside each."""
+
+    name: str
+    rates: list[float] = field(default_factory=list)
+    loads: list[float] = field(default_factory=list)
+
+    def add(self, rows: int, run: Callable[[], None]) -> float:
+        start = time.monotonic()
+        run()
+        rate = rows / (time.monotonic() - start)
+        self.rates.append(rate)
+        self.loads.append(os.getloadavg()[0])
+        print(f"  {self.name}: {rate:,.0f} rows/s (load {self.loads[-1]:.1f})", flush=True)
+        return rate
+
+    @property
+    def best(self) -> float:
+        return max(self.rates)
+
+    def row(self) -> str:
+        rounds = ", ".join(
+            f"{r:,.0f} ({load:.1f})" for r, load in zip(self.rates, self.loads, strict=True)
+        )
+        return f"| {self.name} | {self.best:,.0f} | {min(self.rates):,.0f} | {rounds} |"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--sink-records", type=int, default=None, help="default: --records")
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--skip", default="", help="comma-separated: source,streaming,sink")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    sink_records = args.sink_records or args.records
     os.environ["PYSPARK_PYTHON"] = sys.executable
-    load_before = os.getloadavg()[0]
+    load_start = os.getloadavg()[0]
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    warmup = max(args.records // 10, 1)
+    series = {
+        name: Series(name)
+        for name in (
+            "fjord batch read -> noop",
+            "fjord streaming read (AvailableNow) -> noop",
+            "python source (baseline) -> noop",
+            "spark.range (JVM baseline) -> noop",
+            "spark.range -> fjord sink",
+            "spark.range -> python noop writer (baseline)",
+            "spark.range -> noop (JVM baseline)",
+        )
+    }
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
-        cluster = LocalCluster(os.path.join(tmp, "cluster"), brokers=3, unsafe_etcd_no_fsync=True)
+        cluster = LocalCluster(
+            os.path.join(tmp, "cluster"), brokers=args.brokers, unsafe_etcd_no_fsync=True
+        )
         cluster.start()
         spark = None
         try:
@@ -142,13 +242,15 @@ def main() -> int:
             with AdminClient({"bootstrap.servers": bootstrap}) as admin:
                 admin.create_topics(
                     [
-                        NewTopic("warmup", args.partitions, 1),
-                        NewTopic("bench", args.partitions, 1),
+                        NewTopic(name, args.partitions, 1)
+                        for name in ("warmup", "bench", "sink-warmup", "sink")
                     ]
                 )
-            warmup = max(args.records // 10, 1)
+            prefill = time.monotonic()
             produce(bootstrap, "warmup", warmup, args.value_size)
             produce(bootstrap, "bench", args.records, args.value_size)
+            prefill_s = time.monotonic() - prefill
+            print(f"prefilled {args.records + warmup:,} records in {prefill_s:.1f} s", flush=True)
             spark = fjord_spark.create_session(
                 "bench-spark",
                 "local[2]",
@@ -160,21 +262,6 @@ def main() -> int:
             )
             spark.sparkContext.setLogLevel("ERROR")
             spark.dataSource.register(MemoryDataSource)
-
-            def fjord_options(topic: str) -> dict[str, str]:
-                return {
-                    "bootstrap.servers": bootstrap,
-                    "subscribe": topic,
-                    "startingOffsets": "earliest",
-                }
-
-            def memory_options(records: int) -> dict[str, str]:
-                return {
-                    "records": str(records),
-                    "partitions": str(args.partitions),
-                    "valueSize": str(args.value_size),
-                }
-
             run = 0
 
             def checkpoint() -> str:
@@ -182,45 +269,173 @@ def main() -> int:
                 run += 1
                 return os.path.join(tmp, f"checkpoint-{run}")
 
-            timed_query(spark, "fjord", fjord_options("warmup"), checkpoint())
-            timed_query(spark, "memory-baseline", memory_options(warmup), checkpoint())
-            fjord_rates, memory_rates = [], []
-            for _ in range(args.rounds):
-                seconds = timed_query(spark, "fjord", fjord_options("bench"), checkpoint())
-                fjord_rates.append(args.records / seconds)
-                seconds = timed_query(
-                    spark, "memory-baseline", memory_options(args.records), checkpoint()
+            def fjord_reader(topic: str, streaming: bool) -> Any:
+                reader = (spark.readStream if streaming else spark.read).format("fjord")
+                return (
+                    reader.option("bootstrap.servers", bootstrap)
+                    .option("subscribe", topic)
+                    .option("startingOffsets", "earliest")
                 )
-                memory_rates.append(args.records / seconds)
+
+            def fjord_batch(topic: str) -> None:
+                fjord_reader(topic, False).load().write.format("noop").mode("overwrite").save()
+
+            def fjord_streaming(topic: str) -> None:
+                query = (
+                    fjord_reader(topic, True)
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", checkpoint())
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                if not query.awaitTermination(1800):
+                    query.stop()
+                    raise RuntimeError("streaming query did not finish in 30 min")
+                if query.exception() is not None:
+                    raise RuntimeError(f"streaming query failed: {query.exception()}")
+
+            def python_source(rows: int) -> None:
+                (
+                    spark.read.format("memory-baseline")
+                    .option("records", str(rows))
+                    .option("partitions", str(args.partitions))
+                    .option("valueSize", str(args.value_size))
+                    .load()
+                    .write.format("noop")
+                    .mode("overwrite")
+                    .save()
+                )
+
+            def generated(rows: int) -> Any:
+                return spark.range(rows, numPartitions=args.partitions).selectExpr(
+                    "CAST(format_string('k%09d', id) AS BINARY) AS key",
+                    f"CAST(repeat('x', {args.value_size}) AS BINARY) AS value",
+                )
+
+            def jvm_source(rows: int) -> None:
+                (
+                    spark.range(rows, numPartitions=args.partitions)
+                    .selectExpr(
+                        "CAST(format_string('k%09d', id) AS BINARY) AS key",
+                        f"CAST(repeat('x', {args.value_size}) AS BINARY) AS value",
+                        "'bench' AS topic",
+                        "CAST(spark_partition_id() AS INT) AS partition",
+                        "id AS offset",
+                        "current_timestamp() AS timestamp",
+                        "0 AS timestampType",
+                    )
+                    .write.format("noop")
+                    .mode("overwrite")
+                    .save()
+                )
+
+            def fjord_sink(rows: int, topic: str) -> None:
+                before = end_offsets_total(bootstrap, topic, args.partitions)
+                (
+                    generated(rows)
+                    .write.format("fjord")
+                    .option("bootstrap.servers", bootstrap)
+                    .option("topic", topic)
+                    .mode("append")
+                    .save()
+                )
+                written = end_offsets_total(bootstrap, topic, args.partitions) - before
+                if written != rows:
+                    raise RuntimeError(f"the sink wrote {written:,} records, expected {rows:,}")
+
+            def python_writer(rows: int) -> None:
+                generated(rows).write.format("memory-baseline").mode("append").save()
+
+            def jvm_sink(rows: int) -> None:
+                generated(rows).write.format("noop").mode("overwrite").save()
+
+            count = fjord_reader("warmup", False).load().count()
+            if count != warmup:
+                raise RuntimeError(f"the fjord source read {count:,} rows, expected {warmup:,}")
+            fjord_streaming("warmup")
+            python_source(warmup)
+            jvm_source(warmup)
+            fjord_sink(warmup, "sink-warmup")
+            python_writer(warmup)
+            jvm_sink(warmup)
+            for number in range(args.rounds):
+                print(f"round {number + 1}", flush=True)
+                if "source" not in skip:
+                    series["fjord batch read -> noop"].add(
+                        args.records, lambda: fjord_batch("bench")
+                    )
+                if "streaming" not in skip:
+                    series["fjord streaming read (AvailableNow) -> noop"].add(
+                        args.records, lambda: fjord_streaming("bench")
+                    )
+                if "source" not in skip:
+                    series["python source (baseline) -> noop"].add(
+                        args.records, lambda: python_source(args.records)
+                    )
+                    series["spark.range (JVM baseline) -> noop"].add(
+                        args.records, lambda: jvm_source(args.records)
+                    )
+                if "sink" not in skip:
+                    series["spark.range -> fjord sink"].add(
+                        sink_records, lambda: fjord_sink(sink_records, "sink")
+                    )
+                    series["spark.range -> python noop writer (baseline)"].add(
+                        sink_records, lambda: python_writer(sink_records)
+                    )
+                    series["spark.range -> noop (JVM baseline)"].add(
+                        sink_records, lambda: jvm_sink(sink_records)
+                    )
         finally:
             if spark is not None:
                 spark.stop()
             cluster.stop()
-    best_fjord, best_memory = max(fjord_rates), max(memory_rates)
-    ratio = best_fjord / best_memory
-    verdict = "met" if ratio >= TARGET_RATIO else "MISSED"
-    when = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    measured = [s for s in series.values() if s.rates]
+    verdicts = []
+    for name, target in (
+        ("fjord batch read -> noop", SOURCE_TARGET),
+        ("fjord streaming read (AvailableNow) -> noop", SOURCE_TARGET),
+        ("spark.range -> fjord sink", SINK_TARGET),
+    ):
+        s = series[name]
+        if s.rates:
+            verdict = "met" if s.best >= target else "MISSED"
+            verdicts.append(
+                f"- {name}: best {s.best:,.0f} rows/s, worst {min(s.rates):,.0f} "
+                f"(target >= {target:,}): {verdict}"
+            )
+    for name, baseline in (
+        ("fjord batch read -> noop", "python source (baseline) -> noop"),
+        ("fjord streaming read (AvailableNow) -> noop", "python source (baseline) -> noop"),
+        ("spark.range -> fjord sink", "spark.range -> python noop writer (baseline)"),
+        ("spark.range -> fjord sink", "spark.range -> noop (JVM baseline)"),
+    ):
+        a, b = series[name], series[baseline]
+        if a.rates and b.rates:
+            ratios = [x / y for x, y in zip(a.rates, b.rates, strict=True)]
+            verdicts.append(
+                f"- {name} / {baseline}, per round: " + ", ".join(f"{r:.0%}" for r in ratios)
+            )
+    when = datetime.now(UTC).strftime("%H:%M UTC")
     body = "\n".join(
         [
             f"Command: `.venv/bin/python bench/bench_spark.py --records {args.records} "
-            f"--rounds {args.rounds} --write-results`, {when}; machine: {os.cpu_count()} CPUs, "
-            f"Python {platform.python_version()}, Spark local[2]; load average (1 min) "
-            f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (the machine is "
-            "shared with other work). Streaming read with Trigger.AvailableNow into the noop "
-            f"sink, {args.records:,} records ({args.value_size}-byte values, 10-byte keys) in "
-            f"{args.partitions} partitions; best of {args.rounds} rounds. Method: the script's "
-            "docstring.",
+            f"--rounds {args.rounds} --write-results`"
+            + (f" `--skip {args.skip}`" if skip else "")
+            + f", {started} to {when}; machine: {os.cpu_count()} CPUs, Python "
+            f"{platform.python_version()}, Spark local[2] (pyspark {_pyspark_version()}, pyarrow "
+            f"{pa.__version__}); {args.brokers} local broker(s); load average (1 min) "
+            f"{load_start:.1f} at the start (the machine is shared with other work; the load "
+            "after each measurement is in brackets). Source: "
+            f"{args.records:,} records ({args.value_size}-byte values, {KEY_SIZE}-byte keys) in "
+            f"{args.partitions} partitions; sink: {sink_records:,} rows. Method and baselines: "
+            "the script's docstring.",
             "",
-            "| source | rows/s (best) | rounds rows/s |",
-            "|---|---:|---:|",
-            f"| fjord (3 local brokers) | {best_fjord:,.0f} | "
-            + ", ".join(f"{r:,.0f}" for r in fjord_rates)
-            + " |",
-            f"| in-memory Python source (baseline) | {best_memory:,.0f} | "
-            + ", ".join(f"{r:,.0f}" for r in memory_rates)
-            + " |",
+            "| measurement | rows/s (best) | rows/s (worst) | rounds: rows/s (load) |",
+            "|---|---:|---:|---|",
+            *(s.row() for s in measured),
             "",
-            f"- fjord / baseline: {ratio:.0%} (target >= {TARGET_RATIO:.0%}): {verdict}",
+            *verdicts,
         ]
     )
     print(body)
@@ -230,6 +445,12 @@ def main() -> int:
 
         write_section("## spark", body)
     return 0
+
+
+def _pyspark_version() -> str:
+    import pyspark
+
+    return pyspark.__version__
 
 
 if __name__ == "__main__":
