@@ -39,7 +39,7 @@ Sink (rows/s = rows / wall time of ``save()``), all from the same DataFrame
 Every round runs each measurement once, in the order above, and records the 1-minute load
 average beside it (the machine is shared: the spread over rounds is reported).
 
-    .venv/bin/python bench/bench_spark.py [--records 10000000] [--rounds 3] [--write-results]
+    .venv/bin/python bench/bench_spark.py [--records 5000000] [--rounds 3] [--write-results]
 """
 
 from __future__ import annotations
@@ -204,7 +204,7 @@ class Series:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--records", type=int, default=10_000_000)
+    parser.add_argument("--records", type=int, default=5_000_000)
     parser.add_argument("--sink-records", type=int, default=None, help="default: --records")
     parser.add_argument("--value-size", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
