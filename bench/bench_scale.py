@@ -12,7 +12,8 @@ each count of ``--counts`` a fresh cluster gets one topic of that many partition
 - **produce**: ``--records`` 100-byte records with acks=1 spread round-robin over every
   partition by fjord.client's Producer (explicit partition, linger.ms 5, ``buffer.memory``
   the default unless ``--buffer-memory``), records/s. buffer.memory bounds the batches
-  open at once (docs/clients.md: batch.size each, 2 KiB each past 1,024 open partitions);
+  open at once (docs/clients.md: batch.size each, 2 KiB each once it is 3/4 full with
+  more than 1,024 partitions open);
 - **restart**: SIGTERM, start again, until every partition is led and served again
   (the broker answers Metadata with every partition led, its gauge says all are open);
 - **recovery**: SIGKILL (no clean-shutdown marker: every partition's log is recovered past its

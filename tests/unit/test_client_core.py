@@ -747,12 +747,12 @@ def test_records_spread_over_many_partitions_open_smaller_batches_not_wait() -> 
         batch_size=800, buffer_memory=8000, blocked_batch_size=0, idempotent=False
     )
     tps = [TopicPartition("t", n) for n in range(20)]
-    for tp in tps[:6]:  # until 5 x 800 (half of buffer.memory) are open: full-sized
+    for tp in tps[:7]:  # while buffer.memory stays within 3/4 (6,000): full-sized
         acc.append(tp, 1, None, b"x", (), now_ms=0)
         batch = acc.open_batch(tp)
         assert batch is not None and batch.reserved_bytes == 800
     small = 800 // SPREAD_BATCH_FRACTION
-    for tp in tps[6:]:  # 14 more would need 11,200 at 800 each: each takes 100, no wait
+    for tp in tps[7:]:  # 13 more would need 10,400 at 800 each: each takes 100, no wait
         future, _ = acc.append(tp, 1, None, b"x", (), now_ms=0, max_block_s=0)
         batch = acc.open_batch(tp)
         assert future is not None and batch is not None and batch.reserved_bytes == small
@@ -770,6 +770,26 @@ def test_records_spread_over_many_partitions_open_smaller_batches_not_wait() -> 
     for batch in acc.drain(tps, 1 << 20, now_ms=10**9):
         acc.deallocate(batch)
     assert acc._reserved == 0
+
+
+def test_back_pressure_from_sent_batches_keeps_full_sized_batches() -> None:
+    """When sent (unanswered) batches hold the memory, a new batch is full-sized and waits
+    (Kafka's back-pressure): small batches only replace waiting caused by open ones."""
+    acc = make_idempotent_accumulator(
+        batch_size=800, buffer_memory=8000, blocked_batch_size=0, idempotent=False
+    )
+    sent = []
+    for _ in range(10):  # 10 nearly full batches of one partition, sent, not answered
+        tp = TopicPartition("t", 0)
+        acc.append(tp, 1, None, b"x" * 700, (), now_ms=0)
+        sent += acc.drain([tp], 1 << 20, now_ms=10**9)
+    assert len(sent) == 10 and acc._reserved > 7200
+    with pytest.raises(BufferExhaustedError):
+        acc.append(TopicPartition("t", 1), 1, None, b"x", (), now_ms=0, max_block_s=0.01)
+    acc.deallocate(sent[0])
+    acc.append(TopicPartition("t", 1), 1, None, b"x", (), now_ms=0, max_block_s=0)
+    batch = acc.open_batch(TopicPartition("t", 1))
+    assert batch is not None and batch.reserved_bytes == 800
 
 
 def test_only_the_producers_own_loop_may_block_for_the_last_fraction_of_a_linger() -> None:

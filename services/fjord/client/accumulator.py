@@ -371,16 +371,20 @@ class RecordAccumulator:
 
     def _spread_batch_size(self, record_size: int) -> int:
         """With the lock held: the bytes a new batch reserves (and may fill). ``batch.size``
-        normally; ``batch.size / SPREAD_BATCH_FRACTION`` (at least the record) when open
-        batches alone would take over half of ``buffer.memory`` at ``batch.size`` each, i.e.
-        records are spread over more than ``buffer.memory / batch.size / 2`` partitions at
-        once (1,024 by default). There each batch holds a few records when it leaves after
+        (at least the record) while ``buffer.memory`` is less than three quarters full or
+        while sent batches hold most of it (back-pressure: wait for answers, Kafka's way);
+        ``batch.size / SPREAD_BATCH_FRACTION`` (at least the record) once it is that full
+        and open batches at ``batch.size`` each would hold over half of it, i.e. records are
+        spread over more than ``buffer.memory / batch.size / 2`` partitions at once (1,024
+        by default). There each batch holds a few records when it leaves after
         ``linger.ms``, and reserving ``batch.size`` for each made ``send()`` wait for memory
         that no record used (bench/bench_scale.py, docs/performance.md). Fjord's, not
         Kafka's (Kafka reserves ``batch.size`` and blocks)."""
         full = max(self._batch_size, record_size)
+        memory = self._buffer_memory
         if (self._sized_builder is None
-                or len(self._open) * self._batch_size <= self._buffer_memory // 2):
+                or self._reserved + full <= memory * 3 // 4
+                or len(self._open) * self._batch_size <= memory // 2):
             return full
         return max(record_size, self._batch_size // SPREAD_BATCH_FRACTION)
 
