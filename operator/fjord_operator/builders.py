@@ -12,6 +12,7 @@ ordinal, parsed from its hostname.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,6 +33,7 @@ from fjord_operator.security import (
     ClusterSecurity,
     cluster_security,
     cluster_security_problems,
+    managed_etcd_tls,
     service_secret_name,
 )
 
@@ -111,7 +113,7 @@ def etcd_url(body: Mapping[str, Any]) -> str:
         return f"{'https' if tls else 'http'}://{host}:{port}"
     meta = body["metadata"]
     # A managed etcd of a TLS cluster serves https with a certificate of the cluster CA.
-    scheme = "https" if _security(body.get("spec") or {}) is not None else "http"
+    scheme = "https" if managed_etcd_tls(body.get("spec") or {}) else "http"
     return (
         f"{scheme}://{etcd_name(meta['name'])}.{meta.get('namespace', 'default')}.svc:"
         f"{s.ETCD_CLIENT_PORT}"
@@ -151,6 +153,9 @@ def cluster_spec_problems(spec: Mapping[str, Any]) -> list[str]:
             )
     if has_managed and (etcd.get("managed") or {}).get("replicas", 1) not in (1, 3):
         problems.append("spec.etcd.managed.replicas must be 1 or 3")
+    if has_managed and (etcd.get("managed") or {}).get("tls") is True and not secure:
+        problems.append("spec.etcd.managed.tls needs spec.security.tls (the cluster CA signs "
+                        "etcd's certificate and the services' client certificates)")
     for where, storage in (
         ("spec.brokers.storage.size", (brokers.get("storage") or {})),
         ("spec.etcd.managed.storage.size", ((etcd.get("managed") or {}).get("storage") or {})),
@@ -657,7 +662,7 @@ def etcd_command(body: Mapping[str, Any]) -> list[str]:
     name, namespace = meta["name"], meta.get("namespace", "default")
     etcd = etcd_name(name)
     members = int(((spec.get("etcd") or {}).get("managed") or {}).get("replicas", 1))
-    secure = _security(spec) is not None
+    secure = managed_etcd_tls(spec)
     scheme = "https" if secure else "http"
     peers = ",".join(
         f"{etcd}-{i}={scheme}://{etcd}-{i}.{etcd}.{namespace}.svc:{s.ETCD_PEER_PORT}"
@@ -695,6 +700,30 @@ def etcd_command(body: Mapping[str, Any]) -> list[str]:
     return command
 
 
+def with_running_etcd(
+    body: Mapping[str, Any], live: Mapping[str, Any] | None
+) -> Mapping[str, Any]:
+    """``body`` as the builders must read it, given the managed etcd's live StatefulSet
+    (``live``, None when there is none): when TLS is on, ``spec.etcd.managed.tls`` is unset and
+    a running etcd of more than one member was started with http peer URLs, a copy with
+    ``tls: false``: etcd keeps each member's peer URL in its data, so members restarted on
+    https would no longer reach each other (one member has no peers: it moves to https with
+    its data). Else ``body`` itself."""
+    spec = body.get("spec") or {}
+    managed = (spec.get("etcd") or {}).get("managed")
+    if live is None or not isinstance(managed, Mapping) or "tls" in managed:
+        return body
+    if not managed_etcd_tls(spec) or int((live.get("spec") or {}).get("replicas") or 0) < 2:
+        return body
+    pod = ((live.get("spec") or {}).get("template") or {}).get("spec") or {}
+    command = [str(a) for c in pod.get("containers") or () for a in c.get("command") or ()]
+    if not any(a.startswith("--listen-peer-urls=http://") for a in command):
+        return body
+    kept = copy.deepcopy(dict(body))
+    kept["spec"]["etcd"]["managed"]["tls"] = False
+    return kept
+
+
 def etcd_objects(body: Mapping[str, Any], tls_revision: str | None = None) -> list[Obj]:
     """A managed etcd: headless Service + StatefulSet ``X-etcd`` of 1 or 3 members (none
     when the spec names external endpoints). With TLS on its pods mount ``X-etcd-tls`` and
@@ -710,7 +739,7 @@ def etcd_objects(body: Mapping[str, Any], tls_revision: str | None = None) -> li
     etcd = etcd_name(name)
     members = int(managed.get("replicas", 1))
     storage = managed.get("storage") or {}
-    secure = _security(spec) is not None
+    secure = managed_etcd_tls(spec)
     claim_spec: Obj = {
         "accessModes": ["ReadWriteOnce"],
         "resources": {"requests": {"storage": storage.get("size", s.DEFAULT_ETCD_STORAGE)}},

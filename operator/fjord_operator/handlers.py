@@ -87,6 +87,7 @@ from fjord_operator.security import (
     decode_secret,
     diff_acls,
     exact_filter,
+    managed_etcd_tls,
     operator_identity,
     plan_certificates,
     plan_user_credentials,
@@ -764,6 +765,17 @@ async def reconcile_cluster(rt: Runtime, body: Mapping[str, Any]) -> ClusterPlan
     """Observe, plan, apply one FjordCluster; returns the plan (its status is to be written)."""
     meta = body["metadata"]
     namespace, name = meta.get("namespace", "default"), meta["name"]
+    if managed_etcd_tls(body.get("spec") or {}):
+        live_etcd = await rt.kube.get("apps/v1", "StatefulSet", namespace,
+                                      builders.etcd_name(name))
+        kept = builders.with_running_etcd(body, live_etcd)
+        if kept is not body:
+            log.warning(
+                "cluster %s/%s: its running %s-member etcd started in plaintext stays so (etcd "
+                "keeps its members' http peer URLs); set spec.etcd.managed.tls to false to "
+                "say so, or recreate it with TLS", namespace, name,
+                live_etcd["spec"]["replicas"] if live_etcd else "?")
+            body = kept
     live_sts = await rt.kube.get("apps/v1", "StatefulSet", namespace, builders.broker_name(name))
     sts_replicas = None if live_sts is None else int(live_sts["spec"].get("replicas", 0))
     ready = (

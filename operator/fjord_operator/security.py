@@ -221,11 +221,22 @@ def service_sans(cluster: str, namespace: str, role: str) -> list[str]:
     return [*names, "localhost", "127.0.0.1"]
 
 
+def managed_etcd_tls(spec: Mapping[str, Any]) -> bool:
+    """Whether the managed etcd serves https: ``spec.etcd.managed.tls``, by default
+    ``spec.security.tls`` (False without a managed etcd)."""
+    etcd = spec.get("etcd")
+    managed = etcd.get("managed") if isinstance(etcd, Mapping) else None
+    if not isinstance(managed, Mapping):
+        return False
+    security = spec.get("security")
+    secure = isinstance(security, Mapping) and security.get("tls") is True
+    return secure and managed.get("tls", True) is not False
+
+
 def tls_roles(spec: Mapping[str, Any]) -> tuple[str, ...]:
     """Every role with a TLS Secret in a secure cluster: the services, and the managed etcd
-    when the operator runs one (``spec.etcd.managed``)."""
-    managed = isinstance(spec.get("etcd"), Mapping) and "managed" in spec["etcd"]
-    return (*SERVICE_ROLES, ETCD_ROLE) if managed else SERVICE_ROLES
+    when it serves https (:func:`managed_etcd_tls`)."""
+    return (*SERVICE_ROLES, ETCD_ROLE) if managed_etcd_tls(spec) else SERVICE_ROLES
 
 
 def etcd_sans(cluster: str, namespace: str) -> list[str]:

@@ -267,3 +267,24 @@ def test_the_managed_etcd_secret_and_members_are_part_of_the_renewal(api: ApiSer
     assert p2.cluster_ca.phase is CaPhase.REISSUING
     cert = load_certificate(read_secret(api, "etc-etcd-tls")["service.pem"])
     assert cert is not None and signed_by(cert, p2.ca)
+
+
+def test_a_running_plaintext_etcd_of_three_members_is_not_moved_to_tls(api: ApiServer) -> None:
+    """An operator upgraded under a secure cluster whose 3-member managed etcd runs plaintext
+    (or TLS turned on later): the handler leaves that StatefulSet as it is (its members' http
+    peer URLs are in etcd's data) and the services keep dialling it over http."""
+    spec = {"brokers": {"replicas": 2}, "etcd": {"managed": {"replicas": 3}}}
+    body = api.create("fjordclusters", NAMESPACE, {
+        "apiVersion": s.API_VERSION, "kind": s.CLUSTER_KIND,
+        "metadata": {"name": "old", "namespace": NAMESPACE}, "spec": spec})
+    plaintext = builders.etcd_objects(body)[1]
+    api.create("statefulsets", NAMESPACE, plaintext)
+    body = api.patch("fjordclusters", NAMESPACE, "old", {"spec": {"security": {"tls": True}}})
+    with_runtime(api, lambda rt: reconcile_cluster(rt, body))
+    sts = api.get("statefulsets", NAMESPACE, "old-etcd")
+    assert sts is not None
+    assert sts["spec"]["template"]["spec"] == plaintext["spec"]["template"]["spec"]
+    assert live_secret(api, "old-etcd-tls") is None
+    assert live_secret(api, "old-broker-tls") is not None  # the services do move to TLS
+    config = api.get("configmaps", NAMESPACE, "old-config")
+    assert config is not None and config["data"]["FJORD_ETCD"] == "http://old-etcd.fjord-ca.svc:2379"

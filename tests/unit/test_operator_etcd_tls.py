@@ -216,3 +216,42 @@ def test_plaintext_managed_etcd_is_unchanged(tmp_path: Path) -> None:
     assert "volumes" not in sts["spec"]["template"]["spec"]
     assert "annotations" not in sts["spec"]["template"]["metadata"]
     assert builders.etcd_url(body) == "http://fjord-etcd.fjord.svc:2379"
+
+
+# -- a running plaintext etcd -----------------------------------------------------------------
+
+
+def test_a_running_plaintext_etcd_of_three_members_stays_plaintext() -> None:
+    """etcd keeps its members' http peer URLs in its data: moved to https by a roll, the
+    members would not reach each other. One member has no peers and moves with its data."""
+    plaintext = cluster(etcd={"managed": {"replicas": 3}})
+    live = by_kind(plaintext)[("StatefulSet", "fjord-etcd")]
+    secure = secure_managed(members=3)
+    kept = builders.with_running_etcd(secure, live)
+    assert kept is not secure and kept["spec"]["etcd"]["managed"]["tls"] is False
+    assert "tls" not in secure["spec"]["etcd"]["managed"]  # the input is untouched
+    assert tls_roles(kept["spec"]) == SERVICE_ROLES  # no etcd Secret, no etcd pods awaited
+    assert builders.etcd_url(kept) == "http://fjord-etcd.fjord.svc:2379"
+    sts = by_kind(kept)[("StatefulSet", "fjord-etcd")]
+    assert sts["spec"]["template"] == live["spec"]["template"]  # nothing rolls
+    assert builders.cluster_spec_problems(kept["spec"]) == []
+    # Nothing to keep: no etcd yet, an https one, one member, or tls said explicitly.
+    assert builders.with_running_etcd(secure, None) is secure
+    running_tls = by_kind(secure)[("StatefulSet", "fjord-etcd")]
+    assert builders.with_running_etcd(secure, running_tls) is secure
+    one = cluster(etcd={"managed": {"replicas": 1}})
+    one_live = by_kind(one)[("StatefulSet", "fjord-etcd")]
+    assert builders.with_running_etcd(secure_managed(members=1), one_live)["spec"]["etcd"][
+        "managed"] == {"replicas": 1}
+    told = cluster(etcd={"managed": {"replicas": 3, "tls": True}}, security={"tls": True})
+    assert builders.with_running_etcd(told, live) is told
+    assert builders.etcd_url(told).startswith("https://")
+
+
+def test_managed_etcd_tls_is_said_or_follows_the_cluster() -> None:
+    off = cluster(etcd={"managed": {"replicas": 1, "tls": False}}, security={"tls": True})
+    assert builders.etcd_url(off) == "http://fjord-etcd.fjord.svc:2379"
+    assert tls_roles(off["spec"]) == SERVICE_ROLES
+    wrong = cluster(etcd={"managed": {"replicas": 1, "tls": True}})
+    assert any("spec.etcd.managed.tls needs spec.security.tls" in p
+               for p in builders.cluster_spec_problems(wrong["spec"]))
