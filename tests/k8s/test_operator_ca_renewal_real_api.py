@@ -18,7 +18,6 @@ acknowledged record read back.
 from __future__ import annotations
 
 import base64
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,18 +27,22 @@ import yaml
 
 from fjord.client import AdminClient, NewTopic
 from fjord.local.cluster import LocalCluster
-from fjord.local.etcd import log_tail
 from fjord.security import ClientSecurity
 from fjord.security.certificates import CertificateAuthority
-from fjord.testing.waiting import WaitTimeout, wait_for
 from fjord.tls import write_private
 from fjord_operator import settings as s
 from fjord_operator.ca_rotation import issued_by, load_certificate, load_certificates
 from tests.helpers import tls_peer
 from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
 from tests.k8s.kube.apiserver import RealKube
-from tests.k8s.kube.kubelet import RealKubelet
 from tests.k8s.kube.operator_process import running_operator
+from tests.k8s.kube.secret_mounts import (
+    SecretMountingKubelet,
+    ready_brokers,
+    ready_cluster,
+    secret_data,
+    wait_logged,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -73,50 +76,6 @@ class Identity:
         c = self.config
         return (Path(c["ssl.ca.location"]), Path(c["ssl.certificate.location"]),
                 Path(c["ssl.key.location"]))
-
-
-class SecretMountingKubelet(RealKubelet):
-    """The harness kubelet, plus the pods' TLS Secret volumes: a broker starts on its pod's
-    Secret (``service.pem`` and ``ca.crt``); a controller pod of a new TLS revision restarts
-    the local controller on the controller Secret."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.mounts = 0
-        self.controller_revision: str | None = None
-        self.controller_restarts = 0
-
-    def _mount(self, role: str, node: int) -> None:
-        secret = self.kube.get_json("secret", f"{self.name}-{role}-tls", "-n", self.namespace)
-        self.mounts += 1
-        directory = self.cluster.data_dir / "mounts" / f"{role}-{node}-{self.mounts}"
-        directory.mkdir(parents=True)
-        for key in (s.SERVICE_KEYSTORE_KEY, s.CA_CERT_KEY):
-            write_private(directory / key, base64.b64decode(secret["data"][key]))
-        self.cluster.mounted_tls[(role, node)] = directory
-
-    def _start_broker(self, ordinal: int) -> None:
-        try:
-            self._mount("broker", ordinal)
-        except BaseException as exc:  # surfaced by the tests through .errors
-            self.errors.append(exc)
-            return
-        super()._start_broker(ordinal)
-
-    def _sync_pod(self, pod: dict[str, Any]) -> None:
-        meta = pod["metadata"]
-        revision = (meta.get("annotations") or {}).get(s.TLS_REVISION_ANNOTATION)
-        if (meta["labels"].get("app.kubernetes.io/component") == "controller"
-                and not meta.get("deletionTimestamp") and meta["name"] not in self._ready):
-            if self.controller_revision is None:
-                self.controller_revision = revision  # the local controller: the same CA
-            elif revision != self.controller_revision:
-                self._mount("controller", 0)
-                self.cluster.kill("controller", 0, signal.SIGTERM)
-                self.cluster.start_controller(0, wait=True)
-                self.controller_revision = revision
-                self.controller_restarts += 1
-        super()._sync_pod(pod)
 
 
 @pytest.fixture(scope="module")
@@ -180,16 +139,12 @@ def operator_log(real_kube: RealKube, kubelet: SecretMountingKubelet,
         yield log
 
 
-def _wait(condition: Any, what: str, log: Path, timeout: float = TIMEOUT_S) -> Any:
-    try:
-        return wait_for(condition, what, timeout, interval=0.25)
-    except WaitTimeout as exc:
-        raise WaitTimeout(f"{exc}\noperator log:\n{log_tail(log, lines=40)}") from None
+def _wait(condition: Any, what: str, log: Path) -> Any:
+    return wait_logged(condition, what, log, TIMEOUT_S, interval=0.25)
 
 
 def _secret(kube: RealKube, name: str) -> dict[str, bytes]:
-    obj = kube.get_json("secret", name, "-n", NAMESPACE) or {}
-    return {k: base64.b64decode(v) for k, v in (obj.get("data") or {}).items()}
+    return secret_data(kube, NAMESPACE, name)
 
 
 def _cluster(kube: RealKube) -> dict[str, Any]:
@@ -197,21 +152,11 @@ def _cluster(kube: RealKube) -> dict[str, Any]:
 
 
 def _ready(kube: RealKube) -> bool:
-    obj = _cluster(kube)
-    status = obj.get("status") or {}
-    return (status.get("observedGeneration") == (obj.get("metadata") or {}).get("generation")
-            and any(c["type"] == "Ready" and c["status"] == "True"
-                    for c in status.get("conditions") or []))
+    return ready_cluster(kube, NAMESPACE, CLUSTER) is not None
 
 
 def _ready_brokers(kube: RealKube) -> set[int]:
-    pods = kube.get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=broker")
-    return {
-        int(p["metadata"]["name"].rsplit("-", 1)[1]) for p in pods["items"]
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True"
-                for c in (p.get("status") or {}).get("conditions") or [])
-    }
+    return ready_brokers(kube, NAMESPACE)
 
 
 class Loads:

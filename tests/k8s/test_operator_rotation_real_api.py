@@ -4,8 +4,8 @@ certificate (issue 16, Kubernetes), against the REAL API server and controllers.
 A secure FjordCluster of 3 brokers (mutual TLS): the real StatefulSet controller creates the
 pods; the kubelet harness (:class:`RealKubelet`) runs each broker as a process of a secure
 local cluster whose CA is the FjordCluster's (handed over as its CA Secret), and, as a kubelet
-mounts a Secret volume, writes the pod's ``<cluster>-broker-tls`` keystore where that broker's
-``--security-config`` points before starting it. The broker Secret is then replaced by one
+mounts a Secret volume, starts each broker on its pod's ``<cluster>-broker-tls`` Secret
+(tests/k8s/kube/secret_mounts.py). The broker Secret is then replaced by one
 whose certificate expires within the hour: the operator renews it, the broker pod template's
 TLS revision changes, and the operator's safe roller (issue 19) deletes the pods one at a
 time; the StatefulSet controller recreates them and the harness starts each broker on the
@@ -27,38 +27,27 @@ import yaml
 
 from fjord.client import AdminClient, NewTopic
 from fjord.local.cluster import LocalCluster
-from fjord.local.etcd import log_tail
 from fjord.security.certificates import CertificateAuthority
-from fjord.testing.waiting import WaitTimeout, wait_for
-from fjord.tls import write_private
 from fjord_operator import settings as s
 from fjord_operator.security import certificate_sans, load_certificate
 from tests.helpers import tls_peer
 from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
 from tests.k8s.kube.apiserver import RealKube
-from tests.k8s.kube.kubelet import RealKubelet
 from tests.k8s.kube.operator_process import running_operator
+from tests.k8s.kube.secret_mounts import (
+    SecretMountingKubelet,
+    broker_pods,
+    ready_brokers,
+    ready_cluster,
+    secret_data,
+    wait_logged,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(360)]
 
 NAMESPACE, CLUSTER = "fjord-rotation", "rot"
 TOPIC, PARTITIONS = "rotated", 6
 TIMEOUT_S = 180.0
-
-
-class SecretMountingKubelet(RealKubelet):
-    """The harness kubelet, plus the broker pods' TLS Secret volume: before a broker starts,
-    the Secret's keystore is written where its ``--security-config`` points."""
-
-    def _start_broker(self, ordinal: int) -> None:
-        try:
-            secret = self.kube.get_json("secret", f"{self.name}-broker-tls", "-n", self.namespace)
-            keystore = base64.b64decode(secret["data"][s.SERVICE_KEYSTORE_KEY])
-            write_private(self.cluster.data_dir / "tls" / f"broker-{ordinal}.pem", keystore)
-        except BaseException as exc:  # surfaced by the tests through .errors
-            self.errors.append(exc)
-            return
-        super()._start_broker(ordinal)
 
 
 @pytest.fixture(scope="module")
@@ -116,38 +105,23 @@ def operator_log(real_kube: RealKube, kubelet: SecretMountingKubelet,
 
 
 def _wait(condition: Any, what: str, log: Path) -> Any:
-    try:
-        return wait_for(condition, what, TIMEOUT_S, interval=0.5)
-    except WaitTimeout as exc:
-        raise WaitTimeout(f"{exc}\noperator log:\n{log_tail(log, lines=40)}") from None
+    return wait_logged(condition, what, log, TIMEOUT_S)
 
 
 def _broker_pods(kube: RealKube) -> dict[int, dict[str, Any]]:
-    pods = kube.get_json("pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=broker")
-    return {int(p["metadata"]["name"].rsplit("-", 1)[1]): p for p in pods["items"]}
+    return broker_pods(kube, NAMESPACE)
 
 
 def _ready_brokers(kube: RealKube) -> set[int]:
-    return {
-        i for i, p in _broker_pods(kube).items()
-        if not p["metadata"].get("deletionTimestamp")
-        and any(c["type"] == "Ready" and c["status"] == "True"
-                for c in (p.get("status") or {}).get("conditions") or [])
-    }
+    return ready_brokers(kube, NAMESPACE)
 
 
 def _cluster_ready(kube: RealKube) -> dict[str, Any] | None:
-    obj = kube.get_json("fjordcluster", CLUSTER, "-n", NAMESPACE) or {}
-    status = obj.get("status") or {}
-    ready = any(c["type"] == "Ready" and c["status"] == "True"
-                for c in status.get("conditions") or [])
-    current = status.get("observedGeneration") == (obj.get("metadata") or {}).get("generation")
-    return obj if ready and current else None
+    return ready_cluster(kube, NAMESPACE, CLUSTER)
 
 
 def _broker_keystore(kube: RealKube) -> dict[str, bytes]:
-    secret = kube.get_json("secret", f"{CLUSTER}-broker-tls", "-n", NAMESPACE)
-    return {k: base64.b64decode(v) for k, v in (secret or {}).get("data", {}).items()}
+    return secret_data(kube, NAMESPACE, f"{CLUSTER}-broker-tls")
 
 
 def test_a_renewed_certificate_rolls_the_broker_pods_safely_onto_the_new_secret(
