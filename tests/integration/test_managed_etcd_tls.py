@@ -261,3 +261,64 @@ def test_a_cluster_ca_renewal_rolls_the_members_and_keeps_every_service_in(
                 assert got == b"after"
         previous = now_files
     assert phases == [CaPhase.TRUSTING_NEW, CaPhase.REISSUING, CaPhase.STABLE]
+
+
+def test_one_member_started_plaintext_comes_back_on_https_with_its_data(tmp_path: Path) -> None:
+    """What the operator does to a running 1-member etcd when TLS comes on (a 3-member one
+    is kept plaintext: builders.with_running_etcd): the builder's plaintext flags, a write,
+    then the builder's TLS flags on the same data directory, the write read back."""
+    secure_body = cluster(etcd={"managed": {"replicas": 1}}, security={"tls": True})
+    plain_body = cluster(etcd={"managed": {"replicas": 1}})
+    security = cluster_security(secure_body["spec"])
+    assert security is not None
+    plan = plan_certificates(secure_body, security, None, {},
+                             datetime.datetime.now(datetime.UTC))
+    secrets = {o["metadata"]["name"]: decode_secret(o) or {} for o in plan.secrets}
+    etcd_tls = write_files(tmp_path / "etcd-tls", secrets["fjord-etcd-tls"])
+    broker = write_files(tmp_path / "broker-tls", secrets["fjord-broker-tls"])
+    client, peer, metrics = free_port(), free_port(), free_port()
+    host = "fjord-etcd-0.fjord-etcd.fjord.svc"
+
+    def member(body: dict[str, Any], secure: bool) -> Member:
+        mapping = {
+            s.ETCD_DATA_DIR: str(tmp_path / "data"),
+            f"0.0.0.0:{s.ETCD_CLIENT_PORT}": f"127.0.0.1:{client}",
+            f"0.0.0.0:{s.ETCD_PEER_PORT}": f"127.0.0.1:{peer}",
+            f"{host}:{s.ETCD_CLIENT_PORT}": f"127.0.0.1:{client}",
+            f"{host}:{s.ETCD_PEER_PORT}": f"127.0.0.1:{peer}",
+        }
+        if secure:
+            mapping[s.ETCD_TLS_MOUNT_DIR] = str(etcd_tls)
+            mapping[f"0.0.0.0:{s.ETCD_METRICS_PORT}"] = f"127.0.0.1:{metrics}"
+        command = builders.etcd_objects(body)[1]["spec"]["template"]["spec"]["containers"][0][
+            "command"]
+        argv = localized(expand_kubelet_references(command, {"POD_NAME": "fjord-etcd-0"}),
+                         mapping)
+        scheme = "https" if secure else "http"
+        return Member("fjord-etcd-0", [find_etcd_binary(), *argv[1:]],
+                      f"http://127.0.0.1:{metrics if secure else client}",
+                      f"{scheme}://127.0.0.1:{client}", tmp_path / "etcd.log")
+
+    plain = member(plain_body, secure=False)
+    plain.start()
+    try:
+        wait_for(plain.healthy, "plaintext etcd healthy", HEALTHY_S)
+        assert asyncio.run(put_get(plain.client_url, ClientSecurity(), b"/fjord/kept",
+                                   b"before")) == b"before"
+    finally:
+        plain.stop()
+    secure = member(secure_body, secure=True)
+    secure.start()
+    try:
+        wait_for(secure.healthy, "the same etcd healthy on https", HEALTHY_S)
+        keystore = str(broker / s.SERVICE_KEYSTORE_KEY)
+        files = TlsFiles(str(broker / s.CA_CERT_KEY), keystore, keystore)
+
+        async def read() -> Any:
+            async with etcd_client(secure.client_url, timeout_s=5.0,
+                                   security=ClientSecurity(SecurityProtocol.SSL, files)) as c:
+                return (await c.get(b"/fjord/kept")).value
+
+        assert asyncio.run(read()) == b"before"
+    finally:
+        secure.stop()
