@@ -165,6 +165,11 @@ def test_the_ca_renewal_runs_its_three_phases_through_the_api(api: ApiServer) ->
             old.subject, load_certificate(ca["next-ca.crt"]).subject]  # type: ignore[union-attr]
     # Waits: the pods run the old revisions, then alice's Secret lacks the new CA.
     assert "waiting for pods" in reconcile(api, body, t1).ca_decision.message
+    # The whole reconciliation reports it and comes back soon.
+    whole = with_runtime(api, lambda rt: reconcile_cluster(rt, body))
+    assert whole.retry and whole.status["clusterCa"]["phase"] == "TrustingNewCa"
+    assert whole.status["clusterCa"]["managed"] is True
+    assert "waiting for pods to restart" in whole.status["clusterCa"]["message"]
     put_pods(api, "rot", p1.revisions)
     after_roll = versions(api)
     waiting = reconcile(api, body, t1)

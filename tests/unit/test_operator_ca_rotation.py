@@ -273,6 +273,16 @@ def test_an_adopted_ca_is_never_replaced_and_reported_as_expiring() -> None:
     assert read_cluster_ca(store.secrets["fj-cluster-ca"], False).phase is CaPhase.STABLE
 
 
+def test_an_expired_ca_is_a_named_error_not_a_crash() -> None:
+    """The operator was down past the CA's end: nothing can be issued with it; the plan says
+    so (the handler reports InvalidClusterCA) instead of failing inside the library."""
+    store = Store()
+    apply_all(store, plan(store, NOW))
+    roles = {r: None for r in ROLES}
+    with pytest.raises(SecuritySpecError, match=r"expired at .*no certificate can be issued"):
+        plan_certificates(BODY, SECURITY, store.ca, roles, NOW + 11 * DAY, ca_managed=True)
+
+
 def test_unusable_renewal_keys_are_refused_never_overwritten() -> None:
     store = Store()
     apply_all(store, plan(store, NOW))
