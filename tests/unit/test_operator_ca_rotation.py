@@ -48,7 +48,9 @@ from tests.helpers.tls_peer import memory_handshake
 
 NOW = datetime.datetime(2026, 11, 25, 22, 0, tzinfo=datetime.UTC)
 DAY = datetime.timedelta(days=1)
-ROLES = ("broker", "controller", "coordinator")
+#: Every role with a TLS Secret: the services and the managed etcd (its members' certificates
+#: must keep every service's trust, and theirs, through a renewal like the services' do).
+ROLES = ("broker", "controller", "coordinator", "etcd")
 #: Short lives so that a few steps reach the windows: CA 10 days (renewed 3 days before its
 #: end), leaves 9 days (renewed 1 day before theirs, or capped at their CA's end).
 SHORT = {"clusterCa": {"validityDays": 10, "renewalDays": 3},
@@ -62,7 +64,7 @@ def cluster_body(**security: Any) -> dict[str, Any]:
         "metadata": {"name": "fj", "namespace": "ns", "uid": "uid-1", "generation": 1},
         "spec": {
             "brokers": {"replicas": 3},
-            "etcd": {"endpoints": ["http://etcd:2379"]},
+            "etcd": {"managed": {"replicas": 3}},
             "security": {"tls": True, **security},
         },
     }
@@ -365,10 +367,11 @@ class Party:
 
 
 class Rotation(RuleBasedStateMachine):
-    """The operator, three roles of two pods, a tls and a scram FjordUser. A pod restart takes
-    its role's pod template revision (written at the end of a full reconciliation) and the
-    Secret as it is then; a reconciliation may stop after any Secret write (an operator crash:
-    the templates keep the last full reconciliation's revisions)."""
+    """The operator, four roles (etcd's members too) of two pods, a tls and a scram
+    FjordUser. A pod restart takes its role's pod template revision (written at the end of a
+    full reconciliation) and the Secret as it is then; a reconciliation may stop after any
+    Secret write (an operator crash: the templates keep the last full reconciliation's
+    revisions)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -421,7 +424,7 @@ class Rotation(RuleBasedStateMachine):
     def reconcile(self) -> None:
         self._reconcile(None)
 
-    @rule(writes=st.integers(min_value=0, max_value=4))
+    @rule(writes=st.integers(min_value=0, max_value=len(ROLES)))
     def reconcile_then_crash(self, writes: int) -> None:
         self._reconcile(writes)
 
