@@ -6,6 +6,7 @@ in conftest.py); these compare the two directly."""
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -240,6 +241,36 @@ def test_decoded_records_are_consumer_records(c_impl) -> None:
         c_impl["decode_records_as"](dict, section, 0, 0, 5, 4, 0, "t", 0, None)
     with pytest.raises(CorruptRecordError, match="records section holds"):
         c_impl["decode_records_as"](ConsumerRecord, section, 0, 0, 6, 5, 0, "t", 0, None)
+
+
+class _RecordWithDict(tuple):  # a tuple subclass whose instances have a __dict__
+    pass
+
+
+def test_decoded_records_are_untracked_by_the_garbage_collector(c_impl) -> None:
+    """Records (and their headers) hold only atoms, so the C decoders untrack them at once
+    (young collections then never traverse a fetch's records); a record type whose instances
+    have a __dict__ (a cycle is possible through it) stays tracked."""
+    records = [(1_000 + i, b"k", b"v", (("h", b"x"),) if i % 2 else ()) for i in range(4)]
+    section, header = _section(records)
+    decoded = c_impl["decode_records_as"](
+        ConsumerRecord, section, 0, header.base_timestamp, 4, 3, 0, "t", 0, None
+    )
+    tuples = c_impl["decode_record_tuples"](section, 0, header.base_timestamp, 4, 3)
+    for record in decoded:
+        assert not gc.is_tracked(record) and not gc.is_tracked(record.headers)
+        assert not any(gc.is_tracked(h) for h in record.headers)
+    for offset_timestamp_key_value_headers in tuples:
+        assert not gc.is_tracked(offset_timestamp_key_value_headers)
+    assert decoded[1].headers == (("h", b"x"),)
+    with_dict = c_impl["decode_records_as"](
+        _RecordWithDict, section, 0, header.base_timestamp, 4, 3, 0, "t", 0, None
+    )
+    assert all(gc.is_tracked(r) for r in with_dict)
+    gc.collect()  # and the collector is fine with them
+    assert decoded == c_impl["decode_records_as"](
+        ConsumerRecord, section, 0, header.base_timestamp, 4, 3, 0, "t", 0, None
+    )
 
 
 def test_a_header_only_section_and_empty_input(c_impl) -> None:
