@@ -421,10 +421,19 @@ def _wait_for_rack_script() -> str:
 def broker_pod_annotations(body: Mapping[str, Any]) -> dict[str, str]:
     """Annotations of the broker pod template. ``fjord.io/restart`` is copied from the
     FjordCluster (``kubectl annotate fjc NAME fjord.io/restart=$(date +%s) --overwrite``): a
-    new value changes the template, so every broker is restarted safely, one at a time."""
+    new value changes the template, so every broker is restarted safely, one at a time; and
+    :func:`etcd_pod_annotations`."""
     annotations = body["metadata"].get("annotations") or {}
     restart = annotations.get(s.RESTART_ANNOTATION)
-    return {s.RESTART_ANNOTATION: str(restart)} if restart is not None else {}
+    out = {s.RESTART_ANNOTATION: str(restart)} if restart is not None else {}
+    return {**out, **etcd_pod_annotations(body)}
+
+
+def etcd_pod_annotations(body: Mapping[str, Any]) -> dict[str, str]:
+    """``fjord.io/etcd`` on every service pod template while the managed etcd serves https
+    (its URL; see settings.ETCD_ANNOTATION): pods started on its plaintext URL roll onto it."""
+    spec = body.get("spec") or {}
+    return {s.ETCD_ANNOTATION: etcd_url(body)} if managed_etcd_tls(spec) else {}
 
 
 def broker_statefulset(
@@ -617,10 +626,13 @@ def _deployment(
         container["volumeMounts"] = [{"name": "state", "mountPath": s.COORDINATOR_STATE_DIR}]
         pod_spec["volumes"] = [{"name": "state", "emptyDir": {}}]
     template_meta: Obj = {"labels": labels(name, component)}
+    annotations = etcd_pod_annotations(body)
     if secure:
         _mount_tls(pod_spec, container, name, component)
         if tls_revision:
-            template_meta["annotations"] = {s.TLS_REVISION_ANNOTATION: tls_revision}
+            annotations[s.TLS_REVISION_ANNOTATION] = tls_revision
+    if annotations:
+        template_meta["annotations"] = annotations
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

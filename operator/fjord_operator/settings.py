@@ -26,6 +26,11 @@ USER_PLURAL = "fjordusers"
 #: Annotation on a FjordCluster copied into the broker pod template: changing it restarts every
 #: broker, safely and one at a time (as ``kubectl rollout restart`` does for a Deployment).
 RESTART_ANNOTATION = "fjord.io/restart"
+#: On the service pod templates while the managed etcd serves https: its URL. The pods read
+#: ``FJORD_ETCD`` from the ConfigMap at start only, so pods started on a plaintext etcd must
+#: restart when it moves to https (an operator upgraded under a secure cluster); the changed
+#: template rolls them (brokers through the safe roller).
+ETCD_ANNOTATION = "fjord.io/etcd"
 
 #: Annotation the operator puts on a broker pod when spec.brokers.rack is set: the value of
 #: the rack topology key's label on the pod's node. The broker reads it (downward API) at start

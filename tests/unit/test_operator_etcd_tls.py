@@ -255,3 +255,27 @@ def test_managed_etcd_tls_is_said_or_follows_the_cluster() -> None:
     wrong = cluster(etcd={"managed": {"replicas": 1, "tls": True}})
     assert any("spec.etcd.managed.tls needs spec.security.tls" in p
                for p in builders.cluster_spec_problems(wrong["spec"]))
+
+
+def test_services_started_on_a_plaintext_etcd_roll_when_it_moves_to_https() -> None:
+    """The pods read FJORD_ETCD from the ConfigMap at start only: the etcd URL on every
+    service pod template (while the managed etcd serves https) changes the templates when
+    etcd moves to https, so the services restart onto it (brokers through the safe roller)."""
+    templates = {
+        ("StatefulSet", "fjord-broker"), ("Deployment", "fjord-controller"),
+        ("Deployment", "fjord-coordinator"),
+    }
+
+    def annotations(body: dict[str, Any]) -> list[dict[str, str]]:
+        objects = by_kind(body, {r: "rev" for r in (*SERVICE_ROLES, ETCD_ROLE)})
+        return [objects[k]["spec"]["template"]["metadata"].get("annotations") or {}
+                for k in sorted(templates)]
+
+    for found in annotations(secure_managed()):
+        assert found[s.ETCD_ANNOTATION] == "https://fjord-etcd.fjord.svc:2379"
+        assert found[s.TLS_REVISION_ANNOTATION] == "rev"
+    plaintext_etcd = cluster(etcd={"managed": {"replicas": 3, "tls": False}},
+                             security={"tls": True})
+    external = cluster(etcd={"endpoints": ["https://etcd.infra:2379"]}, security={"tls": True})
+    for body in (cluster(etcd={"managed": {"replicas": 1}}), plaintext_etcd, external):
+        assert all(s.ETCD_ANNOTATION not in found for found in annotations(body))
