@@ -10,7 +10,8 @@ both measurements:
   idempotent producer (Kafka's default for acks=all; acks=1 cannot be idempotent). Each round sends
   ``--records`` records of ``--record-size`` bytes (no key) as fast as the producer takes them,
   then flushes; records/s and latency from ``send()`` to acknowledgement come from the same
-  code as ``fjord perf produce`` (:func:`fjord.cli.perf_cmd.run_produce_perf`). The two
+  code as ``fjord perf produce`` (:func:`fjord.cli.perf_cmd.run_produce_perf`), after the
+  producer has fetched the topic's metadata (since 2026-11-26 02:45 UTC). The two
   configurations alternate round by round, so both see the same machine load; the table gives
   the median round. Target (issue 18): acks=all/RF 3 keeps at least 75% of the acks=1/RF 1
   records/s.
@@ -126,6 +127,10 @@ def bench_throughput(cluster: LocalCluster, args: argparse.Namespace) -> list[Pr
             producer = Producer({"bootstrap.servers": bootstrap, "acks": acks,
                                  "enable.idempotence": acks == "all"})
             try:
+                # The topic's metadata first (as bench/profile_replication.py): the rounds
+                # measure records/s, not the first metadata request, which weighed up to a
+                # tenth of a 50,000-record round. InitProducerId stays inside (idempotence's).
+                producer.partitions_for(topic)
                 report = run_produce_perf(producer, topic, args.records, args.record_size, -1)
             finally:
                 producer.close()
