@@ -387,8 +387,9 @@ class Rotation(RuleBasedStateMachine):
         self.users: dict[str, dict[str, bytes]] = {}
         for name in ("alice", "bob"):
             self._reconcile_user(name)
-        # Half a day before the CA's renewal window opens (7 days into its 10).
-        self.now = NOW + 6 * DAY + DAY / 2
+        # Just inside the CA's renewal window (7 days into its 10): the first reconciliation
+        # starts a renewal, so the examples spend their steps in its phases.
+        self.now = NOW + 7 * DAY + DAY / 24
         self.phases_seen: set[CaPhase] = set()
         self.rotations = 0
 
@@ -432,9 +433,24 @@ class Rotation(RuleBasedStateMachine):
     def restart_pod(self, role: str, index: int) -> None:
         self._restart(role, index)
 
+    @rule()
+    def roll_finishes(self) -> None:
+        """Every pod a template moved past restarts (a whole roll: the deep phases are
+        reached in few steps)."""
+        for name, (revision, _) in list(self.pods.items()):
+            role = name.split("-")[1]
+            if revision != self.templates[role]:
+                self._restart(role, int(name.rsplit("-", 1)[1]))
+
     @rule(name=st.sampled_from(("alice", "bob")))
     def reconcile_user(self, name: str) -> None:
         self._reconcile_user(name)
+
+    @rule()
+    def reconcile_users(self) -> None:
+        """The user timer's round: every FjordUser reconciled."""
+        for name in ("alice", "bob"):
+            self._reconcile_user(name)
 
     @rule(hours=st.integers(min_value=1, max_value=36))
     def time_passes(self, hours: int) -> None:
@@ -497,7 +513,7 @@ class Rotation(RuleBasedStateMachine):
 
 
 Rotation.TestCase.settings = settings(
-    max_examples=25, stateful_step_count=30, deadline=None,
+    max_examples=40, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestRotation = Rotation.TestCase
