@@ -66,7 +66,11 @@ class Replica:
         """The record values of the log, in offset order."""
         return [v for _, _, values in self.log for v in values]
 
-    def append_as_leader(self, payload: bytes) -> PartitionResult:
+    def append_as_leader(
+        self, payload: bytes, max_message_bytes: int | None = None
+    ) -> PartitionResult:
+        """As Partition.append_as_leader: the sequence checks first (a duplicate gets its
+        offset), then the log's size limit (``max_message_bytes``: MESSAGE_TOO_LARGE)."""
         header = parse_header(payload)
         try:
             duplicate = self.state.check_append([header])
@@ -74,6 +78,8 @@ class Replica:
             return PartitionResult(exc.code, str(exc))
         if duplicate is not None:
             return PartitionResult(ErrorCode.NONE, "", duplicate.first_offset)
+        if max_message_bytes is not None and len(payload) > max_message_bytes:
+            return PartitionResult(ErrorCode.MESSAGE_TOO_LARGE, "above max.message.bytes")
         first = self.end_offset
         self.log.append((header, first, [r.value or b"" for r in decode_records(payload)]))
         self.state.record_append([header], first)
@@ -104,9 +110,19 @@ class Request:
 
 
 class IdempotenceHarness:
-    def __init__(self, replicas: int = 1, blocked_batch_size: int = 0) -> None:
+    def __init__(
+        self,
+        replicas: int = 1,
+        blocked_batch_size: int = 0,
+        max_message_bytes: int | None = None,
+    ) -> None:
         """``blocked_batch_size`` above 120 (the batch size): batches opened while the window
-        is full grow up to it (RecordAccumulator's growing while blocked)."""
+        is full grow up to it (RecordAccumulator's growing while blocked).
+        ``max_message_bytes``: the leader refuses larger batches with MESSAGE_TOO_LARGE (the
+        producer splits them)."""
+        self.max_message_bytes = max_message_bytes
+        self.splits = 0  # batches split after MESSAGE_TOO_LARGE
+        self.held_peak = 0  # most batches the leader held from the oldest unanswered one on
         assert replicas in (1, 2)
         self.now = 0
         self.idem = IdempotenceState()
@@ -174,7 +190,19 @@ class IdempotenceHarness:
         request.leader_epoch = self.leader_epoch
         replica = self.replicas[request.node]
         before = len(replica.log)
-        request.result = replica.append_as_leader(request.batches[0].close())
+        request.result = replica.append_as_leader(
+            request.batches[0].close(), self.max_message_bytes
+        )
+        pending = self.idem.unacked.get(TP)
+        if pending:
+            # The broker must still remember the oldest unanswered batch when it comes again.
+            held = sum(
+                1
+                for header, _, _ in replica.log
+                if header.producer_epoch == self.idem.producer_epoch
+                and header.base_sequence >= pending[0]
+            )
+            self.held_peak = max(self.held_peak, held)
         if len(replica.log) > before:
             request.appended_at = before
         elif request.result.error_code is ErrorCode.NONE:  # a recognised duplicate
@@ -218,7 +246,7 @@ class IdempotenceHarness:
         outcome: dict[TopicPartition, PartitionResult] | BaseException = {TP: request.result}
         if lost:
             outcome = FjordError("lost", ErrorCode.NETWORK_EXCEPTION)
-        handle_produce_results(
+        self.splits += handle_produce_results(
             self.acc,
             request.batches,
             outcome,
@@ -227,7 +255,7 @@ class IdempotenceHarness:
             retry_backoff_ms=0,
             make_timeout_error=KafkaTimeoutError,
             idempotence=self.idem,
-        )
+        ).split
 
     def replicate(self, batches: int) -> None:
         follower = self.follower
@@ -281,9 +309,15 @@ class IdempotenceHarness:
     def check(self) -> None:
         """Every record once, in send order, in the leader's log, at the offset it was given;
         nothing failed that the test did not remove from ``futures``; never more batches of
-        the partition outstanding than a broker remembers."""
+        the partition outstanding than a broker remembers (the window, unless a split
+        replaced a batch by several; the batches the leader held from the oldest unanswered
+        one on, always); no batch above ``max_message_bytes`` in the log."""
         values = [v for v, _ in self.futures]
         assert self.replicas[self.leader].values == values  # exactly once, in send order
         for position, (value, future) in enumerate(self.futures):
             assert future.result(0).offset == position, value
-        assert self.outstanding_peak <= BATCHES_PER_PRODUCER
+        if not self.splits:
+            assert self.outstanding_peak <= BATCHES_PER_PRODUCER
+        assert self.held_peak <= BATCHES_PER_PRODUCER
+        if self.max_message_bytes is not None:
+            assert all(h.size <= self.max_message_bytes for h, _, _ in self.replicas[0].log)

@@ -526,6 +526,130 @@ def test_the_producer_caps_blocked_batch_size_at_max_request_size() -> None:
         producer.close(0)
 
 
+def refuse_as_too_large(acc: RecordAccumulator, batch: ProducerBatch) -> int:
+    """The leader answers MESSAGE_TOO_LARGE (max.message.bytes below the batch); returns
+    how many batches were split."""
+    return handle_produce_results(
+        acc, [batch], {TP0: PartitionResult(ErrorCode.MESSAGE_TOO_LARGE, "too large")}, 0,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+        idempotence=acc.idempotence,
+    ).split  # fmt: skip
+
+
+def answer_at(acc: RecordAccumulator, batch: ProducerBatch, base_offset: int) -> None:
+    handle_produce_results(
+        acc, [batch], {TP0: PartitionResult(ErrorCode.NONE, base_offset=base_offset)}, 0,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+        idempotence=acc.idempotence,
+    )  # fmt: skip
+
+
+def test_a_grown_batch_refused_as_too_large_is_split_into_batch_size_batches() -> None:
+    acc = make_idempotent_accumulator()
+    first, second = fill_and_send(acc, 2)
+    futures = []
+    for i in range(12):  # one grown batch of 12 records (about 570 bytes)
+        future, _ = acc.append(TP0, i, None, b"%02d" % i + b"v" * 38, (("h", b"x"),), now_ms=0)
+        futures.append(future)
+    grown = acc.open_batch(TP0)
+    assert grown is not None and grown.record_count == 12
+    answer(acc, first)
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
+    acc.append(TP0, 99, None, b"later", (), now_ms=0)  # queued behind it, no sequence yet
+    idem = acc.idempotence
+    assert idem is not None
+    base = grown.base_sequence
+    assert refuse_as_too_large(acc, grown) == 1
+    parts = list(acc._queues[TP0])[:-1]
+    # batch.size batches, in order, with the sequences the grown batch had, ahead of the rest.
+    assert len(parts) >= 3 and all(len(p.close()) <= 200 for p in parts)
+    assert [p.record_count for p in parts] and sum(p.record_count for p in parts) == 12
+    sequence = base
+    for part in parts:
+        assert part.base_sequence == sequence and part.created_ms == grown.created_ms
+        assert isinstance(part.last_error, RecordTooLargeError)
+        sequence += part.record_count
+    assert idem.unacked[TP0] == [second.base_sequence] + [p.base_sequence for p in parts]
+    assert acc._queues[TP0][-1].base_sequence < 0  # the later batch stays behind them
+    records = [r for p in parts for r in decode_records(p.close())]
+    assert [r.value for r in records] == [b"%02d" % i + b"v" * 38 for i in range(12)]
+    assert [r.timestamp for r in records] == list(range(12))
+    assert all(r.headers == (("h", b"x"),) for r in records)
+    assert not any(f.done() for f in futures)  # type: ignore[union-attr]
+    # The parts go one at a time, as retries, once the batch before them is answered.
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == []
+    answer(acc, second)
+    offsets = {}
+    for at, part in enumerate(parts):
+        assert acc.drain([TP0], 1 << 20, now_ms=0) == [part]
+        assert acc.drain([TP0], 1 << 20, now_ms=0) == []  # the next waits for its answer
+        offsets[part] = 1000 * (at + 1)  # another producer's records may come between them
+        answer_at(acc, part, offsets[part])
+    position = 0
+    for part in parts:
+        for i in range(part.record_count):
+            assert futures[position].result(0).offset == offsets[part] + i  # type: ignore[union-attr]
+            position += 1
+    assert grown.completion.done and grown.completion.error is None
+    # The topic's batches no longer grow: with the window full again a normal batch opens.
+    fill_and_send(acc, 2)
+    acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert acc.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
+    other = TopicPartition("other", 0)
+    for _ in range(2):
+        acc.append(other, 1, None, b"v" * 40, (), now_ms=0)
+        assert len(acc.drain([other], 1 << 20, now_ms=10**9)) == 1
+    acc.append(other, 1, None, b"v" * 40, (), now_ms=0)
+    assert acc.open_batch(other).reserved_bytes == 800  # type: ignore[union-attr]
+
+
+def test_a_part_that_fails_fails_only_its_own_records() -> None:
+    acc = make_idempotent_accumulator()
+    first, second = fill_and_send(acc, 2)
+    futures = [acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)[0] for _ in range(12)]
+    grown = acc.open_batch(TP0)
+    answer(acc, first)
+    answer(acc, second)
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
+    assert grown is not None and refuse_as_too_large(acc, grown) == 1
+    head = acc.drain([TP0], 1 << 20, now_ms=0)[0]
+    handle_produce_results(
+        acc, [head], {TP0: PartitionResult(ErrorCode.INVALID_RECORD, "bad")}, 0,
+        retries=0, retry_backoff_ms=0, make_timeout_error=KafkaTimeoutError,
+        idempotence=acc.idempotence,
+    )  # fmt: skip
+    # The records of a split batch are done together, once every part is.
+    assert not futures[0].done() and not futures[-1].done()  # type: ignore[union-attr]
+    assert acc.idempotence is not None and acc.idempotence.bump_needed  # a hole: new epoch
+    assert acc.bump_epoch_if_needed()
+    for at in range(20):
+        drained = acc.drain([TP0], 1 << 20, now_ms=0)
+        if not drained:
+            break
+        assert drained[0].base_sequence == (0 if at == 0 else drained[0].base_sequence)
+        answer_at(acc, drained[0], 100 * at)
+    assert isinstance(futures[0].exception(0), InvalidRecordError)  # type: ignore[union-attr]
+    with pytest.raises(InvalidRecordError):
+        futures[0].result(0)  # type: ignore[union-attr]
+    assert futures[-1].exception(0) is None  # type: ignore[union-attr]
+    assert futures[-1].result(0).offset >= 100  # type: ignore[union-attr]
+    assert isinstance(grown.completion.error, InvalidRecordError)  # (send_many's view)
+
+
+def test_a_batch_that_cannot_be_split_further_fails_as_before() -> None:
+    acc = make_idempotent_accumulator(idempotent=False)
+    single = acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)[0]
+    (one,) = acc.drain([TP0], 1 << 20, now_ms=10**9)
+    assert refuse_as_too_large(acc, one) == 0
+    assert isinstance(single.exception(0), RecordTooLargeError)  # type: ignore[union-attr]
+    # Several records within batch.size: a split would resend the same batch.
+    many = [acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)[0] for _ in range(2)]
+    (full,) = acc.drain([TP0], 1 << 20, now_ms=10**9)
+    assert full.record_count == 2 and refuse_as_too_large(acc, full) == 0
+    assert all(isinstance(f.exception(0), RecordTooLargeError) for f in many)  # type: ignore[union-attr]
+    assert not acc.has_pending()
+
+
 # -- metadata -----------------------------------------------------------------------------------
 
 

@@ -126,15 +126,23 @@ steps = st.lists(
 
 
 @settings(max_examples=300, deadline=None)
-@given(steps, st.booleans())
+@given(steps, st.sampled_from(["fixed", "grow", "grow and limit"]))
 def test_exactly_once_in_order_through_leader_changes(
-    plan: list[tuple[object, ...]], grow: bool
+    plan: list[tuple[object, ...]], sizes: str
 ) -> None:
     """Whatever the interleaving of arrivals, held and lost answers, partial replication and
     fail-overs (the new leader keeping only the copied prefix), every record is in the log once,
-    in send order, at the offset its future reports, and none fails; with ``grow``, batches
-    opened while the window is full grow past batch.size."""
-    harness = IdempotenceHarness(replicas=2, blocked_batch_size=360 if grow else 0)
+    in send order, at the offset its future reports, and none fails; ``sizes`` "grow": batches
+    opened while the window is full grow past batch.size; "grow and limit": also the leader
+    refuses batches above 130 bytes (max.message.bytes below the grown size): they are split."""
+    harness = IdempotenceHarness(
+        replicas=2, blocked_batch_size=0 if sizes == "fixed" else 360,
+        max_message_bytes=130 if sizes == "grow and limit" else None,
+    )
+    if sizes == "grow and limit":  # (a grown batch, bound to be refused, waits to leave)
+        harness.send(5 * 3)
+        harness.drain()
+        harness.send(8)
     for step in plan:
         kind = step[0]
         if kind == "send":

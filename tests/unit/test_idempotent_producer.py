@@ -35,12 +35,21 @@ steps = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(steps, st.booleans())
+@given(steps, st.sampled_from(["fixed", "grow", "grow and limit"]))
 def test_exactly_once_in_order_despite_reordering_and_lost_answers(
-    plan: list[tuple[object, ...]], grow: bool
+    plan: list[tuple[object, ...]], sizes: str
 ) -> None:
-    """``grow``: batches opened while the window is full grow past batch.size (up to 3x)."""
-    harness = IdempotenceHarness(blocked_batch_size=360 if grow else 0)
+    """``sizes``: "grow": batches opened while the window is full grow past batch.size (up to
+    3x); "grow and limit": also the leader refuses batches above 130 bytes (a topic's
+    max.message.bytes between batch.size and the grown size), which the producer splits."""
+    harness = IdempotenceHarness(
+        blocked_batch_size=0 if sizes == "fixed" else 360,
+        max_message_bytes=130 if sizes == "grow and limit" else None,
+    )
+    if sizes == "grow and limit":  # (a grown batch, bound to be refused, waits to leave)
+        harness.send(5 * 3)
+        harness.drain()
+        harness.send(8)
     for step in plan:
         if step[0] == "send":
             harness.send(int(step[1]))  # type: ignore[call-overload]
@@ -139,3 +148,42 @@ def test_default_idempotence_yields_to_a_conflicting_choice(key: str, value: obj
     config = producer_config({**BOOT, key: value})
     assert config["enable.idempotence"] is False
     assert producer_config({**BOOT, "enable.idempotence": False})["enable.idempotence"] is False
+
+
+def test_a_grown_batch_refused_as_too_large_is_split_and_the_batches_after_it_retried() -> None:
+    """A topic whose max.message.bytes is below the grown size: the grown batch comes back
+    MESSAGE_TOO_LARGE while batches after it are in flight (they get OUT_OF_ORDER, not being
+    next); it is split into batch.size batches with its sequences, and every record lands
+    once, in order."""
+    harness = IdempotenceHarness(blocked_batch_size=360, max_message_bytes=200)
+
+    def deliver(batch: object, fate: str = "ok") -> str:
+        at = next(i for i, r in enumerate(harness.in_flight) if r.batches[0] is batch)
+        request = harness.in_flight[at]
+        harness.deliver(at, fate)
+        assert request.result is not None
+        return request.result.error_code.name
+
+    harness.send(15)
+    harness.drain()
+    first = [r.batches[0] for r in harness.in_flight]
+    assert len(first) == MAX_IN_FLIGHT
+    harness.send(12)  # opened while the window is full: one grown batch
+    grown = harness.acc.open_batch(TP)
+    assert grown is not None and grown.record_count == 12
+    for batch in first[:3]:
+        assert deliver(batch) == "NONE"
+    harness.send(9)
+    harness.drain()  # the grown batch and two after it are in flight now
+    later = [r.batches[0] for r in harness.in_flight if r.batches[0] not in (*first, grown)]
+    assert any(r.batches[0] is grown for r in harness.in_flight) and len(later) == 2
+    for batch in first[3:]:
+        assert deliver(batch) == "NONE"
+    assert deliver(later[1]) == "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    assert deliver(grown) == "MESSAGE_TOO_LARGE"
+    assert deliver(later[0]) == "OUT_OF_ORDER_SEQUENCE_NUMBER"
+    assert harness.splits == 1 and not harness.idem.bump_needed
+    harness.settle()
+    harness.check()
+    assert max(h.size for h, _, _ in harness.replicas[0].log) <= 200
+    assert harness.idem.producer_epoch == 0  # no hole: no epoch bump

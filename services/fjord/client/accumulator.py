@@ -25,6 +25,7 @@ from fjord.client.types import Headers, TopicPartition
 from fjord.config import MAX_IN_FLIGHT_FOR_IDEMPOTENCE
 from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
 from fjord.records.header import stamp_producer_state
+from fjord.records.reader import RecordBatch
 from fjord.records.speedups import ATOMIC_APPEND
 
 #: Under many open batches a new one reserves batch.size / this (2 KiB by default: ~17
@@ -164,6 +165,14 @@ class IdempotenceState:
     never appended again). ``bump_needed``: a batch with a sequence failed for good (a hole in
     the sequence), so once nothing is in flight the epoch is bumped and every partition
     restarts at sequence 0 (Kafka's KIP-360 epoch bump).
+
+    A batch refused as too large and split (:meth:`split`) hands its sequence range to its
+    parts, which take its place in ``unacked`` and ``window``: the window may then hold more
+    than ``max_window`` batches, but none of them is written yet (the broker refused the first
+    of them, so it refused every later one as out of order) and from then on they go one at a
+    time (each is a retry, sent only as the oldest unacknowledged batch), while new batches
+    wait until the window is back under ``max_window``. So the broker still never holds more
+    than ``max_window`` batches after the oldest unacknowledged one.
     """
 
     def __init__(self, max_window: int = MAX_IN_FLIGHT_FOR_IDEMPOTENCE) -> None:
@@ -218,6 +227,31 @@ class IdempotenceState:
         self._next_sequence[batch.tp] = (sequence + batch.record_count) & _MAX_SEQUENCE
         self.unacked.setdefault(batch.tp, []).append(sequence)
         self.window.setdefault(batch.tp, deque()).append(sequence)
+
+    def split(self, batch: ProducerBatch, parts: list[ProducerBatch]) -> bool:
+        """``batch`` (unacknowledged, refused as too large, so not written) is replaced by
+        ``parts`` (its records, in order): they get the contiguous sequences from its base
+        sequence on, in its place in ``unacked`` and ``window``, so the batches after it
+        keep theirs. False (nothing changed) when ``batch`` holds no current sequence."""
+        pending = self.unacked.get(batch.tp)
+        base = batch.base_sequence
+        if base < 0 or not pending or base not in pending:
+            return False
+        sequences: list[int] = []
+        sequence = base
+        for part in parts:
+            part.stamp_producer_state(self.producer_id, self.producer_epoch, sequence)
+            sequences.append(sequence)
+            sequence = (sequence + part.record_count) & _MAX_SEQUENCE
+        assert sequence == (base + batch.record_count) & _MAX_SEQUENCE
+        at = pending.index(base)
+        pending[at : at + 1] = sequences
+        window = list(self.window.get(batch.tp, ()))
+        if base in window:
+            at = window.index(base)
+            window[at : at + 1] = sequences
+        self.window[batch.tp] = deque(window)
+        return True
 
     def has_earlier_unacked(self, batch: ProducerBatch) -> bool:
         pending = self.unacked.get(batch.tp)
@@ -289,6 +323,9 @@ class RecordAccumulator:
         self._open: dict[TopicPartition, ProducerBatch] = {}
         #: The partitions whose open batch is a grown one (``_grown_builder``).
         self._open_grown: set[TopicPartition] = set()
+        #: Topics whose broker refused a batch as too large (``split_and_reenqueue``):
+        #: their batches no longer grow past ``batch_size``.
+        self._no_growth_topics: set[str] = set()
         self._batch_size = batch_size
         self._linger_ms = linger_ms
         self._buffer_memory = buffer_memory
@@ -402,6 +439,8 @@ class RecordAccumulator:
         grown = self._blocked_batch_size
         if not grown or record_size > grown or not self.window_full(tp):
             return None
+        if tp.topic in self._no_growth_topics:
+            return None  # its max.message.bytes refused a larger batch
         if self._reserved + grown > self._buffer_memory:
             return None  # never block send() for the sake of a larger batch
         if (len(self._open_grown) + 1) * grown > self._buffer_memory // 2:
@@ -646,18 +685,81 @@ class RecordAccumulator:
             batch.retry_after_ms = now_ms + backoff_ms
             queue = self._queues.setdefault(batch.tp, deque())
             if batch.base_sequence >= 0:
-                # Idempotence: retries wait in sequence order, ahead of unsequenced batches.
-                at = 0
-                while (
-                    at < len(queue)
-                    and queue[at].base_sequence >= 0
-                    and queue[at].base_sequence < batch.base_sequence
-                ):
-                    at += 1
-                queue.insert(at, batch)
+                self._insert_by_sequence(queue, batch)
             else:
                 queue.appendleft(batch)
             self._muted.discard(batch.tp)
+
+    def split_and_reenqueue(
+        self, batch: ProducerBatch, error: FjordError, now_ms: float
+    ) -> bool:
+        """A batch the broker refused with MESSAGE_TOO_LARGE (so nothing of it was written)
+        goes back as several batches of at most ``batch_size`` (Kafka's splitAndReenqueue):
+        its records in order, at the head of its partition's queue (ahead of anything queued
+        and of later retries), each record's future following its new batch. With
+        idempotence they get contiguous sequences from the refused batch's base sequence on,
+        so the batches sent after it keep theirs. Its topic's batches stop growing past
+        ``batch_size``. Returns False, changing nothing, when the records fit one batch of
+        ``batch_size`` (a single record, or a batch no larger: splitting would send the same
+        records again): the caller fails the batch as before. The parts keep the batch's
+        creation time (``delivery.timeout.ms`` counts from it) and its error as their last."""
+        if batch.record_count < 2:
+            return False
+        parts: list[ProducerBatch] = []
+        firsts: list[int] = []
+        builder: Builder | None = None
+        records = RecordBatch(batch.close()).record_tuples()
+        for index, (_, timestamp, key, value, headers) in enumerate(records):
+            if builder is None or not builder.append(timestamp, key, value, headers):
+                builder = self._new_builder()
+                builder.append(timestamp, key, value, headers)  # (a fresh one takes a record)
+                parts.append(
+                    ProducerBatch(
+                        batch.tp, builder, batch.created_ms, 0, batch.coordinator_epoch
+                    )
+                )
+                firsts.append(index)
+        if len(parts) < 2:
+            return False
+        for part in parts:
+            part.reserved_bytes = len(part.close())
+            part.last_error = error
+        idem = self.idempotence
+        with self._lock:
+            self._no_growth_topics.add(batch.tp.topic)
+            if idem is not None:
+                idem.split(batch, parts)  # False: no sequence (an epoch bump unassigns them)
+            # The parts hold about what the batch held (more if it was compressed): the
+            # sender never waits for memory, so this may pass buffer.memory for a moment.
+            self._reserved += sum(part.reserved_bytes for part in parts) - batch.reserved_bytes
+            batch.reserved_bytes = 0
+            self._incomplete.discard(batch.completion)
+            batch.completion.split_into(
+                [(first, part.completion) for first, part in zip(firsts, parts, strict=True)]
+            )
+            queue = self._queues.setdefault(batch.tp, deque())
+            if parts[0].base_sequence >= 0:
+                for part in parts:  # in sequence order, after earlier retries
+                    self._insert_by_sequence(queue, part)
+            else:
+                queue.extendleft(reversed(parts))
+            for part in parts:
+                self._incomplete.add(part.completion)
+            self._muted.discard(batch.tp)
+            self._space.notify_all()
+        return True
+
+    @staticmethod
+    def _insert_by_sequence(queue: deque[ProducerBatch], batch: ProducerBatch) -> None:
+        # Idempotence: retries wait in sequence order, ahead of unsequenced batches.
+        at = 0
+        while (
+            at < len(queue)
+            and queue[at].base_sequence >= 0
+            and queue[at].base_sequence < batch.base_sequence
+        ):
+            at += 1
+        queue.insert(at, batch)
 
     def set_producer_id(self, producer_id: int, epoch: int) -> None:
         """Idempotence: a new producer id (nothing in flight); queued batches lose their old
@@ -775,6 +877,7 @@ class ResponseOutcome:
 
     refresh_metadata: bool = False
     retried: int = 0
+    split: int = 0
     failed: int = 0
     completed: int = 0
 
@@ -840,6 +943,15 @@ def handle_produce_results(
                 outcome.retried += 1
                 continue
             error = accumulator.expiry_error(batch, make_timeout_error)
+        elif (
+            error.code is ErrorCode.MESSAGE_TOO_LARGE
+            and not accumulator.expired(batch, now_ms)
+            and accumulator.split_and_reenqueue(batch, error, now_ms)
+        ):
+            # Refused as too large, not written: its records go again in batch.size batches
+            # (a grown batch past the topic's max.message.bytes). Not a hole in the sequence.
+            outcome.split += 1
+            continue
         elif error.retriable:
             outcome.refresh_metadata = True
             batch.last_error = error

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from bisect import bisect_right
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +37,9 @@ class BatchCompletion:
         "_done",
         "_event",
         "_lock",
+        "_parent",
+        "_parts",
+        "_remaining",
         "base_offset",
         "error",
         "log_append_time",
@@ -56,6 +60,10 @@ class BatchCompletion:
         self._event: threading.Event | None = None
         self._lock = threading.Lock()
         self._callbacks: list[tuple[DoneCallback, RecordFuture]] = []
+        #: After :meth:`split_into`: (index of its first record, completion) per part.
+        self._parts: list[tuple[int, BatchCompletion]] | None = None
+        self._parent: BatchCompletion | None = None
+        self._remaining = 0
 
     @property
     def done(self) -> bool:
@@ -89,6 +97,46 @@ class BatchCompletion:
             callbacks, self._callbacks = self._callbacks, []
         for fn, future in callbacks:
             _run_callback(fn, future)
+        parent = self._parent
+        if parent is not None:
+            parent._part_finished()
+
+    def split_into(self, parts: list[tuple[int, BatchCompletion]]) -> None:
+        """The batch was split (the broker refused it as too large): the records from
+        ``parts[i][0]`` up to the next part's first index now travel in the batch of
+        ``parts[i][1]`` (fresh, not done). Each record's future reports its own part's outcome
+        (:meth:`locate`); this completion finishes once every part has, with the first
+        failed part's error (None when all succeeded) and the first part's offsets, and only
+        then are the records' futures done and their callbacks run (so a flush or a
+        ``send_many`` waiting for this completion waits for every part)."""
+        with self._lock:
+            assert not self._done and self._parts is None and parts and parts[0][0] == 0
+            self._parts = parts
+            self._remaining = len(parts)
+        for _, part in parts:
+            part._parent = self
+
+    def _part_finished(self) -> None:
+        with self._lock:
+            self._remaining -= 1
+            if self._remaining:
+                return
+            parts = self._parts
+        assert parts is not None
+        first = parts[0][1]
+        error = next((p.error for _, p in parts if p.error is not None), None)
+        self._finish(first.base_offset if error is None else -1, first.log_append_time, error)
+
+    def locate(self, index: int) -> tuple[BatchCompletion, int]:
+        """The completion record ``index`` of this batch depends on, and its index there (itself
+        and ``index`` unless the batch was split)."""
+        completion = self
+        while completion._parts is not None:
+            parts = completion._parts
+            at = bisect_right(parts, index, key=lambda part: part[0]) - 1
+            start, completion = parts[at]
+            index -= start
+        return completion, index
 
     def add_callback(self, fn: DoneCallback, future: RecordFuture) -> None:
         with self._lock:
@@ -157,16 +205,18 @@ class RecordFuture(_RecordFutureBase):
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
         self._wait(timeout)
-        batch = self._batch
+        batch, index = self._batch, self._relative_offset
+        if batch._parts is not None:  # split: the record's outcome is its part's
+            batch, index = batch.locate(index)
         if batch.error is not None:
             raise batch.error
-        offset = batch.base_offset + self._relative_offset if batch.base_offset >= 0 else -1
+        offset = batch.base_offset + index if batch.base_offset >= 0 else -1
         timestamp = batch.log_append_time if batch.log_append_time >= 0 else self._timestamp
         return RecordMetadata(batch.topic, batch.partition, offset, timestamp)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         self._wait(timeout)
-        return self._batch.error
+        return self._batch.locate(self._relative_offset)[0].error
 
     def add_done_callback(self, fn: DoneCallback) -> None:
         self._batch.add_callback(fn, self)
