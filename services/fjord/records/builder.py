@@ -475,6 +475,12 @@ class BatchBuilder(_BatchBuilding, _RecordAppender):
     __slots__ = _BUILDER_SLOTS
 
 
+if not hasattr(BatchBuilder, "try_append_many"):
+    # An extension built before try_append_many existed (a stale build, until it is rebuilt):
+    # the Python loop over its try_append, same results.
+    BatchBuilder.try_append_many = PyRecordAppender.try_append_many  # type: ignore[method-assign]
+
+
 class PyBatchBuilder(_BatchBuilding, PyRecordAppender):
     """:class:`BatchBuilder` with the pure-Python record encoding, whatever is built (the
     reference the C extension is tested against)."""
