@@ -25,6 +25,7 @@ from fjord.client.producer import linger_wait
 from fjord.client.types import RecordMetadata, TopicPartition
 from fjord.errors import ErrorCode, FjordError, InvalidRecordError, RecordTooLargeError
 from fjord.records.builder import BatchBuilder
+from fjord.records.header import Compression, parse_header
 from fjord.records.reader import decode_records
 
 TP0 = TopicPartition("t", 0)
@@ -601,6 +602,32 @@ def test_a_grown_batch_refused_as_too_large_is_split_into_batch_size_batches() -
         assert len(acc.drain([other], 1 << 20, now_ms=10**9)) == 1
     acc.append(other, 1, None, b"v" * 40, (), now_ms=0)
     assert acc.open_batch(other).reserved_bytes == 800  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("codec", [Compression.GZIP, Compression.LZ4, Compression.ZSTD])
+def test_a_compressed_batch_is_split_with_its_codec(codec: Compression) -> None:
+    idem = IdempotenceState(max_window=1)
+    acc = RecordAccumulator(
+        lambda: BatchBuilder(compression=codec, batch_size=200), batch_size=200, linger_ms=0,
+        buffer_memory=100_000, delivery_timeout_ms=10_000, idempotence=idem,
+        sized_builder=lambda size: BatchBuilder(compression=codec, batch_size=size),
+        blocked_batch_size=800,
+    )  # fmt: skip
+    acc.set_producer_id(7, 0)
+    acc.append(TP0, 1, None, b"first", (), now_ms=0)
+    (first,) = acc.drain([TP0], 1 << 20, now_ms=0)
+    values = [b"%02d" % i + bytes(range(38)) for i in range(12)]
+    for value in values:
+        acc.append(TP0, 1, None, value, (), now_ms=0)
+    grown = acc.open_batch(TP0)
+    assert grown is not None and grown.record_count == 12
+    answer(acc, first)
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
+    assert refuse_as_too_large(acc, grown) == 1
+    parts = list(acc._queues[TP0])
+    assert len(parts) >= 3
+    assert all(parse_header(p.close()).compression is codec for p in parts)
+    assert [r.value for p in parts for r in decode_records(p.close())] == values
 
 
 def test_a_part_that_fails_fails_only_its_own_records() -> None:
