@@ -630,6 +630,20 @@ def test_a_compressed_batch_is_split_with_its_codec(codec: Compression) -> None:
     assert [r.value for p in parts for r in decode_records(p.close())] == values
 
 
+def test_whoever_sees_the_last_part_done_sees_the_split_batch_done() -> None:
+    """flush() waits for the parts' completions, send_many()'s future and the records' futures
+    for the split batch's: the batch must be done before its last part is seen done."""
+    batch, first, last = (BatchCompletion("t", 0) for _ in range(3))
+    batch.split_into([(0, first), (2, last)])
+    seen: list[bool] = []
+    last.add_callback(lambda _: seen.append(batch.done), RecordFuture(last, 0, 0))
+    first.complete(10)
+    assert not batch.done
+    last.complete(20)
+    assert seen == [True] and batch.done and batch.error is None
+    assert [RecordFuture(batch, i, 0).result(0).offset for i in range(4)] == [10, 11, 20, 21]
+
+
 def test_a_part_that_fails_fails_only_its_own_records() -> None:
     acc = make_idempotent_accumulator()
     first, second = fill_and_send(acc, 2)

@@ -34,6 +34,7 @@ class BatchCompletion:
 
     __slots__ = (
         "_callbacks",
+        "_claimed",
         "_done",
         "_event",
         "_lock",
@@ -64,6 +65,7 @@ class BatchCompletion:
         self._parts: list[tuple[int, BatchCompletion]] | None = None
         self._parent: BatchCompletion | None = None
         self._remaining = 0
+        self._claimed = False  # a part: its outcome is set and reported to its parent
 
     @property
     def done(self) -> bool:
@@ -85,6 +87,19 @@ class BatchCompletion:
         self._finish(-1, -1, error)
 
     def _finish(self, base_offset: int, log_append_time: int, error: BaseException | None) -> None:
+        parent = self._parent
+        if parent is not None:
+            # A part of a split batch: its parent finishes (if this was its last part) before
+            # this part is seen done, so whoever waited for the part (flush()) finds the
+            # records' futures done too.
+            with self._lock:
+                if self._done or self._claimed:
+                    return
+                self._claimed = True
+                self.base_offset = base_offset
+                self.log_append_time = log_append_time
+                self.error = error
+            parent._part_finished()
         with self._lock:
             if self._done:
                 return
@@ -97,9 +112,6 @@ class BatchCompletion:
             callbacks, self._callbacks = self._callbacks, []
         for fn, future in callbacks:
             _run_callback(fn, future)
-        parent = self._parent
-        if parent is not None:
-            parent._part_finished()
 
     def split_into(self, parts: list[tuple[int, BatchCompletion]]) -> None:
         """The batch was split (the broker refused it as too large): the records from
