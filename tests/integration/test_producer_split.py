@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 
 WAIT_S = 60.0
 MAX_MESSAGE_BYTES = 64 * 1024  # below the grown size (512 KiB), above batch.size (16 KiB)
-CHUNK = 20  # records of 1 KB per send_many() (20 KB), one call after another
+CHUNK = 100  # records of 1 KB per send_many() (100 KB), one call after another
 PADDING = b"v" * 1000
 MAX_RECORDS = 100_000
 AFTER_SPLIT = 5_000
@@ -38,6 +38,9 @@ def test_a_grown_batch_too_large_for_the_topic_is_split_and_delivered_once_in_or
         "enable.idempotence": True,
         "request.timeout.ms": 20000,
         "delivery.timeout.ms": 60000,
+        # Small enough that send_many() soon waits for answers (the split is seen after a
+        # few MB, not after the default 32 MiB), large enough for grown batches (2 x 512 KiB).
+        "buffer.memory": 4 << 20,
     }
     sent = 0
     futures = []
@@ -45,9 +48,9 @@ def test_a_grown_batch_too_large_for_the_topic_is_split_and_delivered_once_in_or
         accumulator = producer._accumulator
         assert accumulator._blocked_batch_size > MAX_MESSAGE_BYTES  # growth is on
         # Records faster than acks=all answers: the window fills, the batch opened then grows
-        # past max.message.bytes, is refused and split. Until a split was seen (bounded; 4-16
-        # thousand records in 4 runs at load 3-5), then AFTER_SPLIT more (the topic's batches
-        # stay at batch.size now: none is refused again).
+        # past max.message.bytes, is refused and split. Until a split was seen (bounded; after
+        # 4,900-6,400 records in 4 runs at load 2-3), then AFTER_SPLIT more (the topic's
+        # batches stay at batch.size now: none is refused again).
         split_at = MAX_RECORDS
         while sent < min(MAX_RECORDS, split_at + AFTER_SPLIT):
             values = [b"%09d|" % (sent + i) + PADDING for i in range(CHUNK)]
