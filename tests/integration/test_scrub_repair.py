@@ -24,7 +24,7 @@ from fjord.cli.main import cli as cli_main
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.client.types import PartitionInfo
 from fjord.local import LocalCluster
-from fjord.testing.damage import FlippedBatch, flip_byte_in_batch, segment_files
+from fjord.testing.damage import FlippedBatch, batch_count, flip_byte_in_batch, segment_files
 from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import wait_for
 
@@ -70,8 +70,14 @@ def damaged_topic(cluster: LocalCluster, admin: AdminClient) -> tuple[str, list[
     admin.elect_leaders("preferred", [(name, 0)], raise_on_error=False)
     wait_for(lambda: partition(admin, name).leader == DAMAGED, "broker 0 leads", WAIT_S)
     values = [f"{i:06d}-".encode() + b"x" * 100 for i in range(RECORDS)]
+    # Batches of at most 4 KiB (about 35 records), so every 32 KiB segment holds several and
+    # the damaged one is in a closed segment with records after it. Without
+    # blocked.batch.size 0, a producer whose in-flight window is full (5 acks=all batches
+    # unanswered: at once here) grows one batch up to 512 KiB holding the rest of the records,
+    # alone in the active segment: the second segment had one batch, no 4th to damage.
     config = {"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
-              "enable.idempotence": "true", "linger.ms": 5, "batch.size": 4096}
+              "enable.idempotence": "true", "linger.ms": 5, "batch.size": 4096,
+              "blocked.batch.size": 0}
     with Producer(config) as producer:
         futures = [producer.send(name, value=v, partition=0) for v in values]
         producer.flush(WAIT_S)
@@ -88,6 +94,7 @@ def stop_and_flip(cluster: LocalCluster, admin: AdminClient, topic: str) -> Flip
     directory: Path = cluster.data_dir / "brokers" / str(DAMAGED) / f"{topic}-0"
     segments = segment_files(directory)
     assert len(segments) >= 3, segments
+    assert batch_count(segments[1]) >= 4, f"{segments[1]}: {batch_count(segments[1])} batches"
     return flip_byte_in_batch(segments[1], 3)
 
 

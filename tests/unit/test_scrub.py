@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fjord.broker.damage import DamageAction, damage_action, no_healthy_copy_message
-from fjord.errors import LogDamagedError
-from fjord.records.header import BATCH_HEADER_SIZE, iter_batches, stamp_batch
+from fjord.errors import CorruptRecordError, LogDamagedError
+from fjord.records.header import BATCH_HEADER_SIZE, iter_batches, stamp_batch, validate_batch
 from fjord.storage import LogConfig, PartitionLog
 from fjord.storage.scrub import (
     LogDamage,
@@ -22,6 +22,7 @@ from fjord.storage.scrub import (
     check_batches,
 )
 from fjord.storage.testing import make_batch
+from fjord.testing.damage import batch_count, flip_byte_in_batch
 
 
 def stored(counts: list[int], first_offset: int = 0) -> tuple[bytes, list[tuple[int, int, int]]]:
@@ -191,3 +192,21 @@ def test_partitions_recovered_after_an_unclean_stop_are_scrubbed_first(tmp_path:
         assert scrubber.scheduler.next_segment(closed) == closed[1]
     finally:
         logs.close()
+
+
+def test_flip_byte_in_batch_names_a_missing_batch(tmp_path: Path) -> None:
+    """The damage helper of the integration and chaos tests: it damages the n-th batch inside
+    what its CRC covers, and a segment with fewer batches (a producer's grown batch holds many
+    records) is a named IndexError, not a torn header read past the end."""
+    data, where = stored([3, 1, 5])
+    segment = tmp_path / "00000000000000000000.log"
+    segment.write_bytes(data)
+    assert batch_count(segment) == 3
+    flipped = flip_byte_in_batch(segment, 2)
+    assert (flipped.base_offset, flipped.next_offset) == (4, 9)
+    damaged = segment.read_bytes()
+    validate_batch(damaged, where[1][0])  # the others intact
+    with pytest.raises(CorruptRecordError, match="CRC"):
+        validate_batch(damaged, where[2][0])
+    with pytest.raises(IndexError, match="holds 3 batches, no batch 3"):
+        flip_byte_in_batch(segment, 3)
