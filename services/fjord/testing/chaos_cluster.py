@@ -72,7 +72,7 @@ from fjord.testing.chaos import (
     skipped_records,
     verify_delivery,
 )
-from fjord.testing.damage import flip_byte_in_batch, segment_files
+from fjord.testing.damage import batch_count, flip_byte_in_batch, segment_files
 from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import seconds_until
 
@@ -685,7 +685,10 @@ class ChaosRunner:
                          f"{self.settings.topic}-{step.leader_of}")
             segments = segment_files(directory)
             victim = segments[-2] if len(segments) >= 2 else segments[-1]
-            flipped = flip_byte_in_batch(victim, 1)
+            # Its second batch, or its only one: a closed segment may hold a single batch (a
+            # producer blocked on its in-flight window during a fault grows one batch, up to
+            # 512 KiB, larger than a chaos segment).
+            flipped = flip_byte_in_batch(victim, min(1, batch_count(victim) - 1))
             self.faults["segment corruption"] += 1
             self.note(f"stopped broker {target} (leader of p{step.leader_of}); flipped a byte in "
                       f"batch {flipped.base_offset}..{flipped.next_offset - 1} of "
