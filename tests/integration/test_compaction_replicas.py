@@ -31,7 +31,7 @@ BROKERS = 3
 KEYS = 25
 UPDATES = 20
 TOMBSTONED = 6
-FILLERS = 150  # unique keys after the keyed data: they roll segments past it
+FILLERS = 150  # unique keys after the keyed data (flushed): the active segment holds them
 TOPIC_CONFIG = {
     "cleanup.policy": "compact", "segment.bytes": "2048", "min.cleanable.dirty.ratio": "0.01",
     "delete.retention.ms": "0", "min.insync.replicas": "2",
@@ -83,6 +83,13 @@ def test_every_replica_cleans_to_the_same_records(tmp_path: Path) -> None:
                     key = b"key-%d" % (k * 3)
                     futures.append((key, None, producer.send(topic, key=key, value=None,
                                                              partition=0)))
+                # The fillers go after a flush, in batches of their own: a producer whose
+                # in-flight window is full grows one batch (blocked.batch.size, up to 512 KiB)
+                # that could otherwise hold the last keyed records and the fillers together, in
+                # the active segment, which is never cleaned. The flush also waits for every
+                # follower (acks=all), so none appends the keyed tail and the fillers as one
+                # fetched chunk into one segment either.
+                producer.flush(WAIT_S)
                 for i in range(FILLERS):
                     key = b"filler-%d" % i
                     futures.append((key, b"f" * 30,
@@ -94,10 +101,12 @@ def test_every_replica_cleans_to_the_same_records(tmp_path: Path) -> None:
             keyed_end = KEYS * UPDATES + TOMBSTONED  # offsets below it: keys and tombstones
 
             def every_replica_cleaned_past_the_keys() -> bool:
+                # Cleaned below the first dirty offset: at keyed_end itself when the fillers
+                # came as one batch, alone in the active segment (a slow sender thread).
                 found = admin.describe_log_dirs(range(BROKERS))
                 replicas = [p for d in found for p in d.partitions if p.topic == topic]
                 return len(replicas) == BROKERS and all(
-                    p.compacted and p.cleaner_first_dirty_offset > keyed_end for p in replicas)
+                    p.compacted and p.cleaner_first_dirty_offset >= keyed_end for p in replicas)
 
             wait_for(every_replica_cleaned_past_the_keys,
                      "every replica's cleaner checkpoint past the keyed data", WAIT_S)
