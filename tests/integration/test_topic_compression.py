@@ -30,6 +30,8 @@ from fjord.testing.waiting import is_value, wait_for
 pytestmark = pytest.mark.integration
 
 WAIT_S = 30
+LINGER_MS = 10_000
+"""Longer than any pause of the test process between two sends; flush() does not wait for it."""
 
 
 def stored_codecs(data_dir: Path, topic: str) -> dict[str, list[Compression]]:
@@ -114,20 +116,24 @@ def test_topic_codec_rewrites_batches_and_every_client_reads_them(
         return item
 
     # Batch 1: fjord.client, uncompressed; batch 2: kafka-python, gzip (idempotent);
-    # batch 3: librdkafka, lz4.
-    with Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 50}) as producer:
+    # batch 3: librdkafka, lz4. Each client's five records are one batch because its linger
+    # (LINGER_MS) outlasts any stall of this process and flush() sends at once: with 50 ms, a
+    # loaded machine's pause between two sends split a client's records into two batches
+    # (4 batches, never 3).
+    with Producer({"bootstrap.servers": bootstrap, "acks": "all",
+                   "linger.ms": LINGER_MS}) as producer:
         for i in range(5):
             key, value, ts = record(i)
             producer.send(topic, value, key=key, partition=0, timestamp_ms=ts)
         producer.flush(WAIT_S)
-    kp = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=50,
+    kp = KafkaProducer(bootstrap_servers=kafka_bootstrap, acks="all", linger_ms=LINGER_MS,
                        enable_idempotence=True, compression_type="gzip")
     for i in range(5, 10):
         key, value, ts = record(i)
         kp.send(topic, key=key, value=value, partition=0, timestamp_ms=ts)
     kp.flush(WAIT_S)
     kp.close()
-    ck = CKProducer({"bootstrap.servers": kafka_bootstrap, "acks": "all", "linger.ms": 50,
+    ck = CKProducer({"bootstrap.servers": kafka_bootstrap, "acks": "all", "linger.ms": LINGER_MS,
                      "compression.type": "lz4"})
     for i in range(10, 15):
         key, value, ts = record(i)
