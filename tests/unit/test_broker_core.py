@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from fjord._proto import broker_pb2
-from fjord.broker.fetch import FetchSlot, assemble_fetch
+from fjord.broker.fetch import FetchSlot, assemble_fetch, read_size_bound
 from fjord.broker.partition import (
     Partition,
     PartitionAssignment,
@@ -305,6 +305,49 @@ def test_oversized_batch_after_data_waits() -> None:
 def test_empty_partitions_do_not_count_as_first() -> None:
     slots = [FetchSlot(100, sized_reader([])), FetchSlot(100, sized_reader([5000]))]
     assert [len(b) for b in assemble_fetch(slots, max_bytes=1000)] == [0, 5000]
+
+
+def test_read_size_bound_uses_the_bytes_there_are_not_only_the_limits() -> None:
+    # A caught-up follower: limits of 1 MiB per partition and 10 MiB in all, a few KiB new.
+    follower = [FetchSlot(1 << 20, sized_reader([4000]), 4096) for _ in range(3)]
+    assert read_size_bound(follower, 10 << 20) == 3 * 4096
+    # A lagging one: the limits bind.
+    lagging = [FetchSlot(1 << 20, sized_reader([]), 1 << 30) for _ in range(3)]
+    assert read_size_bound(lagging, 10 << 20) == 3 << 20
+    assert read_size_bound(lagging, 2 << 20) == 2 << 20
+    # Unknown availability (the default): the limits alone, as before.
+    assert read_size_bound([FetchSlot(5 << 20, sized_reader([]))], 10 << 20) == 5 << 20
+    assert read_size_bound([], 10 << 20) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 500), st.lists(st.integers(1, 300), max_size=6),
+                  st.integers(0, 400)),
+        min_size=1,
+        max_size=6,
+    ),
+    st.integers(1, 1500),
+)
+def test_read_size_bound_bounds_what_assembly_reads(
+    parts: list[tuple[int, list[int], int]], max_bytes: int
+) -> None:
+    """With each slot's available_bytes at least what its reader holds, assembly never returns
+    more than the bound, except Kafka's oversized first batch (at most its slot's bytes)."""
+    slots = [FetchSlot(pmax, sized_reader(sizes), sum(sizes) + slack)
+             for pmax, sizes, slack in parts]
+    bound = read_size_bound(slots, max_bytes)
+    assert bound <= min(max_bytes, sum(pmax for pmax, _, _ in parts))  # never above the limits
+    out = assemble_fetch(slots, max_bytes)
+    total = sum(len(data) for data in out)
+    non_empty = [i for i, data in enumerate(out) if data]
+    excess = 0
+    if non_empty:  # the first partition with data may return one batch beyond its limits
+        first = non_empty[0]
+        pmax, sizes, slack = parts[first]
+        excess = max(0, sizes[0] - min(pmax, sum(sizes) + slack, max_bytes))
+    assert total <= bound + excess
 
 
 @settings(max_examples=100, deadline=None)

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from fjord._proto import broker_pb2
+from fjord.broker import defaults as broker_defaults
+from fjord.broker.fetch import assemble_fetch
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.server import BrokerOptions, check_data_dir_identity
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
@@ -454,23 +456,51 @@ def test_broker_options_validation(tmp_path: Path) -> None:
             parse_listen(bad, DEFAULT_BROKER_PORT)
 
 
-def test_big_fetch_reads_in_thread_and_read_failures_stay_per_partition(env: Env) -> None:
+def test_big_fetch_reads_in_thread_and_read_failures_stay_per_partition(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch is read in a worker thread when the bytes it may read (its limits, and the
+    bytes the log holds from its offsets) exceed READ_IN_THREAD_THRESHOLD_BYTES; one with large
+    limits and little to read (a caught-up follower) is read on the event loop."""
     manager, cluster, _ = env
+    thread_reads: list[object] = []
+    to_thread = asyncio.to_thread
 
-    async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", [leader_state(), leader_state()]))
-        for partition in (0, 1):
-            await manager.produce(produce_request("t", partition, batch(3)))
+    async def counting_to_thread(func, /, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if func is assemble_fetch:  # (opening partitions goes to threads too)
+            thread_reads.append(func)
+        return await to_thread(func, *args, **kwargs)
+
+    monkeypatch.setattr(asyncio, "to_thread", counting_to_thread)
+
+    def two_partition_fetch() -> broker_pb2.FetchRequest:
         request = fetch_request("t", 0, 0, partition_max_bytes=8 << 20)
         request.max_bytes = 16 << 20
         request.topics[0].partitions.add(
             partition=1, fetch_offset=0, partition_max_bytes=8 << 20, current_leader_epoch=-1
         )
-        big = await manager.fetch(request)  # above READ_IN_THREAD_THRESHOLD_BYTES
-        assert [len(list(decode_records(p.records))) for p in big.topics[0].partitions] == [3, 3]
+        return request
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state(), leader_state()]))
+        for partition in (0, 1):
+            await manager.produce(produce_request("t", partition, batch(3)))
+        small = await manager.fetch(two_partition_fetch())  # limits of 16 MiB, ~200 bytes
+        assert [len(list(decode_records(p.records))) for p in small.topics[0].partitions] == [
+            3, 3
+        ]
+        assert thread_reads == []
+        value = b"x" * (broker_defaults.READ_IN_THREAD_THRESHOLD_BYTES // 4)
+        for partition in (0, 1):
+            await manager.produce(produce_request("t", partition, batch(3, value=value)))
+        big = await manager.fetch(two_partition_fetch())  # above the threshold: a thread
+        assert [len(list(decode_records(p.records))) for p in big.topics[0].partitions] == [
+            6, 6
+        ]
+        assert len(thread_reads) == 1
         manager.partitions[("t", 1)].log.close()  # a log that fails under the reader
-        out = (await manager.fetch(request)).topics[0].partitions
-        assert out[0].error.code == 0 and len(list(decode_records(out[0].records))) == 3
+        out = (await manager.fetch(two_partition_fetch())).topics[0].partitions
+        assert out[0].error.code == 0 and len(list(decode_records(out[0].records))) == 6
         assert out[1].error.code == ErrorCode.KAFKA_STORAGE_ERROR.code and out[1].records == b""
 
     run(scenario())

@@ -49,8 +49,10 @@ WINDOW = 400
 
 
 def fetch(offset: int, big: bool) -> broker_pb2.FetchRequest:
-    # A fetch whose possible size exceeds READ_IN_THREAD_THRESHOLD_BYTES is read in a worker
-    # thread, concurrently with the event loop's appends; a small one on the loop itself.
+    # A fetch whose limits and readable bytes exceed READ_IN_THREAD_THRESHOLD_BYTES is read in
+    # a worker thread, concurrently with the event loop's appends; a small one on the loop
+    # itself (with this test's 2 KiB segments every fetch is small: read_in_thread() below
+    # races the log's own read against the loop instead).
     size = 2 * broker_defaults.READ_IN_THREAD_THRESHOLD_BYTES if big else 64 * 1024
     return broker_pb2.FetchRequest(
         replica_id=-1,

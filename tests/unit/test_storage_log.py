@@ -97,6 +97,26 @@ def test_read_stops_before_max_offset(tmp_path: Path) -> None:
     log.close()
 
 
+def test_readable_bytes_bound_covers_every_read_and_stays_within_its_segment(
+    tmp_path: Path,
+) -> None:
+    """The broker decides whether to read a fetch in a worker thread by this bound: it must be
+    at least what any read from the offset returns, and no more than the rest of its segment."""
+    log = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 80)
+    assert len(log.segments) > 3
+    for offset in range(log.log_end_offset):
+        bound = log.readable_bytes_bound(offset)
+        segment = log.segment_for(offset)
+        assert len(log.read(offset, 1 << 20)) <= bound <= segment.size
+        # Not much more than the read from the batch holding the offset: at most the index
+        # interval (150 bytes) plus one batch before it.
+        assert bound - len(log.read(offset, 1 << 20)) <= 150 + 300
+    assert log.readable_bytes_bound(log.log_end_offset) == 0
+    log.close()
+    assert log.readable_bytes_bound(0) == 0
+
+
 def test_roll_by_segment_bytes_names_segments_by_base_offset(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 60)

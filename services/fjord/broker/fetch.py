@@ -15,12 +15,37 @@ from dataclasses import dataclass
 Reader = Callable[[int], Sized]
 
 
+#: ``available_bytes`` of a slot whose reader's bound is unknown: only the limits bound it.
+UNKNOWN_AVAILABLE = 1 << 62
+
+
 @dataclass(frozen=True, slots=True)
 class FetchSlot:
-    """One partition of a fetch that passed its checks and may read data."""
+    """One partition of a fetch that passed its checks and may read data.
+
+    ``available_bytes`` bounds what ``reader`` can return, whatever the limit it is given
+    (e.g. the bytes from the fetch offset's index entry to the end of its segment: a read
+    never crosses a segment)."""
 
     partition_max_bytes: int
     reader: Reader
+    available_bytes: int = UNKNOWN_AVAILABLE
+
+
+def read_size_bound(slots: Sequence[FetchSlot], max_bytes: int) -> int:
+    """The most bytes :func:`assemble_fetch` may read for ``slots`` (except Kafka's oversized
+    first batch, bounded by that slot's ``available_bytes`` alone): each slot at most
+    ``min(partition_max_bytes, available_bytes)``, all together at most ``max_bytes``.
+
+    The broker reads a fetch in a worker thread when this exceeds its threshold: a follower
+    whose limits allow megabytes but whose leader has only the last few KiB to send reads on
+    the event loop (a thread hop costs more than copying a few KiB from the page cache)."""
+    total = 0
+    for slot in slots:
+        total += min(slot.partition_max_bytes, slot.available_bytes)
+        if total >= max_bytes:
+            return max_bytes
+    return total
 
 
 def assemble_fetch(slots: Sequence[FetchSlot], max_bytes: int) -> list[Sized]:

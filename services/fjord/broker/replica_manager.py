@@ -20,7 +20,7 @@ from fjord._proto import broker_pb2
 from fjord.broker import defaults
 from fjord.broker.coordinator_fence import CoordinatorEpochFence
 from fjord.broker.damage import DamageAction, damage_action, no_healthy_copy_message
-from fjord.broker.fetch import FetchSlot, assemble_fetch
+from fjord.broker.fetch import FetchSlot, assemble_fetch, read_size_bound
 from fjord.broker.fetch_session import (
     FINAL_EPOCH,
     INITIAL_EPOCH,
@@ -1056,16 +1056,16 @@ class ReplicaManager:
             if limit <= 0:
                 limit = defaults.PARTITION_FETCH_MAX_BYTES
             reader = _PartitionReader(partition.log, offset, upper, as_regions)
-            slots.append(FetchSlot(limit, reader))
+            slots.append(FetchSlot(limit, reader, partition.log.readable_bytes_bound(offset)))
             targets.append((out, key, reader))
             if read_committed:
                 committed_reads.append((out, partition, offset, upper))
         total = 0
         if slots:
-            if min(max_bytes, sum(s.partition_max_bytes for s in slots)) > (
-                defaults.READ_IN_THREAD_THRESHOLD_BYTES
-            ):
+            if read_size_bound(slots, max_bytes) > defaults.READ_IN_THREAD_THRESHOLD_BYTES:
                 # Possibly a big read: keep the event loop free (the log locks its own state).
+                # Decided by the bytes there are to read, not by the fetch's limits alone: a
+                # follower (limits of megabytes) that is caught up reads a few KiB per answer.
                 datas = await asyncio.to_thread(assemble_fetch, slots, max_bytes)
             else:
                 datas = assemble_fetch(slots, max_bytes)

@@ -616,6 +616,18 @@ class PartitionLog:
         """The segment whose range holds ``offset`` (bisect on the base offsets)."""
         return self._segments[max(0, bisect.bisect_right(self._bases, offset) - 1)]
 
+    def readable_bytes_bound(self, offset: int) -> int:
+        """At least as many bytes as :meth:`read` or :meth:`read_region` from ``offset`` can
+        return, whatever their limits: the bytes from the index entry at or below ``offset``
+        to the end of the segment holding it (a read never crosses a segment). No scan: a
+        bisection of the segments and of that segment's index; 0 at or past the log end."""
+        with self._lock:
+            if self.closed or offset >= self.log_end_offset:
+                return 0
+            segment = self.segment_for(offset)
+            _, position = segment.offset_index.lookup(offset)
+            return max(0, segment.size - position)
+
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> bytes:
         """Raw batches from the one that holds ``offset``: whole batches up to ``max_bytes``
         (the first one whole even when larger, as Kafka does), none that starts at or after
