@@ -83,6 +83,8 @@ from fjord_spark.offsets import (
     split_ranges,
 )
 from fjord_spark.options import (
+    EARLIEST,
+    LATEST,
     ReaderOptions,
     TopicSelection,
     WriterOptions,
@@ -207,6 +209,13 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
         consumer.close()
 
 
+def _unknown_topic(topic: str) -> UnknownTopicOrPartitionError:
+    return UnknownTopicOrPartitionError(
+        f"topic {topic!r} does not exist (create it first, e.g. "
+        f"`fjord topics create --topic {topic}`)"
+    )
+
+
 def _offset_of(record: ConsumerRecord) -> int:
     return record.offset
 
@@ -290,18 +299,7 @@ class ClusterView:
         topics = list(selection.topics) or list(
             dict.fromkeys(tp.topic for tp in selection.assigned)
         )
-        existing: dict[str, set[int]] = {}
-        for topic in topics:
-            try:
-                (description,) = self.admin.describe_topics([topic])
-            except FjordError as exc:
-                if exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                    raise UnknownTopicOrPartitionError(
-                        f"topic {topic!r} does not exist (create it first, e.g. "
-                        f"`fjord topics create --topic {topic}`)"
-                    ) from exc
-                raise
-            existing[topic] = {p.partition for p in description.partitions}
+        existing = {t.name: {p.partition for p in t.partitions} for t in self._describe(topics)}
         if not selection.assigned:
             return sorted(TopicPartition(t, p) for t, ps in existing.items() for p in ps)
         for tp in selection.assigned:
@@ -311,6 +309,27 @@ class ClusterView:
                     f"{len(existing[tp.topic])} partitions)"
                 )
         return sorted(selection.assigned)
+
+    def _describe(self, topics: list[str]) -> list[Any]:
+        """The named topics' descriptions, in one Metadata request (the admin client spaces its
+        metadata refreshes by ``METADATA_REFRESH_BACKOFF_MS``: one request per topic waited
+        that long for each topic after the first). When a topic does not exist, each is asked
+        alone, to name it."""
+        try:
+            return self.admin.describe_topics(topics)
+        except FjordError as exc:
+            if exc.code is not ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+            if len(topics) == 1:
+                raise _unknown_topic(topics[0]) from exc
+        for topic in topics:
+            try:
+                self.admin.describe_topics([topic])
+            except FjordError as exc:
+                if exc.code is ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    raise _unknown_topic(topic) from exc
+                raise
+        return self.admin.describe_topics(topics)  # each exists now: created meanwhile
 
     def earliest(self, tps: Sequence[TopicPartition]) -> Offsets:
         return dict(self.consumer.beginning_offsets(tps)) if tps else {}
@@ -369,9 +388,12 @@ class ClusterView:
             return self.at_timestamps(
                 stamps, "startingOffsetsByTimestamp", options.timestamp_strategy
             )
-        return resolve_offsets(
-            options.starting, tps, self.earliest(tps), self.latest(tps), "startingOffsets"
-        )
+        spec = options.starting
+        # Only the ListOffsets requests the spec needs (resolve_offsets reads no other edge).
+        specific = set(spec.specific.values())
+        earliest = self.earliest(tps) if spec.strategy == "earliest" or EARLIEST in specific else {}
+        latest = self.latest(tps) if spec.strategy == "latest" or LATEST in specific else {}
+        return resolve_offsets(spec, tps, earliest, latest, "startingOffsets")
 
     def ending_offsets(self, tps: list[TopicPartition], earliest: Offsets) -> Offsets:
         """endingTimestamp, else endingOffsetsByTimestamp, else endingOffsets; a partition
@@ -479,6 +501,11 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.options = options
         self.arrow_schema = arrow_schema(schema)
         self.view = ClusterView(options)
+        # Resolved once per reader (Spark asks for the initial offset more than once: to find
+        # the first batch's end and again to plan it; both must see the same start).
+        self._initial: Offsets | None = None
+        # Trigger.AvailableNow: the partitions and end offsets fixed when the run starts.
+        self._available_now_partitions: list[TopicPartition] | None = None
         self._available_now_end: Offsets | None = None
         self._delay = (
             None
@@ -540,15 +567,30 @@ class FjordStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._reported.update(moved)
 
     def initialOffset(self) -> dict[str, Any]:
-        tps = self.view.partitions()
-        return offsets_to_json(self.view.starting_offsets(tps))
+        """Where a query without a checkpoint starts (``startingOffsets`` or the timestamp
+        options), resolved on the first call and the same on every later one. In an
+        AvailableNow run it is resolved for the partitions the run reads and never past the
+        run's end (``startingOffsets=latest`` with records arriving since the end was fixed
+        would otherwise start after it)."""
+        if self._initial is None:
+            tps = self._available_now_partitions
+            start = self.view.starting_offsets(self.view.partitions() if tps is None else tps)
+            end = self._available_now_end
+            if end is not None:
+                start = {tp: min(offset, end.get(tp, offset)) for tp, offset in start.items()}
+            self._initial = start
+        return offsets_to_json(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger
         return ReadAllAvailable() if limit is None else ReadMaxRows(limit)
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_end = self.view.latest(self.view.partitions())
+        """Fix the run's end: the latest offsets of the partitions read now (kept, so the
+        initial offset that Spark asks for next needs no second Metadata request)."""
+        tps = self.view.partitions()
+        self._available_now_partitions = tps
+        self._available_now_end = self.view.latest(tps)
 
     def _latest(self) -> Offsets:
         if self._available_now_end is not None:
