@@ -34,7 +34,7 @@ from fjord.security import (
     TlsFiles,
     principal_from_certificate_subject,
 )
-from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
+from fjord.security.principal import SASL_SESSION_PRINCIPAL
 
 log = logging.getLogger(__name__)
 

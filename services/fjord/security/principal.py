@@ -15,6 +15,7 @@ cluster-action rule here; ACLs and SCRAM users build on the same type):
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -75,3 +76,12 @@ def principal_from_certificate_subject(
     if not cn:
         return ANONYMOUS
     return Principal(cn, is_service=SERVICE_IDENTITY_OU in set(organizational_units))
+
+
+#: The principal of the SASL session whose call is being served (set by the SASL door around
+#: each handler, None elsewhere): what :func:`fjord.tls.grpc_peer_principal` answers there.
+#: Defined here rather than in fjord.security.sasl_sessions so that every client, which opens
+#: its channels through fjord.tls, does not import the SCRAM machinery (scramp: ~30 ms).
+SASL_SESSION_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
+    "fjord_sasl_session_principal", default=None
+)

@@ -26,7 +26,6 @@ users exist); a message out of order is ILLEGAL_SASL_STATE.
 
 from __future__ import annotations
 
-import contextvars
 import enum
 import random
 import secrets
@@ -39,6 +38,10 @@ from dataclasses import dataclass
 from scramp import ScramException, ScramMechanism
 
 from fjord.errors import ConfigError, ErrorCode, FjordError
+
+# SASL_SESSION_PRINCIPAL lives with Principal (fjord.tls reads it without importing scramp);
+# re-exported here, where the SASL door and the broker found it.
+from fjord.security.principal import SASL_SESSION_PRINCIPAL as SASL_SESSION_PRINCIPAL
 from fjord.security.principal import Principal
 from fjord.security.scram import CredentialLookup, check_mechanism
 
@@ -333,10 +336,3 @@ class ClientSession:
 
     def renewal_due(self, now: float) -> bool:
         return self.renew_at is not None and now >= self.renew_at
-
-
-#: The principal of the SASL session whose call is being served (set by the SASL door around
-#: each handler, None elsewhere): what :func:`fjord.tls.grpc_peer_principal` answers there.
-SASL_SESSION_PRINCIPAL: contextvars.ContextVar[Principal | None] = contextvars.ContextVar(
-    "fjord_sasl_session_principal", default=None
-)

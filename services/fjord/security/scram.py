@@ -14,8 +14,6 @@ import hmac
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from scramp import ScramMechanism
-
 from fjord.errors import ConfigError, ErrorCode, FjordError
 
 #: Kafka's mechanism names and wire types (AlterUserScramCredentials' ``mechanism`` byte).
@@ -83,6 +81,8 @@ class ScramCredential:
         check_iterations(iterations)
         if not password:
             raise ScramCredentialError("a SCRAM password must not be empty")
+        from scramp import ScramMechanism  # here: clients import this module, rarely derive
+
         salt_out, stored, server, count = ScramMechanism(name).make_auth_info(
             password, iteration_count=iterations, salt=salt
         )
@@ -99,6 +99,8 @@ class ScramCredential:
         name = check_mechanism(mechanism)
         if not salted_password:
             raise ScramCredentialError("a SCRAM salted password must not be empty")
+        from scramp import ScramMechanism  # here: clients import this module, rarely derive
+
         hash_factory = ScramMechanism(name).hf
         client_key = hmac.new(salted_password, b"Client Key", hash_factory).digest()
         stored_key = hash_factory(client_key).digest()
