@@ -17,7 +17,6 @@ acknowledged record read back.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,12 +34,15 @@ from fjord_operator.ca_rotation import issued_by, load_certificate, load_certifi
 from tests.helpers import tls_peer
 from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
 from tests.k8s.kube.apiserver import RealKube
-from tests.k8s.kube.operator_process import running_operator
 from tests.k8s.kube.secret_mounts import (
     SecretMountingKubelet,
+    admin_operator,
+    broker_bootstrap,
+    kubelet_on_the_local_ca,
     ready_brokers,
     ready_cluster,
     secret_data,
+    secure_local_cluster,
     wait_logged,
 )
 
@@ -80,16 +82,9 @@ class Identity:
 
 @pytest.fixture(scope="module")
 def fjord_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("real-api-ca-renewal"), brokers=3, controllers=1, coordinators=0,
-        cluster_id=f"{NAMESPACE}.{CLUSTER}", unsafe_etcd_no_fsync=True, secure=True,
-        etcd_tls=False,
-    )
-    cluster.start()
-    try:
+    with secure_local_cluster(tmp_path_factory.mktemp("real-api-ca-renewal"), NAMESPACE,
+                              CLUSTER, controllers=1, etcd_tls=False) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
@@ -102,40 +97,26 @@ def identity(fjord_local: LocalCluster, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="module")
 def bootstrap(fjord_local: LocalCluster) -> str:
-    return ",".join(fjord_local.broker_addresses[i] for i in range(3))
+    return broker_bootstrap(fjord_local)
 
 
 @pytest.fixture(scope="module")
 def kubelet(real_kube: RealKube, fjord_local: LocalCluster, bootstrap: str, identity: Identity
             ) -> Iterator[SecretMountingKubelet]:
-    tls = fjord_local.data_dir / "tls"
-    real_kube.kubectl("create", "namespace", NAMESPACE)
-    real_kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{CLUSTER}-cluster-ca", "namespace": NAMESPACE},
-        "data": {s.CA_CERT_KEY: base64.b64encode((tls / "ca.pem").read_bytes()).decode(),
-                 s.CA_KEY_KEY: base64.b64encode((tls / "ca.key").read_bytes()).decode()},
-    }))
-
     def replicas() -> dict[tuple[str, int], tuple[int, ...]]:
         with AdminClient({"bootstrap.servers": bootstrap, **identity.config}) as admin:
             return {(t.name, p.partition): tuple(p.replicas)
                     for t in admin.describe_topics() for p in t.partitions}
 
-    node = SecretMountingKubelet(real_kube, fjord_local, NAMESPACE, CLUSTER, replicas)
-    node.start()
-    try:
+    with kubelet_on_the_local_ca(real_kube, fjord_local, NAMESPACE, CLUSTER, replicas) as node:
         yield node
-    finally:
-        node.stop()
-    assert not node.errors, f"the kubelet harness failed: {node.errors!r}"
 
 
 @pytest.fixture(scope="module")
 def operator_log(real_kube: RealKube, kubelet: SecretMountingKubelet,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with running_operator(real_kube, NAMESPACE, tmp_path_factory.mktemp("ca-renewal-operator"),
-                          kubeconfig=real_kube.admin_kubeconfig) as log:
+    with admin_operator(real_kube, NAMESPACE, tmp_path_factory.mktemp("ca-renewal-operator")
+                        ) as log:
         yield log
 
 

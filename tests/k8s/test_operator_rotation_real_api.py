@@ -33,13 +33,16 @@ from fjord_operator.security import certificate_sans, load_certificate
 from tests.helpers import tls_peer
 from tests.helpers.acks_all_load import REFUSALS, AcksAllLoad, read_values
 from tests.k8s.kube.apiserver import RealKube
-from tests.k8s.kube.operator_process import running_operator
 from tests.k8s.kube.secret_mounts import (
     SecretMountingKubelet,
+    admin_operator,
+    broker_bootstrap,
     broker_pods,
+    kubelet_on_the_local_ca,
     ready_brokers,
     ready_cluster,
     secret_data,
+    secure_local_cluster,
     wait_logged,
 )
 
@@ -52,55 +55,35 @@ TIMEOUT_S = 180.0
 
 @pytest.fixture(scope="module")
 def fjord_local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    cluster = LocalCluster(
-        tmp_path_factory.mktemp("real-api-rotation"), brokers=3, coordinators=0,
-        cluster_id=f"{NAMESPACE}.{CLUSTER}", unsafe_etcd_no_fsync=True, secure=True,
-    )
-    cluster.start()
-    try:
+    with secure_local_cluster(tmp_path_factory.mktemp("real-api-rotation"), NAMESPACE,
+                              CLUSTER) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def bootstrap(fjord_local: LocalCluster) -> str:
-    return ",".join(fjord_local.broker_addresses[i] for i in range(3))
-
-
-def _replicas(admin: AdminClient) -> dict[tuple[str, int], tuple[int, ...]]:
-    return {(t.name, p.partition): tuple(p.replicas)
-            for t in admin.describe_topics() for p in t.partitions}
+    return broker_bootstrap(fjord_local)
 
 
 @pytest.fixture(scope="module")
 def kubelet(real_kube: RealKube, fjord_local: LocalCluster, bootstrap: str
             ) -> Iterator[SecretMountingKubelet]:
-    tls = fjord_local.data_dir / "tls"
-    real_kube.kubectl("create", "namespace", NAMESPACE)
-    real_kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-        "metadata": {"name": f"{CLUSTER}-cluster-ca", "namespace": NAMESPACE},
-        "data": {s.CA_CERT_KEY: base64.b64encode((tls / "ca.pem").read_bytes()).decode(),
-                 s.CA_KEY_KEY: base64.b64encode((tls / "ca.key").read_bytes()).decode()},
-    }))
-    client = AdminClient({"bootstrap.servers": bootstrap, **fjord_local.client_config})
-    node = SecretMountingKubelet(real_kube, fjord_local, NAMESPACE, CLUSTER,
-                                 lambda: _replicas(client))
-    node.start()
-    try:
-        yield node
-    finally:
-        node.stop()
-        client.close()
-    assert not node.errors, f"the kubelet harness failed: {node.errors!r}"
+    with AdminClient({"bootstrap.servers": bootstrap, **fjord_local.client_config}) as client:
+
+        def replicas() -> dict[tuple[str, int], tuple[int, ...]]:
+            return {(t.name, p.partition): tuple(p.replicas)
+                    for t in client.describe_topics() for p in t.partitions}
+
+        with kubelet_on_the_local_ca(real_kube, fjord_local, NAMESPACE, CLUSTER,
+                                     replicas) as node:
+            yield node
 
 
 @pytest.fixture(scope="module")
 def operator_log(real_kube: RealKube, kubelet: SecretMountingKubelet,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with running_operator(real_kube, NAMESPACE, tmp_path_factory.mktemp("rotation-operator"),
-                          kubeconfig=real_kube.admin_kubeconfig) as log:
+    with admin_operator(real_kube, NAMESPACE, tmp_path_factory.mktemp("rotation-operator")
+                        ) as log:
         yield log
 
 

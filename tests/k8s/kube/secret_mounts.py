@@ -1,19 +1,86 @@
-"""What the secure real-API operator tests share: the kubelet harness with the pods' TLS Secret
-volumes, and reads of the FjordCluster's pods, status and Secrets through kubectl."""
+"""What the secure real-API operator tests share: a secure local cluster of 3 brokers playing
+the FjordCluster's pods, the kubelet harness with the pods' TLS Secret volumes (started in a
+namespace whose cluster CA Secret holds the local cluster's CA), the operator process, and
+reads of the FjordCluster's pods, status and Secrets through kubectl."""
 
 from __future__ import annotations
 
 import base64
 import signal
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import log_tail
 from fjord.testing.waiting import WaitTimeout, wait_for
 from fjord.tls import write_private
 from fjord_operator import settings as s
 from tests.k8s.kube.apiserver import RealKube
 from tests.k8s.kube.kubelet import RealKubelet
+from tests.k8s.kube.operator_process import running_operator
+
+BROKERS = 3
+
+
+@contextmanager
+def secure_local_cluster(
+    directory: Path, namespace: str, name: str, **options: Any
+) -> Iterator[LocalCluster]:
+    """A started secure (mutual TLS) local cluster of :data:`BROKERS` brokers whose processes
+    play the pods of FjordCluster ``namespace/name``; ``options`` go to LocalCluster (e.g.
+    ``controllers``, ``etcd_tls``). Stopped on exit."""
+    cluster = LocalCluster(directory, brokers=BROKERS, coordinators=0,
+                           cluster_id=f"{namespace}.{name}", unsafe_etcd_no_fsync=True,
+                           secure=True, **options)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def broker_bootstrap(local: LocalCluster) -> str:
+    """Every broker's address, for the FjordCluster's bootstrap annotation and the clients."""
+    return ",".join(local.broker_addresses[i] for i in range(BROKERS))
+
+
+@contextmanager
+def kubelet_on_the_local_ca(
+    kube: RealKube, local: LocalCluster, namespace: str, name: str,
+    replicas: Callable[[], dict[tuple[str, int], tuple[int, ...]]],
+) -> Iterator[SecretMountingKubelet]:
+    """Creates ``namespace`` with the FjordCluster's CA Secret ``<name>-cluster-ca`` holding the
+    local cluster's CA (the operator takes it over and issues from it, so what the brokers
+    serve chains to what the clients trust), and runs a :class:`SecretMountingKubelet` on
+    ``local`` (``replicas``: the cluster's replica assignment, for the safe roller's view).
+    On exit it is stopped, and an error of its loop fails the test."""
+    tls = local.data_dir / "tls"
+    kube.kubectl("create", "namespace", namespace)
+    kube.kubectl("apply", "-f", "-", stdin=yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+        "metadata": {"name": f"{name}-cluster-ca", "namespace": namespace},
+        "data": {s.CA_CERT_KEY: base64.b64encode((tls / "ca.pem").read_bytes()).decode(),
+                 s.CA_KEY_KEY: base64.b64encode((tls / "ca.key").read_bytes()).decode()},
+    }))
+    node = SecretMountingKubelet(kube, local, namespace, name, replicas)
+    node.start()
+    try:
+        yield node
+    finally:
+        node.stop()
+    assert not node.errors, f"the kubelet harness failed: {node.errors!r}"
+
+
+@contextmanager
+def admin_operator(kube: RealKube, namespace: str, workdir: Path) -> Iterator[Path]:
+    """``fjord operator`` watching ``namespace`` with the API server's admin kubeconfig;
+    yields its log file."""
+    with running_operator(kube, namespace, workdir, kubeconfig=kube.admin_kubeconfig) as log:
+        yield log
 
 
 class SecretMountingKubelet(RealKubelet):
