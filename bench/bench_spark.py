@@ -23,6 +23,17 @@ Source (rows/s = rows / wall time of the whole action, planning included):
   fjord source cannot beat it; the gap is the fetching and decoding.
 - ``spark.range (JVM baseline)``: ``spark.range(rows, numPartitions)`` with columns of the same
   types and sizes built by Spark expressions, into ``noop``: Spark without any Python.
+- ``python streaming source (baseline)``: a Python streaming data source defined here
+  (``memory-stream-baseline``) with ``Trigger.AvailableNow`` into ``noop``: one micro-batch of
+  the same rows, partitions and Arrow batches as the Python-source baseline. Spark runs a
+  streaming Python source's offsets in a Python process of its own, started for each query;
+  this baseline pays that as the fjord stream does (its classes import nothing of fjord there),
+  so it is the streaming source's baseline.
+
+Fixed cost per query (seconds from start to end, topic ``one``: one partition, one record),
+after the rows/s measurements of each round: ``fjord streaming`` (AvailableNow), ``python
+streaming source (baseline)`` (one row) and ``fjord batch``. With ``--records`` rows the
+streaming figure is about rows / batch rate + this cost.
 
 Sink (rows/s = rows / wall time of ``save()``), all from the same DataFrame
 ``spark.range(rows, numPartitions).selectExpr(key binary 10 bytes, value binary)``:
@@ -40,6 +51,7 @@ Every round runs each measurement once, in the order above, and records the 1-mi
 average beside it (the machine is shared: the spread over rounds is reported).
 
     .venv/bin/python bench/bench_spark.py [--records 5000000] [--rounds 3] [--write-results]
+        [--skip source,streaming,fixed,sink]
 """
 
 from __future__ import annotations
@@ -61,15 +73,21 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
+    DataSourceStreamReader,
     InputPartition,
     WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
 import fjord_spark
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
-from fjord_spark.arrow import arrow_schema, reader_schema, repeated_string
+from fjord_spark.arrow import arrow_schema, reader_schema
 
 SOURCE_TARGET = 1_000_000
 SINK_TARGET = 500_000
@@ -82,7 +100,10 @@ def memory_batch(
 ) -> pa.RecordBatch:
     """Rows ``first .. first+count`` of the baseline, shaped like the fjord source's rows
     (10-byte keys, ``value_size``-byte values, topic, partition, offset, timestamp, type),
-    built with vectorised numpy/Arrow calls only (no Python per row)."""
+    built with vectorised numpy/Arrow calls only (no Python per row). Imports fjord_spark here,
+    not at the top: the streaming baseline's classes (pickled by value with what they use) must
+    import nothing of fjord in Spark's offsets process."""
+    from fjord_spark.arrow import repeated_string
 
     def fixed_binary(size: int, data: bytes) -> pa.Array:
         offsets = np.arange(0, (count + 1) * size, size, dtype=np.int32)
@@ -114,11 +135,7 @@ class MemoryReader(DataSourceReader):
         self.schema = arrow_schema(schema)
 
     def partitions(self) -> list[InputPartition]:
-        base, extra = divmod(self.records, self.partitions_count)
-        # Plain InputPartition (a class of this script would not unpickle in the workers).
-        return [
-            InputPartition((p, base + (p < extra))) for p in range(self.partitions_count)
-        ]
+        return split_rows(self.records, self.partitions_count)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         number, rows = partition.value
@@ -126,6 +143,67 @@ class MemoryReader(DataSourceReader):
         for first in range(0, rows, BASELINE_BATCH_ROWS):
             count = min(BASELINE_BATCH_ROWS, rows - first)
             yield memory_batch(self.schema, number, first, count, self.value_size, now_us)
+
+
+def split_rows(rows: int, partitions: int) -> list[InputPartition]:
+    """``rows`` rows over ``partitions`` partitions (plain InputPartitions: a class of this
+    script would not unpickle in the workers)."""
+    base, extra = divmod(rows, partitions)
+    return [InputPartition((p, base + (p < extra))) for p in range(partitions)]
+
+
+class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming baseline: ``records`` rows, all available from the start (offsets
+    ``{"row": n}``), read as the Python-source baseline reads them. Nothing here imports fjord
+    in Spark's offsets process (``read`` runs in the workers)."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.records = int(options["records"])
+        self.partitions_count = int(options["partitions"])
+        self.value_size = int(options["valuesize"])
+        self.spark_schema = schema
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"row": 0}
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        return None
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        return {"row": self.records}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
+        return split_rows(end["row"] - start["row"], self.partitions_count)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from fjord_spark.arrow import arrow_schema
+
+        schema = arrow_schema(self.spark_schema)
+        number, rows = partition.value
+        now_us = int(time.time() * 1_000_000)
+        for first in range(0, rows, BASELINE_BATCH_ROWS):
+            count = min(BASELINE_BATCH_ROWS, rows - first)
+            yield memory_batch(schema, number, first, count, self.value_size, now_us)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+class MemoryStreamDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "memory-stream-baseline"
+
+    def schema(self) -> StructType:
+        from fjord_spark.arrow import reader_schema
+
+        return reader_schema(False)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MemoryStreamReader(dict(self.options), schema)
 
 
 @dataclass(frozen=True)
@@ -191,6 +269,22 @@ class Series:
         print(f"  {self.name}: {rate:,.0f} rows/s (load {self.loads[-1]:.1f})", flush=True)
         return rate
 
+    def time(self, run: Callable[[], None]) -> float:
+        """One query's wall time in seconds (kept in ``rates``; ``row_seconds`` shows it)."""
+        start = time.monotonic()
+        run()
+        seconds = time.monotonic() - start
+        self.rates.append(seconds)
+        self.loads.append(os.getloadavg()[0])
+        print(f"  {self.name}: {seconds:.3f} s (load {self.loads[-1]:.1f})", flush=True)
+        return seconds
+
+    def row_seconds(self) -> str:
+        rounds = ", ".join(
+            f"{s:.3f} ({load:.1f})" for s, load in zip(self.rates, self.loads, strict=True)
+        )
+        return f"| {self.name} | {min(self.rates):.3f} | {max(self.rates):.3f} | {rounds} |"
+
     @property
     def best(self) -> float:
         return max(self.rates)
@@ -224,11 +318,20 @@ def main() -> int:
         for name in (
             "fjord batch read -> noop",
             "fjord streaming read (AvailableNow) -> noop",
+            "python streaming source (AvailableNow, baseline) -> noop",
             "python source (baseline) -> noop",
             "spark.range (JVM baseline) -> noop",
             "spark.range -> fjord sink",
             "spark.range -> python noop writer (baseline)",
             "spark.range -> noop (JVM baseline)",
+        )
+    }
+    fixed = {
+        name: Series(name)
+        for name in (
+            "fjord streaming read (AvailableNow), 1 record",
+            "python streaming source (AvailableNow, baseline), 1 row",
+            "fjord batch read, 1 record",
         )
     }
     with tempfile.TemporaryDirectory(prefix="bench-spark-") as tmp:
@@ -245,10 +348,12 @@ def main() -> int:
                         NewTopic(name, args.partitions, 1)
                         for name in ("warmup", "bench", "sink-warmup", "sink")
                     ]
+                    + [NewTopic("one", 1, 1)]
                 )
             prefill = time.monotonic()
             produce(bootstrap, "warmup", warmup, args.value_size)
             produce(bootstrap, "bench", args.records, args.value_size)
+            produce(bootstrap, "one", 1, args.value_size)
             prefill_s = time.monotonic() - prefill
             print(f"prefilled {args.records + warmup:,} records in {prefill_s:.1f} s", flush=True)
             spark = fjord_spark.create_session(
@@ -262,6 +367,7 @@ def main() -> int:
             )
             spark.sparkContext.setLogLevel("ERROR")
             spark.dataSource.register(MemoryDataSource)
+            spark.dataSource.register(MemoryStreamDataSource)
             run = 0
 
             def checkpoint() -> str:
@@ -283,6 +389,24 @@ def main() -> int:
             def fjord_streaming(topic: str) -> None:
                 query = (
                     fjord_reader(topic, True)
+                    .load()
+                    .writeStream.format("noop")
+                    .option("checkpointLocation", checkpoint())
+                    .trigger(availableNow=True)
+                    .start()
+                )
+                if not query.awaitTermination(1800):
+                    query.stop()
+                    raise RuntimeError("streaming query did not finish in 30 min")
+                if query.exception() is not None:
+                    raise RuntimeError(f"streaming query failed: {query.exception()}")
+
+            def python_streaming(rows: int) -> None:
+                query = (
+                    spark.readStream.format("memory-stream-baseline")
+                    .option("records", str(rows))
+                    .option("partitions", str(args.partitions))
+                    .option("valueSize", str(args.value_size))
                     .load()
                     .writeStream.format("noop")
                     .option("checkpointLocation", checkpoint())
@@ -354,6 +478,7 @@ def main() -> int:
             if count != warmup:
                 raise RuntimeError(f"the fjord source read {count:,} rows, expected {warmup:,}")
             fjord_streaming("warmup")
+            python_streaming(warmup)
             python_source(warmup)
             jvm_source(warmup)
             fjord_sink(warmup, "sink-warmup")
@@ -369,6 +494,17 @@ def main() -> int:
                     series["fjord streaming read (AvailableNow) -> noop"].add(
                         args.records, lambda: fjord_streaming("bench")
                     )
+                    series["python streaming source (AvailableNow, baseline) -> noop"].add(
+                        args.records, lambda: python_streaming(args.records)
+                    )
+                if "fixed" not in skip:
+                    fixed["fjord streaming read (AvailableNow), 1 record"].time(
+                        lambda: fjord_streaming("one")
+                    )
+                    fixed["python streaming source (AvailableNow, baseline), 1 row"].time(
+                        lambda: python_streaming(1)
+                    )
+                    fixed["fjord batch read, 1 record"].time(lambda: fjord_batch("one"))
                 if "source" not in skip:
                     series["python source (baseline) -> noop"].add(
                         args.records, lambda: python_source(args.records)
@@ -407,6 +543,10 @@ def main() -> int:
     for name, baseline in (
         ("fjord batch read -> noop", "python source (baseline) -> noop"),
         ("fjord streaming read (AvailableNow) -> noop", "python source (baseline) -> noop"),
+        (
+            "fjord streaming read (AvailableNow) -> noop",
+            "python streaming source (AvailableNow, baseline) -> noop",
+        ),
         ("spark.range -> fjord sink", "spark.range -> python noop writer (baseline)"),
         ("spark.range -> fjord sink", "spark.range -> noop (JVM baseline)"),
     ):
@@ -436,6 +576,18 @@ def main() -> int:
             *(s.row() for s in measured),
             "",
             *verdicts,
+            *(
+                [
+                    "",
+                    "Fixed cost per query (topic `one`: one partition, one record):",
+                    "",
+                    "| query | seconds (best) | seconds (worst) | rounds: seconds (load) |",
+                    "|---|---:|---:|---|",
+                    *(s.row_seconds() for s in fixed.values() if s.rates),
+                ]
+                if any(s.rates for s in fixed.values())
+                else []
+            ),
         ]
     )
     print(body)
