@@ -466,6 +466,34 @@ def test_a_batch_opened_while_the_window_is_full_grows_and_leaves_when_it_has_ro
     assert normal is not None and normal.reserved_bytes == 200 and not acc.window_full(TP0)
 
 
+def test_a_batch_opened_behind_queued_batches_that_fill_the_window_grows() -> None:
+    """One batch unanswered (window of 2) and one full batch queued behind it, not drained
+    yet (the sender has not run): the window has room, but the queued batch takes it, so the
+    next batch cannot leave before an answer either and grows (it used to open at batch.size
+    and leave alone later, holding a window slot for a whole round trip)."""
+    acc = make_idempotent_accumulator()
+    (first,) = fill_and_send(acc, 1)
+    assert not acc.window_full(TP0) and not acc.blocked_behind_window(TP0)
+    for _ in range(2):  # 61 + 2 x 47 bytes: a third record would pass 200 bytes
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    queued = acc.open_batch(TP0)
+    assert queued is not None and queued.reserved_bytes == 200 and queued.record_count == 2
+    acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)  # refused by the full one: a new batch
+    grown = acc.open_batch(TP0)
+    assert grown is not None and grown is not queued
+    assert not acc.window_full(TP0) and acc.blocked_behind_window(TP0)
+    assert grown.reserved_bytes == 800  # grown: it may take blocked_batch_size
+    for _ in range(8):
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert acc.open_batch(TP0) is grown and grown.record_count == 9
+    # The queued batch takes the window's last place; the grown one waits for an answer,
+    # then leaves whole.
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [queued]
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == []
+    answer(acc, first)
+    assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
+
+
 def test_a_grown_batch_stops_at_blocked_batch_size() -> None:
     acc = make_idempotent_accumulator()
     fill_and_send(acc, 2)

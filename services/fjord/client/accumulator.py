@@ -431,13 +431,30 @@ class RecordAccumulator:
         idem = self.idempotence
         return idem is not None and len(idem.window.get(tp, ())) >= idem.max_window
 
+    def blocked_behind_window(self, tp: TopicPartition) -> bool:
+        """Whether a batch of ``tp`` opened now could not leave before an answer comes: the
+        batches unanswered and those queued to leave (each takes a place in the window)
+        fill the idempotence window (False without idempotence). The queued ones count:
+        between an answer and the sender's next drain the window has room, but a batch
+        queued ahead takes it; a batch opened then and sized ``batch.size`` would later
+        leave alone holding a whole window slot for one round trip (issue 18: a third to
+        two thirds of a replicated round's batches were such 16 KiB batches)."""
+        idem = self.idempotence
+        if idem is None:
+            return False
+        queue = self._queues.get(tp)
+        # (A retried batch queued again may be counted twice: it only makes growth likelier.)
+        queued = 0 if queue is None else len(queue)
+        return len(idem.window.get(tp, ())) + queued >= idem.max_window
+
     def _grown_builder(self, tp: TopicPartition, record_size: int) -> Builder | None:
         """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
-        up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked on its
-        window, ``buffer.memory`` has room without waiting and the open grown batches
-        (``_open_grown``) would reserve at most half of it; None for a normal batch."""
+        up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked
+        (:meth:`blocked_behind_window`), ``buffer.memory`` has room without waiting and the
+        open grown batches (``_open_grown``) would reserve at most half of it; None for a
+        normal batch."""
         grown = self._blocked_batch_size
-        if not grown or record_size > grown or not self.window_full(tp):
+        if not grown or record_size > grown or not self.blocked_behind_window(tp):
             return None
         if tp.topic in self._no_growth_topics:
             return None  # its max.message.bytes refused a larger batch
