@@ -356,7 +356,11 @@ def test_leader_failover_keeps_acknowledged_records_and_truncates_the_old_leader
         state = partition_state(cluster, topic)
         return state[0] if state is not None and state[0] in followers else None
 
-    elected = wait_for(new_leader, "a new leader", accept=is_value)
+    wait_for(new_leader, "a new leader", accept=is_value)
+    # The broker that answered names the new leader before that one may serve it (it opens
+    # the partition as leader when its own metadata catches up): wait until it does.
+    elected = leader_of(cluster, topic)
+    assert elected in followers
     more = [f"more-{i}".encode() for i in range(5)]
     out = produce(cluster, elected, topic, more)
     assert out.error.code == 0, out.error.message
