@@ -35,11 +35,13 @@ LINGER_MS = 10_000
 
 
 def stored_codecs(data_dir: Path, topic: str) -> dict[str, list[Compression]]:
-    """The codec of every batch in each replica's segment files of ``topic``-0."""
+    """The codec of every batch in each replica's segment files of ``topic``-0 (a batch the
+    replica is writing at that moment, partly read, is not counted yet)."""
     out = {}
     for directory in sorted(data_dir.glob(f"brokers/*/{topic}-0")):
         data = b"".join(p.read_bytes() for p in sorted(directory.glob("*.log")))
-        out[directory.parent.name] = [b.header.compression for b in read_batches(data)]
+        out[directory.parent.name] = [b.header.compression
+                                      for b in read_batches(data, allow_partial_tail=True)]
     return out
 
 
