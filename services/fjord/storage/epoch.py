@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import threading
 from pathlib import Path
 
 from fjord.storage.checkpoint import read_text, sync_file, write_atomically
-from fjord.storage.disk_health import is_out_of_space
 
 CHECKPOINT_VERSION = 0
 UNDEFINED_EPOCH = -1
@@ -29,16 +29,25 @@ class LeaderEpochCache:
         0 0               <- "epoch start_offset", one line per entry, oldest first
         3 150
 
-    Every change rewrites the file atomically (temporary file + rename) without fsync;
-    :meth:`sync` makes it durable (the log calls it from ``flush()``). After an unclean stop the
-    log re-assigns epochs from the recovered batches' partition leader epochs, so a lost update is
-    rebuilt rather than trusted.
+    A change is kept in memory and written by :meth:`sync` (a temporary file renamed over it, then
+    fsync'd), which the log calls from ``flush()`` and ``close()`` before it moves the recovery
+    point. New entries start at or past the recovery point (a new leader's log end, a follower's
+    appended batch), so the file on disk is right for every offset below the recovery point, and
+    that is all an open after an unclean stop trusts: it drops the entries from the first
+    re-validated segment on and re-learns them from the batches' partition leader epochs
+    (Kafka's rule). Writing the file at every change instead cost a file creation and a rename
+    per partition on the event loop whenever thousands of partitions changed leader at once
+    (docs/performance.md, "The broker at scale").
+
+    Threads: the event loop changes the cache while a flush may run :meth:`sync` in a worker
+    thread; ``_mutex`` makes the snapshot written, and the pending flag, consistent.
     """
 
     def __init__(self, path: Path, entries: list[tuple[int, int]] | None = None) -> None:
         self.path = path
         self._unsynced = False
         self._write_pending = False
+        self._mutex = threading.Lock()
         self._epochs: list[int] = []
         self._offsets: list[int] = []
         for epoch, offset in entries or []:
@@ -75,12 +84,15 @@ class LeaderEpochCache:
             return False
         if self._epochs and self._epochs[-1] == epoch and self._offsets[-1] <= start_offset:
             return False
-        while self._epochs and (self._epochs[-1] >= epoch or self._offsets[-1] >= start_offset):
-            self._epochs.pop()
-            self._offsets.pop()
-        self._epochs.append(epoch)
-        self._offsets.append(start_offset)
-        self._write()
+        with self._mutex:
+            while self._epochs and (
+                self._epochs[-1] >= epoch or self._offsets[-1] >= start_offset
+            ):
+                self._epochs.pop()
+                self._offsets.pop()
+            self._epochs.append(epoch)
+            self._offsets.append(start_offset)
+            self._write_pending = True
         return True
 
     def end_offset_for(self, requested_epoch: int, log_end_offset: int) -> tuple[int, int]:
@@ -108,8 +120,9 @@ class LeaderEpochCache:
         """Drop the entries that start at or after ``end_offset`` (the log was truncated)."""
         keep = bisect.bisect_left(self._offsets, end_offset)
         if keep < len(self._offsets):
-            del self._epochs[keep:], self._offsets[keep:]
-            self._write()
+            with self._mutex:
+                del self._epochs[keep:], self._offsets[keep:]
+                self._write_pending = True
 
     def truncate_from_start(self, start_offset: int) -> None:
         """The log now starts at ``start_offset``: drop older entries, keeping the epoch that
@@ -117,47 +130,43 @@ class LeaderEpochCache:
         covering = bisect.bisect_right(self._offsets, start_offset) - 1
         if covering < 0 or (covering == 0 and self._offsets[0] == start_offset):
             return
-        del self._epochs[:covering], self._offsets[:covering]
-        self._offsets[0] = start_offset
-        self._write()
+        with self._mutex:
+            del self._epochs[:covering], self._offsets[:covering]
+            self._offsets[0] = start_offset
+            self._write_pending = True
 
     def clear(self) -> None:
         if self._epochs:
-            self._epochs.clear()
-            self._offsets.clear()
-            self._write()
+            with self._mutex:
+                self._epochs.clear()
+                self._offsets.clear()
+                self._write_pending = True
+
+    @property
+    def write_pending(self) -> bool:
+        """Whether the cache holds changes the file does not have yet."""
+        return self._write_pending
 
     def sync(self) -> None:
-        """Make the last written content durable (no-op when already durable). Raises the
-        OSError of a write that could not be done before (the disk was full): the caller's
-        flush then fails and the recovery point stays behind."""
+        """Write the pending changes and make the file durable (no-op when it is). Raises the
+        OSError of a write that cannot be done (the disk is full): the caller's flush then
+        fails and the recovery point stays behind."""
         if self._write_pending:
             self._write_strict()
         if self._unsynced:
             self._unsynced = False
             sync_file(self.path)
 
-    def write_now(self) -> None:
-        """Write the file now; raises when it cannot be written (a clean close must not leave
-        its marker over a stale file)."""
-        self._write_strict()
-
-    def _write(self) -> None:
-        """Write the file now; on a full disk keep the change in memory and write it at the
-        next :meth:`sync` (the log's flush) instead of failing the caller (an append, a
-        truncation, becoming leader): the in-memory cache is what answers requests."""
-        try:
-            self._write_strict()
-        except OSError as exc:
-            if not is_out_of_space(exc):
-                raise
-            self._write_pending = True
-
     def _write_strict(self) -> None:
-        lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
-        lines += [f"{e} {o}" for e, o in zip(self._epochs, self._offsets, strict=True)]
-        write_atomically(self.path, "\n".join(lines) + "\n", sync=False)
-        self._write_pending = False
+        with self._mutex:
+            lines = [str(CHECKPOINT_VERSION), str(len(self._epochs))]
+            lines += [f"{e} {o}" for e, o in zip(self._epochs, self._offsets, strict=True)]
+            self._write_pending = False  # a change from here on is pending again
+        try:
+            write_atomically(self.path, "\n".join(lines) + "\n", sync=False)
+        except OSError:
+            self._write_pending = True
+            raise
         self._unsynced = True
 
 

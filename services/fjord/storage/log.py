@@ -115,8 +115,9 @@ class PartitionLog:
         within a segment offsets may have gaps after compaction, see fjord.storage.cleaner),
         only the last one (the active segment) is appended to; there is always one;
       * ``log_start_offset <= log_end_offset``, the log start lies in the first segment;
-      * ``recovery_point <= log_end_offset`` and every byte and index entry below the recovery
-        point has been fsync'd, so recovery after a crash only re-reads what follows it;
+      * ``recovery_point <= log_end_offset`` and every byte below the recovery point has been
+        fsync'd, so recovery after a crash only re-reads the segments holding what follows it
+        (indexes are checked at every open and rebuilt when they fail their checks);
       * every batch in the log has passed header and CRC checks, with offsets stamped.
 
     Threads: every method runs on the caller's thread (the broker's event loop) except
@@ -136,6 +137,11 @@ class PartitionLog:
         self._unflushed_records = 0
         self._first_unflushed_ms: int | None = None
         self._unsynced_segments: list[LogSegment] = []
+        #: Segments re-validated at open after an unclean stop and not fsync'd since: the next
+        #: :meth:`flush` syncs them before it moves the recovery point past them (unlike
+        #: ``_unsynced_segments`` they do not make a flush due: Kafka's rule, the recovery
+        #: point only advances when the log is flushed).
+        self._recovered_unsynced: list[LogSegment] = []
         self._generation = 0  # bumped when offsets below the end go away (truncate, delete)
         self._checkpoint_unsynced = False  # partition-checkpoint written but not fsync'd
         self.epoch_cache = LeaderEpochCache(directory / defaults.LEADER_EPOCH_CHECKPOINT)
@@ -229,8 +235,11 @@ class PartitionLog:
             if not trusted:
                 recovered += 1
                 # Epochs are re-learned from the recovered batches (Kafka does the same): what
-                # the checkpoint says about this segment and later ones is not trusted.
+                # the checkpoint says about this segment and later ones is not trusted, so a
+                # later segment that needs no recovery (this one failed its index checks below
+                # the recovery point) has its epochs re-learned from its headers too.
                 self.epoch_cache.truncate_from_end(segment.base_offset)
+                rebuild_epochs = True
                 cut = segment.recover(self._learn_epoch)
                 truncated += cut
                 if cut:
@@ -260,16 +269,30 @@ class PartitionLog:
         self.epoch_cache.truncate_from_end(self.log_end_offset)
         self.epoch_cache.truncate_from_start(self.log_start_offset)
         self.recovery = RecoveryReport(clean, recovered, truncated, deleted)
-        # Make what recovery decided durable, then mark the log as open (not clean) before
-        # anything new is written: from now on a crash must trigger recovery.
+        # After a clean stop everything was fsync'd at close: the recovery point is the log
+        # end. After an unclean one the recovery point stays where the checkpoint says (capped
+        # at the log end) and the re-validated segments are not fsync'd here: the next flush
+        # syncs them before moving it (Kafka's LogLoader does the same). A crash before then
+        # re-validates the same segments again, from the same recovery point: what recovery
+        # cut or rebuilt need not be durable. Opening thousands of partitions after a crash
+        # then costs reads, not several fsyncs each (docs/performance.md, "The broker at
+        # scale"). The partition checkpoint is rewritten (fsync'd) only when it changes, the
+        # leader epoch checkpoint by the next flush (see LeaderEpochCache).
+        if not clean:
+            self._recovered_unsynced = [
+                s for s in self._segments if s.next_offset > min(recovery_point or 0,
+                                                                 self.log_end_offset)
+            ]
         try:
             for segment in self._segments:
                 segment.write_pending_indexes()
-                if not clean:
-                    segment.fsync()
-            self.epoch_cache.sync()  # every change was written as it happened; make it durable
-            self.recovery_point = self.log_end_offset
-            self._write_partition_checkpoint(sync=True)
+            if clean:
+                self.epoch_cache.sync()
+                self.recovery_point = self.log_end_offset
+            else:
+                self.recovery_point = min(recovery_point or 0, self.log_end_offset)
+            if (recovery_point, log_start) != (self.recovery_point, self.log_start_offset):
+                self._write_partition_checkpoint(sync=True)
         except OSError as e:
             if not is_out_of_space(e):
                 raise
@@ -937,7 +960,8 @@ class PartitionLog:
                     return self.recovery_point
                 target = self.log_end_offset
                 generation = self._generation
-                pending = [s for s in self._unsynced_segments if not s.closed]
+                pending = [s for s in (*self._recovered_unsynced, *self._unsynced_segments)
+                           if not s.closed]
                 if self.active_segment not in pending:
                     pending.append(self.active_segment)
                 fds = []
@@ -958,6 +982,8 @@ class PartitionLog:
                 for _, segment in fds:
                     if segment in self._unsynced_segments:
                         self._unsynced_segments.remove(segment)
+                    if segment in self._recovered_unsynced:
+                        self._recovered_unsynced.remove(segment)
                 self._unflushed_records -= flushed_records
                 if self._unflushed_records <= 0:
                     self._unflushed_records = 0
@@ -987,8 +1013,7 @@ class PartitionLog:
                 segment.fsync()
             self.recovery_point = self.log_end_offset
             self._write_partition_checkpoint(sync=True)
-            self.epoch_cache.write_now()
-            self.epoch_cache.sync()
+            self.epoch_cache.sync()  # raises when it cannot be written: no marker over a stale file
             marker = self.directory / defaults.CLEAN_SHUTDOWN_MARKER
             marker.touch()
             sync_directory(self.directory)
