@@ -357,6 +357,31 @@ def ck_values_at(servers: str, topic: str, isolation: str, expected: int) -> lis
         consumer.close()
 
 
+def kp_committed_values(servers: str, topic: str, expected: int) -> list[str]:
+    """The values kafka-python's read_committed consumer reads from ``topic``-0: ``expected`` of
+    them (a bounded wait), then nothing more within a second. Not ``consumer_timeout_ms``: its
+    idle time counts from the first iteration, connecting and the first fetches included, so a
+    loaded machine's slow start ended the iteration with nothing read."""
+    consumer = KafkaConsumer(bootstrap_servers=servers, isolation_level="read_committed",
+                             enable_auto_commit=False, auto_offset_reset="earliest")
+    try:
+        consumer.assign([KPTopicPartition(topic, 0)])
+        values: list[str] = []
+
+        def read() -> list[Any]:
+            return [r.value.decode() for records in consumer.poll(timeout_ms=500).values()
+                    for r in records]
+
+        wait_for(lambda: values.extend(read()) or len(values) >= expected,
+                 f"{expected} committed values read by kafka-python", WAIT_S)
+        # Nothing more arrives (an aborted record would come after the last committed one).
+        extra = read() + read()
+        assert not extra, extra
+        return values
+    finally:
+        consumer.close()
+
+
 def test_kafka_clients_read_committed_and_write_txn_markers_api(
     cluster: LocalCluster, admin: AdminClient
 ) -> None:
@@ -400,14 +425,7 @@ def test_kafka_clients_read_committed_and_write_txn_markers_api(
 
     assert ck_values(cluster, topic, "read_committed", 2) == ["h2", "p5"]
     assert ck_values(cluster, topic, "read_uncommitted", 4) == ["g0", "g1", "h2", "p5"]
-    kp = KafkaConsumer(bootstrap_servers=cluster.kafka_bootstrap_servers,
-                       isolation_level="read_committed", enable_auto_commit=False,
-                       auto_offset_reset="earliest", consumer_timeout_ms=3000)
-    try:
-        kp.assign([KPTopicPartition(topic, 0)])
-        assert [r.value.decode() for r in kp] == ["h2", "p5"]
-    finally:
-        kp.close()
+    assert kp_committed_values(cluster.kafka_bootstrap_servers, topic, 2) == ["h2", "p5"]
 
 
 def test_kafka_consumers_read_committed_from_the_transactional_producer(
@@ -438,11 +456,4 @@ def test_kafka_consumers_read_committed_from_the_transactional_producer(
     everything = committed[:3] + [f"abort-{i}" for i in range(3)] + committed[3:]
     assert ck_values_at(kafka_bootstrap, topic, "read_committed", 6) == committed
     assert ck_values_at(kafka_bootstrap, topic, "read_uncommitted", 9) == everything
-    kp = KafkaConsumer(bootstrap_servers=kafka_bootstrap, isolation_level="read_committed",
-                       enable_auto_commit=False, auto_offset_reset="earliest",
-                       consumer_timeout_ms=3000)
-    try:
-        kp.assign([KPTopicPartition(topic, 0)])
-        assert [r.value.decode() for r in kp] == committed
-    finally:
-        kp.close()
+    assert kp_committed_values(kafka_bootstrap, topic, 6) == committed
