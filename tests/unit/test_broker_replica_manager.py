@@ -155,6 +155,30 @@ def test_long_poll_wakes_on_append(env: Env) -> None:
     run(scenario())
 
 
+def test_woken_fetch_answers_before_the_produce_that_woke_it(env: Env) -> None:
+    """An append that wakes a parked fetch yields one loop turn before its own answer: the
+    fetch (its records on their way to a consumer or follower) is answered first. A produce
+    that wakes nothing does not count a wake-up."""
+    manager, cluster, _ = env
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", [leader_state()]))
+        one_produce(await manager.produce(produce_request("t", 0, batch(1))))
+        assert manager.waiters_woken == 0
+        waiting = asyncio.ensure_future(
+            manager.fetch(fetch_request("t", 0, 1, max_wait_ms=5000, min_bytes=1))
+        )
+        await until_parked(manager, fetches=1)
+        answer = one_produce(await manager.produce(produce_request("t", 0, batch(2))))
+        assert answer.base_offset == 1
+        assert manager.waiters_woken == 1
+        assert waiting.done()  # answered while the produce yielded
+        out = one_fetch(waiting.result())
+        assert [r.offset for r in decode_records(out.records)] == [1, 2]
+
+    run(scenario())
+
+
 def test_long_poll_times_out_empty_and_min_bytes_accumulates(env: Env) -> None:
     manager, cluster, _ = env
 

@@ -69,6 +69,7 @@ from fjord.storage.region import FileRegion
 from fjord.topic_names import topic_name_problem
 from fjord.topic_partition import TopicPartition
 from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
+from fjord.wakeups import wait_woken
 
 log = logging.getLogger(__name__)
 
@@ -230,6 +231,9 @@ class ReplicaManager:
         self._fetch_waiters: Purgatory[DelayedFetch] = Purgatory()
         self._produce_waiters: Purgatory[DelayedProduce] = Purgatory()
         self._wakeups: dict[DelayedFetch | DelayedProduce, asyncio.Future[None]] = {}
+        #: Parked fetches and produces woken so far (purgatory and fetch sessions): an
+        #: append compares it before and after to know whether it woke one.
+        self.waiters_woken = 0
         #: Incremental fetch sessions (KIP-227) of followers and Kafka consumers, the parked
         #: session fetches (woken by touches of their partitions, and all of them by close),
         #: how often a session fetch looks at every partition of its session (every two
@@ -453,6 +457,7 @@ class ReplicaManager:
         future = self._wakeups.get(op)
         if future is not None and not future.done():
             future.set_result(None)
+            self.waiters_woken += 1
 
     def _wake_producers(self, key: TopicPartition) -> None:
         self._fetch_sessions.touch(key)  # leadership changed: fetchers' answers too
@@ -494,9 +499,9 @@ class ReplicaManager:
         )
         parked.inc()
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
+            # Resumed on the first loop turn after the wake-up (asyncio.wait_for: a turn
+            # later): an append's records reach a parked fetch sooner (fjord.wakeups).
+            await wait_woken(future, timeout_s)
         finally:
             parked.dec()
             purgatory.unwatch(op)
@@ -529,6 +534,7 @@ class ReplicaManager:
             return response
         waiting: dict[TopicPartition, tuple[Any, Partition, int]] = {}
         rewritten = await self._recompressed(request)
+        woken_before = self.waiters_woken
         for topic in request.topics:
             topic_out = response.topics.add(name=topic.name)
             for p in topic.partitions:
@@ -570,6 +576,12 @@ class ReplicaManager:
                     waiting[key] = (out, partition, required)
         if waiting:
             await self._await_replication(waiting, request.timeout_ms)
+        elif self.waiters_woken != woken_before:
+            # These appends woke parked fetches (a consumer's or follower's long poll, or a
+            # produce waiting for the high watermark): let them answer on the next loop turn,
+            # before this answer is serialised and sent (~0.1 ms): the woken answer carries
+            # the records on to their readers, this one only acknowledges.
+            await asyncio.sleep(0)
         return response
 
     async def _recompressed(
@@ -893,6 +905,7 @@ class ReplicaManager:
         def wake() -> None:
             if woken is not None and not woken.done():
                 woken.set_result(None)
+                self.waiters_woken += 1
 
         while True:
             keys_now = set(look_at) | session.dirty
@@ -926,9 +939,7 @@ class ReplicaManager:
             parked.inc()
             self._session_waits.add(woken)
             try:
-                await asyncio.wait_for(woken, remaining)
-            except TimeoutError:
-                pass
+                await wait_woken(woken, remaining)  # (see _wait)
             finally:
                 parked.dec()
                 self._session_waits.discard(woken)

@@ -12,7 +12,6 @@ buffer here is changed only under its lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import heapq
 import logging
 import time
@@ -36,6 +35,7 @@ from fjord.errors import (
 from fjord.records.control import ControlType, control_record_of
 from fjord.records.header import NO_PRODUCER_ID, end_of_whole_batches, next_intact_batch_offset
 from fjord.records.reader import RecordBatch, read_batches
+from fjord.wakeups import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -392,8 +392,9 @@ class Fetcher:
             if need_metadata and (refreshing is None or refreshing.done()):
                 refreshing = asyncio.ensure_future(self._refresh_quietly())
                 refreshing.add_done_callback(lambda _: wakeup.set())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), 1.0)
+            # Woken by a finished Fetch, poll() or a seek (or 1 s): resumed on the next loop
+            # turn, without a task per wait (asyncio.wait_for makes one; fjord.wakeups).
+            await wait_event(wakeup, 1.0)
 
     async def _refresh_quietly(self) -> None:
         try:

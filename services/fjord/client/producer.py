@@ -67,6 +67,7 @@ from fjord.records.builder import BatchBuilder
 from fjord.records.speedups import ATOMIC_APPEND
 from fjord.security import ClientSecurity
 from fjord.topic_names import validate_topic_name
+from fjord.wakeups import wait_event
 
 log = logging.getLogger(__name__)
 
@@ -232,11 +233,7 @@ class _Sender:
     async def _wait_woken(self, timeout_s: float) -> None:
         """Until woken or ``timeout_s`` passed (a timer that sets the wake-up event: cheaper
         than ``asyncio.wait_for``, which makes a task per wait)."""
-        timer = asyncio.get_running_loop().call_later(timeout_s, self.wakeup.set)
-        try:
-            await self.wakeup.wait()
-        finally:
-            timer.cancel()
+        await wait_event(self.wakeup, timeout_s)
 
     def _idempotence_ready(self) -> bool:
         """Whether batches may be drained: a producer id is known and no epoch bump is
