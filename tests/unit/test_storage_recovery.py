@@ -217,7 +217,9 @@ def test_torn_last_batch_is_cut_and_indexes_rebuilt(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_log_manager_loads_every_partition_and_reports_bad_ones(tmp_path: Path) -> None:
+def test_log_manager_loads_every_partition_and_reports_bad_ones(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     manager = LogManager(tmp_path, CONFIG)
     for topic, partition in [("orders", 0), ("orders", 1), ("my-topic.v2", 10)]:
         log = manager.get_or_create(topic, partition)
@@ -231,7 +233,13 @@ def test_log_manager_loads_every_partition_and_reports_bad_ones(tmp_path: Path) 
     crashed.abandon()
     manager.close()
 
-    manager = LogManager(tmp_path, CONFIG)
+    with caplog.at_level("INFO", logger="fjord.storage.manager"):
+        manager = LogManager(tmp_path, CONFIG)
+    # one line for the directory, not one per recovered log (thousands after a crash)
+    assert [r.getMessage().split(" from ")[0] for r in caplog.records] == [
+        "loaded 3 partition logs"
+    ]
+    assert "(1 recovered after an unclean shutdown)" in caplog.records[0].getMessage()
     assert sorted(manager.logs()) == [("my-topic.v2", 10), ("orders", 0), ("orders", 1)]
     orders_1 = manager.get("orders", 1)
     assert orders_1 is not None and orders_1.log_end_offset == 2

@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -114,6 +115,8 @@ class LogManager:
             except FjordError as e:
                 raise StorageError(f"cannot load partition directory {entry}: {e}") from e
 
+        started = time.monotonic()
+        unclean = 0
         with ThreadPoolExecutor(max_workers=defaults.LOAD_THREADS,
                                 thread_name_prefix="fjord-log-load") as pool:
             futures = [pool.submit(open_one, item) for item in found]
@@ -127,10 +130,17 @@ class LogManager:
                 self._logs[key] = opened
                 report = opened.recovery
                 if report is not None and not report.clean_shutdown:
-                    log.warning("recovered %s after an unclean shutdown: %s",
-                                opened.directory, report)
+                    unclean += 1
+                    if report.truncated_bytes or report.deleted_segments:
+                        log.warning("recovered %s after an unclean shutdown: %s",
+                                    opened.directory, report)
         if failure is not None:
             raise failure
+        if found:
+            # One line for the whole directory (Kafka's "Loaded N logs"), not one per log: a
+            # crash of a broker with thousands of partitions wrote thousands of lines here.
+            log.info("loaded %d partition logs from %s in %.1f s (%d recovered after an unclean "
+                     "shutdown)", len(found), self.data_dir, time.monotonic() - started, unclean)
 
     def get_or_create(
         self, topic: str, partition: int, config: LogConfig | None = None
