@@ -17,11 +17,28 @@ wrapped here, the clients' code unchanged):
   wake-up across threads).
 
 Printed: p50/p99 of the whole and of each step, and the mean of each step over the records at
-or above the p99 (what the tail is made of), plus the garbage collections and the load.
+or above the p99 (what the tail is made of), plus the garbage collections, the gRPC
+completions this process's I/O loops handed to each other (grpc.aio has one completion queue
+per process: whichever client loop reads its wake-up runs the events and passes those of the
+other loop on with ``call_soon_threadsafe``, one more thread hop) and the load.
+
+``--broker-stages`` also times the broker (bench/broker_stages/sitecustomize.py, loaded into
+the broker's process only; the broker's code is unchanged) and splits **fetched** into:
+
+- **to broker**: drained -> the broker's Produce handler entered (the client's request, gRPC
+  both sides, the broker's loop picking it up);
+- **in broker**: Produce entered -> the Fetch that returned the record left its handler (the
+  append, the parked fetch woken, its answer built);
+- **to consumer**: that Fetch handler returned -> the answer stored by the consumer (the
+  answer's serialisation and trip, the consumer's loop picking it up);
+
+and counts the broker's event-loop delays (a 1 ms timer more than 1 ms late) and its garbage
+collections during the run.
 
 Run::
 
-    .venv/bin/python bench/latency_breakdown.py [--rate 10000] [--seconds 5] [--runs 3]
+    .venv/bin/python bench/latency_breakdown.py [--rate 10000] [--seconds 5] [--runs 3] \
+        [--broker-stages]
 """
 
 from __future__ import annotations
@@ -55,6 +72,9 @@ from fjord.client import fetcher as fetcher_module
 from fjord.client import producer as producer_module
 from fjord.local.cluster import LocalCluster
 
+STAGES_DIR = Path(__file__).resolve().parent / "broker_stages"
+STAGES_ENV_VAR = "FJORD_BENCH_BROKER_STAGES"  # (bench/broker_stages/sitecustomize.py's)
+
 
 def _ns() -> int:
     return time.perf_counter_ns()
@@ -68,6 +88,8 @@ class Probes:
         self.batches: list[tuple[int, int, int, int, int]] = []
         # (first offset of a stored fetch, stored ns), in fetch order
         self.fetches: list[tuple[int, int]] = []
+        #: gRPC completions one client loop passed to another (see the module docstring).
+        self.handed_over = 0
 
     current: Probes | None = None
 
@@ -103,13 +125,32 @@ class Probes:
         producer_module._Sender._produce = produce  # type: ignore[method-assign]
         fetcher_module.Fetcher._store_fetch = store  # type: ignore[method-assign]
 
+        loop_class = asyncio.BaseEventLoop
+        original_threadsafe = loop_class.call_soon_threadsafe
+
+        def threadsafe(self: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
+            # grpc.aio's PollerCompletionQueue passes another loop's events on with this.
+            if getattr(callback, "__name__", "") == "_handle_callback_wrapper":
+                probes = Probes.current
+                if probes is not None:
+                    probes.handed_over += 1
+            return original_threadsafe(self, callback, *args, **kwargs)
+
+        loop_class.call_soon_threadsafe = threadsafe  # type: ignore[method-assign]
+
 
 def percentile(data: list[float], q: float) -> float:
     data = sorted(data)
     return data[min(len(data) - 1, int(q * len(data)))] if data else float("nan")
 
 
-def one_run(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: int) -> str:
+# (offset, base offset of its batch, total ms, drained ns, stored ns): what --broker-stages joins
+Traced = list[tuple[int, int, float, int, int]]
+
+
+def one_run(
+    bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: int
+) -> tuple[str, Traced]:
     probes = Probes()
     probes.install()
     total = int(rate * seconds)
@@ -153,6 +194,7 @@ def one_run(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: in
     steps: dict[str, list[float]] = {k: [] for k in
                                      ("total", "linger", "late", "produce", "fetched", "poll")}
     per_record = []
+    traced: Traced = []
     for offset, sent, polled in rows:
         i = bisect.bisect_right(starts, offset) - 1
         if i < 0:
@@ -171,6 +213,7 @@ def one_run(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: in
             "poll": (polled - stored) / 1e6,
         }
         per_record.append(parts)
+        traced.append((offset, base, parts["total"], drained, stored))
         for k, v in parts.items():
             steps[k].append(v)
     p99 = percentile(steps["total"], 0.99)
@@ -186,6 +229,58 @@ def one_run(bootstrap: str, topic: str, rate: int, seconds: float, linger_ms: in
     gen = [sum(1 for g, _ in pauses if g == n) for n in range(3)]
     longest = max((ms for _, ms in pauses), default=0.0)
     lines.append(f"  gc: gen0 {gen[0]}, gen1 {gen[1]}, gen2 {gen[2]}, longest {longest:.2f} ms")
+    lines.append(f"  gRPC completions handed from one client loop to the other: "
+                 f"{probes.handed_over}")
+    return "\n".join(lines), traced
+
+
+def broker_events(prefix: Path) -> list[list[str]]:
+    """The broker's recorded events (bench/broker_stages): the file that has produces."""
+    for path in sorted(prefix.parent.glob(prefix.name + ".*")):
+        events = [line.split() for line in path.read_text().splitlines() if line]
+        if any(e[0] == "produce" for e in events):
+            return events
+    return []
+
+
+def broker_stages(topic: str, traced: Traced, events: list[list[str]]) -> str:
+    """The fetched step split at the broker's handlers (see the module docstring)."""
+    produced = {int(e[2]): (int(e[3]), int(e[4])) for e in events
+                if e[0] == "produce" and e[1] == topic}
+    fetches = sorted((int(e[2]), int(e[4])) for e in events if e[0] == "fetch" and e[1] == topic)
+    starts = [f[0] for f in fetches]
+    steps: dict[str, list[float]] = {"to broker": [], "in broker": [], "to consumer": []}
+    tail: dict[str, list[float]] = {k: [] for k in steps}
+    p99 = percentile([t[2] for t in traced], 0.99)
+    for offset, base, total, drained, stored in traced:
+        handled = produced.get(base)
+        j = bisect.bisect_right(starts, offset) - 1
+        if handled is None or j < 0:
+            continue
+        entered, answered = handled[0], fetches[j][1]
+        parts = {"to broker": (entered - drained) / 1e6, "in broker": (answered - entered) / 1e6,
+                 "to consumer": (stored - answered) / 1e6}
+        for k, v in parts.items():
+            steps[k].append(v)
+            if total >= p99:
+                tail[k].append(v)
+    if produced:
+        first = min(v[0] for v in produced.values())
+        last = max(v[1] for v in produced.values())
+    else:
+        first = last = 0
+    late = [int(e[2]) / 1e6 for e in events if e[0] == "late" and first <= int(e[1]) <= last]
+    collections = [int(e[2]) / 1e6 for e in events if e[0] == "gc" and first <= int(e[1]) <= last]
+    lines = [f"  broker ({len(steps['to broker'])} records joined):"]
+    for k, values in steps.items():
+        if values:
+            tail_mean = statistics.mean(tail[k]) if tail[k] else float("nan")
+            lines.append(f"  {k:11s} p50 {percentile(values, 0.5):6.2f}  p99 "
+                         f"{percentile(values, 0.99):6.2f}  max {max(values):6.2f}  mean in the "
+                         f"p99 tail {tail_mean:6.2f} ms")
+    lines.append(f"  broker loop: {len(late)} timers > 1 ms late, longest "
+                 f"{max(late, default=0.0):.2f} ms; gc > 0.1 ms: {len(collections)}, longest "
+                 f"{max(collections, default=0.0):.2f} ms")
     return "\n".join(lines)
 
 
@@ -197,12 +292,22 @@ def main() -> None:
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--switch-interval-us", type=int, default=0,
                         help="sys.setswitchinterval for this (the clients') process; 0: keep")
+    parser.add_argument("--broker-stages", action="store_true",
+                        help="also time the broker's handlers (bench/broker_stages)")
     args = parser.parse_args()
     if args.switch_interval_us:
         sys.setswitchinterval(args.switch_interval_us / 1e6)
     with tempfile.TemporaryDirectory(prefix="bench-latency-") as tmp:
+        prefix = Path(tmp) / "broker-stages"
+        if args.broker_stages:
+            # Inherited by the cluster's processes only (this one has started already).
+            os.environ[STAGES_ENV_VAR] = str(prefix)
+            os.environ["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(STAGES_DIR), os.environ.get("PYTHONPATH", "")) if p
+            )
         cluster = LocalCluster(Path(tmp), brokers=1)
         cluster.start()
+        runs: list[tuple[str, Traced]] = []
         try:
             bootstrap = str(cluster.bootstrap_servers)
             topics = [f"e2e-{n}" for n in range(args.runs)]
@@ -210,10 +315,15 @@ def main() -> None:
                 admin.create_topics([NewTopic(t, 1, 1) for t in topics], timeout=OP_TIMEOUT_S)
             for topic in topics:
                 gc.collect()
-                print(one_run(bootstrap, topic, args.rate, args.seconds, args.linger_ms),
-                      flush=True)
+                text, traced = one_run(bootstrap, topic, args.rate, args.seconds, args.linger_ms)
+                runs.append((topic, traced))
+                print(text, flush=True)
         finally:
-            cluster.stop()
+            cluster.stop()  # the broker writes its stages at exit
+        if args.broker_stages:
+            events = broker_events(prefix)
+            for topic, traced in runs:
+                print(f"{topic}:\n{broker_stages(topic, traced, events)}", flush=True)
 
 
 if __name__ == "__main__":
