@@ -696,3 +696,21 @@ def test_repeated_string_is_pa_repeat(text: str, count: int) -> None:
     built = fjord_arrow.repeated_string(text, count)
     assert built.equals(pa.repeat(pa.scalar(text, pa.string()), count))
     built.validate(full=True)
+
+
+def test_the_offsets_process_imports_no_sink_or_sasl_machinery() -> None:
+    """Spark starts a Python process for every streaming query's offsets, and it imports
+    fjord_spark.source there (unpickling the data source): neither the sink's Arrow compute
+    kernels nor the SCRAM library belong in that start-up."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import fjord_spark.source\n"
+        "print(sorted(m for m in sys.modules if m in ('pyarrow.compute', 'scramp')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.strip() == "[]"
