@@ -9,6 +9,7 @@ failure (eviction, a wrong epoch, a lost answer) costs one full fetch, never a w
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -29,7 +30,15 @@ from fjord.broker.replica_manager import ReplicaManager
 from fjord.errors import ErrorCode
 from fjord.metadata import PartitionState
 from fjord.storage import LogManager
-from tests.helpers.replica_manager import BROKER, Clock, Cluster, batch, leader_state, run
+from tests.helpers.replica_manager import (
+    BROKER,
+    Clock,
+    Cluster,
+    batch,
+    leader_state,
+    run,
+    until_parked,
+)
 
 KEYS = [("t", n) for n in range(5)]
 
@@ -307,6 +316,78 @@ def test_idle_follower_session_keeps_the_follower_in_the_isr(tmp_path: Any) -> N
             assert manager.check_isr_lag() == 0
         clock.now += lag_ms + 1  # it stopped fetching
         assert manager.check_isr_lag() == PARTITIONS
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
+
+
+def test_follower_fetch_that_advances_the_high_watermark_parks_after_one_pass(
+    tmp_path: Any,
+) -> None:
+    """A follower's session fetch that moves the high watermark (its offset is past the last
+    append) and has nothing new to read parks after its first pass: the high watermark it
+    moved is already in that pass's answer, so its own touch does not send it round again.
+    An append then wakes it (one more pass) and it is answered with the records and the new
+    high watermark; a consumer session holding the partition is still touched by the
+    advance."""
+    logs = LogManager(tmp_path / "data")
+    manager = ReplicaManager(BROKER, logs)
+    cluster = Cluster()
+    passes: list[int] = []
+    fetch_once = manager._fetch_once
+
+    async def counting_fetch_once(*args: Any, **kwargs: Any) -> Any:
+        passes.append(1)
+        return await fetch_once(*args, **kwargs)
+
+    manager._fetch_once = counting_fetch_once  # type: ignore[method-assign]
+
+    def follower_request(plan: Any, max_wait_ms: int) -> broker_pb2.FetchRequest:
+        request = session_request(plan)
+        request.replica_id = 2
+        request.max_wait_ms = max_wait_ms
+        request.min_bytes = 1
+        for topic in request.topics:
+            for p in topic.partitions:
+                p.current_leader_epoch = 0
+        return request
+
+    async def produce() -> None:
+        request = broker_pb2.ProduceRequest(acks=1, timeout_ms=1000)
+        request.topics.add(name="t").partitions.add(partition=0, records=batch(2))
+        await manager.produce(request)
+
+    async def scenario() -> None:
+        await manager.apply_metadata(
+            cluster.topic("t", [PartitionState((BROKER, 2), (BROKER, 2), BROKER, 0, 0)])
+        )
+        await produce()  # offsets 0-1; the high watermark waits for the follower
+        consumer: FetchSessionHandler[Any, int] = FetchSessionHandler()
+        consumer_plan = consumer.build({("t", 0): 0})
+        opened = await manager.fetch(session_request(consumer_plan), open_session=True)
+        assert consumer.on_response(consumer_plan, opened.error.code, opened.session_id)
+        handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
+        plan = handler.build({("t", 0): 0})
+        first = await manager.fetch(follower_request(plan, 0))
+        assert handler.on_response(plan, first.error.code, first.session_id)
+        assert answers(first)[("t", 0)][1] == 0 and answers(first)[("t", 0)][5]  # hw 0, data
+        passes.clear()
+        plan = handler.build({("t", 0): 2})  # it holds 0-1 now: the high watermark moves to 2
+        waiting = asyncio.ensure_future(manager.fetch(follower_request(plan, 10_000)))
+        await until_parked(manager, fetches=1)
+        assert manager.partitions[("t", 0)].high_watermark == 2
+        assert len(passes) == 1  # parked after one pass (two before the change)
+        consumer_session = next(s for s in manager._fetch_sessions.sessions()
+                                if s.session_id == opened.session_id)
+        assert ("t", 0) in consumer_session.dirty  # the other session still learns of it
+        await produce()  # offsets 2-3: wakes the parked fetch
+        answered = await asyncio.wait_for(waiting, 10)
+        assert handler.on_response(plan, answered.error.code, answered.session_id)
+        got = answers(answered)[("t", 0)]
+        assert got[1] == 2 and got[5]  # the moved high watermark and the new records
+        assert len(passes) == 2
 
     try:
         run(scenario())

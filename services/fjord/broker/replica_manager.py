@@ -919,7 +919,7 @@ class ReplicaManager:
             ]
             items.sort(key=lambda item: item[0])
             answers, total, _keys, has_error = await self._fetch_once(
-                request, items, region_marker is not None
+                request, items, region_marker is not None, session
             )
             for answer in answers:
                 replaced = results.get(answer.key)
@@ -981,11 +981,13 @@ class ReplicaManager:
 
     async def _fetch_once(
         self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]],
-        as_regions: bool = False,
+        as_regions: bool = False, session: FetchSession[TopicPartition, Any] | None = None,
     ) -> tuple[list[_FetchAnswer], int, list[TopicPartition], bool]:
         """One pass: check every partition of ``requested`` (in that order), then read.
         Returns (one answer per partition, bytes read, keys a delayed fetch should wait on,
-        whether any partition had an error)."""
+        whether any partition had an error). ``session``: the fetch session this pass serves
+        (a follower's fetch that advances a high watermark does not mark its own session's
+        partition for another look: this pass's answer already holds the new value)."""
         replica_id = request.replica_id
         is_follower = replica_id >= 0
         read_committed = not is_follower and request.isolation_level == READ_COMMITTED
@@ -1028,7 +1030,14 @@ class ReplicaManager:
                         if partition.record_follower_fetch(
                             replica_id, fp.fetch_offset, self._clock_ms()
                         ):
+                            dirty_before = session is not None and key in session.dirty
                             self._notify_high_watermark(key, partition, None)
+                            if session is not None and not dirty_before:
+                                # Our own touch: the high watermark is read below, after it
+                                # moved, so this answer carries it; looking again would only
+                                # cost a pass (an empty one) before this fetch parks. Other
+                                # sessions holding the partition stay touched.
+                                session.dirty.discard(key)
                         new_isr = partition.propose_isr_expansion(replica_id)
                         if new_isr is not None:
                             self._request_isr_change(key, partition, new_isr)
