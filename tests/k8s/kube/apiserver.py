@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from fjord.local.etcd import free_port, log_tail
+from fjord.local.etcd import free_port, log_size, log_tail
 from fjord.testing.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -44,6 +44,8 @@ READY_TIMEOUT_S = 90.0
 STOP_TIMEOUT_S = 15.0
 KUBECTL_TIMEOUT_S = 60.0
 PROBE_TIMEOUT_S = 5.0
+PORT_ATTEMPTS = 3
+"""How many free ports kube-apiserver is started on before a port taken each time fails."""
 
 #: The identity of the tests and of kube-controller-manager (system:masters bypasses RBAC).
 ADMIN_USER, ADMIN_GROUP = "fjord-test-admin", "system:masters"
@@ -68,6 +70,10 @@ SERVICE_CLUSTER_IP_RANGE = "10.96.0.0/16"
 
 class KubeMissing(RuntimeError):
     """The binaries are not built; the message names `make kube`."""
+
+
+class PortTaken(RuntimeError):
+    """kube-apiserver exited because its port was bound by another process first."""
 
 
 def missing_binaries(bin_dir: Path = KUBE_BIN) -> list[str]:
@@ -228,6 +234,7 @@ class RealKube:
         self.etcd_url = etcd_url
         self.bin_dir = bin_dir
         self.port = 0
+        self._log_start = 0  # the API server log's size when its current run started
         self.tokens: dict[str, str] = {}  # user -> bearer token (the token file's entries)
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
         self.pki: Pki | None = None
@@ -274,34 +281,44 @@ class RealKube:
             f"{self.tokens[OPERATOR_TOKEN_USER]},{OPERATOR_TOKEN_USER},2\n"
         )
         token_file.chmod(0o600)
-        self.port = free_port()
-        self._spawn(
-            "kube-apiserver",
-            [
-                f"--etcd-servers={self.etcd_url}",
-                # The session etcd is shared: this server keeps to keys of its own.
-                f"--etcd-prefix=/kube-{uuid.uuid4().hex[:12]}",
-                "--bind-address=127.0.0.1",
-                "--advertise-address=127.0.0.1",
-                f"--secure-port={self.port}",
-                "--insecure-port=0",
-                f"--tls-cert-file={serving.cert}",
-                f"--tls-private-key-file={serving.key}",
-                f"--client-ca-file={pki.ca.cert}",
-                f"--token-auth-file={token_file}",
-                "--authorization-mode=RBAC",
-                f"--service-account-key-file={sa_public}",
-                f"--service-account-signing-key-file={sa_private}",
-                f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                f"--cert-dir={self.dir / 'apiserver-certs'}",
-                "--profiling=false",
-                "--v=1",
-            ],
-        )
-        wait_for(
-            self._ready, f"kube-apiserver /readyz on {self.url}", READY_TIMEOUT_S, interval=0.2
-        )
+        # The session etcd is shared: this server keeps to keys of its own.
+        etcd_prefix = f"/kube-{uuid.uuid4().hex[:12]}"
+        for attempt in range(PORT_ATTEMPTS):
+            # A port that was free a moment ago: another process (other helpers' test runs
+            # share the machine) may bind it before the server does; then a new one.
+            self.port = free_port()
+            self._log_start = log_size(self.log_path("kube-apiserver"))
+            self._spawn(
+                "kube-apiserver",
+                [
+                    f"--etcd-servers={self.etcd_url}",
+                    f"--etcd-prefix={etcd_prefix}",
+                    "--bind-address=127.0.0.1",
+                    "--advertise-address=127.0.0.1",
+                    f"--secure-port={self.port}",
+                    "--insecure-port=0",
+                    f"--tls-cert-file={serving.cert}",
+                    f"--tls-private-key-file={serving.key}",
+                    f"--client-ca-file={pki.ca.cert}",
+                    f"--token-auth-file={token_file}",
+                    "--authorization-mode=RBAC",
+                    f"--service-account-key-file={sa_public}",
+                    f"--service-account-signing-key-file={sa_private}",
+                    f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+                    f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                    f"--cert-dir={self.dir / 'apiserver-certs'}",
+                    "--profiling=false",
+                    "--v=1",
+                ],
+            )
+            try:
+                wait_for(self._ready, f"kube-apiserver /readyz on {self.url}", READY_TIMEOUT_S,
+                         interval=0.2)
+                break
+            except PortTaken:
+                del self.processes["kube-apiserver"]  # it exited
+                if attempt == PORT_ATTEMPTS - 1:
+                    raise
         self.write_kubeconfig(self.admin_kubeconfig, token=self.tokens[ADMIN_USER])
         if crd_dir is not None:
             self.install_crds(crd_dir)
@@ -362,10 +379,9 @@ class RealKube:
     def _ready(self) -> bool:
         process = self.processes["kube-apiserver"]
         if process.poll() is not None:
-            raise RuntimeError(
-                f"kube-apiserver exited with {process.returncode}:\n"
-                f"{log_tail(self.log_path('kube-apiserver'), lines=30)}"
-            )
+            tail = log_tail(self.log_path("kube-apiserver"), lines=30, since=self._log_start)
+            error = PortTaken if "address already in use" in tail else RuntimeError
+            raise error(f"kube-apiserver exited with {process.returncode}:\n{tail}")
         try:
             return self.get_raw("/readyz") == b"ok"
         except (OSError, urllib.error.URLError):
