@@ -89,6 +89,7 @@ def test_log_regions_only_for_verified_segments(tmp_path: Path) -> None:
     for i in range(3):
         builder.append(1_000 + i, None, b"v%d" % i)
     log.append(builder.build(), 0)
+    assert log.serves_regions_at(0)  # written here: the read needs no worker thread
     region = log.read_region(0, 1 << 20)
     assert isinstance(region, FileRegion) and region.read() == log.read(0, 1 << 20)
     assert region.end_offset == 3  # read_committed bounds its aborted transactions with it
@@ -97,6 +98,7 @@ def test_log_regions_only_for_verified_segments(tmp_path: Path) -> None:
     log.close()
     reopened = PartitionLog.open(tmp_path / "t-0")  # loaded from disk: not verified yet
     try:
+        assert not reopened.serves_regions_at(0)
         assert reopened.read_region(0, 1 << 20) == reopened.read(0, 1 << 20)
         assert reopened.read_region(3, 1 << 20) == b""  # the log end
     finally:

@@ -55,6 +55,7 @@ from fjord.kafka.transactions import LIST_TRANSACTIONS_VERSIONS, list_no_transac
 from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.metadata import MetadataImage
 from fjord.metadata.schema import kafka_endpoint
+from fjord.observability import metrics
 
 #: Kafka's "no session" fetch session id.
 NO_FETCH_SESSION = NO_SESSION
@@ -197,10 +198,14 @@ class BrokerKafkaHandlers:
             region_marker=None if file_backed is None else file_backed.add,
         )
         top_error = answer.error.code
+        regions = file_backed.regions if file_backed is not None else {}
+        copied = 0
         responses = []
         for t in answer.topics:
             partitions = []
             for p in t.partitions:
+                if p.records and p.records not in regions:
+                    copied += len(p.records)  # zero copy off, or a segment not verified yet
                 partitions.append(
                     part_cls(
                         partition_index=p.partition,
@@ -229,6 +234,8 @@ class BrokerKafkaHandlers:
             session_id=answer.session_id,
             responses=responses,
         )
+        if copied:
+            metrics.record_fetch_record_bytes("copied", copied)
         if file_backed is None or not file_backed.regions:
             return response
         file_backed.response = response

@@ -1082,10 +1082,14 @@ class ReplicaManager:
                 committed_reads.append((out, partition, offset, upper))
         total = 0
         if slots:
-            if read_size_bound(slots, max_bytes) > defaults.READ_IN_THREAD_THRESHOLD_BYTES:
+            if read_size_bound(slots, max_bytes) > defaults.READ_IN_THREAD_THRESHOLD_BYTES and any(
+                reader.may_read_bytes() for _, _, reader in targets
+            ):
                 # Possibly a big read: keep the event loop free (the log locks its own state).
                 # Decided by the bytes there are to read, not by the fetch's limits alone: a
                 # follower (limits of megabytes) that is caught up reads a few KiB per answer.
+                # Not when every read is a region (zero copy): those read no records, only
+                # the index, and a worker-thread hop would cost more than the read.
                 datas = await asyncio.to_thread(assemble_fetch, slots, max_bytes)
             else:
                 datas = assemble_fetch(slots, max_bytes)
@@ -1662,6 +1666,12 @@ class _PartitionReader:
         #: Where the bytes are (a FileRegion, zero copy) rather than the bytes, when it can.
         self.as_region = as_region
         self.error: FjordError | None = None
+
+    def may_read_bytes(self) -> bool:
+        """Whether this read may copy records into memory: always unless it reads a region
+        of a verified segment (a lock-free guess: a segment list changing meanwhile only
+        decides where the read runs, not what it returns)."""
+        return not (self.as_region and self.plog.serves_regions_at(self.offset))
 
     def __call__(self, limit: int) -> bytes | FileRegion:
         try:

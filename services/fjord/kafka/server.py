@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
 from collections.abc import Callable, Iterable, Sequence
@@ -42,6 +43,16 @@ from fjord.storage.region import FileRegion
 from fjord.tls import server_ssl_context, ssl_peer_principal
 
 log = logging.getLogger(__name__)
+
+ZERO_COPY_ENV_VAR = "FJORD_KAFKA_ZERO_COPY"
+"""Set to ``false`` (or ``0``/``no``) to send Fetch records copied through Python on every
+Kafka door instead of from the segment files (``sendfile`` on plaintext doors, a read straight
+into the encryption on TLS ones): the A/B switch of bench/bench_zero_copy.py, and a way out
+should ``sendfile`` misbehave on some file system. The default is zero copy."""
+
+
+def zero_copy_enabled() -> bool:
+    return os.environ.get(ZERO_COPY_ENV_VAR, "true").strip().lower() not in ("false", "0", "no")
 
 
 def client_host(peer: object) -> str:
@@ -83,7 +94,7 @@ class KafkaListener:
         name: str = "kafka",
         ssl_context: ssl.SSLContext | None = None,
         sasl: SaslSettings | None = None,
-        zero_copy: bool = True,
+        zero_copy: bool | None = None,
     ) -> None:
         self._sasl = sasl
         self._dispatcher = dispatcher.advertising(SASL_API_VERSIONS) if sasl else dispatcher
@@ -97,8 +108,9 @@ class KafkaListener:
         self._ssl = ssl_context
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
-        #: Plaintext doors send Fetch records from the segment files with sendfile.
-        self._zero_copy = zero_copy
+        #: Plaintext doors send Fetch records from the segment files with sendfile (None:
+        #: as FJORD_KAFKA_ZERO_COPY says, on by default).
+        self._zero_copy = zero_copy_enabled() if zero_copy is None else zero_copy
 
     async def start(self) -> int:
         """Bind and listen; returns the bound port (port 0 picks a free one)."""
@@ -309,11 +321,10 @@ class _Pipeline:
             raise ConnectionError("the connection's writer stopped")
 
     async def _write_parts(self, parts: list[Part]) -> None:
-        """Write a frame in pieces: bytes as usual, file regions with ``loop.sendfile`` (the
-        kernel copies them from the page cache to the socket). Every region is closed; one
+        """Write a frame in pieces: bytes as usual, file regions with ``sendfile`` (the kernel
+        sends them from the page cache; see :meth:`_sendfile`). Every region is closed; one
         that comes up short (its segment truncated meanwhile) ends the connection, since the
         frame's size is on the wire already."""
-        loop = asyncio.get_running_loop()
         try:
             for part in parts:
                 if not isinstance(part, FileRegion):
@@ -324,16 +335,13 @@ class _Pipeline:
                             if part.count > READ_ON_LOOP_MAX_BYTES else part.read())
                     self._writer.write(data)
                     sent = len(data)
+                    metrics.record_fetch_record_bytes("read", sent)
                     if sent != part.count:
                         raise ConnectionError(
                             f"read {sent} of {part.count} record bytes: the segment shrank"
                         )
                     continue
-                await self._writer.drain()
-                with open(part.fd, "rb", buffering=0, closefd=False) as file:
-                    sent = await loop.sendfile(
-                        self._writer.transport, file, part.offset, part.count
-                    )
+                sent = await self._sendfile(part)
                 metrics.record_sendfile_bytes(sent)
                 if sent != part.count:
                     raise ConnectionError(
@@ -344,6 +352,46 @@ class _Pipeline:
             for part in parts:
                 if isinstance(part, FileRegion):
                     part.close()
+
+    async def _sendfile(self, region: FileRegion) -> int:
+        """Send ``region`` on the socket with ``sendfile``; returns the bytes sent (short only
+        when the file ended first).
+
+        First straight on the socket, when nothing written before waits in the transport's
+        buffer (so the bytes keep their place in the frame): a socket with room takes a whole
+        region in one ``os.sendfile`` call, and the answer costs no event-loop round.
+        ``loop.sendfile`` alone costs several per region even then (it waits for the
+        transport to drain, pauses and resumes reading, registers the socket for writing and
+        waits for the next writable event before it sees that everything went). Whatever
+        the socket did not take goes with ``loop.sendfile``, which waits for room."""
+        transport = self._writer.transport
+        sock = transport.get_extra_info("socket")
+        sent = 0
+        if sock is not None and transport.get_write_buffer_size() == 0:
+            try:
+                while sent < region.count:
+                    chunk = os.sendfile(sock.fileno(), region.fd, region.offset + sent,
+                                        region.count - sent)
+                    if chunk == 0:
+                        return sent  # the file ended: the segment shrank
+                    sent += chunk
+                metrics.record_sendfile_region(waited=False)
+                return sent
+            except (BlockingIOError, InterruptedError):
+                pass  # the socket is full: wait for room below
+            except ConnectionError:
+                raise
+            except OSError:
+                if sent:
+                    raise
+                # sendfile refused this file (some file systems): loop.sendfile falls back
+                # to reading and sending it
+        metrics.record_sendfile_region(waited=True)
+        await self._writer.drain()
+        with open(region.fd, "rb", buffering=0, closefd=False) as file:
+            return sent + await asyncio.get_running_loop().sendfile(
+                transport, file, region.offset + sent, region.count - sent
+            )
 
     async def _write_answers(self) -> None:
         try:

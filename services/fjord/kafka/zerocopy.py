@@ -83,7 +83,7 @@ def splice_frame(frame: bytes | bytearray, regions: Mapping[bytes, FileRegion]) 
     the parts, in order, are the same frame with each marker's records replaced by its region
     (length prefix rewritten) and the size prefix rewritten. Raises :class:`SpliceError` when
     a marker is missing, repeated, or not behind a records length prefix."""
-    data = bytes(frame) if isinstance(frame, bytearray) else frame
+    data = frame  # the encoder's own fresh buffer: cut, never copied whole
     cuts: list[tuple[int, int, bytes, FileRegion]] = []  # (start, end, new prefix, region)
     for marker, region in regions.items():
         at = data.find(marker)

@@ -91,6 +91,20 @@ KAFKA_SENDFILE_BYTES = Counter(
     "fjord_kafka_sendfile_bytes",
     "Record bytes the Kafka listener sent from segment files with sendfile (zero copy).",
 )
+KAFKA_FETCH_RECORD_BYTES = Counter(
+    "fjord_kafka_fetch_record_bytes",
+    "Record bytes of the Kafka listener's Fetch answers by path: sendfile (from the segment "
+    "file to the socket by the kernel), read (from the segment file into the encryption, "
+    "TLS doors), copied (through Python into the encoded frame: zero copy off, or a segment "
+    "not verified since the broker started).",
+    ["path"],
+)
+KAFKA_SENDFILE_REGIONS = Counter(
+    "fjord_kafka_sendfile_regions",
+    "Record regions the Kafka listener sent with sendfile; waited=true: the socket had no "
+    "room for all of it at once and the rest waited in asyncio's loop.sendfile.",
+    ["waited"],
+)
 BROKER_MESSAGES_IN = Counter(
     "fjord_broker_messages_in",
     "Records appended by produce requests, per topic.",
@@ -321,6 +335,17 @@ def record_bytes_out(topic: str, num_bytes: int) -> None:
 
 def record_sendfile_bytes(num_bytes: int) -> None:
     KAFKA_SENDFILE_BYTES.inc(num_bytes)
+    KAFKA_FETCH_RECORD_BYTES.labels("sendfile").inc(num_bytes)
+
+
+def record_sendfile_region(waited: bool) -> None:
+    KAFKA_SENDFILE_REGIONS.labels("true" if waited else "false").inc()
+
+
+def record_fetch_record_bytes(path: str, num_bytes: int) -> None:
+    """Fetch record bytes the Kafka listener served by ``path`` ("read" or "copied"; sendfile
+    ones through :func:`record_sendfile_bytes`)."""
+    KAFKA_FETCH_RECORD_BYTES.labels(path).inc(num_bytes)
 
 
 def set_partitions_led(count: int) -> None:

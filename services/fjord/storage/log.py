@@ -670,6 +670,15 @@ class PartitionLog:
         the bytes themselves."""
         return self._read(offset, max_bytes, max_offset, as_region=True)
 
+    def serves_regions_at(self, offset: int) -> bool:
+        """Whether :meth:`read_region` at ``offset`` would give a region rather than bytes
+        (its segment was verified in this process). Lock-free, so only a guess while the
+        segments change (a roll, retention, truncation in another thread)."""
+        try:
+            return bool(self.segment_for(offset).verified)
+        except IndexError:
+            return False
+
     def _read(
         self, offset: int, max_bytes: int, max_offset: int | None, *, as_region: bool
     ) -> FileRegion | bytes:
