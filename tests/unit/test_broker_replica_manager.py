@@ -20,6 +20,7 @@ from fjord.errors import ConfigError, ErrorCode
 from fjord.records import decode_records
 from fjord.serving import parse_listen
 from fjord.storage import LogManager
+from fjord.storage.region import FileRegion
 from tests.helpers.replica_manager import (
     BROKER,
     Cluster,
@@ -522,6 +523,19 @@ def test_big_fetch_reads_in_thread_and_read_failures_stay_per_partition(
             6, 6
         ]
         assert len(thread_reads) == 1
+        # Zero copy: regions of verified segments read only the index, on the event loop.
+        regions: list[FileRegion] = []
+
+        def marker(region: FileRegion) -> bytes:
+            regions.append(region)
+            return b"region %d" % len(regions)
+
+        zero_copy = await manager.fetch(two_partition_fetch(), region_marker=marker)
+        assert len(thread_reads) == 1
+        assert [p.records for p in zero_copy.topics[0].partitions] == [b"region 1", b"region 2"]
+        assert [r.read() for r in regions] == [p.records for p in big.topics[0].partitions]
+        for region in regions:
+            region.close()
         manager.partitions[("t", 1)].log.close()  # a log that fails under the reader
         out = (await manager.fetch(two_partition_fetch())).topics[0].partitions
         assert out[0].error.code == 0 and len(list(decode_records(out[0].records))) == 6
