@@ -393,3 +393,73 @@ def test_follower_fetch_that_advances_the_high_watermark_parks_after_one_pass(
         run(scenario())
     finally:
         logs.close()
+
+
+def test_a_high_watermark_moved_by_one_follower_does_not_wake_the_others_parked_fetch(
+    tmp_path: Any,
+) -> None:
+    """Two followers, both caught up and parked. The second follower's fetch moves the high
+    watermark: the first follower's parked fetch is not woken for it (it waits for bytes and
+    a high watermark alone does not answer it; woken, it ran a pass that answered nothing);
+    its session is marked, and the next append answers it with the records and the moved
+    high watermark."""
+    logs = LogManager(tmp_path / "data")
+    manager = ReplicaManager(BROKER, logs)
+    cluster = Cluster()
+    passes: dict[int, int] = {2: 0, 3: 0}
+    fetch_once = manager._fetch_once
+
+    async def counting_fetch_once(request: Any, *args: Any, **kwargs: Any) -> Any:
+        passes[request.replica_id] += 1
+        return await fetch_once(request, *args, **kwargs)
+
+    manager._fetch_once = counting_fetch_once  # type: ignore[method-assign]
+    handlers: dict[int, FetchSessionHandler[Any, int]] = {
+        2: FetchSessionHandler(), 3: FetchSessionHandler()
+    }
+
+    async def follower_fetch(replica: int, offset: int, max_wait_ms: int) -> Any:
+        plan = handlers[replica].build({("t", 0): offset})
+        request = session_request(plan)
+        request.replica_id = replica
+        request.max_wait_ms = max_wait_ms
+        request.min_bytes = 1
+        request.topics[0].partitions[0].current_leader_epoch = 0
+        response = await manager.fetch(request)
+        assert handlers[replica].on_response(plan, response.error.code, response.session_id)
+        return answers(response).get(("t", 0))
+
+    async def produce() -> None:
+        request = broker_pb2.ProduceRequest(acks=1, timeout_ms=1000)
+        request.topics.add(name="t").partitions.add(partition=0, records=batch(2))
+        await manager.produce(request)
+
+    async def scenario() -> None:
+        replicas = (BROKER, 2, 3)
+        await manager.apply_metadata(
+            cluster.topic("t", [PartitionState(replicas, replicas, BROKER, 0, 0)])
+        )
+        partition = manager.partitions[("t", 0)]
+        await produce()  # offsets 0-1
+        for replica in (2, 3):
+            got = await follower_fetch(replica, 0, 0)
+            assert got is not None and got[5]  # the records
+        third = asyncio.ensure_future(follower_fetch(3, 2, 10_000))
+        await until_parked(manager, fetches=1)
+        assert partition.high_watermark == 0  # follower 2 has not confirmed 0-1 yet
+        before = passes[3]
+        second = asyncio.ensure_future(follower_fetch(2, 2, 10_000))
+        await until_parked(manager, fetches=2)
+        assert partition.high_watermark == 2  # moved by follower 2's fetch
+        assert passes[3] == before  # follower 3's parked fetch was not woken for it
+        session_3 = next(s for s in manager._fetch_sessions.sessions() if s.owner == ("replica", 3))
+        assert ("t", 0) in session_3.dirty
+        await produce()  # offsets 2-3: both wake
+        for waiting in (third, second):
+            got = await asyncio.wait_for(waiting, 10)
+            assert got is not None and got[1] == 2 and got[5]
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()

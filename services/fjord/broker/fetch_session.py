@@ -299,15 +299,18 @@ class FetchSessionCache(Generic[K, V]):
             if not holders:
                 del self._by_key[key]
 
-    def touch(self, key: K) -> None:
+    def touch(
+        self, key: K, wake: Callable[[FetchSession[K, V]], bool] | None = None
+    ) -> None:
         """``key``'s leader-side state may have changed: every session holding it looks at it
-        on its next fetch (and a parked one wakes)."""
+        on its next fetch (and a parked one wakes, unless ``wake`` says it need not: a change
+        that cannot complete its parked fetch waits for the fetch's next pass)."""
         holders = self._by_key.get(key)
         if not holders:
             return
         for session in holders:
             session.dirty.add(key)
-            if session.woken is not None:
+            if session.woken is not None and (wake is None or wake(session)):
                 session.woken()
 
     def touch_all(self) -> None:

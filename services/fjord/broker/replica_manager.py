@@ -434,10 +434,18 @@ class ReplicaManager:
     # --- wakeups ------------------------------------------------------------------------------
 
     def _notify_high_watermark(
-        self, key: TopicPartition, partition: Partition, new_bytes: int | None
+        self, key: TopicPartition, partition: Partition, new_bytes: int | None,
+        *, by_follower_fetch: bool = False,
     ) -> None:
-        """The partition's high watermark advanced (by ``new_bytes`` bytes, None: unknown)."""
-        self._fetch_sessions.touch(key)
+        """The partition's high watermark advanced (by ``new_bytes`` bytes, None: unknown).
+        ``by_follower_fetch``: a follower's fetch moved it and nothing was appended, so the
+        sessions of followers are marked but their parked fetches not woken: a parked
+        follower fetch waits for bytes (min_bytes >= 1; with 0 it never parks), and a moved
+        high watermark alone does not answer it (Kafka's rule); it carries the new value in
+        its next answer. Woken, it only ran a pass that answered nothing."""
+        self._fetch_sessions.touch(
+            key, _not_a_follower_session if by_follower_fetch else None
+        )
         hw = partition.high_watermark
         for produce_op in self._produce_waiters.watchers(key):
             if produce_op.on_high_watermark(key, hw):
@@ -1031,7 +1039,8 @@ class ReplicaManager:
                             replica_id, fp.fetch_offset, self._clock_ms()
                         ):
                             dirty_before = session is not None and key in session.dirty
-                            self._notify_high_watermark(key, partition, None)
+                            self._notify_high_watermark(key, partition, None,
+                                                        by_follower_fetch=True)
                             if session is not None and not dirty_before:
                                 # Our own touch: the high watermark is read below, after it
                                 # moved, so this answer carries it; looking again would only
@@ -1648,6 +1657,13 @@ class ReplicaManager:
             partition = self.partitions.get(key)
             if partition is not None and partition.update_assignment(partition.assignment):
                 self._notify_high_watermark(key, partition, None)
+
+
+def _not_a_follower_session(session: FetchSession[TopicPartition, Any]) -> bool:
+    """Whether a fetch session is a consumer's (owner None), not a follower's (owner
+    ``("replica", id)``, as :meth:`ReplicaManager._fetch_in_session` opens them)."""
+    owner = session.owner
+    return not (isinstance(owner, tuple) and owner and owner[0] == "replica")
 
 
 class _PartitionReader:
