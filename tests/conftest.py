@@ -11,6 +11,11 @@ tests/integration/conftest.py so that tests/integration and tests/spark share ON
   ``kafka_bootstrap``: its brokers' Kafka-protocol listeners, for Kafka clients.
 - ``no_global_instrumentation``: for one test, this process as if it had no global tracer
   provider and served no ``/metrics``, whatever earlier tests in the process installed.
+
+Hypothesis runs without its per-example deadline (profile ``fjord``, loaded here before any test
+module builds its ``settings``): on a loaded machine one example of a property test can take a
+descheduled 300 ms, and Hypothesis then replays it, finds it fast and fails the test as
+"Unreliable test timings". The property tests bound their work by their strategies instead.
 """
 
 from __future__ import annotations
@@ -20,8 +25,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from fjord.local.etcd import EtcdProcess
+
+settings.register_profile("fjord", deadline=None)
+settings.load_profile("fjord")
 
 
 @pytest.fixture(scope="session")
