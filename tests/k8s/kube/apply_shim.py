@@ -32,7 +32,6 @@ from typing import Any
 
 import yaml
 
-from fjord.local.etcd import free_port
 from tests.k8s.kube.apiserver import RealKube
 
 APPLY_CONTENT_TYPE = "application/apply-patch+yaml"
@@ -75,9 +74,11 @@ class ApplyProtocolShim:
         serving = self.kube.pki.issue(
             "apply-shim", "fjord-apply-shim", server_names=("localhost",), server_ips=("127.0.0.1",)
         )
-        self.port = free_port()
         handler = _handler(self)
-        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), handler)
+        # Port 0: the kernel picks a free port as it binds (a port picked first could be taken
+        # by another process before the bind).
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.port = int(server.server_address[1])
         server.daemon_threads = True
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(serving.cert, serving.key)
