@@ -109,7 +109,11 @@ def splice_frame(frame: bytes | bytearray, regions: Mapping[bytes, FileRegion]) 
         size += len(prefix) + region.count - (end - start)
         position = end
     parts.append(view[position:])
-    parts.insert(0, _INT32.pack(size))
+    # The size prefix goes with the bytes after it (a few dozen bytes copied): one send and
+    # one packet fewer per answer.
+    first = parts[0]
+    assert not isinstance(first, FileRegion)  # a cut starts at 4 or later: bytes come first
+    parts[0] = _INT32.pack(size) + first
     return parts
 
 
