@@ -88,8 +88,9 @@ class Probes:
         self.batches: list[tuple[int, int, int, int, int]] = []
         # (first offset of a stored fetch, stored ns), in fetch order
         self.fetches: list[tuple[int, int]] = []
-        #: gRPC completions one client loop passed to another (see the module docstring).
-        self.handed_over = 0
+        #: gRPC completions one client loop passed to another (see the module docstring):
+        #: milliseconds from the hand-over to the other loop running it.
+        self.hand_overs: list[float] = []
 
     current: Probes | None = None
 
@@ -130,11 +131,16 @@ class Probes:
 
         def threadsafe(self: Any, callback: Any, *args: Any, **kwargs: Any) -> Any:
             # grpc.aio's PollerCompletionQueue passes another loop's events on with this.
-            if getattr(callback, "__name__", "") == "_handle_callback_wrapper":
-                probes = Probes.current
-                if probes is not None:
-                    probes.handed_over += 1
-            return original_threadsafe(self, callback, *args, **kwargs)
+            probes = Probes.current
+            if probes is None or getattr(callback, "__name__", "") != "_handle_callback_wrapper":
+                return original_threadsafe(self, callback, *args, **kwargs)
+            handed = _ns()
+
+            def timed(*inner: Any) -> Any:
+                probes.hand_overs.append((_ns() - handed) / 1e6)
+                return callback(*inner)
+
+            return original_threadsafe(self, timed, *args, **kwargs)
 
         loop_class.call_soon_threadsafe = threadsafe  # type: ignore[method-assign]
 
@@ -229,8 +235,10 @@ def one_run(
     gen = [sum(1 for g, _ in pauses if g == n) for n in range(3)]
     longest = max((ms for _, ms in pauses), default=0.0)
     lines.append(f"  gc: gen0 {gen[0]}, gen1 {gen[1]}, gen2 {gen[2]}, longest {longest:.2f} ms")
-    lines.append(f"  gRPC completions handed from one client loop to the other: "
-                 f"{probes.handed_over}")
+    hops = probes.hand_overs
+    lines.append(f"  gRPC completions handed from one client loop to the other: {len(hops)}, "
+                 f"hand-over -> run p50 {percentile(hops, 0.5):.2f} p99 "
+                 f"{percentile(hops, 0.99):.2f} max {max(hops, default=0.0):.2f} ms")
     return "\n".join(lines), traced
 
 
