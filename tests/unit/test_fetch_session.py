@@ -28,7 +28,7 @@ from fjord.broker.fetch_session import (
 )
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.errors import ErrorCode
-from fjord.metadata import PartitionState
+from fjord.metadata import BrokerRegistration, PartitionState
 from fjord.storage import LogManager
 from tests.helpers.replica_manager import (
     BROKER,
@@ -458,6 +458,148 @@ def test_a_high_watermark_moved_by_one_follower_does_not_wake_the_others_parked_
         for waiting in (third, second):
             got = await asyncio.wait_for(waiting, 10)
             assert got is not None and got[1] == 2 and got[5]
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
+
+
+def test_a_restarted_follower_rejoins_the_isr_once_its_registration_is_known(
+    tmp_path: Any,
+) -> None:
+    """A restarted follower fetches before the leader's metadata shows its new registration:
+    those fetches are served but count for nothing (KIP-903). Once the leader learns the
+    registration, the follower's next incremental fetch, which names no partition (idle, its
+    offsets did not move), brings the ISR expansion of every partition, not the session's
+    next full pass (2 x replica.lag.time.max.ms later)."""
+    logs = LogManager(tmp_path / "data")
+    clock = Clock()
+    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000"}, clock_ms=clock)
+    cluster = Cluster()
+    cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
+    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
+
+    def follower_request(plan: Any, replica_epoch: int) -> broker_pb2.FetchRequest:
+        request = session_request(plan)
+        request.replica_id, request.replica_epoch = 2, replica_epoch
+        for topic in request.topics:
+            for p in topic.partitions:
+                p.current_leader_epoch = 0
+        return request
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", states))
+        old_epoch = cluster.image.broker_epoch(2)
+        assert old_epoch is not None
+        new_epoch = cluster.revision + 1  # its next registration, not yet seen here
+        handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
+        positions = {("t", n): 0 for n in range(PARTITIONS)}
+        plan = handler.build(positions)
+        response = await manager.fetch(follower_request(plan, new_epoch))
+        assert plan.full and handler.on_response(plan, response.error.code, response.session_id)
+        assert manager.take_isr_requests() == []  # an unknown incarnation proves nothing
+        image = cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
+        assert image.broker_epoch(2) == new_epoch
+        await manager.apply_metadata(image)
+        clock.now += 1_000
+        plan = handler.build(positions)
+        assert not plan.full and plan.to_send == {}
+        response = await manager.fetch(follower_request(plan, new_epoch))
+        assert handler.on_response(plan, response.error.code, response.session_id)
+        requested = manager.take_isr_requests()
+        assert sorted(r.partition for r in requested) == list(range(PARTITIONS))
+        assert all(tuple(r.new_isr) == (BROKER, 2) for r in requested)
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
+
+
+def test_a_refused_expansion_is_proposed_again_on_an_idle_session(tmp_path: Any) -> None:
+    """The controller refuses an ISR expansion (the restarted follower is not live in its view
+    yet): the leader proposes it again on the follower's next incremental fetch, though that
+    fetch names no partition, instead of at the session's next full pass."""
+    logs = LogManager(tmp_path / "data")
+    clock = Clock()
+    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000",
+                                            "replica.fetch.backoff.ms": "100"}, clock_ms=clock)
+    cluster = Cluster()
+    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
+
+    def follower_request(plan: Any) -> broker_pb2.FetchRequest:
+        request = session_request(plan)
+        request.replica_id = 2  # not registered: its incarnation cannot be checked
+        for topic in request.topics:
+            for p in topic.partitions:
+                p.current_leader_epoch = 0
+        return request
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", states))
+        handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
+        positions = {("t", n): 0 for n in range(PARTITIONS)}
+        plan = handler.build(positions)
+        response = await manager.fetch(follower_request(plan))
+        assert handler.on_response(plan, response.error.code, response.session_id)
+        proposed = manager.take_isr_requests()
+        assert len(proposed) == PARTITIONS
+        for request in proposed:
+            manager.on_isr_change_result(request, ErrorCode.INELIGIBLE_REPLICA.code, None)
+        plan = handler.build(positions)
+        assert not plan.full and plan.to_send == {}
+        refetch = follower_request(plan)
+        refetch.min_bytes, refetch.max_wait_ms = 1, 500  # parked: looked at after the backoff
+        response = await manager.fetch(refetch)
+        assert handler.on_response(plan, response.error.code, response.session_id)
+        again = manager.take_isr_requests()
+        assert sorted(r.partition for r in again) == list(range(PARTITIONS))
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
+
+
+def test_a_follower_that_registers_after_its_first_fetch_rejoins_the_isr_at_once(
+    tmp_path: Any,
+) -> None:
+    """A restarted broker's fetcher starts before its registration: its first fetch carries
+    no broker epoch (-1) and counts for nothing. Its next fetch, incremental and naming no
+    partition (idle), carries its registered epoch: the leader looks at every partition of
+    the session again and proposes the ISR expansions (before: at the next full pass)."""
+    logs = LogManager(tmp_path / "data")
+    clock = Clock()
+    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000"}, clock_ms=clock)
+    cluster = Cluster()
+    cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
+    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
+
+    def follower_request(plan: Any, replica_epoch: int) -> broker_pb2.FetchRequest:
+        request = session_request(plan)
+        request.replica_id, request.replica_epoch = 2, replica_epoch
+        for topic in request.topics:
+            for p in topic.partitions:
+                p.current_leader_epoch = 0
+        return request
+
+    async def scenario() -> None:
+        await manager.apply_metadata(cluster.topic("t", states))
+        registered = cluster.image.broker_epoch(2)
+        assert registered is not None
+        handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
+        positions = {("t", n): 0 for n in range(PARTITIONS)}
+        plan = handler.build(positions)
+        response = await manager.fetch(follower_request(plan, -1))
+        assert plan.full and handler.on_response(plan, response.error.code, response.session_id)
+        assert manager.take_isr_requests() == []
+        clock.now += 1_000
+        plan = handler.build(positions)
+        assert not plan.full and plan.to_send == {}
+        response = await manager.fetch(follower_request(plan, registered))
+        assert handler.on_response(plan, response.error.code, response.session_id)
+        assert sorted(r.partition for r in manager.take_isr_requests()) == list(range(PARTITIONS))
 
     try:
         run(scenario())

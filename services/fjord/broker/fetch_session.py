@@ -165,6 +165,8 @@ class FetchSession(Generic[K, V]):
     last_full_pass: float = 0.0
     last_refresh: float = 0.0
     woken: Callable[[], None] | None = None
+    #: The broker epoch a follower's last fetch carried (None: none yet, or a consumer's).
+    owner_epoch: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

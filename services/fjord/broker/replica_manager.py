@@ -283,7 +283,7 @@ class ReplicaManager:
             await self._apply_metadata(image)
 
     async def _apply_metadata(self, image: MetadataImage) -> None:
-        self.image = image
+        previous, self.image = self.image, image
         wanted: dict[TopicPartition, Any] = {}
         settings_by_topic: dict[str, TopicSettings | None] = {}
         for ref in image.partitions_replicated_on(self.broker_id):
@@ -321,6 +321,8 @@ class ReplicaManager:
             )
             if getattr(existing.log, "config", None) != settings.log_config:
                 existing.log.config = settings.log_config  # alter-configs reach open logs
+        if previous is not None:
+            self._touch_for_new_incarnations(previous, image)
         # Partitions this broker already hosts are up to date; new ones are opened (directory,
         # files, producer state: disk work) in a worker thread, a chunk at a time, so that a
         # topic with thousands of partitions never holds the event loop (lease keep-alives,
@@ -372,6 +374,35 @@ class ReplicaManager:
                 if p.is_leader and len(p.assignment.isr) < len(p.assignment.replicas)
             )
         )
+
+    def _look_again_later(self, key: TopicPartition) -> None:
+        """Make every fetch session holding ``key`` look at it again after the fetch backoff
+        (not at once: a parked follower fetch would wake and propose the same change again
+        as fast as the controller answers)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # outside the event loop (unit tests call the handlers directly)
+            self._fetch_sessions.touch(key)
+            return
+        loop.call_later(self.replication.fetch_backoff_ms / 1000, self._fetch_sessions.touch, key)
+
+    def _touch_for_new_incarnations(self, previous: MetadataImage, image: MetadataImage) -> None:
+        """A restarted follower's first fetches may arrive before this broker's metadata
+        shows its new registration: they are served but count for nothing
+        (:meth:`_current_incarnation`). Its fetch session then names only partitions whose
+        fetch offset moves, so on an idle partition the follower would rejoin the ISR only at
+        the session's next full pass (2 x replica.lag.time.max.ms). Once the registration is
+        known, every partition it replicates that we lead is looked at again on its next
+        fetch (touched), with the fetch offset its session holds."""
+        renewed = {
+            broker for broker in image.brokers
+            if image.broker_epoch(broker) != previous.broker_epoch(broker)
+        }
+        if not renewed:
+            return
+        for key, partition in self.partitions.items():
+            if partition.is_leader and not renewed.isdisjoint(partition.assignment.replicas):
+                self._fetch_sessions.touch(key)
 
     def _open_partitions(
         self,
@@ -895,7 +926,15 @@ class ReplicaManager:
                 request, list(requested.items()), region_marker
             )
         deadline = loop.time() + min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
-        full_pass = context.full or now - session.last_full_pass >= self._session_full_pass_s
+        # A follower whose broker epoch changed (it registered after its first fetches, which
+        # therefore counted for nothing: _current_incarnation) has every partition looked at
+        # again, not only those its incremental fetch names: an idle one would otherwise
+        # rejoin the ISR only at the next full pass, 2 x replica.lag.time.max.ms later.
+        renewed = request.replica_id >= 0 and session.owner_epoch != request.replica_epoch
+        if request.replica_id >= 0:
+            session.owner_epoch = request.replica_epoch
+        full_pass = (context.full or renewed
+                     or now - session.last_full_pass >= self._session_full_pass_s)
         if full_pass:
             session.last_full_pass = session.last_refresh = now
             look_at: Iterable[TopicPartition] = list(session.partitions)
@@ -1490,6 +1529,13 @@ class ReplicaManager:
         advanced = partition.on_isr_change_failed(
             stale_epoch=stale, sent_partition_epoch=request.partition_epoch
         )
+        if not stale and set(request.new_isr) > set(request.old_isr):
+            # A refused expansion (the follower was not live yet in the controller's view: a
+            # restarted broker fetches before its registration reaches the controller) is
+            # proposed again only when the partition is looked at again; an idle follower's
+            # session names it only at its next full pass, 2 x replica.lag.time.max.ms later
+            # (Kafka's leader looks at every partition of a session in every fetch).
+            self._look_again_later(key)
         if stale and partition.stale_partition_epoch >= 0:
             log.warning(
                 "%s-%d: the controller refused an ISR change for a stale epoch (error %d); "
