@@ -17,7 +17,16 @@ each count of ``--counts`` a fresh cluster gets one topic of that many partition
 - **restart**: SIGTERM, start again, until every partition is led and served again
   (the broker answers Metadata with every partition led, its gauge says all are open);
 - **recovery**: SIGKILL (no clean-shutdown marker: every partition's log is recovered past its
-  recovery point), start again, same end condition.
+  recovery point), start again, same end condition. With ``--kill-under-writes`` a producer
+  keeps writing (spread over every partition) while the broker is killed, so the active
+  segments hold unflushed batches past their recovery points;
+- **idle CPU** (``--idle-s`` seconds, 0: skipped): once served and nothing is written, each
+  broker's CPU time (utime + stime) over that window, in % of one core;
+- **memory per broker**: every broker's RSS once served.
+
+With ``--replication-factor R`` (default 1) the topic has R replicas per partition; "served"
+then also needs every partition's ISR to hold all its replicas (as broker 0's Metadata says),
+so a restarted broker counts as recovered once it is back in every ISR.
 
 With ``--brokers N`` (default 1) the cluster has N brokers and the topic's partitions (RF 1)
 are spread over them; memory and open files are then broker 0's (about 1/N of the
@@ -28,7 +37,7 @@ count.
 Run::
 
     .venv/bin/python bench/bench_scale.py [--counts 1,100,1000,4000] [--records 100000]
-        [--brokers 1]
+        [--brokers 1] [--replication-factor 1] [--idle-s 0] [--kill-under-writes]
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ import os
 import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -61,9 +71,24 @@ def open_files(pid: int) -> int:
     return len(os.listdir(f"/proc/{pid}/fd"))
 
 
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def idle_cpu_percent(pids: list[int], seconds: float) -> list[float]:
+    """Each process's CPU over ``seconds`` of wall time, in % of one core."""
+    before = [cpu_seconds(pid) for pid in pids]
+    start = time.monotonic()
+    time.sleep(seconds)  # the measured window itself, not a wait for a condition
+    took = time.monotonic() - start
+    return [100 * (cpu_seconds(pid) - b) / took for pid, b in zip(pids, before, strict=True)]
+
+
 def served(cluster: LocalCluster, topic: str, count: int, brokers: int = 1) -> bool:
-    """Every partition led (the metadata of broker 0 says so) and opened by its leader (the
-    brokers' ``fjord_broker_partitions_led`` gauges add up to the count)."""
+    """Every partition led (the metadata of broker 0 says so), with every replica in its ISR,
+    and opened by its leader (the brokers' ``fjord_broker_partitions_led`` gauges add up to
+    the count)."""
     led = 0.0
     for broker in range(brokers):
         try:
@@ -79,7 +104,7 @@ def served(cluster: LocalCluster, topic: str, count: int, brokers: int = 1) -> b
     for t in response.topics:
         if t.name == topic:
             return len(t.partitions) == count and all(
-                0 <= p.leader < brokers for p in t.partitions
+                0 <= p.leader < brokers and len(p.isr) == len(p.replicas) for p in t.partitions
             )
     return False
 
@@ -100,14 +125,40 @@ def produce_spread(
         return records / (time.perf_counter() - start)
 
 
-def restart(cluster: LocalCluster, topic: str, count: int, sig: int, brokers: int) -> float:
+def write_until(bootstrap: str, topic: str, count: int, stop: threading.Event) -> None:
+    """Produce 100-byte records spread over every partition until ``stop`` (then give up on
+    what the killed broker never answered)."""
+    with Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5}) as producer:
+        producer.partitions_for(topic)
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.send(topic, b"x" * 100, partition=i % count)
+            except Exception:  # the broker is gone: the point of the exercise
+                return
+            i += 1
+
+
+def restart(cluster: LocalCluster, topic: str, count: int, sig: int, brokers: int,
+            under_writes: bool = False) -> float:
+    writing = threading.Event()
+    writer = None
+    if under_writes:
+        writer = threading.Thread(target=write_until, daemon=True,
+                                  args=(cluster.bootstrap_servers, topic, count, writing))
+        writer.start()
+        time.sleep(5.0)  # the writes the kill interrupts (a duration, not a wait for a state)
     stopping = time.monotonic()
     process = cluster.process("broker", 0)
     process.send_signal(sig)
     process.wait(WAIT_S)  # a clean stop of thousands of partitions may take a while
     cluster.kill("broker", 0, sig)  # already gone: only records it
     stopped = time.monotonic() - stopping
-    print(f"  broker stopped ({signal.Signals(sig).name}) in {stopped:.2f} s", flush=True)
+    writing.set()
+    if writer is not None:
+        writer.join(30)
+    print(f"  broker stopped ({signal.Signals(sig).name}"
+          f"{', under writes' if under_writes else ''}) in {stopped:.2f} s", flush=True)
     start = time.monotonic()
     cluster.start_broker(0, wait=False)  # its own wait gives up after 30 s; ours measures
     wait_for(lambda: served(cluster, topic, count, brokers), f"{count} partitions served again",
@@ -124,8 +175,14 @@ def main() -> int:
     parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--buffer-memory", type=int, default=0,
                         help="the producer's buffer.memory (0: the default, 32 MiB)")
+    parser.add_argument("--replication-factor", type=int, default=1)
+    parser.add_argument("--idle-s", type=float, default=0.0,
+                        help="measure each broker's idle CPU over this many seconds (0: skip)")
+    parser.add_argument("--kill-under-writes", action="store_true",
+                        help="SIGKILL the broker while a producer writes to every partition")
     args = parser.parse_args()
     brokers = args.brokers
+    rf = args.replication_factor
     rows = []
     for count in (int(c) for c in args.counts.split(",")):
         with tempfile.TemporaryDirectory(prefix="fjord-bench-scale-") as tmp:
@@ -141,18 +198,30 @@ def main() -> int:
                 topic = TOPIC
                 with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
                     start = time.monotonic()
-                    admin.create_topics([NewTopic(topic, count, 1, {})])
+                    admin.create_topics([NewTopic(topic, count, rf, {})])
                     wait_for(lambda c=cluster, n=count: served(c, TOPIC, n, brokers),
                              "partitions served", WAIT_S, interval=0.1)
                     create_s = time.monotonic() - start
                 print(f"  {count} partitions: create -> served {create_s:.2f} s", flush=True)
                 rss_after, files_after = rss_mib(pid), open_files(pid)
+                pids = [cluster.process("broker", b).pid for b in range(brokers)]
+                print("  RSS MiB per broker once served: "
+                      + ", ".join(f"{rss_mib(p):.0f}" for p in pids)
+                      + f" (load {os.getloadavg()[0]:.1f})", flush=True)
+                if args.idle_s:
+                    idle = idle_cpu_percent(pids, args.idle_s)
+                    print(f"  idle CPU over {args.idle_s:.0f} s, % of a core per broker: "
+                          + ", ".join(f"{c:.1f}" for c in idle)
+                          + f" (load {os.getloadavg()[0]:.1f})", flush=True)
                 rate = produce_spread(cluster.bootstrap_servers, topic, count, args.records,
                                       args.buffer_memory)
                 load = os.getloadavg()[0]
                 print(f"  produce spread {rate:,.0f} rec/s (load {load:.1f})", flush=True)
                 restart_s = restart(cluster, topic, count, signal.SIGTERM, brokers)
-                recovery_s = restart(cluster, topic, count, signal.SIGKILL, brokers)
+                print(f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+                recovery_s = restart(cluster, topic, count, signal.SIGKILL, brokers,
+                                     args.kill_under_writes)
+                print(f"  (load {os.getloadavg()[0]:.1f})", flush=True)
                 pid = cluster.process("broker", 0).pid
                 files_restarted = open_files(pid)
             row = (count, create_s, rss_before, rss_after, files_before, files_after, rate,
