@@ -33,7 +33,9 @@ the broker's process only; the broker's code is unchanged) and splits **fetched*
   answer's serialisation and trip, the consumer's loop picking it up);
 
 and counts the broker's event-loop delays (a 1 ms timer more than 1 ms late) and its garbage
-collections during the run.
+collections during the run, and how many records found the consumer's Fetch parked at the
+broker when their Produce arrived (the consumer keeps one Fetch in flight per broker: the
+others wait for its next Fetch to arrive).
 
 Run::
 
@@ -255,8 +257,13 @@ def broker_stages(topic: str, traced: Traced, events: list[list[str]]) -> str:
     """The fetched step split at the broker's handlers (see the module docstring)."""
     produced = {int(e[2]): (int(e[3]), int(e[4])) for e in events
                 if e[0] == "produce" and e[1] == topic}
-    fetches = sorted((int(e[2]), int(e[4])) for e in events if e[0] == "fetch" and e[1] == topic)
+    # (fetch offset, handler entered, handler returned) of the consumer's fetches with records
+    fetches = sorted((int(e[2]), int(e[3]), int(e[4])) for e in events
+                     if e[0] == "fetch" and e[1] == topic)
     starts = [f[0] for f in fetches]
+    # One Fetch in flight per broker: when a record's Produce arrived, was a Fetch parked there?
+    # (Else the record waited for the consumer's next Fetch to arrive.)
+    parked_before: list[float] = []
     steps: dict[str, list[float]] = {"to broker": [], "in broker": [], "to consumer": []}
     tail: dict[str, list[float]] = {k: [] for k in steps}
     p99 = percentile([t[2] for t in traced], 0.99)
@@ -265,7 +272,8 @@ def broker_stages(topic: str, traced: Traced, events: list[list[str]]) -> str:
         j = bisect.bisect_right(starts, offset) - 1
         if handled is None or j < 0:
             continue
-        entered, answered = handled[0], fetches[j][1]
+        entered, answered = handled[0], fetches[j][2]
+        parked_before.append((entered - fetches[j][1]) / 1e6)
         parts = {"to broker": (entered - drained) / 1e6, "in broker": (answered - entered) / 1e6,
                  "to consumer": (stored - answered) / 1e6}
         for k, v in parts.items():
@@ -286,6 +294,14 @@ def broker_stages(topic: str, traced: Traced, events: list[list[str]]) -> str:
             lines.append(f"  {k:11s} p50 {percentile(values, 0.5):6.2f}  p99 "
                          f"{percentile(values, 0.99):6.2f}  max {max(values):6.2f}  mean in the "
                          f"p99 tail {tail_mean:6.2f} ms")
+    if parked_before:
+        arrived_after = sorted(-ms for ms in parked_before if ms < 0)
+        lines.append(
+            f"  a Fetch was parked when the Produce arrived for "
+            f"{100 * (1 - len(arrived_after) / len(parked_before)):.1f}% of the records "
+            f"(parked for p50 {percentile(parked_before, 0.5):.2f} ms); the others waited for "
+            f"the next Fetch p50 {percentile(arrived_after, 0.5):.2f} max "
+            f"{max(arrived_after, default=0.0):.2f} ms")
     lines.append(f"  broker loop: {len(late)} timers > 1 ms late, longest "
                  f"{max(late, default=0.0):.2f} ms; gc > 0.1 ms: {len(collections)}, longest "
                  f"{max(collections, default=0.0):.2f} ms")
