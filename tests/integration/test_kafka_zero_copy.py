@@ -2,7 +2,8 @@
 the segment files to the socket with sendfile are read correctly by confluent-kafka and
 kafka-python: several partitions per answer, values from a few bytes to 300 KiB, fetch limits
 smaller than a batch (the first batch whole, others only as whole batches), the bytes
-counted in fjord_kafka_sendfile_bytes_total."""
+counted in fjord_kafka_sendfile_bytes_total, none in fjord_kafka_fetch_record_bytes_total's
+copied path."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ pytestmark = pytest.mark.integration
 WAIT_S = 60.0
 PARTITIONS = 3
 SENDFILE_METRIC = "fjord_kafka_sendfile_bytes_total"
+COPIED_METRIC = 'fjord_kafka_fetch_record_bytes_total{path="copied"}'
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +54,8 @@ def written(bootstrap: str) -> tuple[str, dict[int, list[bytes]]]:
     return topic, sent
 
 
-def sendfile_bytes(local_cluster: Any) -> float:
-    return sum(scrape_metric(local_cluster.metrics_address("broker", b), SENDFILE_METRIC)
+def sendfile_bytes(local_cluster: Any, metric: str = SENDFILE_METRIC) -> float:
+    return sum(scrape_metric(local_cluster.metrics_address("broker", b), metric)
                for b in local_cluster.broker_addresses)
 
 
@@ -64,6 +66,7 @@ def test_confluent_kafka_reads_every_record(
 ) -> None:
     topic, sent = written
     before = sendfile_bytes(local_cluster)
+    copied_before = sendfile_bytes(local_cluster, COPIED_METRIC)
     partition_max, total_max = limits
     consumer = CKConsumer({"bootstrap.servers": kafka_bootstrap, "group.id": "unused",
                            "enable.auto.commit": False, "max.partition.fetch.bytes": partition_max,
@@ -86,6 +89,8 @@ def test_confluent_kafka_reads_every_record(
         consumer.close()
     assert got == sent
     assert sendfile_bytes(local_cluster) - before >= sum(len(v) for vs in sent.values() for v in vs)
+    # Segments written by this broker process: no record byte went through Python.
+    assert sendfile_bytes(local_cluster, COPIED_METRIC) == copied_before
 
 
 def test_kafka_python_reads_every_record(
@@ -93,6 +98,7 @@ def test_kafka_python_reads_every_record(
 ) -> None:
     topic, sent = written
     before = sendfile_bytes(local_cluster)
+    copied_before = sendfile_bytes(local_cluster, COPIED_METRIC)
     consumer = KafkaConsumer(bootstrap_servers=kafka_bootstrap, enable_auto_commit=False,
                              auto_offset_reset="earliest", max_partition_fetch_bytes=50_000,
                              fetch_max_bytes=120_000)
@@ -111,3 +117,4 @@ def test_kafka_python_reads_every_record(
         consumer.close()
     assert got == sent
     assert sendfile_bytes(local_cluster) - before > 0
+    assert sendfile_bytes(local_cluster, COPIED_METRIC) == copied_before
