@@ -27,6 +27,7 @@ from fjord.errors import ErrorCode, FjordError, InvalidRecordError, RecordTooLar
 from fjord.records.builder import BatchBuilder
 from fjord.records.header import Compression, parse_header
 from fjord.records.reader import decode_records
+from fjord.testing.waiting import wait_for
 
 TP0 = TopicPartition("t", 0)
 TP1 = TopicPartition("t", 1)
@@ -492,6 +493,44 @@ def test_a_batch_opened_behind_queued_batches_that_fill_the_window_grows() -> No
     assert acc.drain([TP0], 1 << 20, now_ms=0) == []
     answer(acc, first)
     assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
+
+
+def test_a_blocked_partition_waits_for_room_for_a_grown_batch() -> None:
+    """buffer.memory has room for a normal batch but not for a grown one while the window is
+    full: a caller that may wait (send() on the application's thread) waits for the room, as
+    for any batch, instead of opening a normal batch (on a nearly full buffer those fed on
+    themselves); one that may not (a callback) gets a normal batch at once."""
+
+    def nearly_full() -> tuple[RecordAccumulator, list[ProducerBatch]]:
+        acc = make_idempotent_accumulator(buffer_memory=2500)
+        sent = fill_and_send(acc, 2)  # the window (2 batches) is full: 2 x 108 bytes held
+        for _ in range(30):  # two full grown batches queued behind it, 800 reserved each
+            acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+        assert acc._reserved + 200 <= 2500 < acc._reserved + 800
+        return acc, sent
+
+    acc, sent = nearly_full()
+    second_grown = acc.open_batch(TP0)
+    opened: list[ProducerBatch | None] = []
+
+    def send() -> None:
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0, max_block_s=10)
+        opened.append(acc.open_batch(TP0))
+
+    waiting = threading.Thread(target=send)
+    waiting.start()
+    wait_for(lambda: len(acc._space._waiters) == 1, "send() waiting for buffer.memory", 10)
+    assert opened == []
+    for batch in sent:
+        answer(acc, batch)  # frees 2 x 108 bytes: room for 800 more
+    waiting.join(10)
+    assert not waiting.is_alive()
+    assert opened[0] is not None and opened[0] is not second_grown
+    assert opened[0].reserved_bytes == 800  # grown, not a normal batch
+    # A caller that cannot wait: a normal batch, at once.
+    nowait, _ = nearly_full()
+    nowait.append(TP0, 1, None, b"v" * 40, (), now_ms=0, max_block_s=0)
+    assert nowait.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
 
 
 def test_a_grown_batch_stops_at_blocked_batch_size() -> None:

@@ -385,7 +385,7 @@ class RecordAccumulator:
                 # linger.ms) is the moment the sticky partitioner moves on.
                 return None, False
             size = _record_size_estimate(key, value, headers)
-            builder = self._grown_builder(tp, size)
+            builder = self._grown_builder(tp, size, max_block_s)
             grown = builder is not None
             if builder is not None:
                 reserve = self._blocked_batch_size  # reserved by _grown_builder
@@ -447,29 +447,41 @@ class RecordAccumulator:
         queued = 0 if queue is None else len(queue)
         return len(idem.window.get(tp, ())) + queued >= idem.max_window
 
-    def _grown_builder(self, tp: TopicPartition, record_size: int) -> Builder | None:
+    def _grown_builder(
+        self, tp: TopicPartition, record_size: int, max_block_s: float = 0.0
+    ) -> Builder | None:
         """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
         up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked
-        (:meth:`blocked_behind_window`), ``buffer.memory`` has room without waiting and the
-        open grown batches (``_open_grown``) would reserve at most half of it; None for a
-        normal batch."""
+        (:meth:`blocked_behind_window`) and the open grown batches (``_open_grown``) would
+        reserve at most half of ``buffer.memory``; None for a normal batch.
+
+        When ``buffer.memory`` has no room for it yet, the caller waits for that room (up to
+        ``max_block_s``, as for any batch) rather than open a normal batch: the record cannot
+        leave before an answer anyway, and normal batches opened on a nearly full buffer
+        fed on themselves (each answer freed a normal batch's bytes, so the next batch was
+        normal again): in rounds larger than ``buffer.memory`` most batches of an acks=all
+        producer were ``batch.size`` batches, at a third of the records/s and three times
+        the brokers' CPU (issue 18, bench/RESULTS.md). A caller that may not wait
+        (``max_block_s`` 0: a send() from a callback) gets a normal batch as before."""
         grown = self._blocked_batch_size
         if not grown or record_size > grown or not self.blocked_behind_window(tp):
             return None
         if tp.topic in self._no_growth_topics:
             return None  # its max.message.bytes refused a larger batch
-        if self._reserved + grown > self._buffer_memory:
-            return None  # never block send() for the sake of a larger batch
         if (len(self._open_grown) + 1) * grown > self._buffer_memory // 2:
             # Open grown batches may be mostly empty (reserved whole, filled slowly): they
             # hold at most half of buffer.memory, so many blocked partitions with a few
             # records each cannot reserve it all. Full grown batches waiting to leave hold
             # records and count as any batch does (a backlog keeps growing its batches).
             return None
+        if self._reserved + grown > self._buffer_memory:
+            if max_block_s <= 0:
+                return None  # never make a caller that cannot wait fail for a larger batch
+            self._reserve(grown, max_block_s)
+        else:
+            self._reserved += grown
         assert self._sized_builder is not None
-        builder = self._sized_builder(grown)
-        self._reserved += grown
-        return builder
+        return self._sized_builder(grown)
 
     def append_many(
         self,
@@ -517,7 +529,7 @@ class RecordAccumulator:
                     value if type(value) is bytes else None,
                     (),
                 )
-                builder = self._grown_builder(tp, estimate)  # (as append() opens batches)
+                builder = self._grown_builder(tp, estimate, max_block_s)  # (as append())
                 grown = builder is not None
                 if builder is not None:
                     reserve = self._blocked_batch_size  # reserved by _grown_builder
@@ -570,6 +582,11 @@ class RecordAccumulator:
 
     def _set_open(self, tp: TopicPartition, batch: ProducerBatch, grown: bool) -> None:
         # With the lock held: ``batch`` (grown or not) is the one appends of ``tp`` go to.
+        previous = self._open.get(tp)
+        if previous is not None and previous is not batch:
+            # Opened by another thread while this one waited for buffer.memory (the wait
+            # releases the lock): queued ahead of ``batch``, it takes no more records.
+            previous.builder.seal()
         self._open[tp] = batch
         if grown:
             self._open_grown.add(tp)
