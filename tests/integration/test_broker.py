@@ -20,7 +20,7 @@ import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from fjord.errors import ErrorCode
-from fjord.local.etcd import EtcdProcess, free_port, log_tail, stop_process
+from fjord.local.etcd import EtcdProcess, free_port, log_size, log_tail, stop_process
 from fjord.metadata import etcd_client
 from fjord.records import BatchBuilder, decode_records
 from fjord.testing.waiting import wait_for
@@ -74,9 +74,11 @@ class Cluster:
         self.controller: subprocess.Popen[bytes] | None = None
         self.brokers: dict[int, BrokerProc] = {}
         self.channels: dict[int, grpc.Channel] = {}
+        self._log_starts: dict[Path, int] = {}  # each log's size when its current run started
 
     def start_controller(self) -> None:
         log_path = self.base / "controller.log"
+        self._log_starts[log_path] = log_size(log_path)
         self.controller = subprocess.Popen(
             [
                 *command("controller_cmd", "controller"),
@@ -101,6 +103,7 @@ class Cluster:
                 free_port(),
             )
             self.brokers[broker_id] = proc
+        self._log_starts[proc.log_path] = log_size(proc.log_path)
         proc.process = subprocess.Popen(
             [
                 *command("broker_cmd", "broker"),
@@ -116,6 +119,29 @@ class Cluster:
             stderr=subprocess.STDOUT,
         )
         return proc
+
+    def _port_taken(self, process: subprocess.Popen[bytes] | None, log_path: Path) -> bool:
+        """Whether ``process`` exited because a port it was given could not be bound."""
+        if process is None or process.poll() is None:
+            return False
+        run = log_tail(log_path, lines=40, since=self._log_starts.get(log_path, 0)).lower()
+        return "address already in use" in run or "failed to bind" in run
+
+    def restart_port_clashes(self) -> None:
+        """Start again, on new free ports, the controller and brokers that exited because a
+        port picked for them was bound by another process first (other test runs share the
+        machine); call it while waiting for them to come up."""
+        if self._port_taken(self.controller, self.base / "controller.log"):
+            self.controller_port = free_port()
+            self.channels.pop(-1, None)
+            self.start_controller()
+        for broker_id, proc in self.brokers.items():
+            if self._port_taken(proc.process, proc.log_path):
+                proc.port, proc.metrics_port = free_port(), free_port()
+                channel = self.channels.pop(broker_id, None)
+                if channel is not None:
+                    channel.close()
+                self.start_broker(broker_id)
 
     def stub(self, broker_id: int) -> broker_pb2_grpc.BrokerStub:
         if broker_id not in self.channels:
@@ -196,11 +222,12 @@ def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
     c.start_broker(1)
     c.start_broker(2)
     try:
-        wait_for(
-            lambda: (lambda m: len(m.brokers) == 2 and m.HasField("controller"))(c.metadata(1)),
-            "two brokers and a controller in metadata",
-            retry_on=(grpc.RpcError,),
-        )
+        def started() -> bool:
+            c.restart_port_clashes()
+            metadata = c.metadata(1)
+            return len(metadata.brokers) == 2 and metadata.HasField("controller")
+
+        wait_for(started, "two brokers and a controller in metadata", retry_on=(grpc.RpcError,))
         # "t": partition 0 on broker 1, partition 1 on broker 2.
         c.create_topic("t", [[1], [2]])
         c.create_topic("small", [[1]], {"max.message.bytes": "300"})
