@@ -7,16 +7,19 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from fjord._proto import broker_pb2
 from fjord.broker import defaults as broker_defaults
 from fjord.broker.fetch import assemble_fetch
+from fjord.broker.partition import Partition
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.server import BrokerOptions, check_data_dir_identity
 from fjord.cluster.defaults import DEFAULT_BROKER_PORT
 from fjord.errors import ConfigError, ErrorCode
+from fjord.metadata import TopicRecord
 from fjord.records import decode_records
 from fjord.serving import parse_listen
 from fjord.storage import LogManager
@@ -845,5 +848,53 @@ def test_scrubber_finding_damage_in_a_led_copy_hands_leadership_over(env: Env) -
         out = one_fetch(await manager.fetch(fetch_request("t", 0, bad)))
         assert out.error.code == ErrorCode.CORRUPT_MESSAGE.code
         assert f"offset {bad} is damaged" in out.error.message
+
+    run(scenario())
+
+
+def test_a_metadata_apply_updates_only_what_changed_and_lets_the_loop_run(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change to one partition of a big topic updates that partition alone (the image shares
+    the others' state objects), and a pass over many partitions yields to the event loop
+    (lease keep-alives run meanwhile): a 3 x 10,000-partition cluster at load 11 otherwise
+    lost broker leases to passes of several seconds, each lapse bringing more changes."""
+    manager, cluster, _ = env
+    monkeypatch.setattr(broker_defaults, "APPLY_YIELD_EVERY", 20)
+    count = 60
+
+    async def scenario() -> None:
+        states = [leader_state(epoch=1)] * count
+        await manager.apply_metadata(cluster.topic("big", states))
+        assert len(manager.partitions) == count
+        updated: list[int] = []  # partitions the apply looked at beyond the identity check
+        real = Partition.update_config
+
+        def counted(self: Partition, **settings: Any) -> None:
+            updated.append(self.partition)
+            real(self, **settings)
+
+        monkeypatch.setattr(Partition, "update_config", counted)
+        image = cluster.change([(cluster.keys.partition("big", 7),
+                                 leader_state(epoch=2).to_json())])
+        ran_during: list[bool] = []
+        applying = asyncio.ensure_future(manager.apply_metadata(image))
+
+        async def keep_alive() -> None:
+            await asyncio.sleep(0)
+            ran_during.append(not applying.done())
+
+        await asyncio.gather(applying, keep_alive())
+        assert updated == [7] and manager.partitions[("big", 7)].leader_epoch == 2
+        assert ran_during == [True]
+        # the same image again: nothing to update; a topic config change: every partition
+        updated.clear()
+        await manager.apply_metadata(image)
+        assert updated == []
+        image = cluster.change([(cluster.keys.topic("big"), TopicRecord(
+            "0" * 32, count, 1, {"min.insync.replicas": "1", "retention.ms": "1000"}).to_json())])
+        await manager.apply_metadata(image)
+        assert sorted(updated) == list(range(count))
+        assert all(p.log.config.retention_ms == 1000 for p in manager.partitions.values())
 
     run(scenario())

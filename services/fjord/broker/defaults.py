@@ -102,6 +102,8 @@ OPEN_PARTITIONS_CHUNK = 100
 #: Chunks opened at once (worker threads; their fsyncs overlap).
 OPEN_PARTITIONS_PARALLEL = 4
 OPEN_PARTITIONS_LOGGED = 20
+#: A metadata apply yields to the event loop after this many partitions looked at.
+APPLY_YIELD_EVERY = 500
 
 # --- data directory health (see docs/operations.md, "Disk full") ------------------------------
 

@@ -246,6 +246,12 @@ class ReplicaManager:
         self._session_refresh_s = self.replication.lag_time_max_ms / 3000
         self._metadata_lock = asyncio.Lock()
         self._strays_removed = False
+        #: What :meth:`_apply_metadata` last applied to each partition (the image's state
+        #: object and the assignment it made of it) and each topic's settings: a partition
+        #: whose state object, assignment and settings are the same again is skipped (an
+        #: image shares the state objects of partitions no change touched).
+        self._applied: dict[TopicPartition, tuple[Any, PartitionAssignment]] = {}
+        self._applied_settings: dict[str, TopicSettings | None] = {}
         self.coordinator_fence = CoordinatorEpochFence()
         #: One fence per coordinator-owned topic (``__transaction_state`` p is owned with
         #: ``__consumer_offsets`` p: same owner, same epoch).
@@ -289,13 +295,29 @@ class ReplicaManager:
         for ref in image.partitions_replicated_on(self.broker_id):
             wanted[TopicPartition(ref.topic, ref.partition)] = ref.state
         to_open: list[tuple[TopicPartition, PartitionAssignment, TopicSettings]] = []
-        for key, state in wanted.items():
+        same_settings: dict[str, bool] = {}
+        applied = self._applied
+        for looked_at, (key, state) in enumerate(wanted.items()):
+            if looked_at % defaults.APPLY_YIELD_EVERY == defaults.APPLY_YIELD_EVERY - 1:
+                # Lease keep-alives, fetches and produces run between slices: a pass over
+                # tens of thousands of partitions must not hold the loop for seconds (a
+                # broker whose lease lapses is fenced, re-registers, and every partition it
+                # leads changes twice more: each change another pass).
+                await asyncio.sleep(0)
             topic, number = key
             if topic not in settings_by_topic:
                 settings_by_topic[topic] = self._settings_for(image, topic)
+                same_settings[topic] = settings_by_topic[topic] == self._applied_settings.get(
+                    topic
+                )
             settings = settings_by_topic[topic]
             if settings is None:
                 continue
+            existing = self.partitions.get(key)
+            done = applied.get(key)
+            if (done is not None and existing is not None and done[0] is state
+                    and existing.assignment is done[1] and same_settings[topic]):
+                continue  # unchanged since it was applied (images share unchanged states)
             assignment = PartitionAssignment(
                 leader=state.leader,
                 leader_epoch=state.leader_epoch,
@@ -303,9 +325,9 @@ class ReplicaManager:
                 isr=tuple(state.isr),
                 partition_epoch=state.partition_epoch,
             )
-            existing = self.partitions.get(key)
             if existing is None:
                 to_open.append((key, assignment, settings))
+                applied[key] = (state, assignment)
                 continue
             if existing.assignment != assignment:
                 self._fetch_sessions.touch(key)
@@ -321,6 +343,8 @@ class ReplicaManager:
             )
             if getattr(existing.log, "config", None) != settings.log_config:
                 existing.log.config = settings.log_config  # alter-configs reach open logs
+            applied[key] = (state, existing.assignment)
+        self._applied_settings = settings_by_topic
         if previous is not None:
             self._touch_for_new_incarnations(previous, image)
         # Partitions this broker already hosts are up to date; new ones are opened (directory,
@@ -356,6 +380,7 @@ class ReplicaManager:
             gone += [key for key in self._logs.logs() if key not in wanted and key not in gone]
         for key in gone:
             self.partitions.pop(key, None)
+            applied.pop(key, None)
             if key[0] in self.coordinator_fences:
                 self.coordinator_fences[key[0]].forget(key[1])
             self._wake_producers(key)
