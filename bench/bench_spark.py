@@ -31,8 +31,9 @@ Source (rows/s = rows / wall time of the whole action, planning included):
   so it is the streaming source's baseline.
 
 Fixed cost per query (seconds from start to end, topic ``one``: one partition, one record),
-after the rows/s measurements of each round: ``fjord streaming`` (AvailableNow), ``python
-streaming source (baseline)`` (one row) and ``fjord batch``. With ``--records`` rows the
+after the rows/s measurements of each round, ``--fixed-repeats`` times each, interleaved:
+``fjord streaming`` (AvailableNow), ``python streaming source (baseline)`` (one row) and
+``fjord batch``. With ``--records`` rows the
 streaming figure is about rows / batch rate + this cost.
 
 Sink (rows/s = rows / wall time of ``save()``), all from the same DataFrame
@@ -59,6 +60,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
@@ -280,10 +282,13 @@ class Series:
         return seconds
 
     def row_seconds(self) -> str:
-        rounds = ", ".join(
+        runs = ", ".join(
             f"{s:.3f} ({load:.1f})" for s, load in zip(self.rates, self.loads, strict=True)
         )
-        return f"| {self.name} | {min(self.rates):.3f} | {max(self.rates):.3f} | {rounds} |"
+        return (
+            f"| {self.name} | {statistics.median(self.rates):.3f} | {min(self.rates):.3f} | "
+            f"{max(self.rates):.3f} | {runs} |"
+        )
 
     @property
     def best(self) -> float:
@@ -304,7 +309,12 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--skip", default="", help="comma-separated: source,streaming,sink")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated: source,streaming,fixed,sink"
+    )
+    parser.add_argument(
+        "--fixed-repeats", type=int, default=3, help="one-record queries of each kind per round"
+    )
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -497,7 +507,7 @@ def main() -> int:
                     series["python streaming source (AvailableNow, baseline) -> noop"].add(
                         args.records, lambda: python_streaming(args.records)
                     )
-                if "fixed" not in skip:
+                for _ in range(0 if "fixed" in skip else args.fixed_repeats):
                     fixed["fjord streaming read (AvailableNow), 1 record"].time(
                         lambda: fjord_streaming("one")
                     )
@@ -581,8 +591,8 @@ def main() -> int:
                     "",
                     "Fixed cost per query (topic `one`: one partition, one record):",
                     "",
-                    "| query | seconds (best) | seconds (worst) | rounds: seconds (load) |",
-                    "|---|---:|---:|---|",
+                    "| query | median s | best s | worst s | each query: seconds (load) |",
+                    "|---|---:|---:|---:|---|",
                     *(s.row_seconds() for s in fixed.values() if s.rates),
                 ]
                 if any(s.rates for s in fixed.values())
