@@ -5,12 +5,14 @@ did not take), arrives byte for byte as the frame a listener without zero copy s
 records encoded in it, at every Fetch version served, for several partitions of any sizes up
 to several MiB (more than a loopback socket takes at once). A region whose file is shorter
 than announced (its segment truncated meanwhile) closes the connection rather than sending a
-frame shorter than its size prefix. FJORD_KAFKA_ZERO_COPY=false turns zero copy off."""
+frame shorter than its size prefix. The socket is corked (TCP_CORK) only while an answer's pieces
+go in. FJORD_KAFKA_ZERO_COPY=false turns zero copy off."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import struct
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 
 from fjord.kafka.codec import encode_response
 from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
-from fjord.kafka.server import KafkaListener, zero_copy_enabled
+from fjord.kafka.server import KafkaListener, _Pipeline, zero_copy_enabled
 from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.observability import metrics
 from fjord.storage.region import FileRegion
@@ -174,3 +176,48 @@ def test_zero_copy_switch(monkeypatch: pytest.MonkeyPatch, value: str | None,
     else:
         monkeypatch.setenv("FJORD_KAFKA_ZERO_COPY", value)
     assert zero_copy_enabled() is enabled
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_CORK"), reason="TCP_CORK is Linux's")
+@pytest.mark.parametrize("shrink_by", [0, 10])
+def test_an_answer_leaves_the_socket_uncorked(tmp_path: Path, shrink_by: int) -> None:
+    """The socket is corked only while an answer's pieces go in: afterwards (also after a
+    region that came up short) nothing is held back."""
+    blob = os.urandom(5_000)
+    segment = SegmentFile(tmp_path / "segment", [blob], shrink_by=shrink_by)
+
+    async def scenario() -> None:
+        accepted: asyncio.Future[asyncio.StreamWriter] = asyncio.get_running_loop().create_future()
+
+        async def on_connect(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            accepted.set_result(writer)
+
+        server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        reader, client = await asyncio.open_connection("127.0.0.1", port)
+        writer = await asyncio.wait_for(accepted, WAIT_S)
+        pipeline = _Pipeline(writer)
+        sock = writer.get_extra_info("socket")
+        try:
+            parts = [b"head", FileRegion(os.dup(segment.fd), segment.positions[0], len(blob)),
+                     b"tail"]
+            if shrink_by:
+                with pytest.raises(ConnectionError):
+                    await pipeline._write_parts(parts)
+            else:
+                await pipeline._write_parts(parts)
+                expected = b"head" + blob + b"tail"
+                assert await asyncio.wait_for(reader.readexactly(len(expected)), WAIT_S) \
+                    == expected
+            assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CORK) == 0
+        finally:
+            pipeline.abort()
+            client.close()
+            writer.close()
+            server.close()
+            await server.wait_closed()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        segment.close()

@@ -26,6 +26,7 @@ import socket
 import ssl
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from fjord.errors import ConfigError
 from fjord.kafka import defaults
@@ -324,7 +325,15 @@ class _Pipeline:
         """Write a frame in pieces: bytes as usual, file regions with ``sendfile`` (the kernel
         sends them from the page cache; see :meth:`_sendfile`). Every region is closed; one
         that comes up short (its segment truncated meanwhile) ends the connection, since the
-        frame's size is on the wire already."""
+        frame's size is on the wire already.
+
+        On plaintext doors the socket is corked (``TCP_CORK``) while the pieces go in and
+        uncorked after the last: with TCP_NODELAY each piece would leave as its own packet (the
+        headers before a region, the region, the bytes after it), and each packet wakes the
+        consumer, which can do nothing with part of a frame. Corked, an answer leaves in full
+        segments and wakes it once; partial segments wait at most until the uncork here (the
+        kernel's own limit is 200 ms)."""
+        cork = self._cork_socket()
         try:
             for part in parts:
                 if not isinstance(part, FileRegion):
@@ -347,11 +356,22 @@ class _Pipeline:
                     raise ConnectionError(
                         f"sent {sent} of {part.count} record bytes: the segment shrank"
                     )
+            _set_cork(cork, False)
+            cork = None
             await self._writer.drain()
         finally:
+            _set_cork(cork, False)
             for part in parts:
                 if isinstance(part, FileRegion):
                     part.close()
+
+    def _cork_socket(self) -> Any:
+        """Cork this connection's socket (plaintext TCP on Linux); returns it, or None when
+        not corked."""
+        if self._tls or not hasattr(socket, "TCP_CORK"):
+            return None
+        sock = self._writer.transport.get_extra_info("socket")
+        return sock if _set_cork(sock, True) else None
 
     async def _sendfile(self, region: FileRegion) -> int:
         """Send ``region`` on the socket with ``sendfile``; returns the bytes sent (short only
@@ -412,6 +432,18 @@ class _Pipeline:
         except BaseException:
             self._writer.close()  # the reader sees the end at once; finish() raises this
             raise
+
+
+def _set_cork(sock: Any, on: bool) -> bool:
+    """Set ``TCP_CORK`` on ``sock`` (None: nothing to do); False when the socket refuses it
+    (closed meanwhile, not TCP)."""
+    if sock is None:
+        return False
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1 if on else 0)
+    except OSError:
+        return False
+    return True
 
 
 async def open_kafka_listener(
