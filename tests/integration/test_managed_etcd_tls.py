@@ -43,6 +43,7 @@ from tests.helpers.operator_specs import cluster, expand_kubelet_references
 
 MEMBERS = 3
 HEALTHY_S = 30.0
+PORT_ATTEMPTS = 3
 
 
 @dataclass
@@ -132,35 +133,58 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
     }
     pod = builders.etcd_objects(body)[1]["spec"]["template"]["spec"]
     command = pod["containers"][0]["command"]
-    ports = [{p: free_port() for p in ("client", "peer", "metrics")} for _ in range(MEMBERS)]
-    members = []
-    for i in range(MEMBERS):
-        name = f"fjord-etcd-{i}"
-        mapping = {
-            s.ETCD_TLS_MOUNT_DIR: str(etcd_tls),
-            s.ETCD_DATA_DIR: str(base / f"data-{i}"),
-            f"0.0.0.0:{s.ETCD_CLIENT_PORT}": f"127.0.0.1:{ports[i]['client']}",
-            f"0.0.0.0:{s.ETCD_PEER_PORT}": f"127.0.0.1:{ports[i]['peer']}",
-            f"0.0.0.0:{s.ETCD_METRICS_PORT}": f"127.0.0.1:{ports[i]['metrics']}",
-            f"{name}.fjord-etcd.fjord.svc:{s.ETCD_CLIENT_PORT}":
-                f"127.0.0.1:{ports[i]['client']}",
-            **{f"fjord-etcd-{j}.fjord-etcd.fjord.svc:{s.ETCD_PEER_PORT}":
-               f"127.0.0.1:{ports[j]['peer']}" for j in range(MEMBERS)},
-        }
-        argv = localized(expand_kubelet_references(command, {"POD_NAME": name}), mapping)
-        assert argv[0] == "etcd"
-        members.append(Member(name, [find_etcd_binary(), *argv[1:]],
-                              f"http://127.0.0.1:{ports[i]['metrics']}",
-                              f"https://127.0.0.1:{ports[i]['client']}", base / f"{name}.log"))
+    members = start_members(command, etcd_tls, base)
     try:
-        for member in members:
-            member.start()
-        for member in members:
-            wait_for(member.healthy, f"{member.name} healthy", HEALTHY_S)
         yield SecureEtcd(members, files, body, secrets, etcd_tls)
     finally:
         for member in members:
             member.stop()
+
+
+def start_members(command: list[str], etcd_tls: Path, base: Path) -> list[Member]:
+    """The :data:`MEMBERS` members of the builder's ``command`` on free loopback ports, started
+    and healthy. A port is only known free when picked: a member that exited because another
+    process bound one of its ports first stops the attempt, and the members start again on new
+    ports and new data directories (each knows every peer's port), at most PORT_ATTEMPTS
+    times."""
+    for attempt in range(PORT_ATTEMPTS):
+        ports = [{p: free_port() for p in ("client", "peer", "metrics")} for _ in range(MEMBERS)]
+        members = []
+        for i in range(MEMBERS):
+            name = f"fjord-etcd-{i}"
+            mapping = {
+                s.ETCD_TLS_MOUNT_DIR: str(etcd_tls),
+                s.ETCD_DATA_DIR: str(base / f"data-{i}-{attempt}"),
+                f"0.0.0.0:{s.ETCD_CLIENT_PORT}": f"127.0.0.1:{ports[i]['client']}",
+                f"0.0.0.0:{s.ETCD_PEER_PORT}": f"127.0.0.1:{ports[i]['peer']}",
+                f"0.0.0.0:{s.ETCD_METRICS_PORT}": f"127.0.0.1:{ports[i]['metrics']}",
+                f"{name}.fjord-etcd.fjord.svc:{s.ETCD_CLIENT_PORT}":
+                    f"127.0.0.1:{ports[i]['client']}",
+                **{f"fjord-etcd-{j}.fjord-etcd.fjord.svc:{s.ETCD_PEER_PORT}":
+                   f"127.0.0.1:{ports[j]['peer']}" for j in range(MEMBERS)},
+            }
+            argv = localized(expand_kubelet_references(command, {"POD_NAME": name}), mapping)
+            assert argv[0] == "etcd"
+            members.append(Member(name, [find_etcd_binary(), *argv[1:]],
+                                  f"http://127.0.0.1:{ports[i]['metrics']}",
+                                  f"https://127.0.0.1:{ports[i]['client']}",
+                                  base / f"{name}-{attempt}.log"))
+        try:
+            for member in members:
+                member.start()
+            for member in members:
+                wait_for(member.healthy, f"{member.name} healthy", HEALTHY_S)
+            return members
+        except AssertionError as exc:
+            for member in members:
+                member.stop()
+            if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS - 1:
+                raise
+        except BaseException:
+            for member in members:
+                member.stop()
+            raise
+    raise AssertionError("unreachable")
 
 
 async def put_get(url: str, security: ClientSecurity, key: bytes, value: bytes) -> Any:
