@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import grpc
 import pytest
@@ -375,6 +376,34 @@ def test_describe_cluster(admin: AdminClient, local_cluster) -> None:  # type: i
         local_cluster.bootstrap_servers.split(",")
     )
 
+
+def test_describe_topics_asks_at_once_while_refreshes_stay_spaced(bootstrap: str) -> None:
+    """An application's describe_topics is sent at once (Kafka's admin client does; a Spark
+    stream describes its topics every trigger), not held back by the spacing of the client's
+    own metadata refreshes; those stay spaced. The last refresh is moved an hour ahead, so a
+    spaced request would wait that long."""
+    name = f"describe-now-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(name, 2, 1)])
+        network = admin._network
+        admin._io.run(_push_last_refresh(network, 3600.0), 10)
+        (description,) = admin.describe_topics([name], timeout=30)
+        assert sorted(p.partition for p in description.partitions) == [0, 1]
+        admin._io.run(_push_last_refresh(network, 3600.0), 10)
+
+        async def spaced_refresh_waits() -> bool:
+            try:
+                await asyncio.wait_for(network.refresh_metadata([name]), 0.5)
+            except TimeoutError:
+                network._refresh.cancel()  # still waiting out the hour: not left behind
+                return True
+            return False
+
+        assert admin._io.run(spaced_refresh_waits(), 10)
+
+
+async def _push_last_refresh(network: Any, seconds: float) -> None:
+    network._last_refresh = time.monotonic() + seconds
 
 def _dead_address() -> str:
     with socket.socket() as s:

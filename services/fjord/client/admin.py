@@ -625,7 +625,9 @@ class AdminClient:
         async def call(deadline: float) -> Any:
             async def attempt() -> Any:
                 self._network.topics_of_interest = set(names or ())
-                return await self._network.refresh_metadata()
+                # Asked for now (not spaced like the client's own refreshes): a Spark stream
+                # describes its topics every trigger; call_with_retries spaces the retries.
+                return await self._network.refresh_metadata(spaced=False)
 
             return await self._network.call_with_retries(
                 attempt, deadline=deadline, backoff_s=self._backoff_s, what="Metadata"

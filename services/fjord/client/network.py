@@ -260,18 +260,24 @@ class Network:
         known = [n.address for n in self.snapshot.brokers.values()]
         return known + [a for a in self.bootstrap if a not in known]
 
-    async def refresh_metadata(self, topics: Iterable[str] | None = None) -> ClusterSnapshot:
+    async def refresh_metadata(
+        self, topics: Iterable[str] | None = None, *, spaced: bool = True
+    ) -> ClusterSnapshot:
         """Ask one broker (known brokers first, then bootstrap) for metadata of the topics of
-        interest plus ``topics`` (None and no interest: all topics)."""
+        interest plus ``topics`` (None and no interest: all topics). ``spaced``: wait until
+        ``METADATA_REFRESH_BACKOFF_MS`` have passed since the last answer (refreshes a client
+        makes on its own, after errors); False for a request the application made itself
+        (``AdminClient.describe_topics``: Kafka's admin client sends it at once), which the
+        caller's retries space instead. A refresh in flight is shared either way."""
         if topics:
             self.topics_of_interest.update(topics)
         if self._refresh is None or self._refresh.done():
-            self._refresh = asyncio.ensure_future(self._do_refresh())
+            self._refresh = asyncio.ensure_future(self._do_refresh(spaced))
         return await asyncio.shield(self._refresh)
 
-    async def _do_refresh(self) -> ClusterSnapshot:
+    async def _do_refresh(self, spaced: bool = True) -> ClusterSnapshot:
         wait = self._last_refresh + METADATA_REFRESH_BACKOFF_MS / 1000 - time.monotonic()
-        if wait > 0:
+        if spaced and wait > 0:
             await asyncio.sleep(wait)
         all_topics = not self.topics_of_interest
         request = broker_pb2.MetadataRequest(
