@@ -66,6 +66,7 @@ SHARED = {
     "fjord.sasl_door",  # the SASL gRPC door every service opens (server side)
     "fjord.sasl_login",  # its client side, used by fjord.tls channels
     "fjord.kafka",
+    "fjord.wakeups",  # waits on the event loop resumed on the first turn (broker and client)
 }
 
 SERVICES = {
