@@ -6,13 +6,16 @@ A KafkaListener in this process whose Fetch handler answers every request with t
 memory (the copy path without the broker's own copies: no pread, no protobuf). A client in
 another process sends ``--fetches`` Fetch v12 requests one at a time over loopback and reads
 each answer whole into a buffer (the way a consumer does, without decoding). The figure is
-this process's user and system CPU per Fetch (getrusage; the client's CPU is not counted): the
+this process's user and system CPU per Fetch (getrusage; the client's, start included, beside
+it): the
 listener's per-request cost (decode, handler, encode, asyncio) with a 100-byte region, and
-what the records' bytes add, sent by sendfile or written.
+what the records' bytes add, sent by sendfile or written. ``--cork-ab`` instead alternates
+sendfile answers written corked (the listener's way, TCP_CORK while the pieces go in) and
+uncorked (the cork replaced by a no-op in this process).
 
 Run::
 
-    .venv/bin/python bench/bench_zero_copy_listener.py [--rounds 3] [--region 1048576]
+    .venv/bin/python bench/bench_zero_copy_listener.py [--rounds 3] [--region 1048576] [--cork-ab]
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any
 
 from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
 
+from fjord.kafka import server
 from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
 from fjord.kafka.server import KafkaListener
 from fjord.kafka.zerocopy import FileBackedResponse
@@ -78,8 +82,11 @@ def fetch_response(records: bytes) -> Any:
             records=records)])])
 
 
-async def one_round(path: Path, size: int, zero_copy: bool, fetches: int) -> tuple[float, float]:
-    """(user, system) CPU microseconds of this process per Fetch."""
+async def one_round(
+    path: Path, size: int, zero_copy: bool, fetches: int
+) -> tuple[float, float, float]:
+    """(user, system) CPU microseconds of this process per Fetch, and the client's (user +
+    system) per Fetch."""
     data = path.read_bytes()
     fd = os.open(path, os.O_RDONLY)
 
@@ -95,16 +102,20 @@ async def one_round(path: Path, size: int, zero_copy: bool, fetches: int) -> tup
     port = await listener.start()
     try:
         before = resource.getrusage(resource.RUSAGE_SELF)
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         client = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CLIENT, str(port), fetch_request_frame().hex(), str(fetches))
         if await client.wait() != 0:
             raise RuntimeError("the client failed")
         after = resource.getrusage(resource.RUSAGE_SELF)
+        children = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         await listener.stop()
         os.close(fd)
+    client_s = (children.ru_utime - children_before.ru_utime
+                + children.ru_stime - children_before.ru_stime)
     return ((after.ru_utime - before.ru_utime) * 1e6 / fetches,
-            (after.ru_stime - before.ru_stime) * 1e6 / fetches)
+            (after.ru_stime - before.ru_stime) * 1e6 / fetches, client_s * 1e6 / fetches)
 
 
 def main() -> int:
@@ -112,20 +123,30 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--region", type=int, default=1 << 20)
     parser.add_argument("--fetches", type=int, default=1000)
+    parser.add_argument("--cork-ab", action="store_true",
+                        help="sendfile answers corked against uncorked")
     args = parser.parse_args()
+    corked = server._Pipeline._cork_socket
     print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="fjord-bench-zcl-") as tmp:
         cases = []
         for size in (100, args.region):
             path = Path(tmp) / f"records-{size}"
             path.write_bytes(os.urandom(size))
-            cases += [(path, size, True), (path, size, False)]
+            if args.cork_ab:
+                cases += [(path, size, "sendfile corked"), (path, size, "sendfile uncorked")]
+            else:
+                cases += [(path, size, "sendfile"), (path, size, "copy")]
         for round_no in range(args.rounds):
-            for path, size, zero_copy in cases:
-                user, system = asyncio.run(one_round(path, size, zero_copy, args.fetches))
-                print(f"round {round_no + 1}, {size:,} bytes, "
-                      f"{'sendfile' if zero_copy else 'copy'}: user {user:.0f} us + system "
-                      f"{system:.0f} us per Fetch, load {os.getloadavg()[0]:.1f}", flush=True)
+            for path, size, label in cases:
+                server._Pipeline._cork_socket = (  # type: ignore[method-assign]
+                    corked if label != "sendfile uncorked" else lambda _: None)
+                user, system, client = asyncio.run(
+                    one_round(path, size, label != "copy", args.fetches))
+                print(f"round {round_no + 1}, {size:,} bytes, {label}: user {user:.0f} us + "
+                      f"system {system:.0f} us = {user + system:.0f} us per Fetch (client "
+                      f"{client:.0f} us, with its start), load {os.getloadavg()[0]:.1f}",
+                      flush=True)
     print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC, load {os.getloadavg()[0]:.1f}")
     return 0
 
