@@ -21,6 +21,7 @@ from fjord.client import AdminClient, NewTopic, Producer
 from fjord.cluster.defaults import MAX_BROKER_PARTITIONS
 from fjord.errors import PolicyViolationError
 from fjord.local.cluster import LocalCluster
+from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,6 +97,19 @@ class ProduceProbe:
         except BaseException as exc:
             self.error = exc
 
+    def wait_acked(self, count: int, what: str, timeout: float = 60) -> None:
+        """Wait until ``count`` records in all were acknowledged; a failed send fails the wait at
+        once, a stall fails it after ``timeout`` seconds naming ``what``."""
+
+        def acked_enough() -> bool:
+            if self.error is not None:
+                raise AssertionError(f"the probe's send failed while waiting for {what}") from (
+                    self.error
+                )
+            return self.acked >= count
+
+        wait_for(acked_enough, f"{what} ({count} records acknowledged in all)", timeout)
+
     def __enter__(self) -> ProduceProbe:
         self.thread.start()
         return self
@@ -131,10 +145,7 @@ def test_largest_allowed_creation_does_not_stall_writes(
         )
     epoch_before = controller_epoch(cluster)
     with ProduceProbe(cluster.bootstrap_servers, "steady") as probe:
-        deadline = time.monotonic() + 30
-        while probe.acked < 20 and probe.error is None and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert probe.acked >= 20, probe.error
+        probe.wait_acked(20, "the first 20 acks=all records")
         warm = probe.worst_s
         started = time.monotonic()
         admin.create_topics([NewTopic("wide", num_partitions=largest, replication_factor=3)])
@@ -163,10 +174,9 @@ def test_largest_allowed_creation_does_not_stall_writes(
             assert probe.error is None, probe.error
             time.sleep(0.5)
         hosted_s = time.monotonic() - started
-        acked_before = probe.acked
-        deadline = time.monotonic() + 30
-        while probe.acked < acked_before + 20 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        # Writes go on after the creation: a probe stalled since then would pass every check
+        # below (its worst latency is only measured when a record is acknowledged).
+        probe.wait_acked(probe.acked + 20, "20 more records after the new topic was hosted")
     assert probe.error is None, probe.error
     print(
         f"\nlargest allowed creation: {largest} partitions x RF 3, accepted in {accepted_s:.1f} s,"
