@@ -9,6 +9,7 @@ transaction ends (the last stable offset reaches the high watermark on both part
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import TransactionError
 from fjord.local.cluster import LocalCluster
-from fjord.testing.waiting import is_value, wait_for
+from fjord.testing.waiting import WaitTimeout, is_value, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +140,7 @@ def test_committed_exactly_once_and_aborted_never_while_leaders_die(
                     aborted.extend(values)
                     break
                 try:
-                    _commit(producer)
+                    _commit(producer, txn)
                 except TransactionError as exc:  # a record failed: abort, send it again
                     assert exc.txn_requires_abort(), exc
                     producer.abort_transaction(WAIT_S)
@@ -184,13 +185,23 @@ def test_committed_exactly_once_and_aborted_never_while_leaders_die(
     assert len(aborted) >= (TRANSACTIONS // 4) * RECORDS_PER_TXN
 
 
-def _commit(producer: Producer) -> None:
-    """commit_transaction, called again while it times out (Kafka's rule: a retriable commit
-    is retried, never abandoned)."""
+def _commit(producer: Producer, txn: int) -> None:
+    """commit_transaction, called again while it fails retriably (Kafka's rule: a retriable
+    commit is retried, never abandoned), for at most WAIT_S seconds in all: a commit that never
+    completes fails the test naming the transaction and the last error, before pytest's own
+    timeout would kill the test without saying what it waited for."""
+    deadline = time.monotonic() + WAIT_S
+    failures = 0
     while True:
         try:
-            producer.commit_transaction(WAIT_S)
+            producer.commit_transaction(max(deadline - time.monotonic(), 1.0))
             return
         except TransactionError as exc:
             if not exc.retriable:
                 raise
+            failures += 1
+            if time.monotonic() >= deadline:
+                raise WaitTimeout(
+                    f"timed out after {WAIT_S} s waiting for commit_transaction of transaction"
+                    f" {txn} to complete ({failures} retriable failures, last: {exc!r})"
+                ) from exc
