@@ -36,6 +36,10 @@ after the rows/s measurements of each round, ``--fixed-repeats`` times each, int
 ``fjord batch``. With ``--records`` rows the
 streaming figure is about rows / batch rate + this cost.
 
+Per trigger (before Spark starts, topic ``triggers``): the fjord stream reader's
+``latestOffset`` and ``partitions`` as Spark's offsets process calls them, ``--triggers``
+times back to back with one new record each (medians, ms).
+
 Sink (rows/s = rows / wall time of ``save()``), all from the same DataFrame
 ``spark.range(rows, numPartitions).selectExpr(key binary 10 bytes, value binary)``:
 
@@ -52,7 +56,7 @@ Every round runs each measurement once, in the order above, and records the 1-mi
 average beside it (the machine is shared: the spread over rounds is reported).
 
     .venv/bin/python bench/bench_spark.py [--records 5000000] [--rounds 3] [--write-results]
-        [--skip source,streaming,fixed,sink]
+        [--skip triggers,source,streaming,fixed,sink]
 """
 
 from __future__ import annotations
@@ -248,6 +252,40 @@ def produce(bootstrap: str, topic: str, records: int, value_size: int) -> None:
         producer.flush()
 
 
+def trigger_cost(bootstrap: str, topic: str, triggers: int) -> tuple[float, float]:
+    """The stream reader's calls per trigger outside Spark, as Spark's offsets process makes
+    them back to back (no query work in between): one record produced before each trigger,
+    then ``latestOffset``, ``partitions`` and ``commit``. Median ms of ``latestOffset`` and of
+    ``partitions``."""
+    from fjord_spark.options import parse_reader_options
+    from fjord_spark.source import FjordStreamReader
+
+    options = parse_reader_options(
+        {"bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest"},
+        streaming=True,
+    )
+    reader = FjordStreamReader(options, reader_schema(False))
+    latest_ms: list[float] = []
+    plan_ms: list[float] = []
+    try:
+        with Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}) as producer:
+            start = reader.initialOffset()
+            for i in range(triggers):
+                producer.send(topic, value=b"x", key=b"k%09d" % i)
+                producer.flush()
+                began = time.perf_counter()
+                end = reader.latestOffset(start, ReadAllAvailable())
+                planned = time.perf_counter()
+                reader.partitions(start, end)
+                latest_ms.append((planned - began) * 1000)
+                plan_ms.append((time.perf_counter() - planned) * 1000)
+                reader.commit(end)
+                start = end
+    finally:
+        reader.stop()
+    return statistics.median(latest_ms), statistics.median(plan_ms)
+
+
 def end_offsets_total(bootstrap: str, topic: str, partitions: int) -> int:
     with Consumer({"bootstrap.servers": bootstrap}) as consumer:
         ends = consumer.end_offsets([TopicPartition(topic, p) for p in range(partitions)])
@@ -310,11 +348,12 @@ def main() -> int:
     parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--skip", default="", help="comma-separated: source,streaming,fixed,sink"
+        "--skip", default="", help="comma-separated: triggers,source,streaming,fixed,sink"
     )
     parser.add_argument(
         "--fixed-repeats", type=int, default=3, help="one-record queries of each kind per round"
     )
+    parser.add_argument("--triggers", type=int, default=30, help="stream reader triggers timed")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -336,6 +375,7 @@ def main() -> int:
             "spark.range -> noop (JVM baseline)",
         )
     }
+    triggers_line = ""
     fixed = {
         name: Series(name)
         for name in (
@@ -356,7 +396,7 @@ def main() -> int:
                 admin.create_topics(
                     [
                         NewTopic(name, args.partitions, 1)
-                        for name in ("warmup", "bench", "sink-warmup", "sink")
+                        for name in ("warmup", "bench", "sink-warmup", "sink", "triggers")
                     ]
                     + [NewTopic("one", 1, 1)]
                 )
@@ -366,6 +406,14 @@ def main() -> int:
             produce(bootstrap, "one", 1, args.value_size)
             prefill_s = time.monotonic() - prefill
             print(f"prefilled {args.records + warmup:,} records in {prefill_s:.1f} s", flush=True)
+            if "triggers" not in skip:
+                latest_ms, plan_ms = trigger_cost(bootstrap, "triggers", args.triggers)
+                triggers_line = (
+                    f"Stream reader per trigger, outside Spark ({args.triggers} triggers back "
+                    f"to back, one record each; load {os.getloadavg()[0]:.1f}): latestOffset "
+                    f"median {latest_ms:.1f} ms, partitions median {plan_ms:.1f} ms."
+                )
+                print(triggers_line, flush=True)
             spark = fjord_spark.create_session(
                 "bench-spark",
                 "local[2]",
@@ -586,6 +634,7 @@ def main() -> int:
             *(s.row() for s in measured),
             "",
             *verdicts,
+            *(["", triggers_line] if triggers_line else []),
             *(
                 [
                     "",
