@@ -166,7 +166,7 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
             registration = CoordinatorRegistration(cid, "127.0.0.1", 40_000 + cid)
             await client.put(keys.coordinator(cid).encode(), registration.to_json(), lease=lease.id)
         short_lease = leases[1]
-        async with refreshed(client, short_lease) as last_refresh:
+        async with refreshed(client, short_lease):
             # (Waited for, not asserted at the first image: a real coordinator of the shared
             # cluster may come or go meanwhile, and each change is one more controller write.)
             image = await wait_image(
@@ -198,8 +198,10 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
                 ),
                 "900's partitions to move",
             )
+            # Kept: an ORDER, not a speed target: the partitions moved because of the revoke,
+            # long before the lease (LONG_TTL_S) could have expired.
             elapsed = time.monotonic() - revoked_at
-            assert elapsed <= LONG_TTL_S + 1
+            assert elapsed < LONG_TTL_S, f"moved {elapsed:.1f} s after the revoke"
             for p, old in before.items():
                 new = image.offsets_owners[p]
                 assert new.coordinator_id != 900
@@ -217,16 +219,16 @@ def test_find_coordinator_creates_offsets_topic_and_follows_coordinator_liveness
             )
             assert moved.coordinator.id != 900
 
-            # Crash of 901 (its lease is no longer refreshed): replaced within TTL + 1 s.
+            # Crash of 901 (its lease is no longer refreshed): its partitions move to live
+            # coordinators once the lease expires. How soon after SHORT_TTL_S is a speed figure
+            # (a loaded machine adds seconds), not bounded here: the wait's bound (WAIT_S, ten
+            # times the TTL) only says the replacement happened.
             before = owned_by(image, 901)
-        stopped_refreshing = last_refresh[0]
         image = await wait_image(
             watcher,
             lambda i: not owned_by(i, 901) and all_owned_by_live(i),
-            "901's partitions to move",
+            "901's partitions to move after its lease expired",
         )
-        elapsed = time.monotonic() - stopped_refreshing
-        assert elapsed <= SHORT_TTL_S + 1, f"took {elapsed:.2f} s"
         for p, old in before.items():
             assert image.offsets_owners[p].coordinator_epoch == old.coordinator_epoch + 1
 
