@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +16,7 @@ import grpc
 import pytest
 
 from fjord._proto import controller_pb2, controller_pb2_grpc
+from fjord.controller.defaults import KEEPALIVE_FRACTION
 from fjord.controller.service import create_revision_is, etcd_txn, put_op
 from fjord.errors import ErrorCode
 from fjord.local import LocalCluster
@@ -29,11 +29,14 @@ from fjord.metadata import (
     TopicRecord,
     etcd_client,
 )
+from fjord.testing.waiting import wait_for_async
 
 pytestmark = pytest.mark.integration
 
 CLUSTER = "ctl"
 LEASE_TTL_S = 3
+#: The in-process controller whose lease is revoked: long, so its keep-alive cannot notice first.
+LOST_LEASE_TTL_S = 120
 WAIT_S = 15.0
 
 
@@ -451,17 +454,26 @@ def test_lost_lease_stops_an_in_process_controller_at_once(cluster: LocalCluster
 
     async def scenario() -> None:
         async with etcd_client(cluster.etcd_url) as client:
-            service = ControllerService(client, cluster_id, 7, "127.0.0.1", 1, lease_ttl_s=30)
+            service = ControllerService(
+                client, cluster_id, 7, "127.0.0.1", 1, lease_ttl_s=LOST_LEASE_TTL_S
+            )
             await service.start()
             try:
                 epoch = await service.wait_active(WAIT_S)
                 await client.revoke_lease(service._lease_id)
-                loop = asyncio.get_running_loop()
-                start = loop.time()
-                while service.is_active() and loop.time() - start < WAIT_S:
-                    await asyncio.sleep(0.01)
-                assert not service.is_active()
-                assert loop.time() - start < 2.0  # the watcher sees the key go at once
+
+                async def stopped() -> bool:
+                    return not service.is_active()
+
+                # "At once" means through the watcher, not the keep-alive: its first refresh
+                # comes a third of the TTL after the grant, later than this wait's bound, so
+                # stopping within the bound is the watcher seeing the key go (no speed target:
+                # a loaded machine may take seconds).
+                assert WAIT_S + WAIT_S < LOST_LEASE_TTL_S * KEEPALIVE_FRACTION
+                await wait_for_async(
+                    stopped, "the controller to stop acting after its lease was revoked",
+                    WAIT_S, interval=0.01,
+                )
                 with pytest.raises(NotControllerError):
                     await service.fenced_write([put_op(Keys(cluster_id).topic("t"), b"{}")])
                 # It campaigns again with a new lease and gets a new, higher epoch.
@@ -478,13 +490,12 @@ def test_failover_on_sigkill_and_fencing_of_the_old_epoch(
     """Runs last in this module: it kills the active controller."""
     old_id = cluster.wait_active_controller(WAIT_S)
     old_epoch = snapshot(cluster).controller.epoch  # type: ignore[union-attr]
-    killed_at = time.monotonic()
     cluster.kill("controller", old_id, signal.SIGKILL)
+    # Another controller takes over once the killed one's lease expires (LEASE_TTL_S); how fast
+    # is a figure for a benchmark, not a bound here (a loaded machine adds seconds): the wait's
+    # bound only says the take-over happened.
     new_id = cluster.wait_active_controller(WAIT_S, exclude=old_id)
-    took = time.monotonic() - killed_at
     assert new_id != old_id
-    # The lease TTL bounds the take-over (plus scheduling slack on a busy machine).
-    assert took < LEASE_TTL_S + 5, took
     image = snapshot(cluster)
     assert image.controller is not None and image.controller.epoch > old_epoch
 
