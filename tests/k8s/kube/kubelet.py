@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,7 +36,6 @@ from typing import Any
 import pyspark
 
 from fjord.local.cluster import LocalCluster
-from fjord.local.etcd import free_port
 from tests.k8s.harness import KubeletEvent
 from tests.k8s.kube.apiserver import RealKube
 
@@ -259,6 +259,8 @@ SPARK_ROLE_LABEL = "spark-role"
 #: Where spark/Dockerfile puts what the pods run, and where that is on this machine: Spark
 #: (pyspark's install, the image's SPARK_HOME) and the jobs' files.
 SPARK_HOME = Path(pyspark.__file__).parent
+#: The line Spark's driver logs once its RPC server listens (Utils.startServiceOnPort).
+DRIVER_LISTENING = re.compile(r"Successfully started service 'sparkDriver' on port (\d+)")
 IMAGE_PATHS = {
     "/opt/spark": SPARK_HOME,
     "/opt/fjord/spark": Path(__file__).resolve().parents[3] / "spark",
@@ -308,8 +310,10 @@ class SparkKubelet:
 
     What the harness has to stand in for, passed to the driver as ``--conf`` (they win over
     the properties file): cluster DNS and the driver's Service (``spark.driver.host`` becomes
-    127.0.0.1; the Service's driver and block-manager ports map to free loopback ports, and
-    the executors' ``SPARK_DRIVER_URL`` to those), ``kubernetes.default.svc``
+    127.0.0.1; the driver and its block manager bind port 0, so the kernel picks free loopback
+    ports and no other process can take them between picking and binding; Spark hands the
+    executors the driver's bound port, and an executor ``SPARK_DRIVER_URL`` naming the
+    Service's driver port goes to the port the driver logged), ``kubernetes.default.svc``
     (``spark.kubernetes.driver.master``), and the service-account mount's fixed path
     (``spark.kubernetes.authenticate.driver.mounted.*File``, still the pod's own token).
 
@@ -328,8 +332,9 @@ class SparkKubelet:
         self.claims = claims
         self.pods: dict[str, SparkPodProcess] = {}  # by pod uid
         self.errors: list[BaseException] = []
-        #: "<service>.<namespace>.svc" -> {service port: the loopback port behind it}
-        self.services: dict[str, dict[int, int]] = {}
+        #: "<service>.<namespace>.svc" -> (its driver port, the driver's log naming the loopback
+        #: port behind it)
+        self.services: dict[str, tuple[int, Path]] = {}
         self._unrunnable: set[str] = set()  # pods whose start failed (in .errors), by uid
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spark-kubelet", daemon=True)
@@ -517,19 +522,17 @@ class SparkKubelet:
         # The properties name mounted paths (the executors' pod template, ...): translated.
         _write_properties(properties_file, {k: _translate(v, paths) for k, v in properties.items()})
         service = properties["spark.driver.host"]  # "<service>.<namespace>.svc"
-        driver_port, block_manager_port = free_port(), free_port()
-        self.services[service] = {
-            int(properties["spark.driver.port"]): driver_port,
-            int(properties["spark.driver.blockManager.port"]): block_manager_port,
-        }
+        # Port 0: the driver binds what the kernel gives (a port picked here first could be
+        # taken by another process before the JVM binds it).
+        self.services[service] = (int(properties["spark.driver.port"]), root / "container.log")
         account = paths.get(SERVICE_ACCOUNT_MOUNT)
         if account is None:
             raise UnsupportedPod("the driver pod has no service-account mount")
         bind = env["SPARK_DRIVER_BIND_ADDRESS"]
         stand_ins = {
             "spark.driver.host": bind,
-            "spark.driver.port": str(driver_port),
-            "spark.driver.blockManager.port": str(block_manager_port),
+            "spark.driver.port": "0",
+            "spark.driver.blockManager.port": "0",
             "spark.kubernetes.driver.master": self.kube.url,
             "spark.kubernetes.authenticate.driver.mounted.oauthTokenFile": str(account / "token"),
             "spark.kubernetes.authenticate.driver.mounted.caCertFile": str(account / "ca.crt"),
@@ -584,15 +587,20 @@ class SparkKubelet:
     def _resolve_driver_url(self, url: str) -> str:
         """spark://NAME@HOST:PORT as the pod network routes it: the driver pod's IP (Spark 4's
         default, ``spark.kubernetes.executor.useDriverPodIP``; loopback here) as is, the
-        driver's Service (<service>.<ns>.svc) as cluster DNS and the Service would."""
+        driver's Service (<service>.<ns>.svc) as cluster DNS and the Service would: to the port
+        the driver bound (it binds port 0; the executors are asked for after it listens)."""
         head, _, address = url.rpartition("@")
         host, _, port = address.rpartition(":")
         if host == FIELD_REFS["status.podIP"]:
             return url
-        ports = self.services.get(host)
-        if ports is None or int(port) not in ports:
+        service = self.services.get(host)
+        if service is None or int(port) != service[0]:
             raise UnsupportedPod(f"{url}: no driver Service {host}:{port} known to the harness")
-        return f"{head}@127.0.0.1:{ports[int(port)]}"
+        log = service[1].read_text(errors="replace") if service[1].exists() else ""
+        bound = DRIVER_LISTENING.findall(log)
+        if not bound:
+            raise UnsupportedPod(f"{url}: the driver has not logged its port in {service[1]}")
+        return f"{head}@127.0.0.1:{bound[-1]}"
 
 
 class OperatorKubelet(SparkKubelet):
