@@ -37,7 +37,7 @@ import pytest
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.errors import FjordError
-from fjord.local.etcd import EtcdProcess, free_port, log_tail, stop_process
+from fjord.local.etcd import EtcdProcess, free_port, log_size, log_tail, stop_process
 from fjord.testing.waiting import wait_for
 from fjord_operator import builders
 from fjord_operator import settings as s
@@ -163,15 +163,6 @@ def pod_body(etcd_url: str) -> dict[str, Any]:
     }
 
 
-def wait_until_answers(
-    component: str, probe: Mapping[str, Any], ports: Mapping[str, int], what: str
-) -> None:
-    def probed() -> bool:
-        return answers(component, probe, ports)
-
-    wait_for(probed, what, START_WAIT_S, interval=0.5)
-
-
 def answers(component: str, probe: Mapping[str, Any], ports: Mapping[str, int]) -> bool:
     """Whether one of the chart's probes (tcpSocket or httpGet on a named port) succeeds."""
     if "tcpSocket" in probe:
@@ -213,7 +204,10 @@ def booted(fjord_root: RootFs, tmp_path_factory: pytest.TempPathFactory) -> Iter
             ),
             ("Deployment", builders.coordinator_name(CLUSTER), "coordinator", fjord_root),
         ]
-        for kind, name, component, root in pods:
+        runs: dict[str, tuple[subprocess.Popen[bytes], int]] = {}  # its process, log start
+
+        def start(kind: str, name: str, component: str, root: RootFs) -> None:
+            """Start ``component`` on free loopback ports picked now."""
             (container,) = objects[(kind, name)]["spec"]["template"]["spec"]["containers"]
             named = {p["name"]: free_port() for p in container["ports"]}
             # The pod's identity and the overrides a shared host network needs (last flag wins).
@@ -234,12 +228,39 @@ def booted(fjord_root: RootFs, tmp_path_factory: pytest.TempPathFactory) -> Iter
                     "--advertised-listeners", f"KAFKA://127.0.0.1:{named['kafka']}",
                 ]
             logs[component] = base / f"{component}.log"
-            root.spawn([*container["command"], *overrides], {**config_map, **env}, logs[component])
+            since = log_size(logs[component])
+            process = root.spawn(
+                [*container["command"], *overrides], {**config_map, **env}, logs[component]
+            )
+            runs[component] = process, since
             ports[component], containers[component] = named, container
-        for component in containers:
+
+        def port_taken(component: str) -> bool:
+            """Whether ``component`` exited because a port picked for it was bound by another
+            process first (free_port() only says it was free a moment ago)."""
+            process, since = runs[component]
+            if process.poll() is None:
+                return False
+            run = log_tail(logs[component], lines=40, since=since).lower()
+            return "address already in use" in run or "failed to bind" in run
+
+        for pod in pods:
+            start(*pod)
+        for pod in pods:
+            component = pod[2]
             for probe in ("readinessProbe", "livenessProbe"):
-                wait_until_answers(component, containers[component][probe], ports[component],
-                                   f"{component}'s {probe} from the image (log {logs[component]})")
+
+                def probed(pod: tuple[str, str, str, RootFs] = pod, probe: str = probe) -> bool:
+                    component = pod[2]
+                    if port_taken(component):  # started again on new ports (it registers them)
+                        start(*pod)
+                    # Alive too: whoever took a port first may answer a tcpSocket probe.
+                    return runs[component][0].poll() is None and answers(
+                        component, containers[component][probe], ports[component]
+                    )
+
+                wait_for(probed, f"{component}'s {probe} from the image (log {logs[component]})",
+                         START_WAIT_S, interval=0.5)
         yield Booted(
             f"127.0.0.1:{ports['broker-0']['grpc']}",
             f"127.0.0.1:{ports['broker-0']['kafka']}",
