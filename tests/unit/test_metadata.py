@@ -200,10 +200,16 @@ def test_topics_partitions_and_lookups_by_broker() -> None:
         ("b", 0),
         ("b", 1),
     ]
+    # the same, unsorted, as the broker's apply reads it (every broker, every partition)
+    for broker in (1, 2, 3):
+        assert image.replica_states_on(broker) == {
+            (r.topic, r.partition): r.state for r in image.partitions_replicated_on(broker)
+        }
     assert image.partition("b", 1) == p1 and image.partition("b", 2) is None
     # Without its topic record a topic's partitions are hidden.
     image = image.apply([MetadataEvent.delete(K.topic("b"), 3)])
     assert image.topic("b") is None and dict(image.partitions("b")) == {}
+    assert list(image.replica_states_on(1)) == [("a", 0)]
     assert [(r.topic, r.partition) for r in image.partitions_led_by(1)] == []
 
 

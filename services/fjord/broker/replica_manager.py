@@ -290,10 +290,8 @@ class ReplicaManager:
 
     async def _apply_metadata(self, image: MetadataImage) -> None:
         previous, self.image = self.image, image
-        wanted: dict[TopicPartition, Any] = {}
+        wanted = image.replica_states_on(self.broker_id)
         settings_by_topic: dict[str, TopicSettings | None] = {}
-        for ref in image.partitions_replicated_on(self.broker_id):
-            wanted[TopicPartition(ref.topic, ref.partition)] = ref.state
         to_open: list[tuple[TopicPartition, PartitionAssignment, TopicSettings]] = []
         same_settings: dict[str, bool] = {}
         applied = self._applied
@@ -361,6 +359,7 @@ class ReplicaManager:
                     return []
                 return await asyncio.to_thread(self._open_partitions, part, self._clock_ms())
 
+        to_open.sort(key=lambda item: item[0])
         chunks = [to_open[start : start + chunk] for start in range(0, len(to_open), chunk)]
         for opening in asyncio.as_completed([open_chunk(part) for part in chunks]):
             opened = await opening

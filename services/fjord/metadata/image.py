@@ -31,6 +31,7 @@ from fjord.metadata.schema import (
 )
 from fjord.security.acls import AccessControlEntry, AclBinding, AclError, ResourcePattern
 from fjord.security.scram import ScramCredential
+from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
@@ -323,6 +324,18 @@ class MetadataImage:
             for topic in sorted(self._topics)
             for p, state in sorted(self._partitions.get(topic, {}).items())
         ]
+
+    def replica_states_on(self, broker_id: int) -> dict[TopicPartition, PartitionState]:
+        """The state of every partition with a replica on ``broker_id``, in no particular
+        order: what a broker applies on every metadata change (no sort, no PartitionRef per
+        partition: at tens of thousands of partitions :meth:`partitions_replicated_on` cost a
+        broker's event loop a fifth of a second per change)."""
+        out: dict[TopicPartition, PartitionState] = {}
+        for topic in self._topics:
+            for number, state in self._partitions.get(topic, {}).items():
+                if broker_id in state.replicas:
+                    out[TopicPartition(topic, number)] = state
+        return out
 
     def partitions_led_by(self, broker_id: int) -> list[PartitionRef]:
         """Partitions whose leader is ``broker_id``, sorted by (topic, partition)."""
