@@ -198,6 +198,17 @@ class Cluster:
                 f"broker {broker_id} sees {name}",
                 retry_on=(grpc.RpcError,),
             )
+        # ... and each leader serves its partition once its replica is open (partitions open
+        # asynchronously: a leader the metadata names answers for a moment that it hosts no
+        # replica, and a fetch sent then is answered at once instead of parking).
+        for partition, replicas in enumerate(placement):
+            wait_for(
+                lambda p=partition, leader=replicas[0]: (
+                    list_offset(self.stub(leader), name, p, -1).error.code == 0
+                ),
+                f"broker {replicas[0]} serving {name}-{partition}",
+                retry_on=(grpc.RpcError,),
+            )
 
     def logs(self) -> str:
         return "\n".join(
