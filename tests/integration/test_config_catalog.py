@@ -473,9 +473,9 @@ def test_proof(proof: Callable[..., None], bootstrap: str, local_cluster: Any,
                tmp_path: Path) -> None:
     keys = sorted(k for k, f in PROOFS.items() if f is proof)
     assert keys and all(k in BY_NAME for k in keys)
-    started = time.monotonic()
+    # No bound on the proof's duration: its waits are bounded and name what they wait for, and
+    # how long a proof takes on a loaded machine is no part of what the key does.
     proof(bootstrap=bootstrap, local_cluster=local_cluster, tmp_path=tmp_path)
-    assert time.monotonic() - started < WAIT_S
 
 
 def test_catalog_order_is_stable() -> None:
