@@ -473,7 +473,10 @@ def test_controller_failover_then_stopped_broker_timeout(
             elapsed = time.monotonic() - started
         assert isinstance(error, KafkaTimeoutError) and isinstance(error, TimeoutError)
         assert error.code is ErrorCode.REQUEST_TIMED_OUT
-        assert 1.0 < elapsed < 6.0
+        # Failed by delivery.timeout.ms (2 s), not at once; the upper bound only tells it from
+        # a send that waits for the broker (it would run into WAIT_S): a loaded machine may add
+        # seconds, so it is no speed target.
+        assert 1.0 < elapsed < WAIT_S / 2
 
 
 def test_callbacks_run_and_may_send_but_not_wait(admin: AdminClient, bootstrap: str) -> None:
