@@ -79,8 +79,9 @@ def test_killed_coordinator_restarts_without_waiting_for_its_lease(
     assert "took back the registration of its own previous run" in log
     print(f"\ncoordinator SIGKILLed and restarted at once: registered again "
           f"{registered_after:.2f} s after the kill (lease TTL {LEASE_TTL_S} s)", flush=True)
-    # Waiting for the old lease would take the TTL; process start-up takes 1-3 s here.
-    assert registered_after < LEASE_TTL_S / 2, registered_after
+    # An order, not a speed target: registered before the old lease could have expired
+    # (waiting for it would take the TTL; process start-up takes 1-3 s here, more under load).
+    assert registered_after < LEASE_TTL_S, registered_after
     # The restarted process serves the group: what was committed before, and a new commit
     # (its claim of the __consumer_offsets partition was admitted by the partition's leader).
     assert wait_for(lambda: commit_and_fetch(cluster, group, 9), "a commit through the "
