@@ -28,10 +28,19 @@ defaults; every process on loopback on this machine):
   rebalance of an *empty* group, so
   it does not apply to a member joining an existing group. Target: p50 and max under 1 s.
 
+- **Coordinator fail-over.** A group with committed offsets on every partition (no members)
+  loses the coordinator serving it to a SIGKILL, not restarted; the figure is the time from the
+  kill until another coordinator serves the group with every committed offset (the controller
+  moves the group's ``__consumer_offsets`` partition once the dead coordinator's lease expires,
+  the new owner replays it). The killed coordinator is started again before the next of
+  ``--coordinator-failovers`` rounds. Target: the coordinators' lease TTL + 1 s (the tests only
+  check that the fail-over happens and loses nothing: tests/integration/test_find_coordinator.py,
+  test_group_semantics.py).
+
 Run::
 
     .venv/bin/python bench/bench_groups.py [--records 200000] [--rounds 3] [--joins 9]
-        [--heartbeat-interval-ms 500] [--write-results]
+        [--heartbeat-interval-ms 500] [--coordinator-failovers 3] [--write-results]
 
 ``--write-results`` rewrites the "groups" section of bench/RESULTS.md.
 """
@@ -71,6 +80,7 @@ MEMBERS = 3
 SESSION_TIMEOUT_MS = 6_000
 HEARTBEAT_INTERVAL_MS = 500  # default of --heartbeat-interval-ms
 TARGET_JOIN_S = 1.0
+TARGET_FAILOVER_SLACK_S = 1.0  # a coordinator fail-over within its lease TTL + this
 WAIT_S = 120.0  # bound on every wait of the run (a loaded 2-core machine)
 REPORT_INTERVAL_S = 0.5  # how often a member process reports its count
 JOIN_PHASE_SEED = 5  # seeds the random pause before each join (reproducible runs)
@@ -272,12 +282,58 @@ class ReadRound:
         return self.total / span if span > 0 else 0.0
 
 
+def bench_coordinator_failovers(cluster: LocalCluster, failovers: int) -> list[float]:
+    """Seconds from the SIGKILL of the coordinator serving a group until another coordinator
+    serves it with every committed offset, once per round (method: the module docstring)."""
+    tps = [TopicPartition(TOPIC, p) for p in range(PARTITIONS)]
+    offset = 7
+    figures: list[float] = []
+    config = {"bootstrap.servers": cluster.bootstrap_servers, "default.api.timeout.ms": 30000}
+    with AdminClient(config) as admin:
+
+        def coordinator_of(group: str) -> str | None:
+            try:
+                return admin.describe_consumer_groups([group], timeout=10)[group].coordinator
+            except FjordError:  # no coordinator can answer yet
+                return None
+
+        for n in range(failovers):
+            group = f"bench-failover-{n}"
+            admin.alter_consumer_group_offsets(group, dict.fromkeys(tps, offset))
+            before = coordinator_of(group)
+            owner = next((i for i, address in cluster.coordinator_addresses.items()
+                          if address == before), None)
+            if owner is None:
+                raise RuntimeError(f"{group}: served by {before}, not a known coordinator")
+            cluster.kill("coordinator", owner)
+
+            def served_elsewhere(group: str = group, before: str | None = before) -> bool:
+                if coordinator_of(group) in (None, before):
+                    return False
+                try:
+                    offsets = admin.list_consumer_group_offsets(group, tps, timeout=10)
+                except FjordError:
+                    return False
+                return all(o is not None and o.offset == offset for o in offsets.values())
+
+            took = seconds_until(served_elsewhere, WAIT_S)
+            if took is None:
+                raise RuntimeError(f"{group} was not served elsewhere within {WAIT_S} s")
+            figures.append(took)
+            print(f"coordinator fail-over {n + 1}: coordinator {owner} killed, {group} served "
+                  f"by another with its offsets after {took:.2f} s", flush=True)
+            cluster.start_coordinator(owner)
+    return figures
+
+
 def render(args: argparse.Namespace, produce_rate: float, rounds: list[ReadRound],
-           joins: list[float], load: tuple[float, float], coordinators: int) -> str:
+           joins: list[float], load: tuple[float, float], coordinators: int,
+           failovers: list[float], lease_ttl_s: int) -> str:
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = (f".venv/bin/python bench/bench_groups.py --records {args.records} "
                f"--rounds {args.rounds} --joins {args.joins} --heartbeat-interval-ms "
-               f"{args.heartbeat_interval_ms} --write-results")
+               f"{args.heartbeat_interval_ms} --coordinator-failovers "
+               f"{args.coordinator_failovers} --write-results")
     median = sorted(rounds, key=lambda r: r.rate)[len(rounds) // 2]
     lines = [
         f"Command: `{command}`, {now}; machine: {os.cpu_count()} CPUs ({cpu_model()}), Python "
@@ -316,6 +372,13 @@ def render(args: argparse.Namespace, produce_rate: float, rounds: list[ReadRound
             "p50 met, max MISSED" if statistics.median(joins) < TARGET_JOIN_S else "MISSED")
         lines.append("- joins (ms): " + ", ".join(f"{j * 1000:.0f}" for j in joins)
                      + f"; target p50 and max under {TARGET_JOIN_S * 1000:.0f} ms: {verdict}")
+    if failovers:
+        target = lease_ttl_s + TARGET_FAILOVER_SLACK_S
+        verdict = "met" if max(failovers) <= target else "MISSED"
+        lines.append("- coordinator fail-over (SIGKILL -> another coordinator serves the group "
+                     "with its offsets), s: " + ", ".join(f"{f:.2f}" for f in failovers)
+                     + f"; target within the lease TTL {lease_ttl_s} s + "
+                     f"{TARGET_FAILOVER_SLACK_S:.0f} s: {verdict}")
     return "\n".join(lines)
 
 
@@ -326,6 +389,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--joins", type=int, default=9)
     parser.add_argument("--heartbeat-interval-ms", type=int, default=HEARTBEAT_INTERVAL_MS)
+    parser.add_argument("--coordinator-failovers", type=int, default=3)
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     MEMBER_CONFIG["heartbeat.interval.ms"] = args.heartbeat_interval_ms
@@ -354,8 +418,10 @@ def main() -> int:
             finally:
                 for member in members:
                     member.stop()
+        failovers = bench_coordinator_failovers(cluster, args.coordinator_failovers)
+        lease_ttl_s = cluster.coordinator_lease_ttl_s
     block = render(args, produce_rate, rounds, joins, (load_start, os.getloadavg()[0]),
-                   coordinators)
+                   coordinators, failovers, lease_ttl_s)
     print(block)
     if args.write_results:
         write_section(SECTION, block)
