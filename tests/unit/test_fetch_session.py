@@ -465,6 +465,38 @@ def test_a_high_watermark_moved_by_one_follower_does_not_wake_the_others_parked_
         logs.close()
 
 
+#: Every partition led here with broker 2 a replica out of the ISR (leader epoch 0).
+FOLLOWER_STATES = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
+
+
+def follower_leader(
+    tmp_path: Any, registered: bool
+) -> tuple[LogManager, Clock, ReplicaManager, Cluster]:
+    """The leader of FOLLOWER_STATES' partitions (replica.lag.time.max.ms 10 s, fetch backoff
+    100 ms) in a cluster where broker 2 is registered or not yet."""
+    logs = LogManager(tmp_path / "data")
+    clock = Clock()
+    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000",
+                                            "replica.fetch.backoff.ms": "100"}, clock_ms=clock)
+    cluster = Cluster()
+    if registered:
+        cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
+    return logs, clock, manager, cluster
+
+
+def follower_request(plan: Any, replica_epoch: int | None = None) -> broker_pb2.FetchRequest:
+    """A session fetch of ``plan`` from follower 2 at leader epoch 0, carrying
+    ``replica_epoch`` (its broker epoch; None: the field left unset)."""
+    request = session_request(plan)
+    request.replica_id = 2
+    if replica_epoch is not None:
+        request.replica_epoch = replica_epoch
+    for topic in request.topics:
+        for p in topic.partitions:
+            p.current_leader_epoch = 0
+    return request
+
+
 def test_a_restarted_follower_rejoins_the_isr_once_its_registration_is_known(
     tmp_path: Any,
 ) -> None:
@@ -473,23 +505,10 @@ def test_a_restarted_follower_rejoins_the_isr_once_its_registration_is_known(
     registration, the follower's next incremental fetch, which names no partition (idle, its
     offsets did not move), brings the ISR expansion of every partition, not the session's
     next full pass (2 x replica.lag.time.max.ms later)."""
-    logs = LogManager(tmp_path / "data")
-    clock = Clock()
-    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000"}, clock_ms=clock)
-    cluster = Cluster()
-    cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
-    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
-
-    def follower_request(plan: Any, replica_epoch: int) -> broker_pb2.FetchRequest:
-        request = session_request(plan)
-        request.replica_id, request.replica_epoch = 2, replica_epoch
-        for topic in request.topics:
-            for p in topic.partitions:
-                p.current_leader_epoch = 0
-        return request
+    logs, clock, manager, cluster = follower_leader(tmp_path, registered=True)
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", states))
+        await manager.apply_metadata(cluster.topic("t", FOLLOWER_STATES))
         old_epoch = cluster.image.broker_epoch(2)
         assert old_epoch is not None
         new_epoch = cluster.revision + 1  # its next registration, not yet seen here
@@ -521,23 +540,10 @@ def test_a_refused_expansion_is_proposed_again_on_an_idle_session(tmp_path: Any)
     """The controller refuses an ISR expansion (the restarted follower is not live in its view
     yet): the leader proposes it again on the follower's next incremental fetch, though that
     fetch names no partition, instead of at the session's next full pass."""
-    logs = LogManager(tmp_path / "data")
-    clock = Clock()
-    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000",
-                                            "replica.fetch.backoff.ms": "100"}, clock_ms=clock)
-    cluster = Cluster()
-    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
-
-    def follower_request(plan: Any) -> broker_pb2.FetchRequest:
-        request = session_request(plan)
-        request.replica_id = 2  # not registered: its incarnation cannot be checked
-        for topic in request.topics:
-            for p in topic.partitions:
-                p.current_leader_epoch = 0
-        return request
+    logs, _clock, manager, cluster = follower_leader(tmp_path, registered=False)
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", states))
+        await manager.apply_metadata(cluster.topic("t", FOLLOWER_STATES))
         handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
         positions = {("t", n): 0 for n in range(PARTITIONS)}
         plan = handler.build(positions)
@@ -569,23 +575,10 @@ def test_a_follower_that_registers_after_its_first_fetch_rejoins_the_isr_at_once
     no broker epoch (-1) and counts for nothing. Its next fetch, incremental and naming no
     partition (idle), carries its registered epoch: the leader looks at every partition of
     the session again and proposes the ISR expansions (before: at the next full pass)."""
-    logs = LogManager(tmp_path / "data")
-    clock = Clock()
-    manager = ReplicaManager(BROKER, logs, {"replica.lag.time.max.ms": "10000"}, clock_ms=clock)
-    cluster = Cluster()
-    cluster.change([(cluster.keys.broker(2), BrokerRegistration(2, "h", 2).to_json())])
-    states = [PartitionState((BROKER, 2), (BROKER,), BROKER, 0, 0)] * PARTITIONS
-
-    def follower_request(plan: Any, replica_epoch: int) -> broker_pb2.FetchRequest:
-        request = session_request(plan)
-        request.replica_id, request.replica_epoch = 2, replica_epoch
-        for topic in request.topics:
-            for p in topic.partitions:
-                p.current_leader_epoch = 0
-        return request
+    logs, clock, manager, cluster = follower_leader(tmp_path, registered=True)
 
     async def scenario() -> None:
-        await manager.apply_metadata(cluster.topic("t", states))
+        await manager.apply_metadata(cluster.topic("t", FOLLOWER_STATES))
         registered = cluster.image.broker_epoch(2)
         assert registered is not None
         handler: FetchSessionHandler[Any, int] = FetchSessionHandler()
