@@ -71,7 +71,11 @@ def test_a_replication_factor_change_keeps_replicas_in_distinct_zones(
     with AdminClient({"bootstrap.servers": racked.bootstrap_servers}) as admin:
         admin.create_topics([NewTopic("grown", 8, 1)])
         admin.alter_replication_factor("grown", 3)
-        wait_for(lambda: _settled(admin), "the reassignments done", WAIT_S)
+        # Done at the controller first; the broker answering describe_topics learns it from
+        # its metadata a moment later.
+        wait_for(lambda: _settled(admin) and all(
+            len(r) == 3 for r in _replicas(admin, "grown").values()
+        ), "the reassignments done and seen by the brokers", WAIT_S)
         for partition, replicas in _replicas(admin, "grown").items():
             assert len(replicas) == 3
             assert _zones(replicas) == ["zone-a", "zone-b", "zone-c"], (partition, replicas)
@@ -103,7 +107,9 @@ def test_the_operators_drain_keeps_replicas_in_distinct_zones(racked: LocalClust
                 await asyncio.to_thread(fjord.close)
 
         asyncio.run(drain())
-        wait_for(lambda: _settled(admin), "the drain done", WAIT_S)
+        wait_for(lambda: _settled(admin) and not any(
+            4 in r for topic in ("drained", "grown") for r in _replicas(admin, topic).values()
+        ), "the drain done and seen by the brokers", WAIT_S)
         for topic in ("drained", "grown"):
             for partition, replicas in _replicas(admin, topic).items():
                 assert 4 not in replicas, (topic, partition, replicas)

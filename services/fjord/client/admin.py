@@ -90,6 +90,9 @@ PartitionErrors = dict[TopicPartition, FjordError | None]
 #: ElectLeaders election types (Kafka's names and wire values).
 ELECTION_TYPES = {"preferred": 0, "unclean": 1}
 
+#: How often create_topics looks whether the brokers' metadata names the new topics yet.
+TOPIC_KNOWN_POLL_S = 0.02
+
 
 @dataclass(frozen=True, slots=True)
 class PartitionReassignment:
@@ -404,7 +407,14 @@ class AdminClient:
         timeout: float | None = None,
         raise_on_error: bool = True,
     ) -> TopicErrors:
-        """Create topics; returns {name: None} (or errors, see module doc)."""
+        """Create topics; returns {name: None} (or errors, see module doc).
+
+        Returns once the controller has created them and the brokers' metadata this client
+        reads names them (bounded by the call's timeout, after which it returns anyway: the
+        topics exist), so that a describe, a plan or an assignment right after finds them.
+        Kafka's ZooKeeper-era CreateTopics waited for its ``timeout_ms`` the same way; a
+        KRaft controller answers before the brokers know, and a describe at once can fail
+        with UNKNOWN_TOPIC_OR_PARTITION."""
         new = list(topics)
         request = controller_pb2.CreateTopicsRequest(
             topics=[
@@ -421,10 +431,33 @@ class AdminClient:
         )
 
         async def call(deadline: float) -> Any:
-            return await self._controller_call("CreateTopics", request, deadline)
+            response = await self._controller_call("CreateTopics", request, deadline)
+            if not validate_only:
+                created = {name for name, error in _results(response.results).items()
+                           if error is None}
+                await self._until_brokers_know(created, deadline)
+            return response
 
         response = self._run(call, timeout)
         return _raise_first(_results(response.results), raise_on_error)
+
+    async def _until_brokers_know(self, topics: set[str], deadline: float) -> None:
+        """Refresh metadata until it names every one of ``topics`` or ``deadline`` passes
+        (never raises: the topics exist whatever the brokers know yet)."""
+        if not topics:
+            return
+        network = self._network
+        while True:
+            network.topics_of_interest = set(topics)
+            try:
+                snapshot = await network.refresh_metadata(spaced=False)
+            except FjordError:
+                snapshot = None
+            if snapshot is not None and topics <= snapshot.topics.keys():
+                return
+            if time.monotonic() + TOPIC_KNOWN_POLL_S >= deadline:
+                return
+            await asyncio.sleep(TOPIC_KNOWN_POLL_S)
 
     def delete_topics(
         self, topics: Iterable[str], *, timeout: float | None = None, raise_on_error: bool = True
