@@ -3,7 +3,9 @@ gRPC servicer calls (ReplicaManager for Produce/Fetch/ListOffsets, the servicer'
 for Metadata and InitProducerId) and translates the answer back. No protocol logic here.
 
 RecordBatch bytes pass through untouched both ways: Produce hands the request's ``records`` to
-the append path as they arrived, Fetch returns the log's bytes as read.
+the append path as they arrived, Fetch returns the log's bytes as read (or their file region,
+for sendfile). Produce and Fetch are decoded and encoded by fjord.kafka.fastpath (hand-written,
+checked against kafka-python's classes by property tests), every other API by kafka-python.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from kafka.protocol.admin.topics import (
     DeleteRecordsRequest,
 )
 from kafka.protocol.admin.transactions import ListTransactionsRequest
-from kafka.protocol.consumer.fetch import FetchRequest, FetchResponse
+from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.consumer.offsets import (
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -24,7 +26,7 @@ from kafka.protocol.consumer.offsets import (
 )
 from kafka.protocol.metadata.find_coordinator import FindCoordinatorRequest
 from kafka.protocol.metadata.metadata import MetadataRequest
-from kafka.protocol.producer.produce import ProduceRequest, ProduceResponse
+from kafka.protocol.producer.produce import ProduceRequest
 from kafka.protocol.producer.transaction import (
     InitProducerIdRequest,
     WriteTxnMarkersRequest,
@@ -39,6 +41,15 @@ from fjord.kafka.admin import (
     BrokerAdminHandlers,
 )
 from fjord.kafka.dispatch import Api, KafkaDispatcher, RequestContext
+from fjord.kafka.fastpath import (
+    FETCH_VERSIONS,
+    PRODUCE_VERSIONS,
+    EncodedResponse,
+    FetchResponseWriter,
+    ProduceResponseWriter,
+    decode_fetch_request,
+    decode_produce_request,
+)
 from fjord.kafka.groups import (
     FIND_COORDINATOR_VERSIONS,
     LIST_GROUPS_VERSIONS,
@@ -56,6 +67,7 @@ from fjord.kafka.zerocopy import FileBackedResponse
 from fjord.metadata import MetadataImage
 from fjord.metadata.schema import kafka_endpoint
 from fjord.observability import metrics
+from fjord.storage.region import FileRegion
 
 #: Kafka's "no session" fetch session id.
 NO_FETCH_SESSION = NO_SESSION
@@ -91,8 +103,9 @@ class BrokerKafkaHandlers:
         """Every API this broker serves over Kafka's protocol, with its tested versions."""
         admin, groups = self._admin, self._groups
         return [
-            Api(0, 3, 12, ProduceRequest, self.produce),
-            Api(1, 4, 12, FetchRequest, self.fetch),
+            Api(0, *PRODUCE_VERSIONS, ProduceRequest, self.produce,
+                decoder=decode_produce_request),
+            Api(1, *FETCH_VERSIONS, FetchRequest, self.fetch, decoder=decode_fetch_request),
             Api(2, 1, 8, ListOffsetsRequest, self.list_offsets),
             Api(3, 0, 12, MetadataRequest, self._metadata.metadata),
             Api(10, *FIND_COORDINATOR_VERSIONS, FindCoordinatorRequest, groups.find_coordinator),
@@ -130,38 +143,21 @@ class BrokerKafkaHandlers:
         answer = await self._servicer.produce(ctx.caller, pb)
         if request.acks == 0:
             return None
-        cls = ProduceResponse[ctx.api_version]
-        topic_cls = cls.TopicProduceResponse
-        part_cls = topic_cls.PartitionProduceResponse
-        return cls(
-            throttle_time_ms=0,
-            responses=[
-                topic_cls(
-                    name=t.name,
-                    partition_responses=[
-                        part_cls(
-                            index=p.partition,
-                            error_code=p.error.code,
-                            base_offset=p.base_offset,
-                            log_append_time_ms=p.log_append_time_ms,
-                            log_start_offset=p.log_start_offset if p.error.code == 0 else -1,
-                            record_errors=[],
-                            error_message=p.error.message or None,
-                        )
-                        for p in t.partitions
-                    ],
-                )
-                for t in answer.topics
-            ],
-        )
+        out = ProduceResponseWriter(ctx.api_version, 0, len(answer.topics))
+        for t in answer.topics:
+            out.topic(t.name, len(t.partitions))
+            for p in t.partitions:
+                code = p.error.code
+                out.partition(p.partition, code, p.base_offset, p.log_append_time_ms,
+                              p.log_start_offset if code == 0 else -1,
+                              p.error.message or None)
+            out.end_topic()
+        return out.finish()
 
     # --- Fetch ----------------------------------------------------------------------------------
 
     async def fetch(self, request: Any, ctx: RequestContext) -> Any:
         version = ctx.api_version
-        cls = FetchResponse[version]
-        topic_cls = cls.FetchableTopicResponse
-        part_cls = topic_cls.PartitionData
         # Kafka clients fetch as consumers: replication between Fjord brokers is gRPC only.
         # From v7 on, the client's fetch session (KIP-227) is honoured: epoch 0 opens one,
         # -1 fetches without, N continues it (only changed partitions sent, only news
@@ -197,49 +193,49 @@ class BrokerKafkaHandlers:
             ctx.caller, pb, open_session=True,
             region_marker=None if file_backed is None else file_backed.add,
         )
-        top_error = answer.error.code
         regions = file_backed.regions if file_backed is not None else {}
+        try:
+            response = self._fetch_response(version, answer, regions,
+                                            read_committed=request.isolation_level == 1)
+        except BaseException:
+            for region in regions.values():
+                region.close()
+            raise
+        return response
+
+    @staticmethod
+    def _fetch_response(
+        version: int, answer: broker_pb2.FetchResponse, regions: dict[bytes, FileRegion],
+        read_committed: bool,
+    ) -> EncodedResponse:
+        """The Kafka Fetch response of ``answer``: records whose bytes are a key of
+        ``regions`` (zero copy's markers) go as that file region, the rest as bytes."""
+        top_error = answer.error.code
+        out = FetchResponseWriter(version, 0, top_error if version >= 7 else 0,
+                                  answer.session_id, len(answer.topics))
         copied = 0
-        responses = []
         for t in answer.topics:
-            partitions = []
+            out.topic(t.name, len(t.partitions))
             for p in t.partitions:
-                if p.records and p.records not in regions:
-                    copied += len(p.records)  # zero copy off, or a segment not verified yet
-                partitions.append(
-                    part_cls(
-                        partition_index=p.partition,
-                        error_code=p.error.code or top_error,
-                        high_watermark=p.high_watermark,
-                        last_stable_offset=p.last_stable_offset,
-                        log_start_offset=p.log_start_offset,
-                        current_leader=part_cls.LeaderIdAndEpoch(
-                            leader_id=p.leader_id, leader_epoch=p.leader_epoch
-                        ),
-                        # Kafka's clients expect null unless read_committed (v4+).
-                        aborted_transactions=[
-                            part_cls.AbortedTransaction(
-                                producer_id=a.producer_id, first_offset=a.first_offset
-                            )
-                            for a in p.aborted_transactions
-                        ] if request.isolation_level == 1 else None,
-                        preferred_read_replica=-1,
-                        records=p.records,
-                    )
+                records: bytes | FileRegion = p.records
+                if p.records:
+                    region = regions.get(p.records)
+                    if region is None:
+                        copied += len(p.records)  # zero copy off, or a segment not verified
+                    else:
+                        records = region
+                out.partition(
+                    p.partition, p.error.code or top_error, p.high_watermark,
+                    p.last_stable_offset, p.log_start_offset,
+                    # Kafka's clients expect null unless read_committed (v4+).
+                    [(a.producer_id, a.first_offset) for a in p.aborted_transactions]
+                    if read_committed else None,
+                    -1, records, p.leader_id, p.leader_epoch,
                 )
-            responses.append(topic_cls(topic=t.name, partitions=partitions))
-        response = cls(
-            throttle_time_ms=0,
-            error_code=top_error if version >= 7 else 0,
-            session_id=answer.session_id,
-            responses=responses,
-        )
+            out.end_topic()
         if copied:
             metrics.record_fetch_record_bytes("copied", copied)
-        if file_backed is None or not file_backed.regions:
-            return response
-        file_backed.response = response
-        return file_backed
+        return out.finish()
 
     # --- ListOffsets ----------------------------------------------------------------------------
 
