@@ -3,16 +3,21 @@ ordering, expiry) and response handling (complete / retry / fail), with the real
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fjord._proto import broker_pb2, common_pb2
 from fjord.client import Producer
 from fjord.client.accumulator import (
     SPREAD_BATCH_FRACTION,
+    BatchPlan,
     BufferExhaustedError,
     IdempotenceState,
+    NoRoomYet,
     PartitionResult,
     ProducerBatch,
     RecordAccumulator,
@@ -495,20 +500,22 @@ def test_a_batch_opened_behind_queued_batches_that_fill_the_window_grows() -> No
     assert acc.drain([TP0], 1 << 20, now_ms=0) == [grown]
 
 
+def nearly_full() -> tuple[RecordAccumulator, list[ProducerBatch]]:
+    """TP0's window (2 batches) full and buffer.memory with room for a normal batch (200
+    bytes) but not for a grown one (800); returns the accumulator and the unanswered batches."""
+    acc = make_idempotent_accumulator(buffer_memory=2500)
+    sent = fill_and_send(acc, 2)  # the window (2 batches) is full: 2 x 108 bytes held
+    for _ in range(30):  # two full grown batches queued behind it, 800 reserved each
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+    assert acc._reserved + 200 <= 2500 < acc._reserved + 800
+    return acc, sent
+
+
 def test_a_blocked_partition_waits_for_room_for_a_grown_batch() -> None:
     """buffer.memory has room for a normal batch but not for a grown one while the window is
     full: a caller that may wait (send() on the application's thread) waits for the room, as
     for any batch, instead of opening a normal batch (on a nearly full buffer those fed on
     themselves); one that may not (a callback) gets a normal batch at once."""
-
-    def nearly_full() -> tuple[RecordAccumulator, list[ProducerBatch]]:
-        acc = make_idempotent_accumulator(buffer_memory=2500)
-        sent = fill_and_send(acc, 2)  # the window (2 batches) is full: 2 x 108 bytes held
-        for _ in range(30):  # two full grown batches queued behind it, 800 reserved each
-            acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
-        assert acc._reserved + 200 <= 2500 < acc._reserved + 800
-        return acc, sent
-
     acc, sent = nearly_full()
     second_grown = acc.open_batch(TP0)
     opened: list[ProducerBatch | None] = []
@@ -531,6 +538,104 @@ def test_a_blocked_partition_waits_for_room_for_a_grown_batch() -> None:
     nowait, _ = nearly_full()
     nowait.append(TP0, 1, None, b"v" * 40, (), now_ms=0, max_block_s=0)
     assert nowait.open_batch(TP0).reserved_bytes == 200  # type: ignore[union-attr]
+
+
+def test_a_caller_that_awaits_room_is_told_the_batch_a_blocking_one_waits_for() -> None:
+    """The AsyncProducer's way (``awaits_room``): where a blocking send() waits for room for a
+    grown batch, append raises NoRoomYet at once with that batch's plan and changes nothing
+    (no normal batch, no bytes reserved); each freed byte calls ``on_room_freed``; called
+    again with the plan once there is room, it opens that grown batch."""
+    acc, sent = nearly_full()
+    freed: list[int] = []
+    acc.on_room_freed = lambda: freed.append(acc._reserved)
+    queued, reserved = len(acc._queues[TP0]), acc._reserved
+    with pytest.raises(NoRoomYet) as no_room:
+        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0, awaits_room=True)
+    assert no_room.value.plan == BatchPlan(TP0, 800, grown=True)
+    # Typed as the wait's end would be: a BufferExhaustedError, a KafkaTimeoutError.
+    assert isinstance(no_room.value, BufferExhaustedError)
+    assert isinstance(no_room.value, KafkaTimeoutError) and isinstance(no_room.value, TimeoutError)
+    assert len(acc._queues[TP0]) == queued and acc._reserved == reserved and freed == []
+    with pytest.raises(NoRoomYet):  # still no room: the same plan, still nothing appended
+        acc.append(TP0, 1, None, b"v" * 40, (), 0, awaits_room=True, plan=no_room.value.plan)
+    answer(acc, sent[0])  # frees 108 bytes: not enough yet
+    assert freed == [reserved - 108]
+    answer(acc, sent[1])
+    acc.append(TP0, 1, None, b"v" * 40, (), 0, awaits_room=True, plan=no_room.value.plan)
+    opened = acc.open_batch(TP0)
+    assert opened is not None and opened.reserved_bytes == 800 and opened.record_count == 1
+    assert acc._reserved == reserved - 2 * 108 + 800
+    with pytest.raises(ValueError, match="plan"):  # a plan names its partition
+        acc.append(TP1, 1, None, b"v" * 200, (), 0, plan=no_room.value.plan)
+    acc.close()
+    assert len(freed) == 3  # a closed accumulator wakes whoever awaits room (to fail)
+
+
+# One partition's life as operations: append this many 47-byte records (a send() that may
+# not wait, skipped when buffer.memory has no room), drain what may leave, answer the oldest.
+_operation = st.one_of(
+    st.tuples(st.just("append"), st.integers(1, 25)),
+    st.tuples(st.just("drain"), st.just(0)),
+    st.tuples(st.just("answer"), st.just(0)),
+)
+
+
+@settings(max_examples=150)
+@given(
+    buffer_memory=st.sampled_from([1000, 1700, 2500, 4000]),
+    operations=st.lists(_operation, max_size=40),
+    value_size=st.integers(1, 300),
+)
+def test_awaiting_room_and_blocking_for_it_choose_the_same_batch(
+    buffer_memory: int, operations: list[tuple[str, int]], value_size: int
+) -> None:
+    """Property: from any state, a record appended by a caller that awaits room itself (the
+    AsyncProducer) and by one that blocks for it (Producer.send) go the same way: both find
+    room and open the same batch (grown or normal, the same bytes reserved), or the first is
+    told NoRoomYet and the second waits (here: 1 ms, then BufferExhaustedError); appended
+    once room came, the awaited plan opens the batch the blocking caller opens then."""
+    awaiting, blocking = (make_idempotent_accumulator(buffer_memory=buffer_memory) for _ in "ab")
+    in_flight: dict[int, list[ProducerBatch]] = {id(awaiting): [], id(blocking): []}
+    for acc in (awaiting, blocking):  # the same history for both
+        for operation, count in operations:
+            if operation == "append":
+                for _ in range(count):
+                    with contextlib.suppress(BufferExhaustedError):
+                        acc.append(TP0, 1, None, b"v" * 40, (), now_ms=0)
+            elif operation == "drain":
+                in_flight[id(acc)] += acc.drain([TP0], 1 << 20, now_ms=10**9)
+            elif in_flight[id(acc)]:
+                answer(acc, in_flight[id(acc)].pop(0))
+    value = b"w" * value_size
+
+    def opened(acc: RecordAccumulator, before: ProducerBatch | None) -> int | None:
+        batch = acc.open_batch(TP0)
+        return None if batch is None or batch is before else batch.reserved_bytes
+
+    before = awaiting.open_batch(TP0), blocking.open_batch(TP0)
+    was_blocked = awaiting.blocked_behind_window(TP0)
+    plan: BatchPlan | None = None
+    try:
+        awaiting.append(TP0, 1, None, value, (), 0, awaits_room=True)
+    except NoRoomYet as no_room:
+        plan = no_room.plan
+    try:
+        blocking.append(TP0, 1, None, value, (), 0, max_block_s=0.001)
+        blocked = False
+    except BufferExhaustedError:
+        blocked = True
+    assert blocked == (plan is not None)
+    if plan is None:
+        assert opened(awaiting, before[0]) == opened(blocking, before[1])
+        return
+    assert plan.grown == (plan.reserve == 800) and (not plan.grown or was_blocked)
+    # Room comes (everything answered): the plan opens the batch decided before the wait,
+    # even though the partition is no longer blocked by then.
+    while in_flight[id(awaiting)] or awaiting._queues[TP0]:
+        in_flight[id(awaiting)] += awaiting.drain([TP0], 1 << 20, now_ms=10**9)
+        answer(awaiting, in_flight[id(awaiting)].pop(0))
+    awaiting.append(TP0, 1, None, value, (), 0, awaits_room=True, plan=plan)
+    assert opened(awaiting, None) == plan.reserve
 
 
 def test_a_grown_batch_stops_at_blocked_batch_size() -> None:

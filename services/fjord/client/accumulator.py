@@ -23,7 +23,7 @@ from typing import Protocol
 from fjord.client.futures import BatchCompletion, RecordFuture
 from fjord.client.types import Headers, TopicPartition
 from fjord.config import MAX_IN_FLIGHT_FOR_IDEMPOTENCE
-from fjord.errors import ConfigError, ErrorCode, FjordError, error_for_code
+from fjord.errors import ConfigError, ErrorCode, FjordError, KafkaTimeoutError, error_for_code
 from fjord.records.header import stamp_producer_state
 from fjord.records.reader import RecordBatch
 from fjord.records.speedups import ATOMIC_APPEND
@@ -79,10 +79,35 @@ BuilderFactory = Callable[[], Builder]
 SizedBuilderFactory = Callable[[int], Builder]
 
 
-class BufferExhaustedError(FjordError):
-    """``buffer.memory`` stayed full for ``max.block.ms``: the producer cannot keep up."""
+class BufferExhaustedError(KafkaTimeoutError):
+    """``buffer.memory`` stayed full for ``max.block.ms``: the producer cannot keep up. A
+    :class:`~fjord.errors.KafkaTimeoutError` (Kafka's BufferExhaustedException is a
+    TimeoutException), whichever producer waited."""
 
-    code = ErrorCode.REQUEST_TIMED_OUT
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """The size of the batch a record must open (:meth:`RecordAccumulator._plan_batch`),
+    decided once and kept while its caller waits for ``buffer.memory`` room: the batch
+    reserves ``reserve`` bytes; ``grown``: it may fill up to ``blocked.batch.size``."""
+
+    tp: TopicPartition
+    reserve: int
+    grown: bool
+
+
+class NoRoomYet(BufferExhaustedError):
+    """``append(..., awaits_room=True)`` must open a batch and ``buffer.memory`` has no room
+    for it now; nothing was appended. The caller (:class:`~fjord.client.AsyncProducer`, on
+    its event loop) awaits room (``on_room_freed``) and calls again with ``plan=error.plan``,
+    so the batch keeps the size decided before the wait, as a blocking caller's does."""
+
+    def __init__(self, plan: BatchPlan, buffer_memory: int, reserved: int) -> None:
+        super().__init__(
+            f"buffer.memory ({buffer_memory} bytes, {reserved} reserved) has no room now for "
+            f"a batch of {plan.reserve} bytes for {plan.tp.topic}-{plan.tp.partition}"
+        )
+        self.plan = plan
 
 
 class ProducerBatch:
@@ -321,7 +346,7 @@ class RecordAccumulator:
         # passes -1 so the clock is read once per batch, not once per record).
         self._clock = clock or (lambda: time.monotonic() * 1000)
         self._open: dict[TopicPartition, ProducerBatch] = {}
-        #: The partitions whose open batch is a grown one (``_grown_builder``).
+        #: The partitions whose open batch is a grown one (``_plan_batch``).
         self._open_grown: set[TopicPartition] = set()
         #: Topics whose broker refused a batch as too large (``split_and_reenqueue``):
         #: their batches no longer grow past ``batch_size``.
@@ -340,6 +365,10 @@ class RecordAccumulator:
         self._reserved = 0
         self._flushes = 0
         self.closed = False
+        #: Called (with the lock held, on the thread that freed it) whenever memory is freed
+        #: or the accumulator closes: how a caller that awaits room instead of blocking on
+        #: the condition (AsyncProducer, whose sender frees memory on the same loop) wakes.
+        self.on_room_freed: Callable[[], None] | None = None
 
     # -- the application's side ---------------------------------------------------------------
 
@@ -355,6 +384,8 @@ class RecordAccumulator:
         abort_on_new_batch: bool = False,
         max_block_s: float = 0.0,
         coordinator_epoch: int = 0,
+        awaits_room: bool = False,
+        plan: BatchPlan | None = None,
     ) -> tuple[RecordFuture | None, bool]:
         """Add a record (``now_ms=-1``: read the injected clock, only if a batch is opened).
         Returns (future, wake_sender): ``wake_sender`` is True when a batch was
@@ -362,7 +393,14 @@ class RecordAccumulator:
         something new to schedule. With ``abort_on_new_batch`` returns (None, False) instead of
         opening a new batch (the sticky partitioner then picks another partition). A record
         whose ``coordinator_epoch`` differs from the open batch's closes that batch and opens
-        a new one (a batch is sent with one epoch)."""
+        a new one (a batch is sent with one epoch).
+
+        A new batch is sized by :meth:`_plan_batch` and its bytes reserved in
+        ``buffer.memory``, waiting for room up to ``max_block_s`` (0: never; the caller may
+        not wait). ``awaits_room``: the caller waits for room itself, outside the lock (the
+        AsyncProducer, on its event loop): the batch is sized as for a caller that may wait,
+        and where such a caller would wait this raises :class:`NoRoomYet` at once, appending
+        nothing; once room was freed the caller calls again with ``plan=`` the error's plan."""
         with self._lock:
             if self.closed:
                 raise FjordError("the producer is closed", code=ErrorCode.INVALID_REQUEST)
@@ -385,23 +423,17 @@ class RecordAccumulator:
                 # linger.ms) is the moment the sticky partitioner moves on.
                 return None, False
             size = _record_size_estimate(key, value, headers)
-            builder = self._grown_builder(tp, size, max_block_s)
-            grown = builder is not None
-            if builder is not None:
-                reserve = self._blocked_batch_size  # reserved by _grown_builder
-            else:
-                reserve = self._spread_batch_size(size)
-                self._reserve(reserve, max_block_s)
-                builder = (
-                    self._new_builder()
-                    if reserve == max(self._batch_size, size) or self._sized_builder is None
-                    else self._sized_builder(reserve)
-                )
+            if plan is None:
+                plan = self._plan_batch(tp, size, awaits_room or max_block_s > 0, spread=True)
+            elif plan.tp != tp:
+                raise ValueError(f"a batch plan for {plan.tp} used for {tp}")
+            self._reserve_for(plan, max_block_s, awaits_room)
+            builder = self._builder_for(plan, size)
             created = now_ms if now_ms >= 0 else self._clock()
-            batch = ProducerBatch(tp, builder, created, reserve, coordinator_epoch)
+            batch = ProducerBatch(tp, builder, created, plan.reserve, coordinator_epoch)
             batch.builder.append(timestamp_ms, key, value, headers)
             queue.append(batch)
-            self._set_open(tp, batch, grown)
+            self._set_open(tp, batch, plan.grown)
             self._incomplete.add(batch.completion)
             # A new batch means the previous one is full, or a linger timer must start.
             return RecordFuture(batch.completion, 0, timestamp_ms), True
@@ -447,41 +479,56 @@ class RecordAccumulator:
         queued = 0 if queue is None else len(queue)
         return len(idem.window.get(tp, ())) + queued >= idem.max_window
 
-    def _grown_builder(
-        self, tp: TopicPartition, record_size: int, max_block_s: float = 0.0
-    ) -> Builder | None:
-        """With the lock held, when a batch of ``tp`` is to be opened: a builder for a batch of
-        up to ``blocked_batch_size`` (its bytes reserved) when the partition is blocked
-        (:meth:`blocked_behind_window`) and the open grown batches (``_open_grown``) would
-        reserve at most half of ``buffer.memory``; None for a normal batch.
+    def _plan_batch(
+        self, tp: TopicPartition, record_size: int, may_wait: bool, *, spread: bool
+    ) -> BatchPlan:
+        """With the lock held, when a batch of ``tp`` is to be opened for a record of
+        ``record_size`` bytes: a grown batch (``blocked_batch_size`` reserved) when
+        :meth:`_may_grow` and ``buffer.memory`` has room for it now or the caller may wait for
+        that room; else a normal one (``spread``: :meth:`_spread_batch_size`, else
+        ``batch.size`` or the record's size). Pure: both producers decide so, and only how
+        they wait differs (a condition for the blocking one, ``await`` for the asyncio one).
 
-        When ``buffer.memory`` has no room for it yet, the caller waits for that room (up to
-        ``max_block_s``, as for any batch) rather than open a normal batch: the record cannot
-        leave before an answer anyway, and normal batches opened on a nearly full buffer
-        fed on themselves (each answer freed a normal batch's bytes, so the next batch was
-        normal again): in rounds larger than ``buffer.memory`` most batches of an acks=all
-        producer were ``batch.size`` batches, at a third of the records/s and three times
-        the brokers' CPU (issue 18, bench/RESULTS.md). A caller that may not wait
-        (``max_block_s`` 0: a send() from a callback) gets a normal batch as before."""
+        A blocked partition's caller that may wait (up to ``max.block.ms``, as for any batch)
+        does so for a grown batch rather than open a normal one: the record cannot leave
+        before an answer anyway, and normal batches opened on a nearly full buffer fed on
+        themselves (each answer freed a normal batch's bytes, so the next batch was normal
+        again): in rounds larger than ``buffer.memory`` most batches of an acks=all producer
+        were ``batch.size`` batches, at a third of the records/s and three times the brokers'
+        CPU (issue 18, bench/RESULTS.md). A caller that may not wait (a send() from a
+        callback) gets a normal batch when there is no room."""
+        grown = self._blocked_batch_size
+        if self._may_grow(tp, record_size) and (may_wait or self._has_room(grown)):
+            return BatchPlan(tp, grown, True)
+        if spread:
+            return BatchPlan(tp, self._spread_batch_size(record_size), False)
+        return BatchPlan(tp, max(self._batch_size, record_size), False)
+
+    def _may_grow(self, tp: TopicPartition, record_size: int) -> bool:
+        """With the lock held: whether a batch of ``tp`` opened now may grow to
+        ``blocked_batch_size``: growth is on, the record fits, the partition is blocked
+        (:meth:`blocked_behind_window`), its topic never refused a grown batch, and the open
+        grown batches (``_open_grown``) would reserve at most half of ``buffer.memory``."""
         grown = self._blocked_batch_size
         if not grown or record_size > grown or not self.blocked_behind_window(tp):
-            return None
+            return False
         if tp.topic in self._no_growth_topics:
-            return None  # its max.message.bytes refused a larger batch
-        if (len(self._open_grown) + 1) * grown > self._buffer_memory // 2:
-            # Open grown batches may be mostly empty (reserved whole, filled slowly): they
-            # hold at most half of buffer.memory, so many blocked partitions with a few
-            # records each cannot reserve it all. Full grown batches waiting to leave hold
-            # records and count as any batch does (a backlog keeps growing its batches).
-            return None
-        if self._reserved + grown > self._buffer_memory:
-            if max_block_s <= 0:
-                return None  # never make a caller that cannot wait fail for a larger batch
-            self._reserve(grown, max_block_s)
-        else:
-            self._reserved += grown
-        assert self._sized_builder is not None
-        return self._sized_builder(grown)
+            return False  # its max.message.bytes refused a larger batch
+        # Open grown batches may be mostly empty (reserved whole, filled slowly): they hold at
+        # most half of buffer.memory, so many blocked partitions with a few records each
+        # cannot reserve it all. Full grown batches waiting to leave hold records and count
+        # as any batch does (a backlog keeps growing its batches).
+        return (len(self._open_grown) + 1) * grown <= self._buffer_memory // 2
+
+    def _builder_for(self, plan: BatchPlan, record_size: int) -> Builder:
+        # A builder whose batch may reach the planned size (the default builder for batch.size
+        # or a larger first record: it takes one record of any size).
+        if plan.grown or (
+            self._sized_builder is not None and plan.reserve != max(self._batch_size, record_size)
+        ):
+            assert self._sized_builder is not None  # (growth is off without one)
+            return self._sized_builder(plan.reserve)
+        return self._new_builder()
 
     def append_many(
         self,
@@ -529,27 +576,22 @@ class RecordAccumulator:
                     value if type(value) is bytes else None,
                     (),
                 )
-                builder = self._grown_builder(tp, estimate, max_block_s)  # (as append())
-                grown = builder is not None
-                if builder is not None:
-                    reserve = self._blocked_batch_size  # reserved by _grown_builder
-                else:
-                    reserve = max(self._batch_size, estimate)
-                    self._reserve(reserve, max_block_s)
-                    builder = self._new_builder()
-                batch = ProducerBatch(tp, builder, self._clock(), reserve)
+                plan = self._plan_batch(tp, estimate, max_block_s > 0, spread=False)
+                self._reserve(plan.reserve, max_block_s)
+                reserve = plan.reserve
+                batch = ProducerBatch(tp, self._builder_for(plan, estimate), self._clock(), reserve)
                 try:  # (a fresh batch takes at least its first record, unless it raises)
                     start = batch.builder.try_append_many(timestamp_ms, keys, values, start)
                 finally:
                     if batch.record_count:  # queued even when a later record raised
                         queue.append(batch)
-                        self._set_open(tp, batch, grown)
+                        self._set_open(tp, batch, plan.grown)
                         self._incomplete.add(batch.completion)
                         completions.append(batch.completion)
                         wake = True
                     else:  # never queued: give its reservation back
                         self._reserved -= reserve
-                        self._space.notify_all()
+                        self._room_freed()
         return completions, wake
 
     def open_batch(self, tp: TopicPartition) -> ProducerBatch | None:
@@ -600,17 +642,34 @@ class RecordAccumulator:
         self._open_grown.discard(tp)
         batch.builder.seal()
 
-    def _reserve(self, nbytes: int, max_block_s: float) -> None:
-        # Called with the lock held. A batch bigger than the whole buffer is let through alone.
-        def has_room() -> bool:
-            return self._reserved == 0 or self._reserved + nbytes <= self._buffer_memory
+    def _has_room(self, nbytes: int) -> bool:
+        # With the lock held. A batch bigger than the whole buffer is let through alone.
+        return self._reserved == 0 or self._reserved + nbytes <= self._buffer_memory
 
-        if not self._space.wait_for(has_room, timeout=max_block_s):
-            raise BufferExhaustedError(
-                f"buffer.memory ({self._buffer_memory} bytes) stayed full for max.block.ms "
-                f"({int(max_block_s * 1000)} ms)"
-            )
+    def _reserve(self, nbytes: int, max_block_s: float) -> None:
+        # With the lock held: wait (the condition releases the lock) up to max_block_s.
+        if not self._space.wait_for(lambda: self._has_room(nbytes), timeout=max_block_s):
+            raise self.buffer_exhausted(max_block_s)
         self._reserved += nbytes
+
+    def _reserve_for(self, plan: BatchPlan, max_block_s: float, awaits_room: bool) -> None:
+        # With the lock held: reserve a planned batch's bytes (see append's awaits_room).
+        if awaits_room and not self._has_room(plan.reserve):
+            raise NoRoomYet(plan, self._buffer_memory, self._reserved)
+        self._reserve(plan.reserve, max_block_s)
+
+    def buffer_exhausted(self, max_block_s: float) -> BufferExhaustedError:
+        """The error of a send() that waited ``max_block_s`` for ``buffer.memory`` room."""
+        return BufferExhaustedError(
+            f"buffer.memory ({self._buffer_memory} bytes) stayed full for max.block.ms "
+            f"({int(max_block_s * 1000)} ms)"
+        )
+
+    def _room_freed(self) -> None:
+        # With the lock held, whenever reserved bytes go down (or the accumulator closes).
+        self._space.notify_all()
+        if self.on_room_freed is not None:
+            self.on_room_freed()
 
     def begin_flush(self) -> list[BatchCompletion]:
         """Make every batch ready now; returns the completions to wait for."""
@@ -625,7 +684,7 @@ class RecordAccumulator:
     def close(self) -> None:
         with self._lock:
             self.closed = True
-            self._space.notify_all()
+            self._room_freed()
 
     # -- the sender's side --------------------------------------------------------------------
 
@@ -780,7 +839,7 @@ class RecordAccumulator:
             for part in parts:
                 self._incomplete.add(part.completion)
             self._muted.discard(batch.tp)
-            self._space.notify_all()
+            self._room_freed()
         return True
 
     @staticmethod
@@ -830,7 +889,7 @@ class RecordAccumulator:
         if held < batch.reserved_bytes:
             self._reserved -= batch.reserved_bytes - held
             batch.reserved_bytes = held
-            self._space.notify_all()
+            self._room_freed()
 
     def deallocate(self, batch: ProducerBatch) -> None:
         """A batch is finished (completed or failed): free its memory and unmute its partition."""
@@ -839,7 +898,7 @@ class RecordAccumulator:
             batch.reserved_bytes = 0
             self._incomplete.discard(batch.completion)
             self._muted.discard(batch.tp)
-            self._space.notify_all()
+            self._room_freed()
 
     def expired(self, batch: ProducerBatch, now_ms: float) -> bool:
         return now_ms - batch.created_ms >= self._delivery_timeout_ms

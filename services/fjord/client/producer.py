@@ -30,8 +30,8 @@ from typing import Any, TypeVar
 
 from fjord._proto import broker_pb2
 from fjord.client.accumulator import (
-    BufferExhaustedError,
     IdempotenceState,
+    NoRoomYet,
     PartitionResult,
     ProducerBatch,
     RecordAccumulator,
@@ -570,6 +570,38 @@ class _ProducerBase:
         tps = self._tps[topic] = [TopicPartition(topic, p) for p in range(known)]  # new or grew
         return tps
 
+    def _place(
+        self,
+        tps: list[TopicPartition],
+        value: bytes | None,
+        key: bytes | None,
+        partition: int | None,
+        header_items: tuple[tuple[str, bytes | None], ...],
+        timestamp_ms: int,
+    ) -> tuple[RecordFuture, bool] | int:
+        """Choose the record's partition: (future, wake the sender) when the sticky
+        partition's open batch took it, else the partition number whose batch it goes to
+        (``accumulator.append``, which may open a batch and wait for room)."""
+        count = len(tps)
+        topic = tps[0].topic
+        if partition is None:
+            if key is not None and not self._ignore_keys:
+                return partition_for_key(key, count)
+            partition = self._sticky.partition(topic, count)
+            future, wake = self._accumulator.append(
+                tps[partition], timestamp_ms, key, value, header_items, -1,
+                abort_on_new_batch=True,
+            )  # fmt: skip
+            if future is not None:
+                return future, wake
+            return self._sticky.on_new_batch(topic, count, partition)
+        if not 0 <= partition < count:
+            raise error_for_code(
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                f"partition {partition} of topic {topic!r} does not exist ({count} partitions)",
+            )
+        return partition
+
     def _append(
         self,
         tps: list[TopicPartition],
@@ -581,32 +613,16 @@ class _ProducerBase:
         max_block_s: float,
         coordinator_epoch: int = 0,
     ) -> tuple[RecordFuture, bool]:
-        """Choose the partition and append; returns (future, wake the sender)."""
-        count = len(tps)
-        topic = tps[0].topic
+        """Choose the partition and append, blocking up to ``max_block_s`` for
+        ``buffer.memory`` room; returns (future, wake the sender)."""
         if timestamp_ms is None:
             timestamp_ms = int(time.time() * 1000)
-        now = -1  # the accumulator reads its clock only when it opens a batch
-        acc = self._accumulator
-        if partition is None:
-            if key is not None and not self._ignore_keys:
-                partition = partition_for_key(key, count)
-            else:
-                partition = self._sticky.partition(topic, count)
-                future, wake = acc.append(
-                    tps[partition], timestamp_ms, key, value, header_items, now,
-                    abort_on_new_batch=True, max_block_s=max_block_s,
-                )  # fmt: skip
-                if future is not None:
-                    return future, wake
-                partition = self._sticky.on_new_batch(topic, count, partition)
-        elif not 0 <= partition < count:
-            raise error_for_code(
-                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
-                f"partition {partition} of topic {topic!r} does not exist ({count} partitions)",
-            )
-        future, wake = acc.append(
-            tps[partition], timestamp_ms, key, value, header_items, now,
+        placed = self._place(tps, value, key, partition, header_items, timestamp_ms)
+        if not isinstance(placed, int):
+            return placed
+        # now_ms -1: the accumulator reads its clock only when it opens a batch.
+        future, wake = self._accumulator.append(
+            tps[placed], timestamp_ms, key, value, header_items, -1,
             max_block_s=max_block_s, coordinator_epoch=coordinator_epoch,
         )  # fmt: skip
         assert future is not None
@@ -979,6 +995,9 @@ class AsyncProducer(_ProducerBase):
     def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
         super().__init__(config, tracer_provider)
         self._sender_task: asyncio.Task[None] | None = None
+        # Set whenever buffer.memory is freed: the sender frees it on this same loop.
+        self._room_freed = asyncio.Event()
+        self._accumulator.on_room_freed = self._room_freed.set
 
     async def start(self) -> None:
         """Start the sender (``send`` does it on first use)."""
@@ -1017,24 +1036,65 @@ class AsyncProducer(_ProducerBase):
             await self._await_topic(topic)
             tps = self._partitions(topic)
             assert tps is not None
-        deadline = time.monotonic() + self._max_block_s
-        while True:
-            try:
-                record_future, wake = self._append(
-                    tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, 0.0,
-                    coordinator_epoch,
-                )  # fmt: skip
-                break
-            except BufferExhaustedError:
-                if time.monotonic() >= deadline:
-                    raise
-                self._sender.wake()
-                await asyncio.sleep(self.config["retry.backoff.ms"] / 1000 / 10)
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        placed = self._place(tps, value_bytes, key_bytes, partition, header_items, timestamp_ms)
+        if isinstance(placed, int):
+            record_future, wake = await self._append_awaiting_room(
+                tps[placed], timestamp_ms, key_bytes, value_bytes, header_items,
+                coordinator_epoch,
+            )  # fmt: skip
+        else:
+            record_future, wake = placed
         if wake:
             self._sender.wake()
         result: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         record_future.add_done_callback(functools.partial(_settle, result))
         return result
+
+    async def _append_awaiting_room(
+        self,
+        tp: TopicPartition,
+        timestamp_ms: int,
+        key: bytes | None,
+        value: bytes | None,
+        header_items: tuple[tuple[str, bytes | None], ...],
+        coordinator_epoch: int,
+    ) -> tuple[RecordFuture, bool]:
+        """``accumulator.append`` without blocking the loop. The new batch is sized as the
+        blocking :class:`Producer`'s (``RecordAccumulator._plan_batch``: a partition blocked
+        behind its window grows its batch up to ``blocked.batch.size``), and where that one's
+        ``send()`` blocks for ``buffer.memory`` room this awaits it, woken whenever memory is
+        freed (answers come on this loop), keeping the size decided before the wait; after
+        ``max.block.ms`` it raises BufferExhaustedError, a KafkaTimeoutError, having appended
+        nothing. ``max.block.ms`` 0: never waits (a normal batch when there is no room for a
+        grown one), as the blocking producer's callers that may not wait."""
+        acc = self._accumulator
+        if self._max_block_s <= 0:
+            future, wake = acc.append(
+                tp, timestamp_ms, key, value, header_items, -1,
+                coordinator_epoch=coordinator_epoch,
+            )  # fmt: skip
+            assert future is not None
+            return future, wake
+        deadline = time.monotonic() + self._max_block_s
+        plan = None
+        while True:
+            self._room_freed.clear()  # (nothing frees memory between here and the wait)
+            try:
+                future, wake = acc.append(
+                    tp, timestamp_ms, key, value, header_items, -1,
+                    coordinator_epoch=coordinator_epoch, awaits_room=True, plan=plan,
+                )  # fmt: skip
+                assert future is not None
+                return future, wake
+            except NoRoomYet as no_room:
+                plan = no_room.plan
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise acc.buffer_exhausted(self._max_block_s)
+            self._sender.wake()  # batches that may leave now free their memory once answered
+            await wait_event(self._room_freed, remaining)
 
     async def send_and_wait(self, topic: str, *args: Any, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, *args, **kwargs))
