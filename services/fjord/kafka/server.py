@@ -24,7 +24,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,6 +245,11 @@ class KafkaListener:
                 await pipeline.add(done, overlaps=False)
                 continue
             overlaps = prepared.api.key in PIPELINED_API_KEYS
+            if not overlaps and pipeline.idle:
+                # The common case of a consumer's Fetch (one at a time per connection): run
+                # and answer it here, without a task, a future and the writer's round.
+                await pipeline.answer_now(self._dispatcher.run(prepared))
+                continue
             await pipeline.wait_turn(overlaps)
             await pipeline.add(
                 asyncio.ensure_future(self._dispatcher.run(prepared)), overlaps=overlaps
@@ -268,10 +273,12 @@ READ_ON_LOOP_MAX_BYTES = 1 << 20
 class _Pipeline:
     """One connection's requests in flight and the task that writes their answers in order.
 
-    Invariants: answers are written in the order the requests were read; a request that may
-    not overlap starts only once every earlier one is written; at most MAX_IN_FLIGHT_PRODUCE
-    answers are outstanding; a handler that fails ends the connection (its exception is
-    raised by :meth:`finish` or :meth:`add`, after the answers before it were written).
+    Invariants: answers are written in the order the requests were read (by the writer task,
+    or by the reader itself when nothing else is in flight: :meth:`answer_now`); a request
+    that may not overlap starts only once every earlier one is written; at most
+    MAX_IN_FLIGHT_PRODUCE answers are outstanding; a handler that fails ends the connection
+    (its exception is raised by :meth:`finish`, :meth:`add` or :meth:`answer_now`, after the
+    answers before it were written).
     """
 
     def __init__(self, writer: asyncio.StreamWriter) -> None:
@@ -296,6 +303,35 @@ class _Pipeline:
             finally:
                 progress.cancel()
         self._check_writer()
+
+    @property
+    def idle(self) -> bool:
+        """Nothing is in flight or waiting to be written: a request that may not overlap can
+        be answered at once by :meth:`answer_now`."""
+        return self._outstanding == 0 and self._answers.empty()
+
+    async def answer_now(self, reply: Awaitable[Reply]) -> None:
+        """Await ``reply`` and write it, in the caller's task: only when :attr:`idle` (so the
+        writer task has nothing to write meanwhile, and no answer can be out of order). A
+        failure closes the connection, as a failure in the writer task does."""
+        self._check_writer()
+        self._outstanding += 1  # the writer task stays idle; nothing is added meanwhile
+        try:
+            await self._write_reply(await reply)
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            self._writer.close()
+            raise
+        finally:
+            self._outstanding -= 1
+
+    async def _write_reply(self, reply: Reply) -> None:
+        if reply.parts is not None:
+            await self._write_parts(reply.parts)
+        elif reply.frame is not None:
+            self._writer.write(reply.frame)
+            await self._writer.drain()
 
     async def add(self, answer: asyncio.Future[Reply], overlaps: bool) -> None:
         self._check_writer()
@@ -419,12 +455,7 @@ class _Pipeline:
                 answer = await self._answers.get()
                 if answer is None:
                     return
-                reply = await answer
-                if reply.parts is not None:
-                    await self._write_parts(reply.parts)
-                elif reply.frame is not None:
-                    self._writer.write(reply.frame)
-                    await self._writer.drain()
+                await self._write_reply(await answer)
                 self._outstanding -= 1
                 self._progress.set()
         except asyncio.CancelledError:

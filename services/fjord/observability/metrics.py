@@ -333,13 +333,20 @@ def record_bytes_out(topic: str, num_bytes: int) -> None:
     BROKER_BYTES_OUT.labels(topic).inc(num_bytes)
 
 
+# The listener counts these once or twice per Fetch answer: children looked up once
+# (``labels()`` hashes and locks on every call).
+_SENDFILE_RECORD_BYTES = KAFKA_FETCH_RECORD_BYTES.labels("sendfile")
+_SENDFILE_REGIONS = {True: KAFKA_SENDFILE_REGIONS.labels("true"),
+                     False: KAFKA_SENDFILE_REGIONS.labels("false")}
+
+
 def record_sendfile_bytes(num_bytes: int) -> None:
     KAFKA_SENDFILE_BYTES.inc(num_bytes)
-    KAFKA_FETCH_RECORD_BYTES.labels("sendfile").inc(num_bytes)
+    _SENDFILE_RECORD_BYTES.inc(num_bytes)
 
 
 def record_sendfile_region(waited: bool) -> None:
-    KAFKA_SENDFILE_REGIONS.labels("true" if waited else "false").inc()
+    _SENDFILE_REGIONS[waited].inc()
 
 
 def record_fetch_record_bytes(path: str, num_bytes: int) -> None:
