@@ -21,6 +21,7 @@ from fjord.cli.broker_cmd import broker
         (["--id", "-3"], "id"),
         (["--listen", "127.0.0.1:http"], "listen"),
         (["--lease-ttl", "0"], "lease-ttl"),
+        (["--loop-stall-limit", "0.5"], "loop-stall-limit"),
         (["--cluster-id", "a/b"], "cluster-id"),
         (["--etcd", "https://etcd"], "etcd"),
     ],

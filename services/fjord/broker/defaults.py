@@ -27,6 +27,17 @@ BROKER_LEASE_TTL_S = 9
 #: How often the lease is refreshed: three refreshes per TTL, so one lost refresh is harmless.
 LEASE_KEEPALIVE_INTERVAL_S = BROKER_LEASE_TTL_S / 3
 
+#: How often the event loop stamps its progress for the lease keep-alive thread (which renews
+#: the lease only while the stamp is younger than ``--loop-stall-limit``, by default the TTL;
+#: fjord.broker.lease_keeper). Ten wake-ups a second cost nothing measurable.
+LOOP_PROGRESS_TICK_S = 0.1
+#: How often the keep-alive thread looks at the stamp (it renews every refresh interval, and at
+#: once when a stalled loop moves again).
+LEASE_KEEPALIVE_POLL_S = 0.25
+#: Smallest ``--loop-stall-limit``: below a second ordinary pauses (a full garbage collection, a
+#: large metadata apply's slice) would stop renewals.
+LOOP_STALL_LIMIT_MIN_S = 1.0
+
 
 #: Seconds to wait at start-up for the first metadata snapshot before serving anyway.
 METADATA_STARTUP_TIMEOUT_S = 30.0

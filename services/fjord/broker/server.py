@@ -30,7 +30,9 @@ from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
 from fjord.broker.kafka_apis import BrokerKafkaHandlers
+from fjord.broker.lease_thread import LeaseKeepAliveThread, LoopProgress
 from fjord.broker.log_cleaner import LogCleaner
+from fjord.broker.loop_stall_hook import install_loop_stall_hook
 from fjord.broker.partition import Partition
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.producer_state import (
@@ -228,6 +230,9 @@ class BrokerOptions:
     config: dict[str, str] = field(default_factory=dict)
     advertised_host: str | None = None
     lease_ttl_s: int = defaults.BROKER_LEASE_TTL_S
+    #: Seconds the event loop may make no progress before the lease is no longer renewed
+    #: (None: the lease TTL; fjord.broker.lease_keeper says why).
+    loop_stall_limit_s: float | None = None
     #: ``KAFKA`` listener (host, port; port 0: any free) or None for no Kafka-protocol door;
     #: ``kafka_advertised``: the (host, port) Kafka clients are told (port 0: the bound one).
     kafka_listener: tuple[str, int] | None = None
@@ -248,6 +253,12 @@ class BrokerOptions:
     #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door): TLS
     #: without client certificates with ``security``, else plaintext; None: no such door.
     sasl_grpc_listener: tuple[str, int] | None = None
+
+    @property
+    def effective_loop_stall_limit_s(self) -> float:
+        """The loop stall limit in force: ``loop_stall_limit_s``, by default the lease TTL."""
+        return float(self.lease_ttl_s if self.loop_stall_limit_s is None
+                     else self.loop_stall_limit_s)
 
     @property
     def all_kafka_doors(self) -> tuple[KafkaDoor, ...]:
@@ -272,6 +283,12 @@ class BrokerOptions:
             )
         if self.lease_ttl_s < 1:
             raise ConfigError(f"lease-ttl: must be >= 1 s, got {self.lease_ttl_s}")
+        if self.loop_stall_limit_s is not None and not (
+            defaults.LOOP_STALL_LIMIT_MIN_S <= self.loop_stall_limit_s <= 3600
+        ):
+            raise ConfigError(
+                f"loop-stall-limit: must be between {defaults.LOOP_STALL_LIMIT_MIN_S} and "
+                f"3600 s, got {self.loop_stall_limit_s}")
         try:
             Keys(self.cluster_id)
         except ValueError as exc:
@@ -342,8 +359,14 @@ class BrokerServer:
         #: The incarnation of the previous process on this data dir (None: none recorded).
         self.previous_incarnation: str | None = None
         self._lock = StateDirLock(options.data_dir, BROKER_LOCK_FILE, "broker", "data-dir")
-        # Set when the controller said our registration is not current (STALE_BROKER_EPOCH).
-        self._registration_doubted = asyncio.Event()
+        # Set when the keep-alive thread says the lease is gone (_lost_lease names it) or the
+        # controller said our registration is not current (STALE_BROKER_EPOCH; fenced).
+        self._lease_event = asyncio.Event()
+        self._lost_lease: tuple[int, float | None] | None = None
+        #: Stamped by the event loop every tick; the keep-alive thread renews the lease only
+        #: while the stamp is younger than the stall limit.
+        self.loop_progress = LoopProgress()
+        self._lease_thread: LeaseKeepAliveThread | None = None
         self._server: aio.Server | None = None
         self._sasl_server: aio.Server | None = None
         #: The SASL gRPC door's bound port (0: no door).
@@ -453,6 +476,20 @@ class BrokerServer:
         if opts.metrics_port is not None:
             self._metrics_port = start_metrics_server(opts.metrics_port)
 
+        self._spawn(self.loop_progress.run(defaults.LOOP_PROGRESS_TICK_S), "loop progress stamp")
+        self._lease_thread = LeaseKeepAliveThread(
+            opts.etcd_url,
+            ttl_s=opts.lease_ttl_s,
+            stall_limit_s=opts.effective_loop_stall_limit_s,
+            progress=self.loop_progress,
+            loop=asyncio.get_running_loop(),
+            on_lease_lost=self._lease_lost,
+            what=f"broker {opts.broker_id}",
+            poll_s=defaults.LEASE_KEEPALIVE_POLL_S,
+        )
+        self.loop_progress.stamp()  # start-up held the loop; the stamp task has not run yet
+        self._lease_thread.start()
+        install_loop_stall_hook(asyncio.get_running_loop(), opts.data_dir)
         revision = await self._register()
         self._spawn(self._keep_lease_alive(), "lease keep-alive")
         await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
@@ -526,6 +563,8 @@ class BrokerServer:
             await self._server.stop(defaults.SHUTDOWN_GRACE_S)
         await cancel_until_done(self._tasks)
         self._tasks.clear()
+        if self._lease_thread is not None:  # before the revoke: no renewal of a revoked lease
+            await self._lease_thread.stop()
         if self.replicas is not None and self._logs is not None:
             try:  # a clean restart resumes with these high watermarks
                 await self._checkpoint_hw()
@@ -600,6 +639,7 @@ class BrokerServer:
             replaceable=self._own_registration,
         )
         self.broker_epoch = revision
+        self._keep_lease(self._lease_id)
         return revision
 
     async def _end_previous_run(self) -> None:
@@ -630,8 +670,16 @@ class BrokerServer:
             return False
         return found is not None and found in (self.incarnation, self.previous_incarnation)
 
+    def _lease_lost(self, lease_id: int, away_s: float | None) -> None:
+        """The keep-alive thread heard from etcd that ``lease_id`` is gone (on the loop)."""
+        if lease_id == self._lease_id:  # not a lease this process has already replaced
+            self._lost_lease = (lease_id, away_s)
+            self._lease_event.set()
+
     async def _keep_lease_alive(self) -> None:
-        """Refresh the lease three times per TTL.
+        """Act on what happens to the lease; the keep-alive thread renews it (a busy loop must
+        not cost the broker its lease; one that makes no progress for the stall limit does:
+        :mod:`fjord.broker.lease_keeper`).
 
         etcd unreachable: keep serving. Leadership is not tied to the lease: nobody can elect
         another leader while etcd is away, and once one is elected this broker learns it from
@@ -639,45 +687,43 @@ class BrokerServer:
         followers cannot advance the high watermark, so it acknowledges no acks=all write
         (docs/replication.md, "etcd outages"). etcd says the lease is gone (expired while it was
         away, or revoked): fenced until re-registered and the metadata has caught up with the
-        new registration, so any leadership change made meanwhile is known before appending."""
-        assert self._etcd is not None and self.replicas is not None and self._watcher is not None
+        new registration, so any leadership change made meanwhile is known before appending.
+        Fenced because the controller doubted the registration: etcd is asked here, at once and
+        then every refresh interval, until it confirms the registration (unfenced) or says it
+        is gone."""
+        assert self._etcd is not None and self.replicas is not None
         interval = self.options.lease_ttl_s / 3
         what = f"broker {self.options.broker_id}"
-        unreachable_since: float | None = None
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._registration_doubted.wait(), interval)
-            self._registration_doubted.clear()
-            status = await refresh_lease_once(self._etcd, self._lease_id, what=what)
-            if (status is LeaseStatus.HELD and self.replicas.fenced
-                    and not await self._registration_current()):
-                status = LeaseStatus.GONE
-            if status is LeaseStatus.UNREACHABLE:
-                if unreachable_since is None:
-                    unreachable_since = time.monotonic()
-                    log.warning(
-                        "%s cannot reach etcd: serving on (produce and fetch on the partitions "
-                        "it leads and follows); ISR changes wait for etcd", what,
-                    )
-                continue
-            away = "" if unreachable_since is None else (
-                f" after {time.monotonic() - unreachable_since:.1f} s without etcd"
-            )
-            unreachable_since = None
-            if status is LeaseStatus.HELD:
-                if away:
-                    log.info("%s reached etcd again%s; its lease is still held", what, away)
-                if self.replicas.fenced:
+                await asyncio.wait_for(self._lease_event.wait(),
+                                       interval if self.replicas.fenced else None)
+            self._lease_event.clear()
+            lost, self._lost_lease = self._lost_lease, None
+            away = "" if lost is None or lost[1] is None else (
+                f" after {lost[1]:.1f} s without etcd")
+            if lost is None:  # a doubt, or a fence not lifted yet: ask etcd
+                if not self.replicas.fenced:
+                    continue
+                status = await refresh_lease_once(self._etcd, self._lease_id, what=what)
+                if status is LeaseStatus.UNREACHABLE:
+                    continue
+                if status is LeaseStatus.HELD and await self._registration_current():
                     log.info("%s: its registration is current after all: unfenced", what)
                     self.replicas.fenced = False
-                continue
+                    continue
             log.error("%s lost its etcd lease%s: fencing and re-registering", what, away)
             self.replicas.fenced = True
             self._lease_id = None
+            self._keep_lease(None)
             revision = await self._register()
             await self._wait_metadata_applied(revision)
             self.replicas.fenced = False
             log.info("%s re-registered (epoch %d): unfenced", what, revision)
+
+    def _keep_lease(self, lease_id: int | None) -> None:
+        if self._lease_thread is not None:
+            self._lease_thread.keep(lease_id)
 
     def _doubt_registration(self) -> None:
         """The controller answered STALE_BROKER_EPOCH: our registration expired (a leader cut
@@ -692,7 +738,7 @@ class BrokerServer:
                         "current: fenced until etcd confirms or it registers again",
                         self.options.broker_id, self.broker_epoch)
         self.replicas.fenced = True
-        self._registration_doubted.set()
+        self._lease_event.set()
 
     async def _registration_current(self) -> bool:
         """Whether ``brokers/<id>`` still holds this process's registration (the lease being
@@ -705,16 +751,15 @@ class BrokerServer:
         return found is not None and found.create_revision == self.broker_epoch
 
     async def _wait_metadata_applied(self, revision: int) -> None:
-        """Wait until the applied metadata includes ``revision``, keeping the lease alive."""
-        assert self._applier is not None and self._etcd is not None
+        """Wait until the applied metadata includes ``revision`` (the keep-alive thread keeps
+        the new lease alive meanwhile)."""
+        assert self._applier is not None
         while True:
             try:
                 await self._applier.wait_applied(revision, defaults.METADATA_STARTUP_TIMEOUT_S)
                 return
-            except TimeoutError:  # the watch is reconnecting: keep waiting, keep the lease
+            except TimeoutError:  # the watch is reconnecting: keep waiting
                 log.warning("metadata has not caught up with registration %d yet", revision)
-                with contextlib.suppress(Exception):
-                    await self._etcd.refresh_lease(self._lease_id)
 
     def _sasl_lifetime(self) -> SessionLifetime:
         """``connections.max.reauth.ms`` of ``--config``: both SASL doors' session lifetime."""

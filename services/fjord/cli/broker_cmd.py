@@ -79,6 +79,14 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     show_default=True,
     help="Seconds of the etcd lease that keeps this broker registered.",
 )
+@click.option(
+    "--loop-stall-limit",
+    type=float,
+    default=None,
+    help="Seconds the broker's event loop may make no progress before its lease is no longer "
+    "renewed (a wedged broker is then fenced within this plus the lease TTL) [default: the "
+    "lease TTL].",
+)
 @sasl_listen_option
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
@@ -96,6 +104,7 @@ def broker(
     config_items: tuple[str, ...],
     advertised_host: str | None,
     lease_ttl: int,
+    loop_stall_limit: float | None,
     sasl_listen: str | None,
     security_config: str | None,
     log_level: str,
@@ -122,6 +131,7 @@ def broker(
             config=_parse_config(config_items),
             advertised_host=advertised_host,
             lease_ttl_s=lease_ttl,
+            loop_stall_limit_s=loop_stall_limit,
             kafka_doors=doors,
             security=load_service_security(security_config),
             authorization=load_authorization(security_config),

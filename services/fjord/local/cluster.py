@@ -166,6 +166,7 @@ class LocalCluster:
         racks: Mapping[int, str] | None = None,
         mtls_kafka_door: bool = False,
         etcd_tls: bool = True,
+        broker_loop_stall_limit_s: float | None = None,
     ) -> None:
         if brokers < 0 or controllers < 1 or coordinators < 0:
             raise ValueError(
@@ -200,6 +201,8 @@ class LocalCluster:
                 "--config", f"{CONNECTIONS_MAX_REAUTH_MS_KEY}={lifetime}"]
         self.controller_lease_ttl_s = controller_lease_ttl_s
         self.broker_lease_ttl_s = broker_lease_ttl_s
+        #: Each broker's ``--loop-stall-limit`` (None: its default, the lease TTL).
+        self.broker_loop_stall_limit_s = broker_loop_stall_limit_s
         self.detach = detach
         self.broker_port = broker_port
         # True: broker_port is only preferred (the default 9092); a clash means free ports.
@@ -518,6 +521,8 @@ class LocalCluster:
                 "--data-dir", str(data), "--etcd", self.etcd_url,
                 "--cluster-id", self.cluster_id,
                 "--lease-ttl", str(self.broker_lease_ttl_s), *config_args,
+                *(["--loop-stall-limit", str(self.broker_loop_stall_limit_s)]
+                  if self.broker_loop_stall_limit_s is not None else []),
                 *(["--rack", self.racks[broker_id]] if broker_id in self.racks else []),
                 *self._security_args("broker", broker_id),
                 *(["--sasl-listen", f"{LOOPBACK_HOST}:{self._sasl_grpc_port('broker', broker_id)}"]

@@ -91,3 +91,44 @@ def etcd_client(
         security = ClientSecurity(SecurityProtocol.SSL, TlsFiles())
     assert security.tls is not None
     return _TlsEtcdClient(host, port, timeout_s, channel_credentials(security.tls))
+
+
+class BlockingLeaseRefresher:
+    """Lease keep-alives over a blocking gRPC channel of its own, for a thread that must not
+    depend on any event loop (the broker's lease keep-alive thread): the same endpoint parsing,
+    TLS and request timeout as :func:`etcd_client`. Not thread-safe: one thread uses it."""
+
+    def __init__(
+        self, url: str, timeout_s: float = ETCD_REQUEST_TIMEOUT_S,
+        security: ClientSecurity | None = None,
+    ) -> None:
+        tls, host, port = parse_etcd_url(url)
+        self._timeout_s = timeout_s
+        if not tls:
+            self._channel = grpc.insecure_channel(f"{host}:{port}")
+        else:
+            from fjord.tls import channel_credentials, process_client_security
+
+            security = security or process_client_security()
+            if not security.uses_tls:
+                security = ClientSecurity(SecurityProtocol.SSL, TlsFiles())
+            assert security.tls is not None
+            self._channel = grpc.secure_channel(
+                f"{host}:{port}", channel_credentials(security.tls))
+        self._leases = rpc.LeaseStub(self._channel)
+
+    def refresh(self, lease_id: int) -> int | None:
+        """Renew ``lease_id`` once: the TTL etcd granted (0 or less: the lease is gone), None
+        when etcd ended the stream without an answer. Raises grpc.RpcError when etcd cannot
+        be reached within the timeout."""
+        replies = self._leases.LeaseKeepAlive(
+            iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), timeout=self._timeout_s)
+        try:
+            reply = next(replies, None)
+        finally:
+            replies.cancel()
+        return None if reply is None else int(reply.TTL)
+
+    def close(self) -> None:
+        """Close the channel (a refresh in flight in another thread fails at once)."""
+        self._channel.close()
