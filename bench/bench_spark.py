@@ -93,7 +93,7 @@ from pyspark.sql.types import StructType
 import fjord_spark
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
-from fjord_spark.arrow import arrow_schema, reader_schema
+from fjord_spark.arrow import reader_schema
 
 SOURCE_TARGET = 1_000_000
 SINK_TARGET = 500_000
@@ -131,24 +131,35 @@ def memory_batch(
     return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-class MemoryReader(DataSourceReader):
-    """``partitions`` partitions holding ``records`` rows in all, as Arrow batches."""
+class MemoryRows:
+    """What both in-memory baselines read: ``records`` rows (options ``records``,
+    ``partitions``, ``valuesize``) over ``partitions`` partitions, each read as Arrow batches of
+    ``BASELINE_BATCH_ROWS`` rows (:func:`memory_batch`). Imports fjord only when reading, in
+    the workers: the streaming baseline's classes (pickled by value with what they use) must
+    import nothing of fjord in Spark's offsets process."""
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         self.records = int(options["records"])
         self.partitions_count = int(options["partitions"])
         self.value_size = int(options["valuesize"])  # Spark lower-cases option names
-        self.schema = arrow_schema(schema)
-
-    def partitions(self) -> list[InputPartition]:
-        return split_rows(self.records, self.partitions_count)
+        self.spark_schema = schema
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from fjord_spark.arrow import arrow_schema
+
+        schema = arrow_schema(self.spark_schema)
         number, rows = partition.value
         now_us = int(time.time() * 1_000_000)
         for first in range(0, rows, BASELINE_BATCH_ROWS):
             count = min(BASELINE_BATCH_ROWS, rows - first)
-            yield memory_batch(self.schema, number, first, count, self.value_size, now_us)
+            yield memory_batch(schema, number, first, count, self.value_size, now_us)
+
+
+class MemoryReader(MemoryRows, DataSourceReader):
+    """The batch baseline: every row in one read."""
+
+    def partitions(self) -> list[InputPartition]:
+        return split_rows(self.records, self.partitions_count)
 
 
 def split_rows(rows: int, partitions: int) -> list[InputPartition]:
@@ -158,16 +169,9 @@ def split_rows(rows: int, partitions: int) -> list[InputPartition]:
     return [InputPartition((p, base + (p < extra))) for p in range(partitions)]
 
 
-class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    """The streaming baseline: ``records`` rows, all available from the start (offsets
-    ``{"row": n}``), read as the Python-source baseline reads them. Nothing here imports fjord
-    in Spark's offsets process (``read`` runs in the workers)."""
-
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        self.records = int(options["records"])
-        self.partitions_count = int(options["partitions"])
-        self.value_size = int(options["valuesize"])
-        self.spark_schema = schema
+class MemoryStreamReader(MemoryRows, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The streaming baseline: every row available from the start (offsets ``{"row": n}``),
+    read as the batch baseline reads them."""
 
     def initialOffset(self) -> dict[str, int]:
         return {"row": 0}
@@ -184,32 +188,8 @@ class MemoryStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
         return split_rows(end["row"] - start["row"], self.partitions_count)
 
-    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        from fjord_spark.arrow import arrow_schema
-
-        schema = arrow_schema(self.spark_schema)
-        number, rows = partition.value
-        now_us = int(time.time() * 1_000_000)
-        for first in range(0, rows, BASELINE_BATCH_ROWS):
-            count = min(BASELINE_BATCH_ROWS, rows - first)
-            yield memory_batch(schema, number, first, count, self.value_size, now_us)
-
     def commit(self, end: dict[str, int]) -> None:
         return None
-
-
-class MemoryStreamDataSource(DataSource):
-    @classmethod
-    def name(cls) -> str:
-        return "memory-stream-baseline"
-
-    def schema(self) -> StructType:
-        from fjord_spark.arrow import reader_schema
-
-        return reader_schema(False)
-
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return MemoryStreamReader(dict(self.options), schema)
 
 
 @dataclass(frozen=True)
@@ -228,11 +208,16 @@ class CountingWriter(DataSourceArrowWriter):
 
 
 class MemoryDataSource(DataSource):
+    """``memory-baseline``: :class:`MemoryRows` as a batch source, and a sink that counts what
+    it is given (:class:`CountingWriter`)."""
+
     @classmethod
     def name(cls) -> str:
         return "memory-baseline"
 
     def schema(self) -> StructType:
+        from fjord_spark.arrow import reader_schema  # (see MemoryRows: not at unpickling)
+
         return reader_schema(False)
 
     def reader(self, schema: StructType) -> DataSourceReader:
@@ -240,6 +225,17 @@ class MemoryDataSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> CountingWriter:
         return CountingWriter()
+
+
+class MemoryStreamDataSource(MemoryDataSource):
+    """``memory-stream-baseline``: the same rows as a streaming source."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "memory-stream-baseline"
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return MemoryStreamReader(dict(self.options), schema)
 
 
 def produce(bootstrap: str, topic: str, records: int, value_size: int) -> None:
@@ -444,11 +440,11 @@ def main() -> int:
             def fjord_batch(topic: str) -> None:
                 fjord_reader(topic, False).load().write.format("noop").mode("overwrite").save()
 
-            def fjord_streaming(topic: str) -> None:
+            def available_now(frame: Any) -> None:
+                """A streaming DataFrame into ``noop`` with ``Trigger.AvailableNow`` (one
+                micro-batch), from start to termination."""
                 query = (
-                    fjord_reader(topic, True)
-                    .load()
-                    .writeStream.format("noop")
+                    frame.writeStream.format("noop")
                     .option("checkpointLocation", checkpoint())
                     .trigger(availableNow=True)
                     .start()
@@ -458,36 +454,25 @@ def main() -> int:
                     raise RuntimeError("streaming query did not finish in 30 min")
                 if query.exception() is not None:
                     raise RuntimeError(f"streaming query failed: {query.exception()}")
+
+            def fjord_streaming(topic: str) -> None:
+                available_now(fjord_reader(topic, True).load())
+
+            def memory_rows(reader: Any, rows: int) -> Any:
+                """The in-memory baselines' rows (MemoryRows), as many as the fjord topic's."""
+                return (
+                    reader.option("records", str(rows))
+                    .option("partitions", str(args.partitions))
+                    .option("valueSize", str(args.value_size))
+                    .load()
+                )
 
             def python_streaming(rows: int) -> None:
-                query = (
-                    spark.readStream.format("memory-stream-baseline")
-                    .option("records", str(rows))
-                    .option("partitions", str(args.partitions))
-                    .option("valueSize", str(args.value_size))
-                    .load()
-                    .writeStream.format("noop")
-                    .option("checkpointLocation", checkpoint())
-                    .trigger(availableNow=True)
-                    .start()
-                )
-                if not query.awaitTermination(1800):
-                    query.stop()
-                    raise RuntimeError("streaming query did not finish in 30 min")
-                if query.exception() is not None:
-                    raise RuntimeError(f"streaming query failed: {query.exception()}")
+                available_now(memory_rows(spark.readStream.format("memory-stream-baseline"), rows))
 
             def python_source(rows: int) -> None:
-                (
-                    spark.read.format("memory-baseline")
-                    .option("records", str(rows))
-                    .option("partitions", str(args.partitions))
-                    .option("valueSize", str(args.value_size))
-                    .load()
-                    .write.format("noop")
-                    .mode("overwrite")
-                    .save()
-                )
+                frame = memory_rows(spark.read.format("memory-baseline"), rows)
+                frame.write.format("noop").mode("overwrite").save()
 
             def generated(rows: int) -> Any:
                 return spark.range(rows, numPartitions=args.partitions).selectExpr(
