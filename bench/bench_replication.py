@@ -44,6 +44,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -110,12 +112,30 @@ def wait_replicated(cluster: LocalCluster, topic: str, partitions: int) -> float
     return took
 
 
+@contextmanager
+def replication_cluster(prefix: str) -> Iterator[LocalCluster]:
+    """The cluster of the replication benchmarks (this one, profile_replication.py,
+    replication_batches.py): 3 brokers and 2 controllers on loopback, etcd without fsync, in a
+    temporary directory named ``prefix...`` that goes with it."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp, LocalCluster(
+        Path(tmp), brokers=3, unsafe_etcd_no_fsync=True
+    ) as cluster:
+        yield cluster
+
+
+def create_rf1_rf3(cluster: LocalCluster, partitions: int) -> None:
+    """Topics ``rf1`` (replication factor 1) and ``rf3`` (3, ``min.insync.replicas=2``) with
+    ``partitions`` partitions each; returns once every replica of both is in its ISR."""
+    bootstrap = cluster.bootstrap_servers
+    create_topic(bootstrap, "rf1", partitions, 1, {})
+    create_topic(bootstrap, "rf3", partitions, 3, {"min.insync.replicas": "2"})
+    wait_replicated(cluster, "rf1", partitions)
+    wait_replicated(cluster, "rf3", partitions)
+
+
 def bench_throughput(cluster: LocalCluster, args: argparse.Namespace) -> list[ProduceFigures]:
     bootstrap = cluster.bootstrap_servers
-    create_topic(bootstrap, "rf1", args.partitions, 1, {})
-    create_topic(bootstrap, "rf3", args.partitions, 3, {"min.insync.replicas": "2"})
-    wait_replicated(cluster, "rf1", args.partitions)
-    wait_replicated(cluster, "rf3", args.partitions)
+    create_rf1_rf3(cluster, args.partitions)
     runs = {
         "rf1": ProduceFigures("acks=1, replication factor 1", [], [], []),
         "rf3": ProduceFigures("acks=all (idempotent), replication factor 3, "
@@ -292,12 +312,10 @@ def main() -> int:
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     load_start = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="fjord-bench-repl-") as tmp:
-        cluster = LocalCluster(Path(tmp), brokers=3, unsafe_etcd_no_fsync=True)
-        with cluster:
-            throughput = bench_throughput(cluster, args)
-            gaps = bench_failover(cluster, args) if args.failovers > 0 else []
-            lease_ttl_s = cluster.broker_lease_ttl_s
+    with replication_cluster("fjord-bench-repl-") as cluster:
+        throughput = bench_throughput(cluster, args)
+        gaps = bench_failover(cluster, args) if args.failovers > 0 else []
+        lease_ttl_s = cluster.broker_lease_ttl_s
     block = render(args, throughput, gaps, lease_ttl_s, (load_start, os.getloadavg()[0]))
     print(block)
     if args.write_results:

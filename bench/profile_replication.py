@@ -37,17 +37,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_replication import create_topic, wait_replicated
+from bench_replication import create_rf1_rf3, replication_cluster
 
 from fjord.cli.perf_cmd import run_produce_perf
 from fjord.client import Producer
-from fjord.local.cluster import LocalCluster
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -131,70 +129,65 @@ def main() -> int:
     parser.add_argument("--py-spy", metavar="OUT", help="profile broker 0 into OUT-broker0.txt")
     args = parser.parse_args()
     overrides = parse_overrides(args.set)
-    with tempfile.TemporaryDirectory(prefix="fjord-prof-repl-") as tmp:
-        cluster = LocalCluster(Path(tmp), brokers=3, unsafe_etcd_no_fsync=True)
-        with cluster:
-            bootstrap = cluster.bootstrap_servers
-            create_topic(bootstrap, "rf1", args.partitions, 1, {})
-            create_topic(bootstrap, "rf3", args.partitions, 3, {"min.insync.replicas": "2"})
-            wait_replicated(cluster, "rf1", args.partitions)
-            wait_replicated(cluster, "rf3", args.partitions)
-            servers = [p for p in cluster.processes() if p.role in ("broker", "controller")]
-            if args.latency:
-                for topic, acks in (("rf1", "1"), ("rf3", "1"), ("rf3", "all")):
-                    ms = sequential_latency(bootstrap, topic, acks, args.latency)
-                    print(f"one at a time, {topic} acks={acks}: p50 {ms[len(ms) // 2]:.2f} ms, "
-                          f"p90 {ms[len(ms) * 9 // 10]:.2f} ms; load {os.getloadavg()[0]:.1f}",
-                          flush=True)
-            spy: subprocess.Popen[bytes] | None = None
-            out: Path | None = None
-            if args.py_spy:
-                if shutil.which("py-spy") is None:
-                    raise SystemExit("py-spy is not installed (the bench extra)")
-                broker0 = next(p for p in servers if p.role == "broker" and p.id == 0)
-                out = Path(f"{args.py_spy}-broker0.txt")
-            for round_no in range(args.rounds):
-                for topic, acks in (("rf1", "1"), ("rf3", "all")):
-                    config: dict[str, object] = {"bootstrap.servers": bootstrap, "acks": acks,
-                                                 "enable.idempotence": acks == "all"}
-                    if acks == "all":
-                        config.update(overrides)
-                    producer = Producer(config)
-                    producer.partitions_for(topic)
-                    if out is not None and acks == "all" and spy is None:
-                        spy = subprocess.Popen(
-                            ["py-spy", "record", "-p", str(broker0.pid), "-r", "250", "--gil",
-                             *(["--native"] if os.environ.get("PYSPY_NATIVE") else []),
-                             "-f", "raw", "-o", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                        )
-                        time.sleep(1.0)  # attached before the round starts
-                    before = {p.pid: cpu_seconds(p.pid) for p in servers}
-                    faults_before = {p.pid: minor_faults(p.pid) for p in servers}
-                    own_before = own_cpu_seconds()
-                    started = time.perf_counter()
-                    try:
-                        report = run_produce_perf(producer, topic, args.records,
-                                                  args.record_size, -1)
-                    finally:
-                        producer.close()
-                    wall = time.perf_counter() - started
-                    spent = {p.pid: cpu_seconds(p.pid) - before[p.pid] for p in servers}
-                    faults = sum(minor_faults(p.pid) - faults_before[p.pid] for p in servers
-                                 if p.role == "broker")
-                    print(
-                        f"round {round_no + 1} {topic} acks={acks}: "
-                        f"{report['records_per_sec']:,.0f} rec/s, wall {wall:.2f} s, CPU s: "
-                        f"client {own_cpu_seconds() - own_before:.2f}, "
-                        + ", ".join(f"{p.role} {p.id} {spent[p.pid]:.2f}" for p in servers)
-                        + f"; brokers' minor page faults {faults:,}"
-                        + f"; p50 {report['latency_ms']['p50']} ms; load "
-                        f"{os.getloadavg()[0]:.1f}",
-                        flush=True,
+    with replication_cluster("fjord-prof-repl-") as cluster:
+        bootstrap = cluster.bootstrap_servers
+        create_rf1_rf3(cluster, args.partitions)
+        servers = [p for p in cluster.processes() if p.role in ("broker", "controller")]
+        if args.latency:
+            for topic, acks in (("rf1", "1"), ("rf3", "1"), ("rf3", "all")):
+                ms = sequential_latency(bootstrap, topic, acks, args.latency)
+                print(f"one at a time, {topic} acks={acks}: p50 {ms[len(ms) // 2]:.2f} ms, "
+                      f"p90 {ms[len(ms) * 9 // 10]:.2f} ms; load {os.getloadavg()[0]:.1f}",
+                      flush=True)
+        spy: subprocess.Popen[bytes] | None = None
+        out: Path | None = None
+        if args.py_spy:
+            if shutil.which("py-spy") is None:
+                raise SystemExit("py-spy is not installed (the bench extra)")
+            broker0 = next(p for p in servers if p.role == "broker" and p.id == 0)
+            out = Path(f"{args.py_spy}-broker0.txt")
+        for round_no in range(args.rounds):
+            for topic, acks in (("rf1", "1"), ("rf3", "all")):
+                config: dict[str, object] = {"bootstrap.servers": bootstrap, "acks": acks,
+                                             "enable.idempotence": acks == "all"}
+                if acks == "all":
+                    config.update(overrides)
+                producer = Producer(config)
+                producer.partitions_for(topic)
+                if out is not None and acks == "all" and spy is None:
+                    spy = subprocess.Popen(
+                        ["py-spy", "record", "-p", str(broker0.pid), "-r", "250", "--gil",
+                         *(["--native"] if os.environ.get("PYSPY_NATIVE") else []),
+                         "-f", "raw", "-o", str(out)],
+                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                     )
-            if spy is not None:
-                spy.send_signal(signal.SIGINT)
-                spy.wait(60)
+                    time.sleep(1.0)  # attached before the round starts
+                before = {p.pid: cpu_seconds(p.pid) for p in servers}
+                faults_before = {p.pid: minor_faults(p.pid) for p in servers}
+                own_before = own_cpu_seconds()
+                started = time.perf_counter()
+                try:
+                    report = run_produce_perf(producer, topic, args.records,
+                                              args.record_size, -1)
+                finally:
+                    producer.close()
+                wall = time.perf_counter() - started
+                spent = {p.pid: cpu_seconds(p.pid) - before[p.pid] for p in servers}
+                faults = sum(minor_faults(p.pid) - faults_before[p.pid] for p in servers
+                             if p.role == "broker")
+                print(
+                    f"round {round_no + 1} {topic} acks={acks}: "
+                    f"{report['records_per_sec']:,.0f} rec/s, wall {wall:.2f} s, CPU s: "
+                    f"client {own_cpu_seconds() - own_before:.2f}, "
+                    + ", ".join(f"{p.role} {p.id} {spent[p.pid]:.2f}" for p in servers)
+                    + f"; brokers' minor page faults {faults:,}"
+                    + f"; p50 {report['latency_ms']['p50']} ms; load "
+                    f"{os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
     if out is not None and out.exists():
         summarize(out)
     return 0

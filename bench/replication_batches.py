@@ -26,7 +26,6 @@ import os
 import re
 import statistics
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -34,13 +33,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_replication import create_topic, wait_replicated
+from bench_replication import create_rf1_rf3, replication_cluster
 from profile_replication import cpu_seconds, own_cpu_seconds
 
 import fjord.client.producer as producer_module
 from fjord.cli.perf_cmd import run_produce_perf
 from fjord.client import Producer
-from fjord.local.cluster import LocalCluster
 
 BATCH_SIZE = 16_384  # the producer's default batch.size
 _METHOD = re.compile(r'method="fjord\.v1\.Broker/(Produce|Fetch)"')
@@ -86,55 +84,50 @@ def main() -> int:
         variants.append(("rf3", "all", "acks=all RF 3, old growth rule"))
     rates: dict[str, list[float]] = {label: [] for _, _, label in variants}
     broker_cpu: dict[str, list[float]] = {label: [] for _, _, label in variants}
-    with tempfile.TemporaryDirectory(prefix="fjord-repl-batches-") as tmp:
-        cluster = LocalCluster(Path(tmp), brokers=3, unsafe_etcd_no_fsync=True)
-        with cluster:
-            bootstrap = cluster.bootstrap_servers
-            create_topic(bootstrap, "rf1", args.partitions, 1, {})
-            create_topic(bootstrap, "rf3", args.partitions, 3, {"min.insync.replicas": "2"})
-            wait_replicated(cluster, "rf1", args.partitions)
-            wait_replicated(cluster, "rf3", args.partitions)
-            brokers = [p for p in cluster.processes() if p.role == "broker"]
-            for round_no in range(args.rounds):
-                for topic, acks, label in variants:
-                    producer = Producer({"bootstrap.servers": bootstrap, "acks": acks,
-                                         "enable.idempotence": acks == "all"})
-                    if label.endswith("old growth rule"):
-                        acc = producer._accumulator
-                        acc.blocked_behind_window = acc.window_full  # type: ignore[method-assign]
-                    producer.partitions_for(topic)
-                    _requests.clear()
-                    calls_before = [rpc_counts(b.metrics_address or "") for b in brokers]
-                    cpu_before = sum(cpu_seconds(b.pid) for b in brokers)
-                    own_before = own_cpu_seconds()
-                    started = time.perf_counter()
-                    try:
-                        report = run_produce_perf(producer, topic, args.records, 100, -1)
-                    finally:
-                        producer.close()
-                    wall = time.perf_counter() - started
-                    spent = sum(cpu_seconds(b.pid) for b in brokers) - cpu_before
-                    calls = [
-                        {m: after[m] - before[m] for m in after}
-                        for before, after in zip(
-                            calls_before, [rpc_counts(b.metrics_address or "") for b in brokers],
-                            strict=True,
-                        )
-                    ]
-                    sizes = [size for request in _requests for size in request]
-                    small = sum(1 for size in sizes if size <= BATCH_SIZE + 200)
-                    rates[label].append(report["records_per_sec"])
-                    broker_cpu[label].append(spent)
-                    print(
-                        f"round {round_no + 1} {label}: {report['records_per_sec']:,.0f} rec/s, "
-                        f"wall {wall:.2f} s, CPU s: client {own_cpu_seconds() - own_before:.2f}, "
-                        f"brokers {spent:.2f}; {len(_requests)} Produce requests, {len(sizes)} "
-                        f"batches, {small} of them <= batch.size; brokers served Produce "
-                        + "/".join(f"{c['Produce']:.0f}" for c in calls) + ", Fetch "
-                        + "/".join(f"{c['Fetch']:.0f}" for c in calls)
-                        + f"; load {os.getloadavg()[0]:.1f}",
-                        flush=True,
+    with replication_cluster("fjord-repl-batches-") as cluster:
+        bootstrap = cluster.bootstrap_servers
+        create_rf1_rf3(cluster, args.partitions)
+        brokers = [p for p in cluster.processes() if p.role == "broker"]
+        for round_no in range(args.rounds):
+            for topic, acks, label in variants:
+                producer = Producer({"bootstrap.servers": bootstrap, "acks": acks,
+                                     "enable.idempotence": acks == "all"})
+                if label.endswith("old growth rule"):
+                    acc = producer._accumulator
+                    acc.blocked_behind_window = acc.window_full  # type: ignore[method-assign]
+                producer.partitions_for(topic)
+                _requests.clear()
+                calls_before = [rpc_counts(b.metrics_address or "") for b in brokers]
+                cpu_before = sum(cpu_seconds(b.pid) for b in brokers)
+                own_before = own_cpu_seconds()
+                started = time.perf_counter()
+                try:
+                    report = run_produce_perf(producer, topic, args.records, 100, -1)
+                finally:
+                    producer.close()
+                wall = time.perf_counter() - started
+                spent = sum(cpu_seconds(b.pid) for b in brokers) - cpu_before
+                calls = [
+                    {m: after[m] - before[m] for m in after}
+                    for before, after in zip(
+                        calls_before, [rpc_counts(b.metrics_address or "") for b in brokers],
+                        strict=True,
                     )
+                ]
+                sizes = [size for request in _requests for size in request]
+                small = sum(1 for size in sizes if size <= BATCH_SIZE + 200)
+                rates[label].append(report["records_per_sec"])
+                broker_cpu[label].append(spent)
+                print(
+                    f"round {round_no + 1} {label}: {report['records_per_sec']:,.0f} rec/s, "
+                    f"wall {wall:.2f} s, CPU s: client {own_cpu_seconds() - own_before:.2f}, "
+                    f"brokers {spent:.2f}; {len(_requests)} Produce requests, {len(sizes)} "
+                    f"batches, {small} of them <= batch.size; brokers served Produce "
+                    + "/".join(f"{c['Produce']:.0f}" for c in calls) + ", Fetch "
+                    + "/".join(f"{c['Fetch']:.0f}" for c in calls)
+                    + f"; load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
     base = statistics.median(rates["acks=1 RF 1"])
     for label in rates:
         print(f"median {label}: {statistics.median(rates[label]):,.0f} rec/s "
