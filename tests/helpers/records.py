@@ -3,6 +3,8 @@ both: the pure-Python reference and the C extension (fjord.records.speedups)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fjord.records import builder, reader, speedups
@@ -30,3 +32,26 @@ def record_implementation(name: str) -> dict[str, object]:
         "decode_record_tuples": ext.decode_record_tuples,
         "decode_records_as": ext.decode_records_as,
     }
+
+
+class RecordListSink:
+    """A :class:`fjord.client.fetcher.RecordSink` that keeps the records it is given as
+    ConsumerRecords (decoded with ``records_as``): what ``Consumer.poll_into`` hands a sink,
+    readable like ``poll()``'s answer."""
+
+    def __init__(self) -> None:
+        from fjord.client.types import ConsumerRecord
+
+        self._record_type = ConsumerRecord
+        self.records: list[Any] = []
+
+    def add_batch(self, batch: Any, topic: str, partition: int, min_offset: int) -> int:
+        return self.add_records(batch.records_as(self._record_type, topic, partition, min_offset))
+
+    def add_records(self, records: list[Any]) -> int:
+        self.records.extend(records)
+        return len(records)
+
+    def take(self) -> list[Any]:
+        out, self.records = self.records, []
+        return out

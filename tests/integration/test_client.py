@@ -37,6 +37,7 @@ from fjord.errors import (
     RecordTooLargeError,
 )
 from fjord.testing.waiting import seconds_until
+from tests.helpers.records import RecordListSink
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +220,31 @@ def test_seek_positions_offsets_for_times_pause_resume(admin: AdminClient, boots
         rest = consume_n(consumer, 10)
         assert [r.offset for r in rest] == list(range(10))
         assert {r.partition for r in rest} == {1}
+
+
+def test_poll_into_hands_whole_batches_to_a_sink(admin: AdminClient, bootstrap: str) -> None:
+    """poll_into: every record once, in order, the position past exactly what the sink got;
+    at least max.poll.records when buffered, a fetched batch never split (3 + 7 records with
+    max.poll.records 2: the first poll adds the whole first batch); then poll() goes on."""
+    topic = make_topic(admin, 1)
+    tp = TopicPartition(topic, 0)
+    with Producer({"bootstrap.servers": bootstrap, "linger.ms": 0}) as producer:
+        for group in (range(3), range(3, 10), range(10, 12)):
+            # One send_many appends its records in one step: one batch each (3, 7, 2).
+            producer.send_many(topic, [f"v{i}".encode() for i in group], partition=0)
+            producer.flush(WAIT_S)
+    sink = RecordListSink()
+    with consumer_for(bootstrap, **{"max.poll.records": 2}) as consumer:
+        consumer.assign([tp])
+        consumer.seek(tp, 1)
+        seconds_until(lambda: consumer.poll_into(sink, 0.5) > 0, WAIT_S)
+        assert [r.offset for r in sink.records] == [1, 2]  # the rest of the first batch
+        assert consumer.position(tp) == 3
+        seconds_until(lambda: consumer.poll_into(sink, 0.5) > 0, WAIT_S)
+        assert [r.offset for r in sink.records] == list(range(1, 10))
+        assert consumer.position(tp) == 10
+        assert [r.value for r in consume_n(consumer, 2)] == [b"v10", b"v11"]
+        assert consumer.poll_into(sink, 0.2) == 0 and consumer.position(tp) == 12
 
 
 def test_consumer_typed_errors(admin: AdminClient, bootstrap: str) -> None:

@@ -16,6 +16,7 @@ from fjord.client.types import TopicPartition
 from fjord.errors import CorruptRecordError, RecordDeserializationError
 from fjord.records.builder import BatchBuilder
 from fjord.records.header import CRC_START, crc32c, stamp_batch
+from tests.helpers.records import RecordListSink
 
 DAMAGE = ("crc", "record_count", "codec", "magic")
 """Ways a fetched batch cannot be read: a flipped byte under the CRC; a record count that does
@@ -91,13 +92,30 @@ partition_spec = st.tuples(
 )
 
 
+def collect_via(into: bool):  # type: ignore[no-untyped-def]
+    """``FetchBuffer.collect``, or ``collect_into`` a sink (records in whole batches, as
+    ``Consumer.poll_into`` takes them), answering the records either way."""
+    if not into:
+        return lambda buffer, positions, limit: buffer.collect(positions, set(), limit)[0]
+    sink = RecordListSink()
+
+    def collect(buffer, positions, limit):  # type: ignore[no-untyped-def]
+        taken, _ = buffer.collect_into(positions, set(), limit, sink)
+        out = sink.take()
+        assert taken == len(out)
+        return out
+
+    return collect
+
+
+@pytest.mark.parametrize("into", [False, True], ids=["collect", "collect_into"])
 @settings(max_examples=300, deadline=None)
 @given(
     specs=st.lists(partition_spec, min_size=1, max_size=3),
     order=st.randoms(use_true_random=False),
     limits=st.lists(st.integers(1, 7), min_size=1, max_size=6),
 )
-def test_no_position_passes_a_record_that_was_not_returned(specs, order, limits) -> None:  # type: ignore[no-untyped-def]
+def test_no_position_passes_a_record_that_was_not_returned(into, specs, order, limits) -> None:  # type: ignore[no-untyped-def]
     parts = {}
     for p, (sizes, damaged, kind, _) in enumerate(specs):
         tp = TopicPartition("t", p)
@@ -114,9 +132,10 @@ def test_no_position_passes_a_record_that_was_not_returned(specs, order, limits)
     returned: dict[TopicPartition, list[int]] = {tp: [] for tp in parts}
     skipped: dict[TopicPartition, set[int]] = {tp: set() for tp in parts}
     errors = 0
+    collect = collect_via(into)
     for step in range(10_000):
         try:
-            out, _ = buffer.collect(positions, set(), limits[step % len(limits)])
+            out = collect(buffer, positions, limits[step % len(limits)])
         except RecordDeserializationError as exc:
             errors += 1
             tp = TopicPartition(exc.topic, exc.partition)
@@ -191,6 +210,27 @@ def test_records_before_an_unreadable_batch_are_returned_first() -> None:
     buffer.add(CompletedFetch(bad, 9, _batch(9, 2), 11))
     out, _ = buffer.collect(positions, set(), 100)
     assert [r.offset for r in out] == [9, 10] and positions[bad] == 11
+
+
+def test_collect_into_takes_whole_batches_and_continues_after_records_left() -> None:
+    """``collect_into`` adds whole batches until it has ``limit`` records (a batch is never
+    split: the position moves past exactly what the sink got); records a ``collect`` decoded
+    and left go to the sink first, as records."""
+    tp = TopicPartition("t", 0)
+    buffer = FetchBuffer()
+    buffer.add(CompletedFetch(tp, 0, _batch(0, 3) + _batch(3, 4) + _batch(7, 2), 9))
+    positions = {tp: 0}
+    out, _ = buffer.collect(positions, set(), 1)  # decodes batch 0, takes one record of it
+    assert [r.offset for r in out] == [0] and positions[tp] == 1
+    sink = RecordListSink()
+    taken, used_up = buffer.collect_into(positions, set(), 3, sink)
+    # 2 records left of batch 0, then all 4 of batch 1 (3 were wanted: a batch is not split).
+    assert taken == 6 and [r.offset for r in sink.take()] == [1, 2, 3, 4, 5, 6]
+    assert positions[tp] == 7 and not used_up
+    taken, used_up = buffer.collect_into(positions, set(), 3, sink)
+    assert taken == 2 and [r.offset for r in sink.take()] == [7, 8]
+    assert positions[tp] == 9 and used_up
+    assert buffer.collect_into(positions, set(), 3, sink) == (0, False)
 
 
 def test_records_stored_while_a_poll_waits_hand_it_the_gil() -> None:

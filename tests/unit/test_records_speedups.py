@@ -352,3 +352,93 @@ def test_try_append_many_errors(c_impl) -> None:
         with pytest.raises(InvalidRecordError):
             builder.try_append_many(0, None, [b"a", 42], 0)
         assert builder.record_count == 1
+
+
+def _columns_of(c_impl: dict[str, Any], records: list[ConsumerRecord]) -> tuple[Any, ...]:
+    """What ColumnBuilder(1000).take() must answer for ``records``: the per-field column
+    builders' buffers (timestamps in microseconds)."""
+    ext = speedups.EXTENSION
+    assert ext is not None
+    return (
+        len(records),
+        ext.binary_column(records, 3),
+        ext.binary_column(records, 4),
+        ext.int64_column(records, 2, 1),
+        ext.int64_column(records, 6, 1000),
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    records=VALID,
+    base_offset=st.sampled_from([0, 7, (1 << 62), INT64_MAX]),
+    damage=st.one_of(
+        st.none(),
+        st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
+        st.tuples(st.just("cut"), st.integers(0, 10_000)),
+    ),
+    count_change=st.sampled_from([0, 0, 0, -1, 1]),
+    before=st.lists(
+        st.tuples(st.one_of(st.none(), st.binary(max_size=9)), st.integers(0, 1 << 40)),
+        max_size=9,
+    ),
+)
+def test_the_column_builder_agrees_with_the_decoder(
+    c_impl, records, base_offset, damage, count_change, before
+) -> None:
+    """ColumnBuilder.append_section appends exactly the records decode_records_as returns, as
+    columns; it leaves alone (None, appending nothing) only what it must: records with
+    headers, offsets past int64 (min_offset too), and every section the decoder rejects."""
+    section, header = _section(records)
+    if damage is not None:
+        at = damage[1] % len(section)
+        if damage[0] == "flip":
+            section = section[:at] + bytes([section[at] ^ damage[2]]) + section[at + 1 :]
+        else:
+            section = section[:at]
+    args = (section, base_offset, header.base_timestamp,
+            header.record_count + count_change, header.last_offset_delta)  # fmt: skip
+    # Rows already in the builder (null keys among them): a section left alone keeps them.
+    held = [ConsumerRecord("t", 0, i, k, b"v", (), ts) for i, (k, ts) in enumerate(before)]
+    every = outcome(lambda: py_decode_records_as(ConsumerRecord, *args, -1, "t", 0, None))
+    for min_offset, fixed in ((-1, None), (base_offset + 2, None), (0, 1234)):
+        builder = speedups.EXTENSION.ColumnBuilder(1000)
+        assert builder.append_records(held) == len(held)
+        expected = outcome(
+            lambda m=min_offset, f=fixed: py_decode_records_as(
+                ConsumerRecord, *args, m, "t", 0, f
+            )
+        )
+        view = memoryview(bytearray(section))  # (any buffer: the fetched bytes' view)
+        got = builder.append_section(view, *args[1:], min_offset, fixed)
+        if got is None:
+            assert (
+                expected[0] != "ok"
+                or min_offset > INT64_MAX
+                or any(r.headers for r in every[1])
+                or any(not INT64_MIN <= r.offset <= INT64_MAX for r in every[1])
+            )
+            assert builder.take() == _columns_of(c_impl, held)
+        else:
+            assert expected[0] == "ok" and got == len(expected[1])
+            assert builder.rows == len(held) + got
+            assert builder.take() == _columns_of(c_impl, held + expected[1])
+        assert builder.rows == 0 and builder.take() == _columns_of(c_impl, [])
+
+
+def test_the_column_builder_refuses_what_is_not_a_record(c_impl) -> None:
+    builder = speedups.EXTENSION.ColumnBuilder(1000)
+    good = ConsumerRecord("t", 0, 1, b"k", None, (), 5)
+    assert builder.append_records([good]) == 1 and builder.data_bytes == 1
+    with pytest.raises(TypeError, match="the value of record 1 is str"):
+        builder.append_records([good, good._replace(value="text")])
+    with pytest.raises(TypeError, match="record 0 is not a 7-field ConsumerRecord"):
+        builder.append_records([(1, 2)])
+    with pytest.raises(TypeError, match="records must be a list"):
+        builder.append_records((good,))
+    with pytest.raises(OverflowError, match="leaves int64"):
+        builder.append_records([good, good._replace(timestamp=2**62)])
+    with pytest.raises(TypeError, match="takes 7 arguments"):
+        builder.append_section(b"", 0, 0, 0, 0, 0)
+    # Nothing of a failed call stays.
+    assert builder.take() == _columns_of(c_impl, [good])

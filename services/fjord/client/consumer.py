@@ -34,7 +34,7 @@ from fjord.client.consumer_coordinator import (
     normalize_offsets,
     now_ms,
 )
-from fjord.client.fetcher import Fetcher
+from fjord.client.fetcher import Fetcher, RecordSink
 from fjord.client.group_membership import GroupMembership, MembershipConfig
 from fjord.client.metadata import ClusterSnapshot, topic_error
 from fjord.client.network import EventLoopThread, Network
@@ -304,10 +304,33 @@ class Consumer:
         and :class:`~fjord.errors.RecordDeserializationError` (naming the partition, the
         offset and where the next intact batch starts) is raised by a ``poll()`` that has
         nothing else to return, again each time, until the application seeks past it."""
+        out: list[ConsumerRecord] = []
+
+        def collect(limit: int) -> tuple[int, bool]:
+            nonlocal out
+            out, used_up = self._fetcher.collect(limit)
+            return len(out), used_up
+
+        self._poll(timeout, collect)
+        return out
+
+    def poll_into(self, sink: RecordSink, timeout: float = 0.0) -> int:
+        """:meth:`poll` for a columnar reader: the records go into ``sink``
+        (:class:`fjord.client.fetcher.RecordSink`, e.g. the Spark source's Arrow columns) one
+        whole batch at a time, with no ConsumerRecord per record where the sink decodes
+        batches itself. Returns how many were added: at least ``max.poll.records`` when that
+        many were buffered, and at most the rest of one batch more (a batch is never split,
+        and positions move past exactly the records added). Waits and raises as
+        :meth:`poll` does."""
+        return self._poll(timeout, lambda limit: self._fetcher.collect_into(limit, sink))
+
+    def _poll(self, timeout: float, collect: Callable[[int], tuple[int, bool]]) -> int:
+        """The loop of :meth:`poll`: ``collect(max.poll.records)`` under the state's lock
+        until it takes records or ``timeout`` passes; returns how many it took."""
         self._check_open()
         deadline = time.monotonic() + max(timeout, 0.0)
         limit = self._max_poll_records
-        out: list[ConsumerRecord] = []
+        taken = 0
         woke_fetcher = False
         coordinator = self._coordinator
         if coordinator is not None:
@@ -322,9 +345,9 @@ class Consumer:
                 unplaced = self._state.without_position()
                 if unplaced is not None:
                     raise no_position_error(unplaced)
-                out, used_up = self._fetcher.collect(limit)
+                taken, used_up = collect(limit)
                 woke_fetcher = woke_fetcher or used_up
-                if out:
+                if taken:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -343,7 +366,7 @@ class Consumer:
                     self._state.polls_waiting -= 1
         if woke_fetcher:
             self._fetcher.wake()
-        return out
+        return taken
 
     def offsets_for_times(
         self, timestamps: Mapping[TopicPartition, int], timeout: float | None = None

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Set
-from typing import Any
+from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
 from fjord.client.network import EventLoopThread, Network, transport_error
@@ -40,6 +40,22 @@ from fjord.wakeups import wait_event
 log = logging.getLogger(__name__)
 
 _MAX_QUEUED_FETCHES = 2  # per partition: the one being consumed and one prefetched after it
+
+
+class RecordSink(Protocol):
+    """Where :meth:`Consumer.poll_into` puts records instead of returning ConsumerRecords (a
+    columnar consumer: the Spark source's read tasks build Arrow columns from it).
+
+    ``add_batch`` takes the records at or after ``min_offset`` of one batch of ``topic``'s
+    ``partition`` (decoded and checked in full, raising what :meth:`RecordBatch.records_as`
+    raises, and then adding nothing) and answers how many it added; ``add_records`` takes
+    records already decoded into ConsumerRecords."""
+
+    def add_batch(self, batch: RecordBatch, topic: str, partition: int, min_offset: int) -> int:
+        ...
+
+    def add_records(self, records: list[ConsumerRecord]) -> int:
+        ...
 
 
 class CompletedFetch:
@@ -68,6 +84,7 @@ class CompletedFetch:
         "_batches",
         "_data",
         "_index",
+        "_peeked",
         "_pending",
         "end_offset",
         "error",
@@ -97,41 +114,64 @@ class CompletedFetch:
         self._aborted_producers: set[int] = set()
         self._data = data
         self._batches: Iterator[RecordBatch] = read_batches(data, allow_partial_tail=True)
+        self._peeked: RecordBatch | None = None
         self._pending: list[ConsumerRecord] = []
         self._index = 0
         self._batch_end = fetch_offset
         self.end_offset = max(fetch_offset, end_of_whole_batches(data))
         self.error: RecordDeserializationError | None = None
 
-    def _decode_next_batch(self) -> bool:
-        """Decode the next batch holding records at or after ``next_offset``; False at the end
-        or at a batch that cannot be read (then ``error`` is set)."""
+    def _peek_data_batch(self) -> RecordBatch | None:
+        """The next batch that may hold records at or after ``next_offset``, left to
+        :meth:`_next_data_batch` (``next_offset`` moves past control batches, aborted ones and
+        batches wholly before it); None at the end or at a batch that cannot be read (then
+        ``error`` is set)."""
+        if self._peeked is not None and self._peeked.header.next_offset > self.next_offset:
+            return self._peeked
+        self._peeked = None
         if self.error is not None:
-            return False
-        topic, partition = self.tp
+            return None
         try:
             for batch in self._batches:
                 header = batch.header
-                position = self.next_offset
-                if header.next_offset <= position:
+                if header.next_offset <= self.next_offset:
                     continue
                 if (self._aborted is not None and header.producer_id != NO_PRODUCER_ID
                         and self._skip_aborted(batch)):
                     self.next_offset = header.next_offset
                     continue
                 if not header.is_control:
-                    # One call per batch: records built straight into ConsumerRecords (in C
-                    # with the extension, fjord.records.speedups).
-                    records = batch.records_as(ConsumerRecord, topic, partition, position)
-                    if records:
-                        self._pending = records
-                        self._index = 0
-                        self._batch_end = header.next_offset
-                        return True
-                # Nothing to return in this batch (control batch, or compacted away): skip it.
-                self.next_offset = header.next_offset
+                    self._peeked = batch
+                    return batch
+                self.next_offset = header.next_offset  # a control batch: nothing to return
         except Exception as exc:  # every failure to read: the position stops here (Kafka's rule)
             self.error = self._unreadable(exc)
+        return None
+
+    def _next_data_batch(self) -> RecordBatch | None:
+        """:meth:`_peek_data_batch`, taken."""
+        batch = self._peek_data_batch()
+        self._peeked = None
+        return batch
+
+    def _decode_next_batch(self) -> bool:
+        """Decode the next batch holding records at or after ``next_offset``; False at the end
+        or at a batch that cannot be read (then ``error`` is set)."""
+        topic, partition = self.tp
+        while (batch := self._next_data_batch()) is not None:
+            try:
+                # One call per batch: records built straight into ConsumerRecords (in C with
+                # the extension, fjord.records.speedups).
+                records = batch.records_as(ConsumerRecord, topic, partition, self.next_offset)
+            except Exception as exc:  # the position stops here (Kafka's rule)
+                self.error = self._unreadable(exc)
+                return False
+            if records:
+                self._pending = records
+                self._index = 0
+                self._batch_end = batch.header.next_offset
+                return True
+            self.next_offset = batch.header.next_offset  # compacted away: skip it
         return False
 
     def _skip_aborted(self, batch: RecordBatch) -> bool:
@@ -187,12 +227,33 @@ class CompletedFetch:
                 self.next_offset = max(self.next_offset, self._batch_end)
         return out
 
+    def take_into(self, limit: int, sink: RecordSink) -> int:
+        """Records at or after ``next_offset`` into ``sink``, advancing it: whole batches
+        until at least ``limit`` were added or the data ends (records an earlier
+        :meth:`take` decoded and left go first); stops before a batch that cannot be read.
+        Returns how many were added."""
+        added = 0
+        if self._index < len(self._pending):
+            rest = self._pending[self._index :]
+            added += sink.add_records(rest)
+            self._index = len(self._pending)
+            self.next_offset = max(rest[-1].offset + 1, self._batch_end)
+        topic, partition = self.tp
+        while added < limit and (batch := self._next_data_batch()) is not None:
+            try:
+                added += sink.add_batch(batch, topic, partition, self.next_offset)
+            except Exception as exc:  # the position stops here (Kafka's rule)
+                self.error = self._unreadable(exc)
+                break
+            self.next_offset = batch.header.next_offset
+        return added
+
     @property
     def exhausted(self) -> bool:
         """Every record was taken (False while records remain or when ``error`` is set)."""
         return (
             self._index >= len(self._pending)
-            and not self._decode_next_batch()
+            and self._peek_data_batch() is None
             and self.error is None
         )
 
@@ -253,11 +314,42 @@ class FetchBuffer:
         partition whose position reached a batch that cannot be read, but only when no other
         partition has a record to return (so polling on returns everything else first)."""
         out: list[ConsumerRecord] = []
+
+        def take(cf: CompletedFetch, wanted: int) -> int:
+            records = cf.take(wanted)
+            out.extend(records)
+            return len(records)
+
+        _, used_up = self._collect(positions, paused, limit, take)
+        return out, used_up
+
+    def collect_into(
+        self,
+        positions: dict[TopicPartition, int],
+        paused: Set[TopicPartition],
+        limit: int,
+        sink: RecordSink,
+    ) -> tuple[int, bool]:
+        """:meth:`collect`, the records going into ``sink`` in whole batches (so at least
+        ``limit`` when that many are buffered, and at most one batch more); returns how many
+        were added and whether a buffered fetch was used up."""
+        return self._collect(
+            positions, paused, limit, lambda cf, wanted: cf.take_into(wanted, sink)
+        )
+
+    def _collect(
+        self,
+        positions: dict[TopicPartition, int],
+        paused: Set[TopicPartition],
+        limit: int,
+        take: Callable[[CompletedFetch, int], int],
+    ) -> tuple[int, bool]:
+        taken = 0
         used_up = False
         blocked: dict[TopicPartition, RecordDeserializationError] = {}
         completed = self._completed
         index = 0
-        while index < len(completed) and len(out) < limit:
+        while index < len(completed) and taken < limit:
             cf = completed[index]
             tp = cf.tp
             if tp in blocked:
@@ -266,7 +358,7 @@ class FetchBuffer:
             if positions.get(tp) != cf.next_offset or tp in paused:
                 self._remove(index)
                 continue
-            out.extend(cf.take(limit - len(out)))
+            taken += take(cf, limit - taken)
             # (``exhausted`` reads on past batches that return nothing: control batches,
             # aborted ones, so it comes before the position is taken.)
             used = cf.exhausted
@@ -278,10 +370,10 @@ class FetchBuffer:
             elif cf.error is not None:
                 blocked[tp] = cf.error
                 index += 1
-        if not out and blocked:
+        if not taken and blocked:
             error = next(iter(blocked.values()))
             raise error.with_traceback(None)
-        return out, used_up
+        return taken, used_up
 
 
 class Fetcher:
@@ -329,6 +421,11 @@ class Fetcher:
         """:meth:`FetchBuffer.collect` at the state's positions (called with the lock held)."""
         state = self._state
         return self._buffer.collect(state.positions, state.paused, limit)
+
+    def collect_into(self, limit: int, sink: RecordSink) -> tuple[int, bool]:
+        """:meth:`FetchBuffer.collect_into` at the state's positions (with the lock held)."""
+        state = self._state
+        return self._buffer.collect_into(state.positions, state.paused, limit, sink)
 
     # -- the loop thread ----------------------------------------------------------------------
 

@@ -26,6 +26,10 @@
  *                       Arrow column, so that a columnar consumer of records (the Spark
  *                       source, fjord_spark.arrow) pays no Python per record; the pure path
  *                       there builds the same columns with pyarrow from lists.
+ *   ColumnBuilder       records sections decoded straight into those buffers (no Python object
+ *                       per record: the consumer's poll_into, the Spark source's read tasks);
+ *                       a section it does not decode itself (headers, anything malformed) is
+ *                       left to decode_records_as and appended from its records.
  *
  * Contract with the pure-Python implementation (builder.py, reader.py), which stays the
  * reference and the fallback: for every input both accept, both produce the same bytes (builder)
@@ -1322,6 +1326,449 @@ fail:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- records straight into columns */
+
+/* A growing buffer of bytes (PyMem). */
+typedef struct {
+    char *buf;
+    Py_ssize_t len;
+    Py_ssize_t cap;
+} Growable;
+
+static int
+growable_reserve(Growable *g, Py_ssize_t more)
+{
+    if (g->len + more <= g->cap)
+        return 0;
+    Py_ssize_t cap = g->cap ? g->cap : 4096;
+    while (cap < g->len + more) {
+        if (cap > PY_SSIZE_T_MAX / 2) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cap *= 2;
+    }
+    char *buf = PyMem_Realloc(g->buf, (size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    g->buf = buf;
+    g->cap = cap;
+    return 0;
+}
+
+/* One binary column: int32 offsets (rows + 1 once a row was added), the bytes, the validity
+ * bitmap (kept for every row; handed out only when a row is null). */
+typedef struct {
+    Growable offsets;
+    Growable data;
+    Growable bits;
+    Py_ssize_t nulls;
+} BinaryColumn;
+
+/* Where a ColumnBuilder stood before an append: restored when the append is rejected. */
+typedef struct {
+    Py_ssize_t rows, key_data, key_nulls, value_data, value_nulls;
+} ColumnMark;
+
+typedef struct {
+    PyObject_HEAD
+    BinaryColumn keys;
+    BinaryColumn values;
+    Growable offsets;     /* int64 */
+    Growable timestamps;  /* int64, times multiplier */
+    Py_ssize_t rows;
+    int64_t multiplier;
+} ColumnBuilder;
+
+static void
+column_builder_free_buffers(ColumnBuilder *self)
+{
+    Growable *all[] = {&self->keys.offsets, &self->keys.data, &self->keys.bits,
+                       &self->values.offsets, &self->values.data, &self->values.bits,
+                       &self->offsets, &self->timestamps};
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        PyMem_Free(all[i]->buf);
+        all[i]->buf = NULL;
+        all[i]->len = all[i]->cap = 0;
+    }
+    self->keys.nulls = self->values.nulls = 0;
+    self->rows = 0;
+}
+
+static int
+ColumnBuilder_init(ColumnBuilder *self, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"timestamp_multiplier", NULL};
+    long long multiplier = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "|L", kwlist, &multiplier))
+        return -1;
+    column_builder_free_buffers(self);
+    self->multiplier = multiplier;
+    return 0;
+}
+
+static void
+ColumnBuilder_dealloc(ColumnBuilder *self)
+{
+    column_builder_free_buffers(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static ColumnMark
+column_mark(ColumnBuilder *self)
+{
+    ColumnMark mark = {self->rows, self->keys.data.len, self->keys.nulls, self->values.data.len,
+                       self->values.nulls};
+    return mark;
+}
+
+static void
+column_set_rows(BinaryColumn *column, Py_ssize_t rows, Py_ssize_t data, Py_ssize_t nulls)
+{
+    column->offsets.len = rows ? (rows + 1) * (Py_ssize_t)sizeof(int32_t) : 0;
+    column->data.len = data;
+    column->nulls = nulls;
+    column->bits.len = (rows + 7) / 8;
+    if (rows & 7)
+        column->bits.buf[rows >> 3] &= (char)((1u << (rows & 7)) - 1);
+}
+
+static void
+column_restore(ColumnBuilder *self, ColumnMark mark)
+{
+    column_set_rows(&self->keys, mark.rows, mark.key_data, mark.key_nulls);
+    column_set_rows(&self->values, mark.rows, mark.value_data, mark.value_nulls);
+    self->offsets.len = self->timestamps.len = mark.rows * (Py_ssize_t)sizeof(int64_t);
+    self->rows = mark.rows;
+}
+
+/* Append one value (NULL: a null) as row ``row`` of ``column``. -1 with an exception set
+ * (OverflowError past int32 offsets, MemoryError). */
+static int
+column_append(BinaryColumn *column, Py_ssize_t row, const char *data, Py_ssize_t size)
+{
+    if (row == 0) {
+        if (growable_reserve(&column->offsets, sizeof(int32_t)) < 0)
+            return -1;
+        ((int32_t *)column->offsets.buf)[0] = 0;
+        column->offsets.len = sizeof(int32_t);
+    }
+    if (growable_reserve(&column->offsets, sizeof(int32_t)) < 0
+        || growable_reserve(&column->bits, 1) < 0)
+        return -1;
+    if (row % 8 == 0) {
+        column->bits.buf[row >> 3] = 0;
+        column->bits.len = (row >> 3) + 1;
+    }
+    if (data == NULL) {
+        column->nulls++;
+    } else {
+        if (column->data.len + size > INT32_MAX_VALUE) {
+            PyErr_Format(PyExc_OverflowError, "ColumnBuilder: more than %lld bytes in a "
+                         "column do not fit int32 offsets", INT32_MAX_VALUE);
+            return -1;
+        }
+        if (growable_reserve(&column->data, size) < 0)
+            return -1;
+        memcpy(column->data.buf + column->data.len, data, (size_t)size);
+        column->data.len += size;
+        column->bits.buf[row >> 3] |= (char)(1u << (row & 7));
+    }
+    ((int32_t *)column->offsets.buf)[row + 1] = (int32_t)column->data.len;
+    column->offsets.len += sizeof(int32_t);
+    return 0;
+}
+
+/* Append a row. -1 with an exception set; the builder is then restored by the caller. */
+static int
+column_builder_add(ColumnBuilder *self, int64_t offset, int64_t timestamp, const char *key,
+                   Py_ssize_t key_size, const char *value, Py_ssize_t value_size)
+{
+    int64_t scaled;
+    if (__builtin_mul_overflow(timestamp, self->multiplier, &scaled)) {
+        PyErr_Format(PyExc_OverflowError, "ColumnBuilder: timestamp %lld * %lld leaves int64",
+                     (long long)timestamp, (long long)self->multiplier);
+        return -1;
+    }
+    Py_ssize_t row = self->rows;
+    if (column_append(&self->keys, row, key, key_size) < 0
+        || column_append(&self->values, row, value, value_size) < 0
+        || growable_reserve(&self->offsets, sizeof(int64_t)) < 0
+        || growable_reserve(&self->timestamps, sizeof(int64_t)) < 0)
+        return -1;
+    ((int64_t *)self->offsets.buf)[row] = offset;
+    ((int64_t *)self->timestamps.buf)[row] = scaled;
+    self->offsets.len += sizeof(int64_t);
+    self->timestamps.len += sizeof(int64_t);
+    self->rows = row + 1;
+    return 0;
+}
+
+/* A length-prefixed byte string at data[*pos] (-1: null) without copying it. */
+static int
+scan_bytes(const unsigned char *data, Py_ssize_t *pos, Py_ssize_t record_end,
+           const char **out, Py_ssize_t *size)
+{
+    int64_t length;
+    if (get_zigzag(data, pos, record_end, &length) < 0)
+        return DECODE_REJECT;
+    if (length == -1) {
+        *out = NULL;
+        *size = 0;
+        return DECODE_OK;
+    }
+    if (length < 0 || length > record_end - *pos)
+        return DECODE_REJECT;
+    *out = (const char *)data + *pos;
+    *size = (Py_ssize_t)length;
+    *pos += (Py_ssize_t)length;
+    return DECODE_OK;
+}
+
+/* ColumnBuilder.append_section(data, base_offset, base_timestamp, record_count,
+ * last_offset_delta, min_offset, fixed_timestamp) -> int or None: the section's records at or
+ * after min_offset appended; None (nothing appended) when the section holds anything decode_one
+ * would not decode itself, or records with headers: the caller then decodes the batch with
+ * decode_records_as (which also raises its errors) and appends with append_records. The whole
+ * section is checked as decode_records_as checks it; nothing of a rejected section stays. */
+static PyObject *
+ColumnBuilder_append_section(ColumnBuilder *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7) {
+        PyErr_Format(PyExc_TypeError,
+                     "append_section() takes 7 arguments (data, base_offset, base_timestamp, "
+                     "record_count, last_offset_delta, min_offset, fixed_timestamp), %zd given",
+                     nargs);
+        return NULL;
+    }
+    int64_t base_offset, base_timestamp, record_count, last_offset_delta, min_offset;
+    int64_t fixed_timestamp = 0;
+    int fixed = args[6] != Py_None;
+    int conv;
+    if ((conv = int64_arg(args[1], &base_offset)) != 0
+        || (conv = int64_arg(args[2], &base_timestamp)) != 0
+        || (conv = int64_arg(args[3], &record_count)) != 0
+        || (conv = int64_arg(args[4], &last_offset_delta)) != 0
+        || (conv = int64_arg(args[5], &min_offset)) != 0
+        || (fixed && (conv = int64_arg(args[6], &fixed_timestamp)) != 0)) {
+        if (conv > 0)
+            Py_RETURN_NONE;
+        return NULL;
+    }
+    if (record_count < 0)
+        Py_RETURN_NONE;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    const unsigned char *data = view.buf;
+    Py_ssize_t end = view.len;
+    Py_ssize_t pos = 0;
+    int64_t previous_delta = -1;
+    ColumnMark mark = column_mark(self);
+    for (int64_t i = 0; i < record_count; i++) {
+        int64_t length, timestamp_delta, offset_delta, offset, timestamp;
+        const char *key, *value;
+        Py_ssize_t key_size, value_size;
+        if (get_zigzag(data, &pos, end, &length) < 0 || length < MIN_RECORD_BODY
+            || length > end - pos)
+            goto reject;
+        Py_ssize_t record_end = pos + (Py_ssize_t)length;
+        if (data[pos] != 0)  /* attributes */
+            goto reject;
+        pos += 1;
+        if (get_zigzag(data, &pos, record_end, &timestamp_delta) < 0
+            || get_zigzag(data, &pos, record_end, &offset_delta) < 0
+            || offset_delta <= previous_delta || offset_delta > last_offset_delta)
+            goto reject;
+        previous_delta = offset_delta;
+        if (__builtin_add_overflow(base_offset, offset_delta, &offset)
+            || __builtin_add_overflow(base_timestamp, timestamp_delta, &timestamp))
+            goto reject;
+        if (scan_bytes(data, &pos, record_end, &key, &key_size) != DECODE_OK
+            || scan_bytes(data, &pos, record_end, &value, &value_size) != DECODE_OK)
+            goto reject;
+        /* No headers (one 0 byte, the record's last); anything else goes the records' way. */
+        if (pos + 1 != record_end || data[pos] != 0)
+            goto reject;
+        pos = record_end;
+        if (offset < min_offset)
+            continue;
+        if (column_builder_add(self, offset, fixed ? fixed_timestamp : timestamp, key, key_size,
+                               value, value_size) < 0)
+            goto fail;
+    }
+    if (pos != end)
+        goto reject;
+    PyBuffer_Release(&view);
+    return PyLong_FromSsize_t(self->rows - mark.rows);
+reject:
+    PyBuffer_Release(&view);
+    column_restore(self, mark);
+    Py_RETURN_NONE;
+fail:
+    PyBuffer_Release(&view);
+    column_restore(self, mark);
+    return NULL;
+}
+
+/* ColumnBuilder.append_records(records) -> int: ConsumerRecord-shaped tuples (topic, partition,
+ * offset, key, value, headers, timestamp) appended (headers are not kept). TypeError for a
+ * record of another shape; nothing of a failed call stays. */
+static PyObject *
+ColumnBuilder_append_records(ColumnBuilder *self, PyObject *records)
+{
+    if (!PyList_Check(records)) {
+        PyErr_SetString(PyExc_TypeError, "append_records(): records must be a list");
+        return NULL;
+    }
+    ColumnMark mark = column_mark(self);
+    Py_ssize_t count = PyList_GET_SIZE(records);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *record = PyList_GET_ITEM(records, i);
+        if (!PyTuple_Check(record) || PyTuple_GET_SIZE(record) != 7) {
+            PyErr_Format(PyExc_TypeError, "append_records(): record %zd is not a 7-field "
+                         "ConsumerRecord", i);
+            goto fail;
+        }
+        PyObject *fields[2] = {PyTuple_GET_ITEM(record, 3), PyTuple_GET_ITEM(record, 4)};
+        const char *spans[2];
+        Py_ssize_t sizes[2];
+        for (int f = 0; f < 2; f++) {
+            if (fields[f] == Py_None) {
+                spans[f] = NULL;
+                sizes[f] = 0;
+            } else if (PyBytes_CheckExact(fields[f])) {
+                spans[f] = PyBytes_AS_STRING(fields[f]);
+                sizes[f] = PyBytes_GET_SIZE(fields[f]);
+            } else {
+                PyErr_Format(PyExc_TypeError, "append_records(): the %s of record %zd is "
+                             "%.100s, not bytes or None", f ? "value" : "key", i,
+                             Py_TYPE(fields[f])->tp_name);
+                goto fail;
+            }
+        }
+        int64_t offset, timestamp;
+        if (int64_arg(PyTuple_GET_ITEM(record, 2), &offset) != 0
+            || int64_arg(PyTuple_GET_ITEM(record, 6), &timestamp) != 0) {
+            if (!PyErr_Occurred())
+                PyErr_Format(PyExc_OverflowError, "append_records(): the offset or timestamp "
+                             "of record %zd leaves int64", i);
+            goto fail;
+        }
+        if (column_builder_add(self, offset, timestamp, spans[0], sizes[0], spans[1],
+                               sizes[1]) < 0)
+            goto fail;
+    }
+    return PyLong_FromSsize_t(count);
+fail:
+    column_restore(self, mark);
+    return NULL;
+}
+
+static PyObject *
+growable_take(Growable *g)
+{
+    return PyBytes_FromStringAndSize(g->buf ? g->buf : "", g->len);
+}
+
+static PyObject *
+binary_take(BinaryColumn *column, Py_ssize_t rows)
+{
+    PyObject *offsets = rows ? growable_take(&column->offsets)
+                             : PyBytes_FromStringAndSize("\0\0\0\0", 4);
+    PyObject *data = growable_take(&column->data);
+    PyObject *bits;
+    if (column->nulls) {
+        bits = growable_take(&column->bits);
+    } else {
+        bits = Py_None;
+        Py_INCREF(bits);
+    }
+    if (offsets == NULL || data == NULL || bits == NULL) {
+        Py_XDECREF(offsets);
+        Py_XDECREF(data);
+        Py_XDECREF(bits);
+        return NULL;
+    }
+    return Py_BuildValue("(NNNn)", offsets, data, bits, column->nulls);
+}
+
+/* ColumnBuilder.take() -> (rows, keys, values, offsets, timestamps): the rows appended so far,
+ * keys and values as binary_column() answers them, offsets and timestamps as int64_column();
+ * the builder is empty again afterwards. */
+static PyObject *
+ColumnBuilder_take(ColumnBuilder *self, PyObject *Py_UNUSED(ignored))
+{
+    Py_ssize_t rows = self->rows;
+    PyObject *keys = binary_take(&self->keys, rows);
+    PyObject *values = binary_take(&self->values, rows);
+    PyObject *offsets = growable_take(&self->offsets);
+    PyObject *timestamps = growable_take(&self->timestamps);
+    if (keys == NULL || values == NULL || offsets == NULL || timestamps == NULL) {
+        Py_XDECREF(keys);
+        Py_XDECREF(values);
+        Py_XDECREF(offsets);
+        Py_XDECREF(timestamps);
+        return NULL;
+    }
+    /* Keep the buffers' capacity for the next rows: only the lengths go back to 0. */
+    ColumnMark empty = {0, 0, 0, 0, 0};
+    column_restore(self, empty);
+    return Py_BuildValue("(nNNNN)", rows, keys, values, offsets, timestamps);
+}
+
+static PyObject *
+ColumnBuilder_get_rows(ColumnBuilder *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->rows);
+}
+
+static PyObject *
+ColumnBuilder_get_data_bytes(ColumnBuilder *self, void *Py_UNUSED(closure))
+{
+    return PyLong_FromSsize_t(self->keys.data.len + self->values.data.len);
+}
+
+static PyMethodDef ColumnBuilder_methods[] = {
+    {"append_section", (PyCFunction)(void (*)(void))ColumnBuilder_append_section, METH_FASTCALL,
+     "append_section(data, base_offset, base_timestamp, record_count, last_offset_delta, "
+     "min_offset, fixed_timestamp) -> int or None: the records at or after min_offset of a "
+     "records section appended (None, appending nothing: decode it with decode_records_as "
+     "and use append_records; records with headers and every malformed section go there)."},
+    {"append_records", (PyCFunction)ColumnBuilder_append_records, METH_O,
+     "append_records(records) -> int: ConsumerRecord tuples appended (headers not kept)."},
+    {"take", (PyCFunction)ColumnBuilder_take, METH_NOARGS,
+     "take() -> (rows, keys, values, offsets, timestamps): keys and values as "
+     "binary_column()'s (offsets, data, validity or None, null_count), offsets and "
+     "timestamps (times timestamp_multiplier) as native int64 bytes; empties the builder."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef ColumnBuilder_getset[] = {
+    {"rows", (getter)ColumnBuilder_get_rows, NULL, "Rows appended since the last take().", NULL},
+    {"data_bytes", (getter)ColumnBuilder_get_data_bytes, NULL,
+     "Bytes of keys and values appended since the last take().", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ColumnBuilderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fjord.records._speedups.ColumnBuilder",
+    .tp_doc = "ColumnBuilder(timestamp_multiplier=1): records of one partition decoded "
+              "straight into the buffers of Arrow columns (key, value, offset, timestamp), "
+              "with no Python object per record (the Spark source's read tasks).",
+    .tp_basicsize = sizeof(ColumnBuilder),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ColumnBuilder_init,
+    .tp_dealloc = (destructor)ColumnBuilder_dealloc,
+    .tp_methods = ColumnBuilder_methods,
+    .tp_getset = ColumnBuilder_getset,
+};
+
 /* ---------------------------------------------------------------- keyed partitioning */
 
 /* Kafka's Utils.murmur2 (the Java client's keyed partitioner), as uint32. */
@@ -1480,7 +1927,8 @@ static struct PyModuleDef speedups_module = {
 PyMODINIT_FUNC
 PyInit__speedups(void)
 {
-    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FutureBaseType) < 0)
+    if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FutureBaseType) < 0
+        || PyType_Ready(&ColumnBuilderType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
@@ -1494,6 +1942,12 @@ PyInit__speedups(void)
     Py_INCREF(&FutureBaseType);
     if (PyModule_AddObject(module, "RecordFutureBase", (PyObject *)&FutureBaseType) < 0) {
         Py_DECREF(&FutureBaseType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&ColumnBuilderType);
+    if (PyModule_AddObject(module, "ColumnBuilder", (PyObject *)&ColumnBuilderType) < 0) {
+        Py_DECREF(&ColumnBuilderType);
         Py_DECREF(module);
         return NULL;
     }

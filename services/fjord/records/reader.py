@@ -331,6 +331,25 @@ class RecordBatch:
             else None,
         )
 
+    def append_columns(self, builder: Any, min_offset: int) -> int | None:
+        """The records at or after ``min_offset`` appended to ``builder``, a
+        ``fjord.records._speedups.ColumnBuilder`` (no Python object per record); the count, or
+        None when the builder left the section alone (records with headers, anything
+        malformed): decode it with :meth:`records_as` then, which also raises its errors.
+        LOG_APPEND_TIME batches report their max timestamp for every record, as there."""
+        header = self.header
+        return builder.append_section(
+            self._section_to_decode(False),
+            header.base_offset,
+            header.base_timestamp,
+            header.record_count,
+            header.last_offset_delta,
+            min_offset,
+            header.max_timestamp
+            if header.timestamp_type == TimestampType.LOG_APPEND_TIME
+            else None,
+        )
+
     def record_tuples(self) -> list[RecordTuple]:
         """All records as ``(offset, timestamp, key, value, headers)`` tuples: the fast path
         for a consumer that wraps records in its own type. Timestamps follow Kafka's rule for
