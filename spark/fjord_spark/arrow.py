@@ -8,6 +8,7 @@ Timestamps travel as ``timestamp[us, tz=UTC]``, as Spark expects.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import sys
 from collections.abc import Iterator, Sequence
@@ -124,6 +125,10 @@ _COLUMNS = (
     else None
 )
 
+#: The C extension when it also has ``ColumnBuilder`` (records decoded straight into Arrow
+#: buffers by ``Consumer.poll_into``); an extension built before it lacks it until rebuilt.
+_BUILDER = _COLUMNS if _COLUMNS is not None and hasattr(_COLUMNS, "ColumnBuilder") else None
+
 
 def _binary_from_c(records: list[ConsumerRecord], index: int, count: int) -> pa.Array:
     assert _COLUMNS is not None
@@ -148,6 +153,114 @@ def _columns_in_c(records: list[ConsumerRecord], count: int) -> list[pa.Array]:
         pa.Array.from_buffers(pa.int64(), count, [None, pa.py_buffer(offsets)]),
         pa.Array.from_buffers(_US_TIMESTAMP, count, [None, pa.py_buffer(timestamps)]),
     ]
+
+
+def _columns_from_buffers(
+    taken: tuple[int, Any, Any, bytes, bytes],
+) -> tuple[int, list[pa.Array]]:
+    """keys, values, offsets, timestamps (us) from ``ColumnBuilder.take()``'s buffers."""
+    rows, keys, values, offsets, timestamps = taken
+
+    def binary(buffers: tuple[bytes, bytes, bytes | None, int]) -> pa.Array:
+        offsets_buffer, data, validity, nulls = buffers
+        return pa.Array.from_buffers(
+            pa.binary(),
+            rows,
+            [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets_buffer),
+             pa.py_buffer(data)],
+            null_count=nulls,
+        )  # fmt: skip
+
+    return rows, [
+        binary(keys),
+        binary(values),
+        pa.Array.from_buffers(pa.int64(), rows, [None, pa.py_buffer(offsets)]),
+        pa.Array.from_buffers(_US_TIMESTAMP, rows, [None, pa.py_buffer(timestamps)]),
+    ]
+
+
+class ArrowColumns:
+    """A read task's records of one partition, gathered for Arrow batches: the
+    :class:`fjord.client.fetcher.RecordSink` a read task hands to ``Consumer.poll_into``.
+
+    With the C extension (and no headers wanted) each fetched batch is decoded straight into
+    the buffers of the key, value, offset and timestamp columns (``ColumnBuilder``: no
+    ConsumerRecord per row); a batch the builder leaves alone (records with headers, anything
+    malformed) is decoded into ConsumerRecords and appended from them. Otherwise the
+    ConsumerRecords are kept and converted by :func:`records_to_batch`. Both give equal
+    batches.
+
+    Invariant: :attr:`rows` records are held, in offset order, all of ``topic``'s
+    ``partition``; :meth:`take` hands out those below ``until`` and holds nothing after."""
+
+    def __init__(self, schema: pa.Schema, topic: str, partition: int, timestamp_type: int):
+        self.schema = schema
+        self.topic = topic
+        self.partition = partition
+        self.timestamp_type = timestamp_type
+        headers = len(schema) == 8  # headers wanted: only ConsumerRecords carry them
+        self._builder = (
+            _BUILDER.ColumnBuilder(1000) if _BUILDER is not None and not headers else None
+        )
+        self._records: list[ConsumerRecord] = []
+
+    def add_batch(self, batch: Any, topic: str, partition: int, min_offset: int) -> int:
+        if self._builder is not None:
+            added = batch.append_columns(self._builder, min_offset)
+            if added is not None:
+                return int(added)
+        return self.add_records(batch.records_as(ConsumerRecord, topic, partition, min_offset))
+
+    def add_records(self, records: list[ConsumerRecord]) -> int:
+        if self._builder is not None:
+            return int(self._builder.append_records(records))
+        self._records.extend(records)
+        return len(records)
+
+    @property
+    def rows(self) -> int:
+        return self._builder.rows if self._builder is not None else len(self._records)
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of keys and values held (only counted with the builder; 0 otherwise)."""
+        return self._builder.data_bytes if self._builder is not None else 0
+
+    def take(self, until: int) -> pa.RecordBatch | None:
+        """One Arrow batch of the records held below offset ``until`` (None when there are
+        none); every record held is dropped."""
+        if self._builder is None:
+            records, self._records = self._records, []
+            if records and records[-1].offset >= until:
+                records = records[: bisect.bisect_left(records, until, key=_offset_of)]
+            if not records:
+                return None
+            return records_to_batch(records, self.schema, self.timestamp_type)
+        count, (keys, values, offsets, timestamps) = _columns_from_buffers(self._builder.take())
+        if not count:
+            return None
+        batch = pa.RecordBatch.from_arrays(
+            [
+                keys,
+                values,
+                repeated_string(self.topic, count),
+                pa.repeat(pa.scalar(self.partition, pa.int32()), count),
+                offsets,
+                timestamps,
+                pa.repeat(pa.scalar(self.timestamp_type, pa.int32()), count),
+            ],
+            schema=self.schema,
+        )
+        if offsets[count - 1].as_py() >= until:
+            kept = int(np.searchsorted(offsets.to_numpy(zero_copy_only=True), until))
+            batch = batch.slice(0, kept)
+            if not kept:
+                return None
+        return batch
+
+
+def _offset_of(record: ConsumerRecord) -> int:
+    return record.offset
 
 
 def _columns_from_lists(records: Sequence[ConsumerRecord]) -> list[pa.Array]:

@@ -31,8 +31,13 @@ POLL_TIMEOUT_MS = 120_000
 #: given: a task converts whole polls into Arrow, so bigger polls mean fewer, bigger batches.
 TASK_MAX_POLL_RECORDS = 20_000
 
-#: Most rows in one Arrow record batch a read task yields.
+#: Most rows in one Arrow record batch a read task yields (about: a fetched batch is never
+#: split, so one may hold a producer batch's records more).
 ARROW_BATCH_ROWS = 20_000
+#: A read task yields its Arrow batch once the keys and values it holds pass this many bytes
+#: (with the C extension), whatever the rows: large records stay far from Arrow's 2 GiB limit
+#: of a binary column's int32 offsets.
+ARROW_BATCH_BYTES = 64 * 1024 * 1024
 
 #: ``acks`` of the producer inside a write task unless ``fjord.acks`` is given (Kafka's default).
 WRITER_ACKS = "all"

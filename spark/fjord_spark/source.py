@@ -14,7 +14,6 @@ modules next to it. Where the code runs:
 
 from __future__ import annotations
 
-import bisect
 import itertools
 import logging
 import time
@@ -44,7 +43,6 @@ from pyspark.sql.types import StructType
 from fjord.client import (
     AdminClient,
     Consumer,
-    ConsumerRecord,
     OffsetAndMetadata,
     Producer,
     RecordFuture,
@@ -62,12 +60,12 @@ from fjord.errors import (
 from fjord_spark import defaults
 from fjord_spark.arrow import (
     TIMESTAMP_TYPES,
+    ArrowColumns,
     arrow_schema,
     batch_to_groups,
     batch_to_records,
     check_writer_schema,
     reader_schema,
-    records_to_batch,
 )
 from fjord_spark.errors import DataLossError
 from fjord_spark.offsets import (
@@ -170,15 +168,18 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
     tp = TopicPartition(task.topic, task.partition)
     timeout_s = task.poll_timeout_ms / 1000
     consumer = Consumer(task.consumer_config)
+    # Records go straight from the fetched batches into Arrow columns (ArrowColumns).
+    columns = ArrowColumns(schema, task.topic, task.partition, task.timestamp_type)
     try:
         consumer.assign([tp])
         consumer.seek(tp, task.from_offset)
         position = task.from_offset
-        pending: list[ConsumerRecord] = []
         deadline = time.monotonic() + timeout_s
         while position < until:
             try:
-                records = consumer.poll(timeout=max(0.0, min(deadline - time.monotonic(), 1.0)))
+                added = consumer.poll_into(
+                    columns, timeout=max(0.0, min(deadline - time.monotonic(), 1.0))
+                )
             except OffsetOutOfRangeError as exc:
                 position = _after_out_of_range(consumer, tp, position, task, exc)
                 deadline = time.monotonic() + timeout_s
@@ -186,14 +187,15 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
             # Under read_committed a poll may move the position past aborted records and
             # transaction markers without returning any: progress all the same.
             moved = consumer.position(tp) > position
-            if records:
-                if records[-1].offset >= until:
-                    records = records[: bisect.bisect_left(records, until, key=_offset_of)]
-                pending.extend(records)
+            if added:
                 deadline = time.monotonic() + timeout_s
-                if len(pending) >= defaults.ARROW_BATCH_ROWS:
-                    yield records_to_batch(pending, schema, task.timestamp_type)
-                    pending = []
+                if (
+                    columns.rows >= defaults.ARROW_BATCH_ROWS
+                    or columns.data_bytes >= defaults.ARROW_BATCH_BYTES
+                ):
+                    batch = columns.take(until)
+                    if batch is not None:
+                        yield batch
             elif moved:
                 deadline = time.monotonic() + timeout_s
             elif time.monotonic() >= deadline:
@@ -203,8 +205,9 @@ def read_partition(task: FjordInputPartition, schema: pa.Schema) -> Iterator[pa.
                     "(is its leader up?)"
                 )
             position = max(position, consumer.position(tp))
-        if pending:
-            yield records_to_batch(pending, schema, task.timestamp_type)
+        batch = columns.take(until)
+        if batch is not None:
+            yield batch
     finally:
         consumer.close()
 
@@ -214,10 +217,6 @@ def _unknown_topic(topic: str) -> UnknownTopicOrPartitionError:
         f"topic {topic!r} does not exist (create it first, e.g. "
         f"`fjord topics create --topic {topic}`)"
     )
-
-
-def _offset_of(record: ConsumerRecord) -> int:
-    return record.offset
 
 
 def _after_out_of_range(

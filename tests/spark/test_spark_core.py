@@ -13,10 +13,15 @@ from pyspark.sql.types import ArrayType, IntegerType, LongType, StringType, Stru
 
 from fjord.client import ConsumerRecord, TopicPartition
 from fjord.errors import ConfigError
+from fjord.records import Compression, TimestampType
+from fjord.records.builder import BatchBuilder
+from fjord.records.header import stamp_batch
+from fjord.records.reader import RecordBatch
 from fjord_spark import arrow as fjord_arrow
 from fjord_spark import defaults
 from fjord_spark.arrow import (
     HEADER_TYPE,
+    ArrowColumns,
     arrow_schema,
     batch_to_groups,
     batch_to_records,
@@ -509,6 +514,62 @@ def test_c_column_builders_refuse_what_is_not_a_record_field() -> None:
     with pytest.raises(ValueError, match="index must be >= 0"):
         columns.int64_column([good], -1, 1)
     assert columns.binary_column([], 3) == (b"\0\0\0\0", b"", None, 0)
+
+
+_FETCHED_RECORD = st.tuples(
+    st.one_of(st.none(), st.binary(max_size=12)),
+    st.one_of(st.none(), st.binary(max_size=60)),
+    st.booleans(),  # with a header
+)
+
+
+@given(
+    batches=st.lists(st.lists(_FETCHED_RECORD, min_size=1, max_size=8), min_size=1, max_size=4),
+    min_offset=st.integers(0, 12),
+    until=st.integers(0, 40),
+    log_append=st.booleans(),
+    lz4=st.booleans(),
+)
+def test_arrow_columns_equal_records_to_batch(
+    batches: list[list[tuple[bytes | None, bytes | None, bool]]],
+    min_offset: int,
+    until: int,
+    log_append: bool,
+    lz4: bool,
+) -> None:
+    """A read task's ArrowColumns (fetched batches decoded straight into Arrow buffers with
+    the C extension; ConsumerRecords converted by records_to_batch without it) give the
+    batch that records_to_batch gives for the same records below ``until``: null keys and
+    values, records with headers (left to the records path), LogAppendTime, compression."""
+    timestamp_type = 1 if log_append else 0
+    schema = arrow_schema(reader_schema(False))
+    columns = ArrowColumns(schema, "t", 3, timestamp_type)
+    expected: list[ConsumerRecord] = []
+    base = 0
+    for records in batches:
+        builder = BatchBuilder(
+            compression=Compression.LZ4 if lz4 else Compression.NONE,
+            timestamp_type=(
+                TimestampType.LOG_APPEND_TIME if log_append else TimestampType.CREATE_TIME
+            ),
+        )
+        for i, (key, value, header) in enumerate(records):
+            builder.append(1_000 + base + i, key, value, (("h", b"x"),) if header else ())
+        raw = bytearray(builder.build())
+        stamp_batch(raw, 0, base, 0)
+        batch = RecordBatch(bytes(raw))
+        decoded = batch.records_as(ConsumerRecord, "t", 3, min_offset)
+        assert columns.add_batch(batch, "t", 3, min_offset) == len(decoded)
+        expected.extend(decoded)
+        base += len(records)
+    assert columns.rows == len(expected)
+    got = columns.take(until)
+    below = tuple(r for r in expected if r.offset < until)
+    if not below:
+        assert got is None
+    else:
+        assert got is not None and got.equals(records_to_batch(below, schema, timestamp_type))
+    assert columns.rows == 0 and columns.take(until) is None
 
 
 def test_batch_to_groups_splits_by_topic_and_partition_keeping_order() -> None:
