@@ -321,16 +321,31 @@ def record_sasl_expired_session(door: str) -> None:
     SASL_EXPIRED_SESSIONS.labels(door).inc()
 
 
+#: Per-topic children of the byte and message counters, looked up once per topic: these are
+#: counted on every append and every consumer read (``labels()`` hashes its arguments and
+#: takes a lock on each call). Children are never removed from these counters, so a cached
+#: one is always the exported one.
+_TOPIC_IN: dict[str, tuple[Any, Any]] = {}
+_TOPIC_OUT: dict[str, Any] = {}
+
+
 def record_bytes_in(topic: str, num_bytes: int, num_records: int = 0) -> None:
     """Count ``num_bytes`` of batches (and ``num_records`` records) appended to ``topic``."""
-    BROKER_BYTES_IN.labels(topic).inc(num_bytes)
+    children = _TOPIC_IN.get(topic)
+    if children is None:
+        children = _TOPIC_IN[topic] = (BROKER_BYTES_IN.labels(topic),
+                                       BROKER_MESSAGES_IN.labels(topic))
+    children[0].inc(num_bytes)
     if num_records:
-        BROKER_MESSAGES_IN.labels(topic).inc(num_records)
+        children[1].inc(num_records)
 
 
 def record_bytes_out(topic: str, num_bytes: int) -> None:
     """Count ``num_bytes`` of batches served to consumers from ``topic``."""
-    BROKER_BYTES_OUT.labels(topic).inc(num_bytes)
+    child = _TOPIC_OUT.get(topic)
+    if child is None:
+        child = _TOPIC_OUT[topic] = BROKER_BYTES_OUT.labels(topic)
+    child.inc(num_bytes)
 
 
 # The listener counts these once or twice per Fetch answer: children looked up once
