@@ -1116,6 +1116,11 @@ class AsyncProducer(_ProducerBase):
                 for waiter in done:
                     waiter.exception()  # failures belong to the records' own futures
                 if pending:
+                    for waiter in pending:
+                        # Nobody awaits them any more: a failure settled later would be
+                        # logged as "Future exception was never retrieved" (_settle skips
+                        # a done target).
+                        waiter.cancel()
                     raise KafkaTimeoutError(f"flush() did not complete within {timeout} s")
         finally:
             self._accumulator.end_flush()
