@@ -3,8 +3,10 @@ ordering, expiry) and response handling (complete / retry / fail), with the real
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import threading
+import time
 
 import pytest
 from hypothesis import given, settings
@@ -569,6 +571,71 @@ def test_a_caller_that_awaits_room_is_told_the_batch_a_blocking_one_waits_for() 
         acc.append(TP1, 1, None, b"v" * 200, (), 0, plan=no_room.value.plan)
     acc.close()
     assert len(freed) == 3  # a closed accumulator wakes whoever awaits room (to fail)
+
+
+def test_the_async_producer_awaits_room_for_a_grown_batch_on_its_loop() -> None:
+    """AsyncProducer's shell over the shared rule, without a broker (its sender never runs:
+    the test drains and answers): behind a full window with room for a batch.size batch only,
+    a record awaits room, the loop going on (an answer handled meanwhile wakes it), and opens
+    a grown batch; with nothing answered the wait ends after max.block.ms in
+    BufferExhaustedError with nothing appended; with max.block.ms 0 a batch.size batch opens
+    at once (it may not wait)."""
+    from fjord.client import AsyncProducer
+
+    grown_size, value = 4096, b"v" * 100
+
+    def blocked_producer(max_block_ms: int) -> tuple[AsyncProducer, list[ProducerBatch]]:
+        producer = AsyncProducer({
+            "bootstrap.servers": "127.0.0.1:9", "batch.size": 1024, "max.block.ms": max_block_ms,
+            "blocked.batch.size": grown_size, "buffer.memory": 2 * grown_size,
+        })  # fmt: skip
+        acc = producer._accumulator
+        acc.set_producer_id(7, 0)
+        sent = []
+        while not acc.window_full(TP0):  # 5 one-record batches unanswered
+            acc.append(TP0, 1, None, value, (), now_ms=0)
+            sent += acc.drain([TP0], 1 << 20, now_ms=10**9)
+        acc.append(TP0, 1, None, value, (), now_ms=0)
+        grown = acc.open_batch(TP0)
+        assert grown is not None and grown.reserved_bytes == grown_size
+        while acc.try_append_open(grown, None, value) is not None:
+            pass  # until full: the next record needs a new batch
+        assert acc._reserved + grown_size > 2 * grown_size >= acc._reserved + 1024
+        return producer, sent
+
+    async def append(producer: AsyncProducer) -> tuple[float, int]:
+        started = time.monotonic()
+        await producer._append_awaiting_room(TP0, 1, None, value, (), 0)
+        opened = producer._accumulator.open_batch(TP0)
+        assert opened is not None and opened.record_count == 1
+        return time.monotonic() - started, opened.reserved_bytes
+
+    producer, sent = blocked_producer(60_000)
+
+    def answer_all() -> None:
+        for batch in sent:
+            answer(producer._accumulator, batch)
+
+    async def answered_meanwhile() -> tuple[float, int]:
+        asyncio.get_running_loop().call_soon(answer_all)  # runs only once append() waits
+        return await append(producer)
+
+    waited, reserved = asyncio.run(answered_meanwhile())
+    assert reserved == grown_size and waited < 30  # woken by the answers, not at 60 s
+    asyncio.run(producer.close(0))  # (fails what is queued: nothing is sent)
+    producer, _ = blocked_producer(200)
+    queued, before = len(producer._accumulator._queues[TP0]), producer._accumulator._reserved
+    started = time.monotonic()
+    with pytest.raises(BufferExhaustedError, match=r"max\.block\.ms \(200 ms\)"):
+        asyncio.run(append(producer))
+    assert time.monotonic() - started >= 0.2
+    assert len(producer._accumulator._queues[TP0]) == queued
+    assert producer._accumulator._reserved == before
+    asyncio.run(producer.close(0))
+    producer, _ = blocked_producer(0)
+    waited, reserved = asyncio.run(append(producer))
+    assert reserved == 1024
+    asyncio.run(producer.close(0))
 
 
 # One partition's life as operations: append this many 47-byte records (a send() that may

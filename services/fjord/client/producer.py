@@ -1070,13 +1070,7 @@ class AsyncProducer(_ProducerBase):
         nothing. ``max.block.ms`` 0: never waits (a normal batch when there is no room for a
         grown one), as the blocking producer's callers that may not wait."""
         acc = self._accumulator
-        if self._max_block_s <= 0:
-            future, wake = acc.append(
-                tp, timestamp_ms, key, value, header_items, -1,
-                coordinator_epoch=coordinator_epoch,
-            )  # fmt: skip
-            assert future is not None
-            return future, wake
+        may_wait = self._max_block_s > 0  # (else append raises BufferExhaustedError itself)
         deadline = time.monotonic() + self._max_block_s
         plan = None
         while True:
@@ -1084,7 +1078,7 @@ class AsyncProducer(_ProducerBase):
             try:
                 future, wake = acc.append(
                     tp, timestamp_ms, key, value, header_items, -1,
-                    coordinator_epoch=coordinator_epoch, awaits_room=True, plan=plan,
+                    coordinator_epoch=coordinator_epoch, awaits_room=may_wait, plan=plan,
                 )  # fmt: skip
                 assert future is not None
                 return future, wake
