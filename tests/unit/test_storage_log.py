@@ -233,6 +233,39 @@ def test_truncate_to_removes_the_batch_holding_the_offset_and_later(tmp_path: Pa
     reopened.close()
 
 
+def test_truncating_an_unflushed_tail_leaves_the_partition_checkpoint_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A follower restarted after a crash truncates the unflushed tail of thousands of
+    partitions on the event loop: the partition checkpoint (recovery point, log start) is
+    rewritten only when the truncation changes it, and a crash afterwards recovers from what
+    it says either way."""
+    import fjord.storage.log as log_module
+
+    written: list[str] = []
+    real = log_module.write_atomically
+
+    def recorded(path: Path, text: str, *, sync: bool) -> None:
+        written.append(path.name)
+        real(path, text, sync=sync)
+
+    log = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
+    fill(log, 10)
+    flushed = log.flush()
+    tail = fill(log, 10)
+    monkeypatch.setattr(log_module, "write_atomically", recorded)
+    log.truncate_to(tail[3][0])  # the unflushed tail only: recovery point unchanged
+    assert log.recovery_point == flushed and written == []
+    log.truncate_to(flushed - 3)  # below the recovery point: it moves down, and is written
+    assert log.recovery_point == log.log_end_offset < flushed
+    assert written == ["partition-checkpoint"]
+    end = log.log_end_offset
+    log.abandon()  # a crash
+    reopened = PartitionLog.open(tmp_path / "t-0", SMALL)
+    assert reopened.log_end_offset == end and reopened.recovery_point == end
+    reopened.close()
+
+
 def test_truncate_below_log_start_restarts_the_log_there(tmp_path: Path) -> None:
     log = PartitionLog.open(tmp_path / "t-0", SMALL, now_ms=0)
     fill(log, 30)

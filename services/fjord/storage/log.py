@@ -144,6 +144,8 @@ class PartitionLog:
         self._recovered_unsynced: list[LogSegment] = []
         self._generation = 0  # bumped when offsets below the end go away (truncate, delete)
         self._checkpoint_unsynced = False  # partition-checkpoint written but not fsync'd
+        #: (recovery point, log start) the partition-checkpoint file holds (None: unknown).
+        self._checkpoint_on_disk: tuple[int, int] | None = None
         self.epoch_cache = LeaderEpochCache(directory / defaults.LEADER_EPOCH_CHECKPOINT)
         self.recovery: RecoveryReport | None = None
         self.closed = False
@@ -200,6 +202,8 @@ class PartitionLog:
                 if index_file.name[: -len(suffix)] not in {f"{b:020d}" for b in bases}:
                     index_file.unlink()
         recovery_point, log_start = self._read_partition_checkpoint()
+        if recovery_point is not None and log_start is not None:
+            self._checkpoint_on_disk = (recovery_point, log_start)
         if not clean and recovery_point is None:
             recovery_point = 0
         self.epoch_cache, epochs_intact = LeaderEpochCache.load(
@@ -338,7 +342,9 @@ class PartitionLog:
             f"{PARTITION_CHECKPOINT_VERSION}\nrecovery-point {self.recovery_point}\n"
             f"log-start-offset {self.log_start_offset}\n"
         )
+        self._checkpoint_on_disk = None  # unknown until the write succeeded
         write_atomically(self.directory / defaults.PARTITION_CHECKPOINT, text, sync=sync)
+        self._checkpoint_on_disk = (self.recovery_point, self.log_start_offset)
 
     def _delete_segment_files(self, base: int) -> None:
         for suffix in (defaults.LOG_SUFFIX, defaults.INDEX_SUFFIX, defaults.TIME_INDEX_SUFFIX,
@@ -843,7 +849,11 @@ class PartitionLog:
                 self.damage = None
             self.epoch_cache.truncate_from_end(self.log_end_offset)
             self.recovery_point = min(self.recovery_point, self.log_end_offset)
-            self._write_partition_checkpoint(sync=False)
+            # Rewritten only when it changes: a follower truncating its unflushed tail (every
+            # partition of a broker restarted after a crash) leaves it as it is, and each
+            # rewrite is a file creation and a rename on the event loop.
+            if (self.recovery_point, self.log_start_offset) != self._checkpoint_on_disk:
+                self._write_partition_checkpoint(sync=False)
             self._truncate_cleaner_checkpoint(self.log_end_offset)
 
     def _truncate_cleaner_checkpoint(self, end: int) -> None:
