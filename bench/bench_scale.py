@@ -22,7 +22,12 @@ each count of ``--counts`` a fresh cluster gets one topic of that many partition
   segments hold unflushed batches past their recovery points;
 - **idle CPU** (``--idle-s`` seconds, 0: skipped): once served and nothing is written, each
   broker's CPU time (utime + stime) over that window, in % of one core;
-- **memory per broker**: every broker's RSS once served.
+- **memory per broker**: every broker's RSS once served;
+- **lease lapses**: per broker, how often it lost its etcd lease over the whole step (its log's
+  "lost its etcd lease" lines: each one fenced it, re-registered it and moved its
+  leaderships), and how often and for how long at most its event loop went more than a lease
+  refresh interval without progress (the keep-alive thread's "made no progress for up to"
+  lines; none before the keep-alive ran in a thread).
 
 With ``--replication-factor R`` (default 1) the topic has R replicas per partition; "served"
 then also needs every partition's ISR to hold all its replicas (as broker 0's Metadata says),
@@ -83,6 +88,21 @@ def idle_cpu_percent(pids: list[int], seconds: float) -> list[float]:
     time.sleep(seconds)  # the measured window itself, not a wait for a condition
     took = time.monotonic() - start
     return [100 * (cpu_seconds(pid) - b) / took for pid, b in zip(pids, before, strict=True)]
+
+
+def lease_report(cluster: LocalCluster, brokers: int) -> str:
+    """Per broker: lease lapses, loop stalls reported by the keep-alive thread and the longest
+    (from the brokers' logs, every run of the step)."""
+    parts = []
+    logs = {p.id: p.log for p in cluster.processes() if p.role == "broker"}
+    for broker in range(brokers):
+        text = Path(logs[broker]).read_text(errors="replace")
+        lapses = text.count("lost its etcd lease")
+        stalls = [float(line.split("made no progress for up to ")[1].split(" s")[0])
+                  for line in text.splitlines() if "made no progress for up to " in line]
+        parts.append(f"broker {broker}: {lapses} lease lapses, {len(stalls)} loop stalls"
+                     + (f" (longest {max(stalls):.1f} s)" if stalls else ""))
+    return "; ".join(parts)
 
 
 def served(cluster: LocalCluster, topic: str, count: int, brokers: int = 1) -> bool:
@@ -224,6 +244,7 @@ def main() -> int:
                 print(f"  (load {os.getloadavg()[0]:.1f})", flush=True)
                 pid = cluster.process("broker", 0).pid
                 files_restarted = open_files(pid)
+                print(f"  {lease_report(cluster, brokers)}", flush=True)
             row = (count, create_s, rss_before, rss_after, files_before, files_after, rate,
                    restart_s, recovery_s, files_restarted, load)
             rows.append(row)
