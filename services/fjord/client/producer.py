@@ -602,32 +602,6 @@ class _ProducerBase:
             )
         return partition
 
-    def _append(
-        self,
-        tps: list[TopicPartition],
-        value: bytes | None,
-        key: bytes | None,
-        partition: int | None,
-        header_items: tuple[tuple[str, bytes | None], ...],
-        timestamp_ms: int | None,
-        max_block_s: float,
-        coordinator_epoch: int = 0,
-    ) -> tuple[RecordFuture, bool]:
-        """Choose the partition and append, blocking up to ``max_block_s`` for
-        ``buffer.memory`` room; returns (future, wake the sender)."""
-        if timestamp_ms is None:
-            timestamp_ms = int(time.time() * 1000)
-        placed = self._place(tps, value, key, partition, header_items, timestamp_ms)
-        if not isinstance(placed, int):
-            return placed
-        # now_ms -1: the accumulator reads its clock only when it opens a batch.
-        future, wake = self._accumulator.append(
-            tps[placed], timestamp_ms, key, value, header_items, -1,
-            max_block_s=max_block_s, coordinator_epoch=coordinator_epoch,
-        )  # fmt: skip
-        assert future is not None
-        return future, wake
-
     def _abort_unsent(self) -> None:
         self._accumulator.close()
         for batch in self._accumulator.abort_all():
@@ -753,11 +727,20 @@ class Producer(_ProducerBase):
             self._io.run(self._await_topic(topic), self._max_block_s + 1)
             tps = self._partitions(topic)
             assert tps is not None
-        # From a callback (the I/O thread) a full buffer cannot drain while we wait: fail fast.
-        max_block = 0.0 if threading.get_ident() == self._io_thread_id else self._max_block_s
-        future, wake = self._append(
-            tps, value_bytes, key_bytes, partition, header_items, timestamp_ms, max_block
-        )
+        if timestamp_ms is None:
+            timestamp_ms = int(time.time() * 1000)
+        placed = self._place(tps, value_bytes, key_bytes, partition, header_items, timestamp_ms)
+        if isinstance(placed, int):
+            # From a callback (the I/O thread) a full buffer cannot drain while we wait: fail
+            # fast. now_ms -1: the accumulator reads its clock only when it opens a batch.
+            max_block = 0.0 if threading.get_ident() == self._io_thread_id else self._max_block_s
+            future, wake = self._accumulator.append(
+                tps[placed], timestamp_ms, key_bytes, value_bytes, header_items, -1,
+                max_block_s=max_block,
+            )  # fmt: skip
+        else:
+            future, wake = placed
+        assert future is not None
         if key is None and partition is None and not header_items and self._txn is None:
             # The batch the next null-key records of this topic fill (see the fast path).
             batch = self._accumulator.open_batch(tps[self._sticky.partition(topic, len(tps))])
