@@ -30,6 +30,15 @@ Source (rows/s = rows / wall time of the whole action, planning included):
   this baseline pays that as the fjord stream does (its classes import nothing of fjord there),
   so it is the streaming source's baseline.
 
+Steady streaming (what a long-running query sees once started): ``fjord streaming`` and the
+``python streaming source (baseline)`` with a ``processingTime`` trigger of 0 s (the next
+micro-batch as soon as the last ends) and at most ``--steady-batch-rows`` rows per
+micro-batch (``maxOffsetsPerTrigger``; the baseline's ``maxRows``), into ``noop``, until all
+``--records`` rows were read (``processAllAvailable``). rows/s = the rows of the micro-batches
+after the first / the wall time from the end of the first to the end of the last (Spark's
+progress reports: trigger start + triggerExecution): the query's start, the offsets
+process's start and the first micro-batch are left out.
+
 Fixed cost per query (seconds from start to end, topic ``one``: one partition, one record),
 after the rows/s measurements of each round, ``--fixed-repeats`` times each, interleaved:
 ``fjord streaming`` (AvailableNow), ``python streaming source (baseline)`` (one row) and
@@ -56,7 +65,7 @@ Every round runs each measurement once, in the order above, and records the 1-mi
 average beside it (the machine is shared: the spread over rounds is reported).
 
     .venv/bin/python bench/bench_spark.py [--records 5000000] [--rounds 3] [--write-results]
-        [--skip triggers,source,streaming,fixed,sink]
+        [--skip triggers,source,streaming,steady,fixed,sink]
 """
 
 from __future__ import annotations
@@ -86,6 +95,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
+    ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
@@ -143,6 +153,7 @@ class MemoryRows:
         self.partitions_count = int(options["partitions"])
         self.value_size = int(options["valuesize"])  # Spark lower-cases option names
         self.spark_schema = schema
+        self.options = dict(options)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         from fjord_spark.arrow import arrow_schema
@@ -177,12 +188,17 @@ class MemoryStreamReader(MemoryRows, DataSourceStreamReader, SupportsTriggerAvai
         return {"row": 0}
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        return ReadAllAvailable()
+        """Option ``maxRows``: at most that many rows per micro-batch (as the fjord source's
+        ``maxOffsetsPerTrigger``)."""
+        max_rows = self.options.get("maxrows")
+        return ReadAllAvailable() if max_rows is None else ReadMaxRows(int(max_rows))
 
     def prepareForTriggerAvailableNow(self) -> None:
         return None
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        if isinstance(limit, ReadMaxRows):
+            return {"row": min(self.records, start["row"] + limit.max_rows)}
         return {"row": self.records}
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[InputPartition]:
@@ -305,6 +321,13 @@ class Series:
         print(f"  {self.name}: {rate:,.0f} rows/s (load {self.loads[-1]:.1f})", flush=True)
         return rate
 
+    def record(self, rate: float) -> float:
+        """A rate measured by the caller (rows/s)."""
+        self.rates.append(rate)
+        self.loads.append(os.getloadavg()[0])
+        print(f"  {self.name}: {rate:,.0f} rows/s (load {self.loads[-1]:.1f})", flush=True)
+        return rate
+
     def time(self, run: Callable[[], None]) -> float:
         """One query's wall time in seconds (kept in ``rates``; ``row_seconds`` shows it)."""
         start = time.monotonic()
@@ -344,12 +367,18 @@ def main() -> int:
     parser.add_argument("--brokers", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--skip", default="", help="comma-separated: triggers,source,streaming,fixed,sink"
+        "--skip", default="", help="comma-separated: triggers,source,streaming,steady,fixed,sink"
     )
     parser.add_argument(
         "--fixed-repeats", type=int, default=3, help="one-record queries of each kind per round"
     )
     parser.add_argument("--triggers", type=int, default=30, help="stream reader triggers timed")
+    parser.add_argument(
+        "--steady-batch-rows",
+        type=int,
+        default=None,
+        help="rows per micro-batch of the steady streaming queries (default: --records / 10)",
+    )
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -358,12 +387,15 @@ def main() -> int:
     load_start = os.getloadavg()[0]
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     warmup = max(args.records // 10, 1)
+    steady_rows = args.steady_batch_rows or max(args.records // 10, 1)
     series = {
         name: Series(name)
         for name in (
             "fjord batch read -> noop",
             "fjord streaming read (AvailableNow) -> noop",
             "python streaming source (AvailableNow, baseline) -> noop",
+            "fjord streaming read (steady: processingTime 0, batches after the first) -> noop",
+            "python streaming source (steady, baseline) -> noop",
             "python source (baseline) -> noop",
             "spark.range (JVM baseline) -> noop",
             "spark.range -> fjord sink",
@@ -458,6 +490,49 @@ def main() -> int:
             def fjord_streaming(topic: str) -> None:
                 available_now(fjord_reader(topic, True).load())
 
+            def steady(frame: Any, rows: int) -> float:
+                """rows/s of a ``processingTime`` 0 query into ``noop`` over its
+                micro-batches after the first (module docstring), once all ``rows`` rows
+                were read."""
+                query = (
+                    frame.writeStream.format("noop")
+                    .option("checkpointLocation", checkpoint())
+                    .trigger(processingTime="0 seconds")
+                    .start()
+                )
+                try:
+                    query.processAllAvailable()
+                    if query.exception() is not None:
+                        raise RuntimeError(f"streaming query failed: {query.exception()}")
+                    batches = sorted(
+                        (p for p in query.recentProgress if p["numInputRows"]),
+                        key=lambda p: p["batchId"],
+                    )
+                finally:
+                    query.stop()
+                read = sum(p["numInputRows"] for p in batches)
+                if read != rows or len(batches) < 2:
+                    raise RuntimeError(
+                        f"steady query: {read:,} rows in {len(batches)} micro-batches, "
+                        f"expected {rows:,} in more than one"
+                    )
+
+                def end(progress: Any) -> float:
+                    began = datetime.fromisoformat(progress["timestamp"].replace("Z", "+00:00"))
+                    return began.timestamp() + progress["durationMs"]["triggerExecution"] / 1000
+
+                return (read - batches[0]["numInputRows"]) / (end(batches[-1]) - end(batches[0]))
+
+            def fjord_steady(topic: str, rows: int) -> float:
+                frame = fjord_reader(topic, True).option("maxOffsetsPerTrigger", str(steady_rows))
+                return steady(frame.load(), rows)
+
+            def python_steady(rows: int) -> float:
+                frame = spark.readStream.format("memory-stream-baseline").option(
+                    "maxRows", str(steady_rows)
+                )
+                return steady(memory_rows(frame, rows), rows)
+
             def memory_rows(reader: Any, rows: int) -> Any:
                 """The in-memory baselines' rows (MemoryRows), as many as the fjord topic's."""
                 return (
@@ -540,6 +615,14 @@ def main() -> int:
                     series["python streaming source (AvailableNow, baseline) -> noop"].add(
                         args.records, lambda: python_streaming(args.records)
                     )
+                if "steady" not in skip:
+                    series[
+                        "fjord streaming read (steady: processingTime 0, batches after the first) "
+                        "-> noop"
+                    ].record(fjord_steady("bench", args.records))
+                    series["python streaming source (steady, baseline) -> noop"].record(
+                        python_steady(args.records)
+                    )
                 for _ in range(0 if "fixed" in skip else args.fixed_repeats):
                     fixed["fjord streaming read (AvailableNow), 1 record"].time(
                         lambda: fjord_streaming("one")
@@ -574,6 +657,10 @@ def main() -> int:
     for name, target in (
         ("fjord batch read -> noop", SOURCE_TARGET),
         ("fjord streaming read (AvailableNow) -> noop", SOURCE_TARGET),
+        (
+            "fjord streaming read (steady: processingTime 0, batches after the first) -> noop",
+            SOURCE_TARGET,
+        ),
         ("spark.range -> fjord sink", SINK_TARGET),
     ):
         s = series[name]
@@ -589,6 +676,10 @@ def main() -> int:
         (
             "fjord streaming read (AvailableNow) -> noop",
             "python streaming source (AvailableNow, baseline) -> noop",
+        ),
+        (
+            "fjord streaming read (steady: processingTime 0, batches after the first) -> noop",
+            "python streaming source (steady, baseline) -> noop",
         ),
         ("spark.range -> fjord sink", "spark.range -> python noop writer (baseline)"),
         ("spark.range -> fjord sink", "spark.range -> noop (JVM baseline)"),
