@@ -30,6 +30,7 @@ from typing import Any
 
 from fjord.kafka.codec import MalformedFrameError
 from fjord.kafka.zerocopy import Part
+from fjord.records.varint import encode_unsigned_varint as _uvarint
 from fjord.storage.region import FileRegion
 
 FETCH_VERSIONS = (4, 12)
@@ -361,18 +362,6 @@ def decode_produce_request(frame: bytes | memoryview, version: int) -> ProduceRe
 # --- Responses -----------------------------------------------------------------------------------
 
 
-def _uvarint(value: int) -> bytes:
-    if value < 0x80:
-        return _SMALL_UVARINTS[value]
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_SMALL_UVARINTS = [bytes([n]) for n in range(0x80)]
 _NO_TAGS = b"\x00"
 
 

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from fjord.records.varint import encode_unsigned_varint
 from fjord.storage.region import FileRegion
 
 MARKER_BYTES = 16
@@ -69,15 +70,6 @@ class FileBackedResponse:
         self.close()
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def splice_frame(frame: bytes | bytearray, regions: Mapping[bytes, FileRegion]) -> list[Part]:
     """Cut an encoded response ``frame`` (size prefix included) at each marker of ``regions``:
     the parts, in order, are the same frame with each marker's records replaced by its region
@@ -91,7 +83,7 @@ def splice_frame(frame: bytes | bytearray, regions: Mapping[bytes, FileRegion]) 
             raise SpliceError("a records marker is missing or not unique in the frame")
         end = at + MARKER_BYTES
         if at >= 1 and data[at - 1] == _COMPACT_MARKER_PREFIX:
-            cuts.append((at - 1, end, _uvarint(region.count + 1), region))
+            cuts.append((at - 1, end, encode_unsigned_varint(region.count + 1), region))
         elif at >= 4 and data[at - 4 : at] == _INT32_MARKER_PREFIX:
             cuts.append((at - 4, end, _INT32.pack(region.count), region))
         else:

@@ -19,7 +19,11 @@ MAX_VARLONG_BYTES = 10
 
 
 def encode_unsigned_varint(value: int) -> bytes:
-    """LEB128: seven bits per byte, least significant group first, high bit = more follows."""
+    """LEB128: seven bits per byte, least significant group first, high bit = more follows.
+    (Also the Kafka protocol's compact lengths and counts, per field of every response the
+    Kafka listener encodes: one-byte values come from a table.)"""
+    if 0 <= value < 0x80:
+        return _ONE_BYTE_UVARINTS[value]
     if value < 0:
         raise ValueError(f"unsigned varint cannot hold {value}")
     out = bytearray()
@@ -28,6 +32,9 @@ def encode_unsigned_varint(value: int) -> bytes:
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+_ONE_BYTE_UVARINTS: tuple[bytes, ...] = tuple(bytes([n]) for n in range(0x80))
 
 
 def _zigzag_slow(value: int) -> bytes:

@@ -14,16 +14,7 @@ from fjord.records.header import (
     MAGIC_V2,
     seal_batch,
 )
-
-
-def _varint(value: int) -> bytes:
-    zigzag = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while zigzag >= 0x80:
-        out.append((zigzag & 0x7F) | 0x80)
-        zigzag >>= 7
-    out.append(zigzag)
-    return bytes(out)
+from fjord.records.varint import encode_zigzag
 
 
 def make_batch(
@@ -41,14 +32,14 @@ def make_batch(
     for i, value in enumerate(values):
         body = (
             b"\x00"
-            + _varint(i * timestamp_step)
-            + _varint(i)
-            + _varint(-1)
-            + _varint(len(value))
+            + encode_zigzag(i * timestamp_step)
+            + encode_zigzag(i)
+            + encode_zigzag(-1)
+            + encode_zigzag(len(value))
             + value
-            + _varint(0)
+            + encode_zigzag(0)
         )
-        records += _varint(len(body)) + body
+        records += encode_zigzag(len(body)) + body
     count = len(values)
     max_ts = base_timestamp + (count - 1) * max(timestamp_step, 0)
     size = BATCH_HEADER_SIZE + len(records)
