@@ -48,7 +48,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
-from e2e_servers import tansu_server
+from e2e_servers import fjord_broker, tansu_server
 from results_file import cpu_model, write_section
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
@@ -218,15 +218,13 @@ def against_tansu(args: argparse.Namespace, value: bytes) -> None:
     megabytes = args.records * args.value_size / 1e6
     with contextlib.ExitStack() as stack:
         base = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-kafka-"))
-        cluster = stack.enter_context(LocalCluster(
-            Path(base) / "fj", brokers=1, controllers=1, coordinators=0,
-            unsafe_etcd_no_fsync=True))
+        cluster = stack.enter_context(fjord_broker(Path(base) / "fj"))
         tansu_port = stack.enter_context(tansu_server())
         brokers = {"fj": cluster.kafka_bootstrap_servers, "tansu": f"127.0.0.1:{tansu_port}"}
         pids = {"fj": next(p.pid for p in cluster.processes() if p.role == "broker"),
                 "tansu": pid_listening_on(tansu_port)}
         if args.compare:
-            other = stack.enter_context(cluster_of(args.compare, Path(base) / "cmp"))
+            other = stack.enter_context(fjord_broker(Path(base) / "cmp", args.compare))
             brokers = {"cmp": other.kafka_bootstrap_servers, **brokers}
             pids["cmp"] = next(p.pid for p in other.processes() if p.role == "broker")
         for round_no in range(args.rounds):
@@ -295,26 +293,6 @@ broker CPU per MB of values: the broker process's user + system time over the st
     print(body)
     if args.write_results:
         write_section(TANSU_SECTION, body)
-
-
-@contextlib.contextmanager
-def cluster_of(services: str, data: Path) -> Iterator[LocalCluster]:
-    """A one-broker LocalCluster whose processes import ``services`` (another checkout's)."""
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = services
-    try:
-        cluster = LocalCluster(data, brokers=1, controllers=1, coordinators=0,
-                               unsafe_etcd_no_fsync=True)
-        cluster.start()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def pid_listening_on(port: int) -> int:

@@ -27,6 +27,7 @@ Run::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
@@ -35,6 +36,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from e2e_servers import fjord_broker
 from kafka.protocol.consumer.fetch import FetchRequest
 from kafka.protocol.producer.produce import ProduceRequest
 from kafka.record.memory_records import MemoryRecordsBuilder
@@ -105,25 +109,14 @@ def produce_frame() -> bytes:
     return bytes(request.encode(version=PRODUCE_VERSION, header=True, framed=True))
 
 
-def start(services: str, data: Path) -> LocalCluster:
-    saved = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = services
-    try:
-        cluster = LocalCluster(data, brokers=1, controllers=1, coordinators=0,
-                               unsafe_etcd_no_fsync=True)
-        cluster.start()
-    finally:
-        if saved is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = saved
+def seed(cluster: LocalCluster) -> None:
+    """The topic the requests read and write, with 1,000 records to fetch."""
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
         admin.create_topics([NewTopic(TOPIC, 1, 1)])
     with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": 1}) as producer:
         for _ in range(1000):
             producer.send(TOPIC, b"v" * 100)
         producer.flush(WAIT_S)
-    return cluster
 
 
 def one_round(cluster: LocalCluster, frame: bytes, count: int) -> tuple[float, float, float]:
@@ -155,22 +148,21 @@ def main() -> int:
           f"{os.getloadavg()[0]:.1f}", flush=True)
     #: (request, tree) -> [(user us, system us, requests/s, load)] per round
     figures: dict[tuple[str, str], list[tuple[float, float, float, float]]] = {}
-    with tempfile.TemporaryDirectory(prefix="bench-listener-requests-") as tmp:
-        clusters = {name: start(path, Path(tmp) / str(i))
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-listener-requests-"))
+        clusters = {name: stack.enter_context(fjord_broker(Path(tmp) / str(i), path))
                     for i, (name, path) in enumerate(trees.items())}
-        try:
-            for round_no in range(args.rounds):
-                for what, frame in frames.items():
-                    for name, cluster in clusters.items():
-                        user, system, rate = one_round(cluster, frame, args.requests)
-                        load = os.getloadavg()[0]
-                        figures.setdefault((what, name), []).append((user, system, rate, load))
-                        print(f"round {round_no + 1} {what} {name}: broker {user:.0f} us user "
-                              f"+ {system:.0f} us system CPU per request, {rate:,.0f} "
-                              f"requests/s, load {load:.1f}", flush=True)
-        finally:
-            for cluster in clusters.values():
-                cluster.stop()
+        for cluster in clusters.values():
+            seed(cluster)
+        for round_no in range(args.rounds):
+            for what, frame in frames.items():
+                for name, cluster in clusters.items():
+                    user, system, rate = one_round(cluster, frame, args.requests)
+                    load = os.getloadavg()[0]
+                    figures.setdefault((what, name), []).append((user, system, rate, load))
+                    print(f"round {round_no + 1} {what} {name}: broker {user:.0f} us user "
+                          f"+ {system:.0f} us system CPU per request, {rate:,.0f} "
+                          f"requests/s, load {load:.1f}", flush=True)
     print(f"end {time.strftime('%H:%M:%S', time.gmtime())} UTC, load "
           f"{os.getloadavg()[0]:.1f}")
     print("| request | tree | broker CPU us per request, user + system (median) "

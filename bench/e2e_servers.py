@@ -1,4 +1,5 @@
-"""Start and stop the comparison servers (redis-server, nats-server, Tansu) for the benchmarks.
+"""Start and stop the comparison servers (redis-server, nats-server, Tansu, a Fjord broker of
+this or another checkout) for the benchmarks.
 
 Each server runs as a child process on a free loopback port with its data in a temporary
 directory that is removed on stop; readiness is a bounded wait for the port to accept TCP
@@ -10,6 +11,7 @@ wheel, a development dependency.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -17,6 +19,8 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from fjord.local.cluster import LocalCluster
 
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 20.0
@@ -134,3 +138,27 @@ def tansu_server() -> Iterator[int]:
         ]  # fmt: skip
         with _server(argv, port, Path(tmp)):
             yield port
+
+
+@contextlib.contextmanager
+def fjord_broker(data: Path, services: str | None = None) -> Iterator[LocalCluster]:
+    """A started one-broker Fjord cluster (1 controller, no group coordinator, etcd without
+    fsync) in ``data``, stopped on exit. With ``services`` (another checkout's ``services/``)
+    its processes import that tree instead of this one: the same broker from two trees in one
+    benchmark, before/after."""
+    saved = os.environ.get("PYTHONPATH")
+    if services is not None:
+        os.environ["PYTHONPATH"] = services  # (read by the processes it starts)
+    try:
+        cluster = LocalCluster(data, brokers=1, controllers=1, coordinators=0,
+                               unsafe_etcd_no_fsync=True)
+        cluster.start()
+    finally:
+        if saved is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = saved
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
