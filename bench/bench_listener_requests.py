@@ -11,8 +11,9 @@ the broker's) sends, one at a time and waiting for each answer:
   ``partition_max_bytes`` ``--fetch-bytes`` (default 16 KiB: one batch, so the figure is the
   request handling, not the bytes);
 - ``--requests`` Produce v10 requests (librdkafka's version against this listener), acks=1, each
-  one RecordBatch of 100 records of 100 bytes built once by kafka-python (no producer id, so
-  resending the same bytes appends them again).
+  one RecordBatch of ``--batch-records`` (100) records of 100 bytes built once by kafka-python
+  (no producer id, so resending the same bytes appends them again; 10,000 records make a
+  ~1 MB batch, librdkafka's largest at its defaults: the per-MB cost of the append path).
 
 The figure is the broker process's user + system CPU per request (``/proc/<pid>/stat``, 10 ms
 ticks, over thousands of requests) and the requests per second the client saw; rounds alternate
@@ -55,7 +56,7 @@ TOPIC = "bench-listener-requests"
 CLIENT = r"""
 import socket, struct, sys, time
 host, port = sys.argv[1].rsplit(":", 1)
-frame, count = bytes.fromhex(sys.argv[2]), int(sys.argv[3])
+frame, count = sys.stdin.buffer.read(), int(sys.argv[2])
 sock = socket.create_connection((host, int(port)))
 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 buffer = bytearray(64 << 20)
@@ -95,9 +96,9 @@ def fetch_frame(fetch_bytes: int) -> bytes:
     return bytes(request.encode(version=FETCH_VERSION, header=True, framed=True))
 
 
-def produce_frame() -> bytes:
-    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 20)
-    for i in range(100):
+def produce_frame(batch_records: int = 100) -> bytes:
+    builder = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=16 << 20)
+    for i in range(batch_records):
         builder.append(timestamp=1_700_000_000_000 + i, key=None, value=b"v" * 100, headers=[])
     builder.close()
     records = bytes(builder.buffer())
@@ -125,11 +126,11 @@ def one_round(cluster: LocalCluster, frame: bytes, count: int) -> tuple[float, f
     pid = next(p.pid for p in cluster.processes() if p.role == "broker")
     before = cpu_seconds(pid)
     out = subprocess.run(
-        [sys.executable, "-c", CLIENT, cluster.kafka_bootstrap_servers, frame.hex(), str(count)],
-        check=True, capture_output=True, text=True, timeout=WAIT_S)
+        [sys.executable, "-c", CLIENT, cluster.kafka_bootstrap_servers, str(count)],
+        input=frame, check=True, capture_output=True, timeout=WAIT_S)
     user, system = cpu_seconds(pid)
     return ((user - before[0]) * 1e6 / count, (system - before[1]) * 1e6 / count,
-            float(out.stdout))
+            float(out.stdout.decode()))
 
 
 def main() -> int:
@@ -138,12 +139,15 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3000)
     parser.add_argument("--fetch-bytes", type=int, default=16384)
+    parser.add_argument("--batch-records", type=int, default=100,
+                        help="records of 100 bytes in each Produce request's one batch")
     args = parser.parse_args()
     here = str(Path(__file__).resolve().parent.parent / "services")
     trees = {"this checkout": here}
     if args.compare:
         trees = {"compare": args.compare, **trees}
-    frames = {"Fetch v12": fetch_frame(args.fetch_bytes), "Produce v10": produce_frame()}
+    frames = {"Fetch v12": fetch_frame(args.fetch_bytes),
+              "Produce v10": produce_frame(args.batch_records)}
     print(f"start {time.strftime('%H:%M:%S', time.gmtime())} UTC, load "
           f"{os.getloadavg()[0]:.1f}", flush=True)
     #: (request, tree) -> [(user us, system us, requests/s, load)] per round

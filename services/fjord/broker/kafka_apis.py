@@ -73,6 +73,43 @@ from fjord.storage.region import FileRegion
 NO_FETCH_SESSION = NO_SESSION
 
 
+class _ProducePartition:
+    __slots__ = ("partition", "records")
+
+    #: Kafka clients never send the group coordinator's fence (Fjord's own coordinators
+    #: append to __consumer_offsets over gRPC): 0, protobuf's default.
+    coordinator_epoch = 0
+
+    def __init__(self, partition: int, records: bytes) -> None:
+        self.partition = partition
+        self.records = records
+
+
+class _ProduceTopic:
+    __slots__ = ("name", "partitions")
+
+    def __init__(self, name: str, partitions: list[_ProducePartition]) -> None:
+        self.name = name
+        self.partitions = partitions
+
+
+class KafkaProduceInput:
+    """A decoded Kafka Produce request as the append path reads it
+    (fjord.broker.replica_manager.ProduceInput): the request's record bytes as decoded,
+    without a protobuf copy."""
+
+    __slots__ = ("acks", "timeout_ms", "topics")
+
+    def __init__(self, request: Any) -> None:
+        self.acks: int = request.acks
+        self.timeout_ms: int = request.timeout_ms
+        self.topics = [
+            _ProduceTopic(topic.name, [_ProducePartition(p.index, p.records or b"")
+                                       for p in topic.partition_data])
+            for topic in request.topic_data
+        ]
+
+
 class BrokerKafkaHandlers:
     """Kafka API handlers of one broker.
 
@@ -131,16 +168,21 @@ class BrokerKafkaHandlers:
     # --- Produce --------------------------------------------------------------------------------
 
     async def produce(self, request: Any, ctx: RequestContext) -> Any:
-        pb = broker_pb2.ProduceRequest(
-            acks=request.acks,
-            timeout_ms=request.timeout_ms,
-            transactional_id=request.transactional_id or "",
-        )
-        for topic in request.topic_data:
-            pb_topic = pb.topics.add(name=topic.name)
-            for p in topic.partition_data:
-                pb_topic.partitions.add(partition=p.index, records=p.records or b"")
-        answer = await self._servicer.produce(ctx.caller, pb)
+        if self._servicer.produce_needs_protobuf:
+            pb = broker_pb2.ProduceRequest(
+                acks=request.acks,
+                timeout_ms=request.timeout_ms,
+                transactional_id=request.transactional_id or "",
+            )
+            for topic in request.topic_data:
+                pb_topic = pb.topics.add(name=topic.name)
+                for p in topic.partition_data:
+                    pb_topic.partitions.add(partition=p.index, records=p.records or b"")
+            answer = await self._servicer.produce(ctx.caller, pb)
+        else:
+            # Without authorization the records go to the append path as decoded, not
+            # through protobuf (each protobuf set and read of a bytes field copies it).
+            answer = await self._servicer.produce(ctx.caller, KafkaProduceInput(request))
         if request.acks == 0:
             return None
         out = ProduceResponseWriter(ctx.api_version, 0, len(answer.topics))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Protocol, cast
@@ -75,6 +75,37 @@ log = logging.getLogger(__name__)
 
 #: Zero copy: the marker to put in a FetchResponse where a FileRegion's records go.
 RegionMarker = Callable[[FileRegion], bytes]
+
+
+class ProducePartitionInput(Protocol):
+    """What :meth:`ReplicaManager.produce` reads of a request's partition: protobuf's
+    ``ProducePartition`` or the Kafka listener's view of a Kafka request (no copy of the
+    records through protobuf)."""
+
+    @property
+    def partition(self) -> int: ...
+    @property
+    def records(self) -> bytes: ...
+    @property
+    def coordinator_epoch(self) -> int: ...
+
+
+class ProduceTopicInput(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def partitions(self) -> Sequence[ProducePartitionInput]: ...
+
+
+class ProduceInput(Protocol):
+    """What :meth:`ReplicaManager.produce` reads of a request (see ProducePartitionInput)."""
+
+    @property
+    def acks(self) -> int: ...
+    @property
+    def timeout_ms(self) -> int: ...
+    @property
+    def topics(self) -> Sequence[ProduceTopicInput]: ...
 
 
 EARLIEST_TIMESTAMP = -2
@@ -581,7 +612,7 @@ class ReplicaManager:
 
     # --- produce ------------------------------------------------------------------------------
 
-    async def produce(self, request: broker_pb2.ProduceRequest) -> broker_pb2.ProduceResponse:
+    async def produce(self, request: ProduceInput) -> broker_pb2.ProduceResponse:
         """Append every partition's batches; acks=all waits for the high watermark."""
         response = broker_pb2.ProduceResponse()
         acks = request.acks
@@ -648,7 +679,7 @@ class ReplicaManager:
         return response
 
     async def _recompressed(
-        self, request: broker_pb2.ProduceRequest
+        self, request: ProduceInput
     ) -> dict[TopicPartition, bytes | FjordError]:
         """Kafka's LogValidator on the leader, for topics whose configs ask for it: record
         timestamps checked against message.timestamp.difference.max.ms (INVALID_TIMESTAMP),

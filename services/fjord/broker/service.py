@@ -14,7 +14,7 @@ from grpc import aio
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.authorization import BrokerAuthorization
 from fjord.broker.producer_ids import ProducerIdAllocator
-from fjord.broker.replica_manager import RegionMarker, ReplicaManager
+from fjord.broker.replica_manager import ProduceInput, RegionMarker, ReplicaManager
 from fjord.cluster.dynamic_config import describe_default_broker_config
 from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError
@@ -219,14 +219,22 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return response
 
     async def produce(
-        self, caller: Caller, request: broker_pb2.ProduceRequest
+        self, caller: Caller, request: broker_pb2.ProduceRequest | ProduceInput
     ) -> broker_pb2.ProduceResponse:
         """Append what ``caller`` may write (Write on the topic); refused topics are answered
         TOPIC_AUTHORIZATION_FAILED and nothing of them is appended. Transactional records
         also need Write on the request's TransactionalId (Kafka's rule): without it every
-        partition is TRANSACTIONAL_ID_AUTHORIZATION_FAILED and nothing is appended."""
+        partition is TRANSACTIONAL_ID_AUTHORIZATION_FAILED and nothing is appended.
+
+        ``request`` may be any :class:`ProduceInput` (the Kafka listener's view of a Kafka
+        request, whose records never go through protobuf) only while authorization is off
+        (:attr:`produce_needs_protobuf` False); the checks split and copy protobuf requests."""
         gate = self.authorization
-        if gate.enabled and gate.refuse_transactional_produce(caller, request):
+        if not gate.enabled:
+            return await self._replicas.produce(request)
+        if not isinstance(request, broker_pb2.ProduceRequest):
+            raise TypeError("a produce request with authorization on must be protobuf's")
+        if gate.refuse_transactional_produce(caller, request):
             return gate.refused_produce(
                 request, ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
                 f"{caller.principal} is not authorized to Write transactional id "
@@ -239,6 +247,11 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         )
         gate.refuse_produce(caller, refused, response)
         return response
+
+    @property
+    def produce_needs_protobuf(self) -> bool:
+        """Whether :meth:`produce` needs a protobuf request (authorization is on)."""
+        return bool(self.authorization.enabled)
 
     async def fetch(
         self, caller: Caller, request: broker_pb2.FetchRequest, *, open_session: bool = False,
