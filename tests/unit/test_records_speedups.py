@@ -177,15 +177,35 @@ VALID = st.lists(
     max_size=20,
 )
 
+#: Base offsets of a decoded section, up to the largest an offset can be.
+BASE_OFFSETS = st.sampled_from([0, 7, (1 << 62), INT64_MAX])
+#: Damage to a records section: a byte flipped (xor) at a position, or the section cut there.
+FLIP_OR_CUT = st.one_of(
+    st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
+    st.tuples(st.just("cut"), st.integers(0, 10_000)),
+)
+
+
+
+def _damaged(section: bytes, damage: tuple[Any, ...] | None) -> bytes:
+    """``section`` with ``damage`` done to it (None: none; positions wrap around its length):
+    ("flip", at, mask), ("cut", at) or ("insert", at, data)."""
+    if damage is None:
+        return section
+    at = damage[1] % len(section)
+    if damage[0] == "flip":
+        return section[:at] + bytes([section[at] ^ damage[2]]) + section[at + 1 :]
+    if damage[0] == "cut":
+        return section[:at]
+    return section[:at] + damage[2] + section[at:]
 
 @settings(max_examples=400, deadline=None)
 @given(
     records=VALID,
-    base_offset=st.sampled_from([0, 7, (1 << 62), INT64_MAX]),
+    base_offset=BASE_OFFSETS,
     damage=st.one_of(
         st.none(),
-        st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
-        st.tuples(st.just("cut"), st.integers(0, 10_000)),
+        FLIP_OR_CUT,
         st.tuples(st.just("insert"), st.integers(0, 10_000), st.binary(min_size=1, max_size=3)),
     ),
     count_change=st.sampled_from([0, 0, 0, -1, 1, -100]),
@@ -195,14 +215,7 @@ def test_the_c_decoders_agree_on_valid_and_damaged_sections(
     c_impl, records, base_offset, damage, count_change, delta_change
 ) -> None:
     section, header = _section(records)
-    if damage is not None:
-        at = damage[1] % len(section)
-        if damage[0] == "flip":
-            section = section[:at] + bytes([section[at] ^ damage[2]]) + section[at + 1 :]
-        elif damage[0] == "cut":
-            section = section[:at]
-        else:
-            section = section[:at] + damage[2] + section[at:]
+    section = _damaged(section, damage)
     args = (
         section,
         base_offset,
@@ -371,12 +384,8 @@ def _columns_of(c_impl: dict[str, Any], records: list[ConsumerRecord]) -> tuple[
 @settings(max_examples=300, deadline=None)
 @given(
     records=VALID,
-    base_offset=st.sampled_from([0, 7, (1 << 62), INT64_MAX]),
-    damage=st.one_of(
-        st.none(),
-        st.tuples(st.just("flip"), st.integers(0, 10_000), st.integers(1, 255)),
-        st.tuples(st.just("cut"), st.integers(0, 10_000)),
-    ),
+    base_offset=BASE_OFFSETS,
+    damage=st.one_of(st.none(), FLIP_OR_CUT),
     count_change=st.sampled_from([0, 0, 0, -1, 1]),
     before=st.lists(
         st.tuples(st.one_of(st.none(), st.binary(max_size=9)), st.integers(0, 1 << 40)),
@@ -390,12 +399,7 @@ def test_the_column_builder_agrees_with_the_decoder(
     columns; it leaves alone (None, appending nothing) only what it must: records with
     headers, offsets past int64 (min_offset too), and every section the decoder rejects."""
     section, header = _section(records)
-    if damage is not None:
-        at = damage[1] % len(section)
-        if damage[0] == "flip":
-            section = section[:at] + bytes([section[at] ^ damage[2]]) + section[at + 1 :]
-        else:
-            section = section[:at]
+    section = _damaged(section, damage)
     args = (section, base_offset, header.base_timestamp,
             header.record_count + count_change, header.last_offset_delta)  # fmt: skip
     # Rows already in the builder (null keys among them): a section left alone keeps them.
