@@ -21,6 +21,7 @@ from fjord._proto import (
 )
 from fjord.client import (
     AdminClient,
+    AsyncProducer,
     Consumer,
     ConsumerGroupMetadata,
     NewTopic,
@@ -235,6 +236,38 @@ def test_commit_is_seen_abort_is_not_and_a_zombie_is_fenced(
     assert sorted(values) == sorted(
         [f"committed-{i}".encode() for i in range(30)] + [b"after-abort", b"successor"]
     )
+
+
+def test_the_async_producer_commits_and_aborts_as_the_producer_does(bootstrap: str) -> None:
+    """AsyncProducer's transactional calls, awaited: committed records are read, aborted
+    ones (written, then aborted) are not, and the producer goes on after an abort."""
+    topic = f"txn-async-{uuid.uuid4().hex[:8]}"
+    with AdminClient({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+    config = {"bootstrap.servers": bootstrap, "transactional.id": f"tx-{uuid.uuid4().hex[:8]}",
+              "linger.ms": 1}
+
+    async def produce() -> None:
+        async with AsyncProducer(config) as producer:
+            with pytest.raises(InvalidTxnStateError):
+                await producer.send(topic, b"outside")  # no init_transactions() yet
+            await producer.init_transactions(WAIT_S)
+            await producer.begin_transaction()
+            for i in range(10):
+                await producer.send(topic, f"committed-{i}".encode())
+            await producer.commit_transaction(WAIT_S)
+            await producer.begin_transaction()
+            aborted = [await producer.send(topic, f"aborted-{i}".encode()) for i in range(10)]
+            await producer.flush(WAIT_S)  # written to the partition, then aborted
+            assert all(not f.exception() for f in aborted)
+            await producer.abort_transaction(WAIT_S)
+            await producer.begin_transaction()
+            await producer.send(topic, b"after-abort")
+            await producer.commit_transaction(WAIT_S)
+
+    asyncio.run(produce())
+    values = read_committed(bootstrap, topic, 1, 11)
+    assert values == [f"committed-{i}".encode() for i in range(10)] + [b"after-abort"]
 
 
 def test_offsets_sent_to_a_transaction_count_only_when_it_commits(
