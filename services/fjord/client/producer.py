@@ -482,6 +482,21 @@ class _ProducerBase:
             )
         return self._txn
 
+    def _txn_timeout(self, timeout: float | None) -> float:
+        """A transactional call's bound: ``timeout`` seconds, by default ``max.block.ms``."""
+        return self._max_block_s if timeout is None or timeout < 0 else timeout
+
+    @staticmethod
+    def _not_flushed(commit: bool, wait_s: float, cause: KafkaTimeoutError) -> TransactionError:
+        """The retriable error of a commit or abort whose flush did not end in ``wait_s``."""
+        if commit:
+            what = "commit_transaction(): records not acknowledged"
+        else:
+            what = "abort_transaction(): requests in flight not answered"
+        return TransactionError(
+            f"{what} within {wait_s} s", ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=cause
+        )
+
     def _check_transactional_send(self) -> None:
         if self._txn is not None:
             self._txn.check_send()
@@ -876,9 +891,6 @@ class Producer(_ProducerBase):
 
     # --- transactions (confluent-kafka's Producer API; docs/transactions.md) ---------------
 
-    def _txn_timeout(self, timeout: float | None) -> float:
-        return self._max_block_s if timeout is None or timeout < 0 else timeout
-
     def init_transactions(self, timeout: float | None = None) -> None:
         """Register ``transactional.id`` with its transaction coordinator: get the producer
         id and a new epoch, which fences any older producer with the same id and aborts its
@@ -912,35 +924,27 @@ class Producer(_ProducerBase):
         """Flush the transaction's records, then commit it. A record that failed makes this
         raise TransactionAbortedError (``txn_requires_abort()``): call abort_transaction()."""
         self._not_from_callback("commit_transaction()")
-        txn, wait_s = self._transactions(), self._txn_timeout(timeout)
-        deadline = time.monotonic() + wait_s
-        txn.check_send()  # an abortable or fatal error: raised before anything else
-        try:
-            self.flush(wait_s)
-        except KafkaTimeoutError as exc:
-            raise TransactionError(
-                f"commit_transaction(): records not acknowledged within {wait_s} s",
-                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
-            ) from exc
-        remaining = max(deadline - time.monotonic(), 0.1)
-        self._io.run(txn.end(True, remaining), remaining + 5)
+        self._end_transaction(True, timeout)
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Abort the transaction: records not sent yet are dropped, those sent are never
         seen by read_committed consumers; the producer then takes a new epoch."""
         self._not_from_callback("abort_transaction()")
+        self._end_transaction(False, timeout)
+
+    def _end_transaction(self, commit: bool, timeout: float | None) -> None:
         txn, wait_s = self._transactions(), self._txn_timeout(timeout)
         deadline = time.monotonic() + wait_s
-        self._abort_queued()
+        if commit:
+            txn.check_send()  # an abortable or fatal error: raised before anything else
+        else:
+            self._abort_queued()
         try:
-            self.flush(wait_s)  # what is in flight must be answered before the markers
+            self.flush(wait_s)  # (abort: what is in flight must be answered before the markers)
         except KafkaTimeoutError as exc:
-            raise TransactionError(
-                f"abort_transaction(): requests in flight not answered within {wait_s} s",
-                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
-            ) from exc
+            raise self._not_flushed(commit, wait_s, exc) from exc
         remaining = max(deadline - time.monotonic(), 0.1)
-        self._io.run(txn.end(False, remaining), remaining + 5)
+        self._io.run(txn.end(commit, remaining), remaining + 5)
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, then stop the sender and close connections. Records still unsent after
@@ -1106,9 +1110,7 @@ class AsyncProducer(_ProducerBase):
 
     async def init_transactions(self, timeout: float | None = None) -> None:
         await self.start()
-        await self._transactions().init(
-            self._max_block_s if timeout is None or timeout < 0 else timeout
-        )
+        await self._transactions().init(self._txn_timeout(timeout))
 
     async def begin_transaction(self) -> None:
         self._transactions().begin()
@@ -1120,38 +1122,31 @@ class AsyncProducer(_ProducerBase):
         timeout: float | None = None,
     ) -> None:
         txn = self._transactions()
-        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
+        wait_s = self._txn_timeout(timeout)
         await txn.send_offsets(
             normalize_offsets(offsets), _group_metadata(group_metadata), wait_s
         )
 
     async def commit_transaction(self, timeout: float | None = None) -> None:
-        txn = self._transactions()
-        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
-        deadline = time.monotonic() + wait_s
-        txn.check_send()
-        try:
-            await self.flush(wait_s)
-        except KafkaTimeoutError as exc:
-            raise TransactionError(
-                f"commit_transaction(): records not acknowledged within {wait_s} s",
-                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
-            ) from exc
-        await txn.end(True, max(deadline - time.monotonic(), 0.1))
+        await self._end_transaction(True, timeout)
 
     async def abort_transaction(self, timeout: float | None = None) -> None:
+        await self._end_transaction(False, timeout)
+
+    async def _end_transaction(self, commit: bool, timeout: float | None) -> None:
+        # As Producer's commit_transaction() and abort_transaction(), awaited.
         txn = self._transactions()
-        wait_s = self._max_block_s if timeout is None or timeout < 0 else timeout
+        wait_s = self._txn_timeout(timeout)
         deadline = time.monotonic() + wait_s
-        self._abort_queued()
+        if commit:
+            txn.check_send()
+        else:
+            self._abort_queued()
         try:
             await self.flush(wait_s)
         except KafkaTimeoutError as exc:
-            raise TransactionError(
-                f"abort_transaction(): requests in flight not answered within {wait_s} s",
-                ErrorCode.REQUEST_TIMED_OUT, retriable=True, cause=exc,
-            ) from exc
-        await txn.end(False, max(deadline - time.monotonic(), 0.1))
+            raise self._not_flushed(commit, wait_s, exc) from exc
+        await txn.end(commit, max(deadline - time.monotonic(), 0.1))
 
     async def close(self, timeout: float | None = None) -> None:
         if self._closed:
