@@ -7,8 +7,9 @@ versions of each API); the body follows in the layout of that API and version. A
 is the response header (v0: ``INT32 correlation_id``; v1 adds tagged fields for flexible
 versions, except ApiVersions whose response header is always v0) then the body.
 
-Fjord writes no Kafka message layouts by hand: bodies and headers are decoded and encoded by
-``kafka.protocol`` (Kafka's JSON message specs and classes generated from them).
+Bodies and headers are decoded and encoded by ``kafka.protocol`` (Kafka's JSON message specs and
+classes generated from them), except Produce and Fetch: fjord.kafka.fastpath's hand-written
+codecs, which property tests check against these classes at every version.
 """
 
 from __future__ import annotations

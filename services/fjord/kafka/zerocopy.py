@@ -1,6 +1,11 @@
 """Zero-copy Fetch answers on the Kafka listener: records go from the segment file to the socket
 with ``sendfile``, the frame around them is encoded as usual.
 
+The broker's Fetch handler now writes its answer with fjord.kafka.fastpath (regions put in
+place as it writes, no marker search); the markers below still name regions between the
+ReplicaManager and that handler, and the splice serves any handler answering with a
+kafka-python message (bench/bench_zero_copy_listener.py's).
+
 kafka-python's encoder (which writes every Kafka layout, as the project's rule wants) needs the
 bytes of every field. So a handler puts a unique 16-byte *marker* where a partition's records
 go and keeps the :class:`~fjord.storage.region.FileRegion` that holds them; after encoding,
