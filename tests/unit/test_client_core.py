@@ -604,8 +604,13 @@ def test_the_async_producer_awaits_room_for_a_grown_batch_on_its_loop() -> None:
         return producer, sent
 
     async def append(producer: AsyncProducer) -> tuple[float, int]:
+        producer._sender_task = asyncio.get_running_loop().create_future()  # (no sender)
+        producer._sender.partition_counts = {TP0.topic: 1}  # (no metadata request)
         started = time.monotonic()
-        await producer._append_awaiting_room(TP0, 1, None, value, (), 0)
+        try:
+            await producer.send(TP0.topic, value, partition=0)
+        finally:
+            producer._sender_task = None  # (close() then stops nothing)
         opened = producer._accumulator.open_batch(TP0)
         assert opened is not None and opened.record_count == 1
         return time.monotonic() - started, opened.reserved_bytes

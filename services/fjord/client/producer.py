@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 from fjord._proto import broker_pb2
 from fjord.client.accumulator import (
+    BatchPlan,
     IdempotenceState,
     NoRoomYet,
     PartitionResult,
@@ -1027,55 +1028,59 @@ class AsyncProducer(_ProducerBase):
             timestamp_ms = int(time.time() * 1000)
         placed = self._place(tps, value_bytes, key_bytes, partition, header_items, timestamp_ms)
         if isinstance(placed, int):
-            record_future, wake = await self._append_awaiting_room(
-                tps[placed], timestamp_ms, key_bytes, value_bytes, header_items,
-                coordinator_epoch,
-            )  # fmt: skip
+            try:  # (no coroutine per record: only a record that must wait for room awaits)
+                record_future, wake = self._accumulator.append(
+                    tps[placed], timestamp_ms, key_bytes, value_bytes, header_items, -1,
+                    coordinator_epoch=coordinator_epoch, awaits_room=self._max_block_s > 0,
+                )  # fmt: skip
+            except NoRoomYet as no_room:
+                record_future, wake = await self._await_room(
+                    no_room.plan, timestamp_ms, key_bytes, value_bytes, header_items,
+                    coordinator_epoch,
+                )  # fmt: skip
         else:
             record_future, wake = placed
+        assert record_future is not None
         if wake:
             self._sender.wake()
         result: asyncio.Future[RecordMetadata] = asyncio.get_running_loop().create_future()
         record_future.add_done_callback(functools.partial(_settle, result))
         return result
 
-    async def _append_awaiting_room(
+    async def _await_room(
         self,
-        tp: TopicPartition,
+        plan: BatchPlan,
         timestamp_ms: int,
         key: bytes | None,
         value: bytes | None,
         header_items: tuple[tuple[str, bytes | None], ...],
         coordinator_epoch: int,
     ) -> tuple[RecordFuture, bool]:
-        """``accumulator.append`` without blocking the loop. The new batch is sized as the
-        blocking :class:`Producer`'s (``RecordAccumulator._plan_batch``: a partition blocked
-        behind its window grows its batch up to ``blocked.batch.size``), and where that one's
-        ``send()`` blocks for ``buffer.memory`` room this awaits it, woken whenever memory is
-        freed (answers come on this loop), keeping the size decided before the wait; after
-        ``max.block.ms`` it raises BufferExhaustedError, a KafkaTimeoutError, having appended
-        nothing. ``max.block.ms`` 0: never waits (a normal batch when there is no room for a
-        grown one), as the blocking producer's callers that may not wait."""
+        """A record that must open a batch (sized by ``plan``, as the blocking
+        :class:`Producer` sizes it: ``RecordAccumulator._plan_batch``, a partition blocked
+        behind its window growing its batch up to ``blocked.batch.size``) found no
+        ``buffer.memory`` room for it: where the blocking ``send()`` blocks, this awaits the
+        room, woken whenever memory is freed (answers come on this loop), then appends the
+        record into that batch; after ``max.block.ms`` it raises BufferExhaustedError, a
+        KafkaTimeoutError, having appended nothing."""
         acc = self._accumulator
-        may_wait = self._max_block_s > 0  # (else append raises BufferExhaustedError itself)
         deadline = time.monotonic() + self._max_block_s
-        plan = None
         while True:
-            self._room_freed.clear()  # (nothing frees memory between here and the wait)
-            try:
-                future, wake = acc.append(
-                    tp, timestamp_ms, key, value, header_items, -1,
-                    coordinator_epoch=coordinator_epoch, awaits_room=may_wait, plan=plan,
-                )  # fmt: skip
-                assert future is not None
-                return future, wake
-            except NoRoomYet as no_room:
-                plan = no_room.plan
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise acc.buffer_exhausted(self._max_block_s)
             self._sender.wake()  # batches that may leave now free their memory once answered
             await wait_event(self._room_freed, remaining)
+            self._room_freed.clear()  # (nothing frees memory between here and the append)
+            try:
+                future, wake = acc.append(
+                    plan.tp, timestamp_ms, key, value, header_items, -1,
+                    coordinator_epoch=coordinator_epoch, awaits_room=True, plan=plan,
+                )  # fmt: skip
+            except NoRoomYet:
+                continue  # another record took the room first
+            assert future is not None
+            return future, wake
 
     async def send_and_wait(self, topic: str, *args: Any, **kwargs: Any) -> RecordMetadata:
         return await (await self.send(topic, *args, **kwargs))
