@@ -5,10 +5,12 @@ does the I/O.
 :class:`RecordAccumulator` is called from two threads: the application's (``append``) and the
 sender's (``ready``/``drain``/``reenqueue``/``expire``/``deallocate``); one lock guards it.
 Two things are not pure, both on the application's side: ``append`` blocks its caller (a
-condition variable on that lock, up to ``max.block.ms``) while ``buffer.memory`` is full, and
-when it opens a batch without being given ``now_ms`` it reads the clock injected at
-construction (monotonic milliseconds by default). The sender's side takes ``now_ms`` as an
-argument and never reads a clock.
+condition variable on that lock, up to ``max.block.ms``) while ``buffer.memory`` is full (a
+caller on an event loop passes ``awaits_room`` instead: told :class:`NoRoomYet` with the batch
+it must open, it awaits room itself, woken by ``on_room_freed``), and when it opens a batch
+without being given ``now_ms`` it reads the clock injected at construction (monotonic
+milliseconds by default). The sender's side takes ``now_ms`` as an argument and never reads a
+clock.
 """
 
 from __future__ import annotations
