@@ -93,6 +93,10 @@ def etcd_client(
     return _TlsEtcdClient(host, port, timeout_s, channel_credentials(security.tls))
 
 
+#: Longest pause between two reconnection attempts of :class:`BlockingLeaseRefresher`.
+LEASE_RECONNECT_BACKOFF_MAX_MS = 1000
+
+
 class BlockingLeaseRefresher:
     """Lease keep-alives over a blocking gRPC channel of its own, for a thread that must not
     depend on any event loop (the broker's lease keep-alive thread): the same endpoint parsing,
@@ -104,8 +108,12 @@ class BlockingLeaseRefresher:
     ) -> None:
         tls, host, port = parse_etcd_url(url)
         self._timeout_s = timeout_s
+        # Reconnect within a second once etcd is back (gRPC's default backoff grows to 120 s):
+        # after an outage longer than the lease the broker must learn at once that its lease
+        # is gone and register anew, before the controller's re-registration grace ends.
+        options = [("grpc.max_reconnect_backoff_ms", LEASE_RECONNECT_BACKOFF_MAX_MS)]
         if not tls:
-            self._channel = grpc.insecure_channel(f"{host}:{port}")
+            self._channel = grpc.insecure_channel(f"{host}:{port}", options=options)
         else:
             from fjord.tls import channel_credentials, process_client_security
 
@@ -114,7 +122,7 @@ class BlockingLeaseRefresher:
                 security = ClientSecurity(SecurityProtocol.SSL, TlsFiles())
             assert security.tls is not None
             self._channel = grpc.secure_channel(
-                f"{host}:{port}", channel_credentials(security.tls))
+                f"{host}:{port}", channel_credentials(security.tls), options=options)
         self._leases = rpc.LeaseStub(self._channel)
 
     def refresh(self, lease_id: int) -> int | None:
