@@ -135,3 +135,32 @@ def keep_large_buffers_in_heap() -> bool:
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
     )
+
+
+#: The timer slack (Linux ``PR_SET_TIMERSLACK``, nanoseconds) of a client's I/O thread.
+IO_THREAD_TIMER_SLACK_NS = 1_000
+_PR_SET_TIMERSLACK = 29  # <linux/prctl.h>
+
+
+def tighten_thread_timer_slack(slack_ns: int = IO_THREAD_TIMER_SLACK_NS) -> bool:
+    """For the calling thread only: let the kernel fire its timers (sleeps, ``epoll_wait``
+    timeouts) within ``slack_ns`` of when they are due instead of its default 50 µs. True when
+    set; False off Linux or when the call is refused.
+
+    Why: a producer's I/O thread sleeps the last fraction of a millisecond before a batch's
+    ``linger.ms`` ends (``fjord.client.producer.linger_wait``); with the default slack a
+    0.7 ms ``time.sleep`` overshot by 94 µs at the median on the development machine, with
+    1 µs by 35 µs, and every batch left that much later. Called by each client's I/O thread
+    (:class:`fjord.client.network.EventLoopThread`) for itself: the slack is per thread, so
+    the application's threads keep the kernel's default (timers that can wait coalesced).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return False
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong)
+    prctl.restype = ctypes.c_int
+    return prctl(_PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) == 0

@@ -1,5 +1,6 @@
 """fjord.runtime: freeze_startup_objects once per process and off when asked, the services'
-GIL switch interval, the brokers' malloc thresholds (subprocesses: each is process-wide)."""
+GIL switch interval, the brokers' malloc thresholds (subprocesses: each is process-wide), the
+client I/O threads' timer slack (per thread)."""
 
 from __future__ import annotations
 
@@ -116,3 +117,32 @@ def test_brokers_keep_large_buffers_in_the_heap() -> None:
     assert applied == "False" and untuned > 4 * tuned
     applied, _ = _churn_faults({**env, "MALLOC_TRIM_THRESHOLD_": "131072"})
     assert applied == "False"
+
+
+def _timer_slack_ns() -> int:
+    import ctypes
+
+    prctl = ctypes.CDLL(None).prctl
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                      ctypes.c_ulong)
+    return int(prctl(30, 0, 0, 0, 0))  # PR_GET_TIMERSLACK: the calling thread's
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's prctl only")
+def test_client_io_threads_tighten_their_own_timer_slack() -> None:
+    """A client's I/O thread fires its timers within 1 µs of due; the thread that created the
+    client (the application's) keeps the kernel's slack."""
+    from fjord.client.network import EventLoopThread
+    from fjord.runtime import IO_THREAD_TIMER_SLACK_NS
+
+    before = _timer_slack_ns()
+    io = EventLoopThread("test-timer-slack")
+    try:
+        assert io.run(_async_call(_timer_slack_ns), timeout=30) == IO_THREAD_TIMER_SLACK_NS
+    finally:
+        io.stop()
+    assert _timer_slack_ns() == before
+
+
+async def _async_call(fn):  # type: ignore[no-untyped-def]
+    return fn()

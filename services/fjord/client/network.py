@@ -33,7 +33,7 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
-from fjord.runtime import freeze_startup_objects
+from fjord.runtime import freeze_startup_objects, tighten_thread_timer_slack
 from fjord.security import ClientSecurity
 from fjord.tls import open_channel
 
@@ -89,6 +89,8 @@ class EventLoopThread:
         self._thread.start()
 
     def _run(self) -> None:
+        # Timers on this thread (the producer's linger wait) fire within microseconds of due.
+        tighten_thread_timer_slack()
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
         # Let cancelled tasks finish their cleanup before the loop closes.
