@@ -35,7 +35,9 @@ the broker's process only; the broker's code is unchanged) and splits **fetched*
 and counts the broker's event-loop delays (a 1 ms timer more than 1 ms late) and its garbage
 collections during the run, and how many records found the consumer's Fetch parked at the
 broker when their Produce arrived (the consumer keeps one Fetch in flight per broker: the
-others wait for its next Fetch to arrive).
+others wait for its next Fetch to arrive), and how long the broker had no Fetch of the
+consumer's parked after each answer (the answer left the Fetch handler -> the next Fetch
+entered it).
 
 Run::
 
@@ -302,6 +304,14 @@ def broker_stages(topic: str, traced: Traced, events: list[list[str]]) -> str:
             f"(parked for p50 {percentile(parked_before, 0.5):.2f} ms); the others waited for "
             f"the next Fetch p50 {percentile(arrived_after, 0.5):.2f} max "
             f"{max(arrived_after, default=0.0):.2f} ms")
+    # The window with no Fetch parked: a Fetch's answer left its handler -> the consumer's
+    # next Fetch entered (consecutive fetches of this topic that returned records).
+    gaps = [(fetches[k + 1][1] - fetches[k][2]) / 1e6 for k in range(len(fetches) - 1)
+            if fetches[k + 1][0] > fetches[k][0]]
+    if gaps:
+        lines.append(f"  no Fetch parked between an answer and the next Fetch: p50 "
+                     f"{percentile(gaps, 0.5):.2f} p99 {percentile(gaps, 0.99):.2f} max "
+                     f"{max(gaps):.2f} ms ({len(gaps)} answers)")
     lines.append(f"  broker loop: {len(late)} timers > 1 ms late, longest "
                  f"{max(late, default=0.0):.2f} ms; gc > 0.1 ms: {len(collections)}, longest "
                  f"{max(collections, default=0.0):.2f} ms")
