@@ -4,7 +4,10 @@ from it.
 
 The loop keeps one Fetch in flight per broker, for the assigned, unpaused partitions that have
 a known position and fewer than two buffered fetches (a prefetch continues where the buffered
-data ends), so the next records are usually already here when ``poll()`` is called.
+data ends), so the next records are usually already here when ``poll()`` is called. The task
+that got an answer sends the broker's next Fetch itself as soon as the answer is stored (and
+handed to a waiting ``poll()``), so the broker is left without a parked Fetch as briefly as
+possible: a record appended meanwhile waits for the next Fetch to arrive.
 Positions live in the shared :class:`~fjord.client.subscription_state.SubscriptionState`; the
 buffer here is changed only under its lock.
 """
@@ -16,10 +19,11 @@ import heapq
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Set
+from collections.abc import Awaitable, Callable, Iterator, Set
 from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
+from fjord.client.metadata import ClusterSnapshot
 from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.offset_fetcher import OffsetFetcher
 from fjord.client.subscription_state import SubscriptionState
@@ -440,6 +444,34 @@ class Fetcher:
         if self._wakeup is not None:
             self._wakeup.set()
 
+    def _fetchable(
+        self, snapshot: ClusterSnapshot
+    ) -> tuple[dict[int, dict[TopicPartition, int]], bool]:
+        """What to fetch now, by leader: the assigned, unpaused partitions with a position and
+        fewer than ``_MAX_QUEUED_FETCHES`` buffered fetches (a prefetch asks from the buffered
+        data's end), on leaders with no Fetch in flight; and whether a leader is unknown (call
+        with the state's lock held)."""
+        state = self._state
+        need_metadata = False
+        by_node: dict[int, dict[TopicPartition, int]] = {}
+        for tp in state.assignment:
+            position = state.positions.get(tp)
+            if position is None or tp in state.paused:
+                continue
+            if self._buffer.queued(tp) >= _MAX_QUEUED_FETCHES:
+                continue
+            tail = self._buffer.tail(tp)
+            if tail is not None:
+                position = tail.end_offset  # prefetch what comes next
+            leader = snapshot.leaders.get(tp)
+            if leader is None:
+                need_metadata = True
+                continue
+            if leader in self._fetching:
+                continue
+            by_node.setdefault(leader, {})[tp] = position
+        return by_node, need_metadata
+
     async def run(self) -> None:
         """The fetch loop: start Fetches, position resets and metadata refreshes as needed;
         sleeps until woken (or 1 s)."""
@@ -450,31 +482,13 @@ class Fetcher:
         while not self._state.closed:
             wakeup.clear()
             snapshot = self._network.snapshot
-            need_metadata = False
-            by_node: dict[int, dict[TopicPartition, int]] = {}
             with self._state.lock:
                 resets = [  # "none" waits for a seek (poll() raises meanwhile)
                     tp
                     for tp in self._state.assignment
                     if self._state.resets.get(tp, "none") != "none"
                 ]
-                for tp in self._state.assignment:
-                    position = self._state.positions.get(tp)
-                    if position is None or tp in self._state.paused:
-                        continue
-                    queued = self._buffer.queued(tp)
-                    if queued >= _MAX_QUEUED_FETCHES:
-                        continue
-                    tail = self._buffer.tail(tp)
-                    if tail is not None:
-                        position = tail.end_offset  # prefetch what comes next
-                    leader = snapshot.leaders.get(tp)
-                    if leader is None:
-                        need_metadata = True
-                        continue
-                    if leader in self._fetching:
-                        continue
-                    by_node.setdefault(leader, {})[tp] = position
+                by_node, need_metadata = self._fetchable(snapshot)
                 for node_id, partitions in by_node.items():
                     self._fetching[node_id] = set(partitions)
             for node_id, partitions in by_node.items():
@@ -500,10 +514,16 @@ class Fetcher:
             log.debug("metadata refresh failed: %s", exc)
             await asyncio.sleep(self._backoff_s)
 
-    async def _fetch(self, node_id: int, partitions: dict[TopicPartition, int]) -> None:
+    def _start_fetch(
+        self, node_id: int, partitions: dict[TopicPartition, int]
+    ) -> Awaitable[broker_pb2.FetchResponse]:
+        """A Fetch of ``partitions`` from their offsets sent to broker ``node_id`` (the call
+        starts on the next loop turn); raises FjordError when the broker is gone."""
         cfg = self._config
         snapshot = self._network.snapshot
         node = snapshot.brokers.get(node_id)
+        if node is None:
+            raise FjordError(f"broker {node_id} left", code=ErrorCode.BROKER_NOT_AVAILABLE)
         by_topic: dict[str, list[broker_pb2.FetchPartition]] = {}
         for tp, offset in partitions.items():
             by_topic.setdefault(tp.topic, []).append(
@@ -521,26 +541,66 @@ class Fetcher:
             min_bytes=cfg["fetch.min.bytes"],
             max_bytes=cfg["fetch.max.bytes"],
             topics=[broker_pb2.FetchTopic(name=n, partitions=ps) for n, ps in by_topic.items()],
-            isolation_level=1 if cfg["isolation.level"] == "read_committed" else 0,
+            isolation_level=1 if self._read_committed else 0,
         )
+        address = node.address
+        try:
+            call = self._network.broker(address).Fetch(request, timeout=self._request_timeout_s)
+        except Exception as exc:
+            raise transport_error(exc, address) from exc
+        return self._answer_of(call, address)
+
+    @staticmethod
+    async def _answer_of(
+        call: Awaitable[broker_pb2.FetchResponse], address: str
+    ) -> broker_pb2.FetchResponse:
+        try:
+            return await call
+        except Exception as exc:
+            raise transport_error(exc, address) from exc
+
+    def _next_fetch(self, node_id: int) -> dict[TopicPartition, int]:
+        """After an answer from ``node_id`` was stored: what to fetch next from it (claimed in
+        ``_fetching``, possibly nothing); wakes the fetch loop when something else needs it
+        (another leader's partitions, an unknown leader, a position reset)."""
+        with self._state.lock:
+            self._fetching.pop(node_id, None)
+            by_node, need_metadata = self._fetchable(self._network.snapshot)
+            partitions = by_node.pop(node_id, {})
+            if partitions:
+                self._fetching[node_id] = set(partitions)
+            others = bool(by_node) or need_metadata or bool(self._state.resets)
+        if others and self._wakeup is not None:
+            self._wakeup.set()
+        return partitions
+
+    async def _fetch(self, node_id: int, partitions: dict[TopicPartition, int]) -> None:
+        """Fetches from broker ``node_id`` for as long as there is something to fetch there
+        (``_fetching[node_id]`` is held until this returns): as soon as an answer is stored,
+        the next Fetch leaves from where the buffered data ends, from this task, not a few
+        loop turns later from the fetch loop's. The broker answers a parked Fetch at the
+        append that gives it records, so a record appended while no Fetch is parked there
+        waits for the next one to arrive: the shorter that gap, the fewer records wait."""
         failed = False
         try:
-            if node is None:
-                raise FjordError(f"broker {node_id} left", code=ErrorCode.BROKER_NOT_AVAILABLE)
-            try:
-                response = await self._network.broker(node.address).Fetch(
-                    request, timeout=self._request_timeout_s
-                )
-            except Exception as exc:
-                raise transport_error(exc, node.address) from exc
-            failed = self._store_fetch(partitions, response)
-            if self._hand_over:
-                self._hand_over = False
-                # A poll() waits for these records: let its thread take the GIL now rather
-                # than after this thread's next Fetch is built and sent (~0.2 ms at the
-                # median, more in the tail; bench/latency_breakdown.py). Only then: a busy
-                # poll() that is decoding would otherwise delay the next Fetch.
-                time.sleep(0)
+            answer = self._start_fetch(node_id, partitions)
+            while True:
+                response = await answer
+                failed = self._store_fetch(partitions, response)
+                if failed or self._state.closed:
+                    break
+                if self._hand_over:
+                    self._hand_over = False
+                    # A poll() waits for these records: let its thread take the GIL now rather
+                    # than after this thread's next Fetch is built and sent (~0.2 ms at the
+                    # median, more in the tail; bench/latency_breakdown.py). Only then: a busy
+                    # poll() that is decoding would otherwise delay the next Fetch. (The next
+                    # Fetch sent first, before this hand-over, measured worse: docs/performance.md.)
+                    time.sleep(0)
+                partitions = self._next_fetch(node_id)
+                if not partitions:
+                    break
+                answer = self._start_fetch(node_id, partitions)
         except FjordError as exc:
             log.debug("fetch from broker %s failed: %s", node_id, exc)
             failed = True
