@@ -7,20 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import pytest
 
 from fjord.broker.lease_thread import lease_status
+from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import EtcdProcess, free_port
 from fjord.metadata import etcd_client
 from fjord.metadata.etcd import BlockingLeaseRefresher
 from fjord.metadata.registration import LeaseStatus
+from fjord.security import ClientSecurity
 
 pytestmark = pytest.mark.integration
 
 
-async def grant(url: str, ttl_s: int) -> int:
-    async with etcd_client(url) as client:
+async def grant(url: str, ttl_s: int, security: ClientSecurity | None = None) -> int:
+    async with etcd_client(url, security=security) as client:
         return int((await client.lease(ttl_s)).id)
 
 
@@ -49,3 +52,29 @@ def test_unreachable_within_the_timeout() -> None:
         assert time.monotonic() - start < 10  # bounded by the timeout, not hanging
     finally:
         refresher.close()
+
+
+def test_renews_over_tls(tmp_path: Path) -> None:
+    """A secured cluster's etcd takes only clients with a certificate of the cluster CA: the
+    refresher dials with TLS and that certificate, as the broker's thread does with the
+    process's own."""
+    cluster = LocalCluster(tmp_path / "secure", brokers=0, coordinators=0, secure=True,
+                           unsafe_etcd_no_fsync=True)
+    cluster.start()
+    try:
+        assert cluster.etcd_url.startswith("https://")
+        security = ClientSecurity.from_config(cluster.client_config)
+        lease_id = asyncio.run(grant(cluster.etcd_url, 30, security))
+        refresher = BlockingLeaseRefresher(cluster.etcd_url, security=security)
+        try:
+            assert refresher.refresh(lease_id) == 30
+        finally:
+            refresher.close()
+        without_certificate = BlockingLeaseRefresher(
+            cluster.etcd_url.replace("https://", "http://"), timeout_s=2.0)
+        try:  # plaintext against the TLS port: no answer, reported unreachable, not gone
+            assert lease_status(without_certificate, lease_id, "test") is LeaseStatus.UNREACHABLE
+        finally:
+            without_certificate.close()
+    finally:
+        cluster.stop()
