@@ -92,9 +92,13 @@ def test_a_busy_loop_keeps_the_lease(cluster: LocalCluster) -> None:
     stall(cluster, leader, LEASE_TTL_S + 2.0)  # longer than the lease itself
     wait_for(lambda: broker_log(cluster, leader).count("event loop stall of") > ended,
              "the stall to end", WAIT_S)
-    # The keep-alive thread saw the loop stand still and renewed meanwhile.
-    wait_for(lambda: "renewed from the keep-alive thread" in broker_log(cluster, leader),
-             "the keep-alive thread to report the slow loop", WAIT_S)
+    # The keep-alive thread saw the loop stand still, renewed meanwhile, and says where the
+    # loop was stuck.
+    report = wait_for(
+        lambda: next((line for line in broker_log(cluster, leader).splitlines()
+                      if "renewed from the keep-alive thread" in line), None),
+        "the keep-alive thread to report the slow loop", WAIT_S)
+    assert "_stall (loop_stall_hook.py:" in report, report
     assert broker_registration(cluster, leader) == epoch  # never re-registered
     assert leadership(cluster, topic, other) == before  # same leader, same leader epoch
     assert leadership(cluster, topic, leader) == before
@@ -111,7 +115,9 @@ def test_a_wedged_loop_loses_the_lease(cluster: LocalCluster) -> None:
                      and s[0] == other and s, "the leadership to move to the other broker",
                      WAIT_S)
     assert moved[1] > before[1]
-    assert "no more lease renewals until it does" in broker_log(cluster, leader)
+    stalled = [line for line in broker_log(cluster, leader).splitlines()
+               if "no more lease renewals until it does" in line]
+    assert stalled and "_stall (loop_stall_hook.py:" in stalled[0], stalled
     # Once the loop moves, the broker learns its lease is gone and registers anew.
     wait_for(lambda: broker_registration(cluster, leader) not in (None, epoch),
              "the wedged broker to register anew", WAIT_S)

@@ -13,6 +13,7 @@ from fjord.broker.lease_keeper import (
     LeaseKeeper,
     LeaseLost,
     LoopSlow,
+    LoopSlowBegan,
     LoopStalled,
     Renew,
 )
@@ -45,6 +46,7 @@ def test_a_loop_stalled_within_the_limit_keeps_its_lease() -> None:
     keeper.poll(100.0, 100.0)
     # The loop's last progress is at 100; renewals go on while it is at most LIMIT old.
     assert keeper.poll(102.0, 100.0) == (Renew(7), [])
+    assert keeper.poll(102.5, 100.0) == (None, [LoopSlowBegan(2.5)])  # once per stretch
     assert keeper.poll(104.0, 100.0) == (Renew(7), [])
     assert keeper.poll(106.0, 100.0) == (Renew(7), [])
     # It moves again: the slow stretch is reported once, with its longest idle time.
@@ -57,7 +59,7 @@ def test_a_loop_stalled_past_the_limit_gets_no_renewal_until_it_moves() -> None:
     keeper = keeper_with()
     keeper.poll(100.0, 100.0)
     renew, events = keeper.poll(106.5, 100.0)
-    assert renew is None and events == [LoopStalled(6.5, LIMIT)]
+    assert renew is None and events == [LoopSlowBegan(6.5), LoopStalled(6.5, LIMIT)]
     assert keeper.withholding
     assert keeper.poll(120.0, 100.0) == (None, [])  # reported once
     # The first poll after it moved renews at once (the lease may be about to run out).

@@ -59,6 +59,14 @@ class LoopStalled:
 
 
 @dataclass(frozen=True)
+class LoopSlowBegan:
+    """The loop has gone ``idle_s`` (more than a refresh interval) without progress: the first
+    poll of a slow stretch (the shell notes where the loop is stuck)."""
+
+    idle_s: float
+
+
+@dataclass(frozen=True)
 class LoopSlow:
     """The loop went ``longest_idle_s`` without progress (more than a refresh interval) and has
     moved again; ``withheld``: renewals stopped meanwhile (it passed the stall limit)."""
@@ -89,7 +97,9 @@ class LeaseLost:
     away_s: float | None
 
 
-KeeperEvent = LoopStalled | LoopSlow | EtcdUnreachable | EtcdReachable | LeaseLost
+KeeperEvent = (
+    LoopSlowBegan | LoopStalled | LoopSlow | EtcdUnreachable | EtcdReachable | LeaseLost
+)
 
 
 class LeaseKeeper:
@@ -133,6 +143,8 @@ class LeaseKeeper:
         events: list[KeeperEvent] = []
         idle = max(0.0, now - loop_progress_at)
         if idle > self.interval_s:
+            if self._slow_longest is None:
+                events.append(LoopSlowBegan(idle))
             self._slow_longest = max(self._slow_longest or 0.0, idle)
         elif self._slow_longest is not None:
             events.append(LoopSlow(self._slow_longest, self._withholding))

@@ -9,9 +9,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
+from pathlib import Path
 
 from fjord.broker.lease_keeper import (
     EtcdReachable,
@@ -20,6 +23,7 @@ from fjord.broker.lease_keeper import (
     LeaseKeeper,
     LeaseLost,
     LoopSlow,
+    LoopSlowBegan,
     LoopStalled,
 )
 from fjord.metadata.etcd import BlockingLeaseRefresher
@@ -45,6 +49,21 @@ class LoopProgress:
         while True:
             self.stamp()
             await asyncio.sleep(tick_s)
+
+
+#: Innermost frames of the loop's stack named in a slow-loop report.
+STACK_FRAMES_REPORTED = 6
+
+
+def where_thread_is(thread_id: int, frames: int = STACK_FRAMES_REPORTED) -> str:
+    """The innermost ``frames`` frames of thread ``thread_id``'s stack, innermost first
+    ("function (file:line) <- caller (file:line) ..."); "" when it has no Python frame."""
+    frame = sys._current_frames().get(thread_id)
+    if frame is None:
+        return ""
+    stack = traceback.extract_stack(frame)[-frames:]
+    return " <- ".join(f"{entry.name} ({Path(entry.filename).name}:{entry.lineno})"
+                       for entry in reversed(stack))
 
 
 def lease_status(refresher: BlockingLeaseRefresher, lease_id: int, what: str) -> LeaseStatus:
@@ -83,6 +102,9 @@ class LeaseKeepAliveThread:
         self._on_lease_lost = on_lease_lost
         self._what = what
         self._poll_s = poll_s
+        #: The event loop's thread (constructed on it): where it is stuck is reported.
+        self._loop_thread_id = threading.get_ident()
+        self._slow_where = ""  # where the loop was when the current slow stretch was noticed
         self._lock = threading.Lock()  # guards _next_lease
         self._next_lease: tuple[int | None] | None = None  # a lease handed over by keep()
         self._wake = threading.Event()
@@ -133,17 +155,21 @@ class LeaseKeepAliveThread:
     def _report(self, events: list[KeeperEvent]) -> None:
         what = self._what
         for event in events:
-            if isinstance(event, LoopSlow):
+            if isinstance(event, LoopSlowBegan):
+                self._slow_where = where_thread_is(self._loop_thread_id)
+            elif isinstance(event, LoopSlow):
                 log.warning(
                     "%s: its event loop made no progress for up to %.1f s; the lease was %s "
-                    "meanwhile", what, event.longest_idle_s,
+                    "meanwhile (the loop was in: %s)", what, event.longest_idle_s,
                     "left to run (past the stall limit)" if event.withheld
-                    else "renewed from the keep-alive thread")
+                    else "renewed from the keep-alive thread", self._slow_where or "?")
             elif isinstance(event, LoopStalled):
                 log.error(
                     "%s: its event loop has made no progress for %.1f s (stall limit %.1f s): "
-                    "no more lease renewals until it does, so that a wedged broker is fenced",
-                    what, event.idle_s, event.limit_s)
+                    "no more lease renewals until it does, so that a wedged broker is fenced "
+                    "(the loop is in: %s)",
+                    what, event.idle_s, event.limit_s,
+                    where_thread_is(self._loop_thread_id) or "?")
             elif isinstance(event, EtcdUnreachable):
                 log.warning(
                     "%s cannot reach etcd: serving on (produce and fetch on the partitions it "
