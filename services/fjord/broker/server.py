@@ -700,6 +700,8 @@ class BrokerServer:
                                        interval if self.replicas.fenced else None)
             self._lease_event.clear()
             lost, self._lost_lease = self._lost_lease, None
+            if lost is not None and lost[0] != self._lease_id:
+                lost = None  # about a lease replaced since (the doubt path re-registered)
             away = "" if lost is None or lost[1] is None else (
                 f" after {lost[1]:.1f} s without etcd")
             if lost is None:  # a doubt, or a fence not lifted yet: ask etcd
