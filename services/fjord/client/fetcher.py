@@ -587,8 +587,6 @@ class Fetcher:
             while True:
                 response = await answer
                 failed = self._store_fetch(partitions, response)
-                if failed or self._state.closed:
-                    break
                 if self._hand_over:
                     self._hand_over = False
                     # A poll() waits for these records: let its thread take the GIL now rather
@@ -597,6 +595,8 @@ class Fetcher:
                     # poll() that is decoding would otherwise delay the next Fetch. (The next
                     # Fetch sent first, before this hand-over, measured worse: docs/performance.md.)
                     time.sleep(0)
+                if failed or self._state.closed:
+                    break
                 partitions = self._next_fetch(node_id)
                 if not partitions:
                     break
