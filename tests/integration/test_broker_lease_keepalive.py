@@ -26,6 +26,7 @@ from fjord.broker.loop_stall_hook import LOOP_STALL_HOOK_ENV, stall_loop
 from fjord.client import AdminClient, NewTopic
 from fjord.local.cluster import LocalCluster
 from fjord.testing.chaos_cluster import broker_registration
+from fjord.testing.metrics_probe import scrape_metric
 from fjord.testing.waiting import wait_for
 
 pytestmark = pytest.mark.integration
@@ -99,6 +100,9 @@ def test_a_busy_loop_keeps_the_lease(cluster: LocalCluster) -> None:
                       if "renewed from the keep-alive thread" in line), None),
         "the keep-alive thread to report the slow loop", WAIT_S)
     assert "_stall (loop_stall_hook.py:" in report, report
+    metrics = cluster.metrics_address("broker", leader)
+    assert scrape_metric(metrics, 'fjord_broker_event_loop_stalls_total{lease="renewed"}') >= 1
+    assert scrape_metric(metrics, "fjord_broker_event_loop_last_stall_seconds") > LEASE_TTL_S
     assert broker_registration(cluster, leader) == epoch  # never re-registered
     assert leadership(cluster, topic, other) == before  # same leader, same leader epoch
     assert leadership(cluster, topic, leader) == before

@@ -28,6 +28,7 @@ from fjord.broker.lease_keeper import (
 )
 from fjord.metadata.etcd import BlockingLeaseRefresher
 from fjord.metadata.registration import LeaseStatus
+from fjord.observability import metrics
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +159,7 @@ class LeaseKeepAliveThread:
             if isinstance(event, LoopSlowBegan):
                 self._slow_where = where_thread_is(self._loop_thread_id)
             elif isinstance(event, LoopSlow):
+                metrics.record_event_loop_stall(event.longest_idle_s, event.withheld)
                 log.warning(
                     "%s: its event loop made no progress for up to %.1f s; the lease was %s "
                     "meanwhile (the loop was in: %s)", what, event.longest_idle_s,

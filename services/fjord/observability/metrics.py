@@ -134,6 +134,18 @@ BROKER_ISR_EXPANDS = Counter(
     "ISR expansions committed for partitions led by this broker.",
 )
 
+BROKER_EVENT_LOOP_STALLS = Counter(
+    "fjord_broker_event_loop_stalls",
+    "Stretches in which the broker's event loop made no progress for longer than a lease "
+    "refresh interval (seen by the lease keep-alive thread), by what happened to the lease: "
+    "renewed (the stretch stayed within the stall limit) or withheld (it passed the limit).",
+    ["lease"],
+)
+BROKER_EVENT_LOOP_LAST_STALL = Gauge(
+    "fjord_broker_event_loop_last_stall_seconds",
+    "Longest time without progress of the event loop's last such stretch.",
+)
+
 BROKER_LOG_DIR_WRITE_ERRORS = Counter(
     "fjord_broker_log_dir_write_errors",
     "Writes to the broker's data directory that failed (disk full, I/O error), by operation "
@@ -377,6 +389,12 @@ def set_partitions_led(count: int) -> None:
 def set_under_replicated_partitions(count: int) -> None:
     """Broker view: under-replicated partitions among those this broker leads."""
     BROKER_UNDER_REPLICATED_PARTITIONS.set(count)
+
+
+def record_event_loop_stall(longest_s: float, withheld: bool) -> None:
+    """A stretch without event-loop progress ended (called from the keep-alive thread)."""
+    BROKER_EVENT_LOOP_STALLS.labels(lease="withheld" if withheld else "renewed").inc()
+    BROKER_EVENT_LOOP_LAST_STALL.set(longest_s)
 
 
 def record_isr_shrink() -> None:
