@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord.broker.fetch_wire import VIEW_MIN_BYTES
 from fjord.broker.replica_manager import DEBUGGING_REPLICA_ID
 from fjord.cli.main import cli
 from fjord.client import AdminClient, NewTopic
@@ -220,6 +221,25 @@ def test_acks_all_completes_only_when_every_isr_member_has_it(
         for b in BROKERS:
             assert log_end_offset(cluster, b, topic) >= 10 * (i + 1)
     assert len(consume_all(cluster, leader, topic)) == 50
+
+
+def test_large_batches_replicate_through_the_followers_zero_copy_decoding(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    """Answers of at least fetch_wire.VIEW_MIN_BYTES reach the followers' logs as views of the
+    received message: each follower checks every batch's CRC as it appends, so acks=all
+    completing (both followers hold the batches) and equal log ends mean the bytes arrived
+    whole."""
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    values = [os.urandom(1000) for _ in range(3 * VIEW_MIN_BYTES // 1000)]
+    for i in range(3):
+        out = produce(cluster, leader, topic, values)
+        assert out.error.code == 0, out.error.message
+        assert out.base_offset == i * len(values)
+    wait_replicated(cluster, topic, list(BROKERS), 3 * len(values))
+    assert consume_all(cluster, leader, topic) == values * 3
 
 
 def test_follower_catches_up_after_restart_and_rejoins_the_isr(

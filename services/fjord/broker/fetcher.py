@@ -17,9 +17,10 @@ from collections.abc import Callable
 import grpc
 from grpc import aio
 
-from fjord._proto import broker_pb2_grpc
+from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.broker import defaults
 from fjord.broker.fetch_session import FetchSessionHandler
+from fjord.broker.fetch_wire import decode_fetch_response
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication import (
     FollowerPosition,
@@ -36,6 +37,9 @@ log = logging.getLogger(__name__)
 #: Extra seconds a follower's Fetch call may take beyond the leader's max wait before the
 #: follower gives up on it (a stopped or partitioned leader), then backs off and retries.
 FETCH_CALL_MARGIN_S = 5.0
+
+#: The Broker service's Fetch method (the follower's call, with its own answer decoder).
+FETCH_METHOD = "/fjord.v1.Broker/Fetch"
 
 #: Top-level fetch errors that only end the fetch session (the next fetch is a full one).
 SESSION_ERRORS = frozenset(
@@ -157,7 +161,15 @@ class SourceFetcher:
             )
             self._channel_address = address
         if self._channel_stub is None:
-            self._channel_stub = broker_pb2_grpc.BrokerStub(self._channel)
+            stub = broker_pb2_grpc.BrokerStub(self._channel)
+            # Large answers are read with their records left in the received message
+            # (fetch_wire: upb would copy them twice); the answer's type differs, its fields not.
+            stub.Fetch = self._channel.unary_unary(
+                FETCH_METHOD,
+                request_serializer=broker_pb2.FetchRequest.SerializeToString,
+                response_deserializer=decode_fetch_response,
+            )
+            self._channel_stub = stub
         return self._channel_stub
 
     async def _pause(self, seconds: float) -> None:
