@@ -1,4 +1,8 @@
-"""A follower's reading of a large replication Fetch answer, records left where they arrived.
+"""Replication Fetch answers on the wire without protobuf's copies of their records.
+
+The leader serialises a follower's answer with the records joined in once
+(:class:`DetachedFetchResponse`, see :class:`DetachedRecords`); the follower reads a large
+answer with the records left where they arrived (:func:`decode_fetch_response`).
 
 Read through protobuf (upb), each partition's ``records`` is copied twice on the follower:
 ``FetchResponse.FromString`` copies the received message into its arena, and every read of
@@ -25,6 +29,7 @@ append), with ``records`` a zero-copy view instead of ``bytes``.
 from __future__ import annotations
 
 from fjord._proto import broker_pb2
+from fjord.records.varint import encode_unsigned_varint
 
 #: Answers at least this large are decoded by hand (records as views); smaller ones by upb.
 VIEW_MIN_BYTES = 64 * 1024
@@ -312,3 +317,84 @@ def _int32(value: int) -> int:
 def _int64(value: int) -> int:
     return value - (1 << 64) if value >= 1 << 63 else value
 
+
+
+# --- the leader's side: a Fetch answer serialised with its records joined in once ---------
+
+#: Keys (field number << 3 | wire type 2) of FetchResponse.topics, FetchTopicResponse.partitions
+#: and FetchPartitionResponse.records.
+_TOPICS_KEY = b"\x12"
+_PARTITIONS_KEY = b"\x12"
+_RECORDS_KEY = b"\x32"
+
+
+class DetachedRecords:
+    """The records of a follower's Fetch answer, kept out of the protobuf message.
+
+    Set into a ``bytes`` field, upb copies the records into its arena, and
+    ``SerializeToString`` copies them again; :class:`DetachedFetchResponse` instead serialises
+    the message without them and joins each partition's records in (one copy). Keys are the
+    partition's place in the answer: (index of its topic, index in that topic's partitions).
+    """
+
+    __slots__ = ("records",)
+
+    def __init__(self) -> None:
+        self.records: dict[tuple[int, int], bytes | bytearray | memoryview] = {}
+
+    def attach_to(
+        self, message: broker_pb2.FetchResponse
+    ) -> broker_pb2.FetchResponse | DetachedFetchResponse:
+        """What gRPC serialises for ``message``: itself when nothing was kept apart."""
+        if not self.records:
+            return message
+        return DetachedFetchResponse(message, self.records)
+
+
+class DetachedFetchResponse:
+    """A FetchResponse whose partitions' records are given apart; :meth:`serialize` gives
+    the bytes of the message with each set (protobuf's wire format allows a field after the
+    others, so parsers read exactly the message with the records set)."""
+
+    __slots__ = ("message", "records")
+
+    def __init__(
+        self, message: broker_pb2.FetchResponse,
+        records: dict[tuple[int, int], bytes | bytearray | memoryview],
+    ) -> None:
+        self.message = message
+        self.records = records
+
+    def serialize(self) -> bytes:
+        message = self.message
+        head = broker_pb2.FetchResponse(session_id=message.session_id)
+        if message.HasField("error"):
+            head.error.CopyFrom(message.error)
+        parts: list[bytes | bytearray | memoryview] = [head.SerializeToString()]
+        for t, topic in enumerate(message.topics):
+            topic_parts: list[bytes | bytearray | memoryview] = [
+                broker_pb2.FetchTopicResponse(name=topic.name).SerializeToString()
+            ]
+            for p, partition in enumerate(topic.partitions):
+                fields = partition.SerializeToString()
+                records = self.records.get((t, p))
+                if records:
+                    size = len(records)
+                    record_prefix = _RECORDS_KEY + encode_unsigned_varint(size)
+                    topic_parts += [
+                        _PARTITIONS_KEY,
+                        encode_unsigned_varint(len(fields) + len(record_prefix) + size),
+                        fields, record_prefix, records,
+                    ]
+                else:
+                    topic_parts += [_PARTITIONS_KEY, encode_unsigned_varint(len(fields)), fields]
+            parts += [_TOPICS_KEY, encode_unsigned_varint(sum(map(len, topic_parts)))]
+            parts += topic_parts
+        return b"".join(parts)
+
+
+def serialize_fetch_response(response: broker_pb2.FetchResponse | DetachedFetchResponse) -> bytes:
+    """gRPC's response serializer for the Broker service's Fetch."""
+    if isinstance(response, DetachedFetchResponse):
+        return response.serialize()
+    return response.SerializeToString()

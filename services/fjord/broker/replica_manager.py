@@ -30,6 +30,7 @@ from fjord.broker.fetch_session import (
     FetchSessionError,
     has_news,
 )
+from fjord.broker.fetch_wire import DetachedRecords
 from fjord.broker.partition import Partition, PartitionAssignment
 from fjord.broker.purgatory import DelayedFetch, DelayedProduce, Purgatory
 from fjord.broker.replication import (
@@ -881,7 +882,7 @@ class ReplicaManager:
 
     async def fetch(
         self, request: broker_pb2.FetchRequest, *, open_session: bool | None = None,
-        region_marker: RegionMarker | None = None,
+        region_marker: RegionMarker | None = None, detached: DetachedRecords | None = None,
     ) -> broker_pb2.FetchResponse:
         """A long poll: answer once ``min_bytes`` are available or ``max_wait_ms`` passed.
 
@@ -894,6 +895,10 @@ class ReplicaManager:
         ``region_marker`` (zero copy, the Kafka listener's plaintext doors): records of
         verified segments are not read; each partition's ``records`` holds instead the marker
         this function returns for the :class:`FileRegion` where they are.
+
+        ``detached`` (a follower's fetch over gRPC): the records are put there, not into the
+        answer (:class:`fjord.broker.fetch_wire.DetachedRecords`: protobuf would copy them
+        twice); the caller attaches them for serialisation.
         """
         if request.max_bytes < 0 or request.min_bytes < 0 or request.max_wait_ms < 0:
             response = broker_pb2.FetchResponse()
@@ -913,12 +918,12 @@ class ReplicaManager:
                 for topic in request.topics
                 for fp in topic.partitions
             ]
-            return await self._fetch_sessionless(request, requested, region_marker)
-        return await self._fetch_in_session(request, epoch, region_marker)
+            return await self._fetch_sessionless(request, requested, region_marker, detached)
+        return await self._fetch_in_session(request, epoch, region_marker, detached)
 
     async def _fetch_sessionless(
         self, request: broker_pb2.FetchRequest, requested: list[tuple[TopicPartition, Any]],
-        region_marker: RegionMarker | None = None,
+        region_marker: RegionMarker | None = None, detached: DetachedRecords | None = None,
     ) -> broker_pb2.FetchResponse:
         loop = asyncio.get_running_loop()
         wait_s = min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
@@ -928,21 +933,21 @@ class ReplicaManager:
                 request, requested, region_marker is not None
             )
             if total >= request.min_bytes or has_error or not keys or self.closing:
-                return _render_fetch(answers, region_marker)
+                return _render_fetch(answers, region_marker, detached)
             remaining = deadline - loop.time()
             if remaining <= 0:
-                return _render_fetch(answers, region_marker)
+                return _render_fetch(answers, region_marker, detached)
             op = DelayedFetch(keys, request.min_bytes, total, for_replica=request.replica_id >= 0)
             await self._wait(op, self._fetch_waiters, remaining)
             if loop.time() >= deadline:
                 answers = (await self._fetch_once(
                     request, requested, region_marker is not None
                 ))[0]
-                return _render_fetch(answers, region_marker)
+                return _render_fetch(answers, region_marker, detached)
 
     async def _fetch_in_session(
         self, request: broker_pb2.FetchRequest, epoch: int,
-        region_marker: RegionMarker | None = None,
+        region_marker: RegionMarker | None = None, detached: DetachedRecords | None = None,
     ) -> broker_pb2.FetchResponse:
         """A fetch that opens, continues or closes a fetch session.
 
@@ -978,7 +983,7 @@ class ReplicaManager:
         session = context.session
         if session is None:  # FINAL epoch: the session (if any) closed, a sessionless fetch
             return await self._fetch_sessionless(
-                request, list(requested.items()), region_marker
+                request, list(requested.items()), region_marker, detached
             )
         deadline = loop.time() + min(request.max_wait_ms, defaults.MAX_FETCH_WAIT_MS) / 1000
         # A follower whose broker epoch changed (it registered after its first fetches, which
@@ -1057,7 +1062,7 @@ class ReplicaManager:
             if context.full or has_news(cached, state, answer.always_sent()):
                 chosen.append(answer)
             cached.sent_state = state
-        response = _render_fetch(chosen, region_marker)
+        response = _render_fetch(chosen, region_marker, detached)
         response.session_id = session.session_id
         return response
 
@@ -1850,18 +1855,22 @@ class _FetchAnswer:
 
 
 def _render_fetch(
-    answers: Iterable[_FetchAnswer], region_marker: RegionMarker | None = None
+    answers: Iterable[_FetchAnswer], region_marker: RegionMarker | None = None,
+    detached: DetachedRecords | None = None,
 ) -> broker_pb2.FetchResponse:
     """The FetchResponse of ``answers``, consecutive answers of one topic under one entry
-    (records in a FileRegion as the marker ``region_marker`` gives for it)."""
+    (records in a FileRegion as the marker ``region_marker`` gives for it; with ``detached``,
+    records in memory go there instead, keyed by their place in the answer)."""
     response = broker_pb2.FetchResponse()
     topic_out: Any = None
     topic_name: str | None = None
+    topic_index = -1
     for answer in answers:
         name, number = answer.key
         if name != topic_name:
             topic_out = response.topics.add(name=name)
             topic_name = name
+            topic_index += 1
         out = topic_out.partitions.add(
             partition=number,
             high_watermark=answer.high_watermark,
@@ -1879,6 +1888,8 @@ def _render_fetch(
             if isinstance(records, FileRegion):
                 assert region_marker is not None
                 out.records = region_marker(records)
+            elif detached is not None:
+                detached.records[topic_index, len(topic_out.partitions) - 1] = records
             else:
                 out.records = records
             for pid, first in answer.aborted:

@@ -24,7 +24,7 @@ from typing import Any
 import aetcd
 from grpc import aio
 
-from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord._proto import broker_pb2
 from fjord.broker import defaults
 from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
@@ -44,7 +44,7 @@ from fjord.broker.producer_state import (
 from fjord.broker.replica_manager import ReplicaManager
 from fjord.broker.replication_checkpoint import HighWatermarkCheckpoint
 from fjord.broker.scrubber import Scrubber
-from fjord.broker.service import BrokerServicer
+from fjord.broker.service import BrokerServicer, add_broker_service
 from fjord.cluster.broker_config import (
     retention_check_interval_s,
     topic_settings,
@@ -438,7 +438,7 @@ class BrokerServer:
             cluster_action=ClusterActionGuard.for_service(opts.security),
             access=access,
         )
-        broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._server)
+        add_broker_service(servicer, self._server)
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
         )
@@ -455,7 +455,7 @@ class BrokerServer:
                     ("grpc.so_reuseport", 0),
                 ],
             )
-            broker_pb2_grpc.add_BrokerServicer_to_server(servicer, self._sasl_server)
+            add_broker_service(servicer, self._sasl_server)
             host, port = opts.sasl_grpc_listener
             self.sasl_port = bind_sasl_port(self._sasl_server, f"{host}:{port}", opts.security)
             if not self.sasl_port:

@@ -9,10 +9,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+import grpc
 from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, common_pb2
 from fjord.broker.authorization import BrokerAuthorization
+from fjord.broker.fetch_wire import (
+    DetachedFetchResponse,
+    DetachedRecords,
+    serialize_fetch_response,
+)
 from fjord.broker.producer_ids import ProducerIdAllocator
 from fjord.broker.replica_manager import ProduceInput, RegionMarker, ReplicaManager
 from fjord.cluster.dynamic_config import describe_default_broker_config
@@ -108,12 +114,20 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def Fetch(
         self, request: broker_pb2.FetchRequest, context: aio.ServicerContext
-    ) -> broker_pb2.FetchResponse:
-        if request.replica_id >= 0 and not self._cluster_action.allows(
+    ) -> broker_pb2.FetchResponse | DetachedFetchResponse:
+        """A fetch over gRPC; a follower's answer keeps its records apart from protobuf
+        (fetch_wire.DetachedRecords), joined in once as gRPC serialises it
+        (:func:`add_broker_service` registers that serializer)."""
+        if request.replica_id < 0:
+            return await self.fetch(grpc_caller(context), request)
+        if not self._cluster_action.allows(
             context, f"follower Fetch (replica_id {request.replica_id})"
         ):
             return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
-        return await self.fetch(grpc_caller(context), request)
+        detached = DetachedRecords()
+        return detached.attach_to(
+            await self.fetch(grpc_caller(context), request, detached=detached)
+        )
 
     async def WriteTxnMarkers(
         self, request: broker_pb2.WriteTxnMarkersRequest, context: aio.ServicerContext
@@ -255,13 +269,14 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 
     async def fetch(
         self, caller: Caller, request: broker_pb2.FetchRequest, *, open_session: bool = False,
-        region_marker: RegionMarker | None = None,
+        region_marker: RegionMarker | None = None, detached: DetachedRecords | None = None,
     ) -> broker_pb2.FetchResponse:
         """A follower's fetch needs ClusterAction on the cluster, a consumer's Read on each
         topic (refused topics: TOPIC_AUTHORIZATION_FAILED, nothing read). ``open_session``:
         a consumer's fetch with session epoch 0 opens a fetch session (Kafka's numbering; the
         Kafka listener's), else it is sessionless (fjord.client's gRPC fetches).
-        ``region_marker``: zero copy (see ReplicaManager.fetch)."""
+        ``region_marker``: zero copy; ``detached``: a follower's records kept out of the
+        answer (both: see ReplicaManager.fetch)."""
         gate = self.authorization
         if request.replica_id >= 0:
             if not gate.allows(caller, AclOperation.CLUSTER_ACTION, Resource.cluster()):
@@ -269,7 +284,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
                     code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
                     message=f"{caller.principal} is not authorized to ClusterAction the cluster",
                 ))
-            return await self._replicas.fetch(request)
+            return await self._replicas.fetch(request, detached=detached)
         allowed, refused = gate.split_topics(caller, AclOperation.READ, request)
         response = (
             await self._replicas.fetch(
@@ -398,3 +413,36 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         response.coordinator.host = registration.host
         response.coordinator.port = registration.port
         return response
+
+
+#: The Broker service's full name (its methods' paths start with it).
+BROKER_SERVICE = "fjord.v1.Broker"
+
+
+def add_broker_service(servicer: BrokerServicer, server: aio.Server) -> None:
+    """Serve ``servicer`` on ``server`` as the generated ``add_BrokerServicer_to_server``
+    does, except that Fetch answers are serialised by
+    :func:`fjord.broker.fetch_wire.serialize_fetch_response` (a follower's answer arrives as
+    a DetachedFetchResponse)."""
+    methods: dict[str, grpc.RpcMethodHandler] = {}
+
+    class Capture:
+        def add_generic_rpc_handlers(self, _handlers: object) -> None:
+            pass  # rebuilt below from the registered methods
+
+        def add_registered_method_handlers(
+            self, _service: str, handlers: dict[str, grpc.RpcMethodHandler]
+        ) -> None:
+            methods.update(handlers)
+
+    broker_pb2_grpc.add_BrokerServicer_to_server(servicer, Capture())
+    fetch = methods["Fetch"]
+    methods["Fetch"] = grpc.unary_unary_rpc_method_handler(
+        fetch.unary_unary,
+        request_deserializer=fetch.request_deserializer,
+        response_serializer=serialize_fetch_response,
+    )
+    server.add_generic_rpc_handlers(
+        (grpc.method_handlers_generic_handler(BROKER_SERVICE, methods),)
+    )
+    server.add_registered_method_handlers(BROKER_SERVICE, methods)
