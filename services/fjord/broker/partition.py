@@ -9,7 +9,7 @@ allows).
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from fjord.broker.defaults import PRODUCER_ID_EXPIRATION_MS
@@ -120,6 +120,7 @@ class Partition:
         "log",
         "max_timestamp_difference_ms",
         "min_insync_replicas",
+        "on_leadership_change",
         "partition",
         "producer_state",
         "stale_partition_epoch",
@@ -152,6 +153,10 @@ class Partition:
         #: message.timestamp.difference.max.ms to enforce before an append (None: not checked).
         self.max_timestamp_difference_ms = max_timestamp_difference_ms
         self.assignment = assignment
+        #: Called when an assignment with another leader or leader epoch is applied (the
+        #: replica manager counts such changes: fjord.broker.fetcher skips recomputing every
+        #: follower target when none happened).
+        self.on_leadership_change: Callable[[], None] | None = None
         # Idempotence state: the newest snapshot plus a header scan of the log after it.
         self.producer_state = producer_state or load_partition_state(log)
         self.stale_partition_epoch = -1
@@ -222,6 +227,8 @@ class Partition:
             self.leader_epoch_start_offset = self.log_end_offset
             if self.is_leader:
                 self._assign_leader_epoch_start()
+            if self.on_leadership_change is not None:
+                self.on_leadership_change()
         else:
             self._isr.on_committed(
                 assignment.replicas, assignment.isr, assignment.partition_epoch, now_ms

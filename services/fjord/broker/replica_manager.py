@@ -257,6 +257,9 @@ class ReplicaManager:
         #: returns True when it recognised an OS write error (and logged or counted it).
         self.on_write_error: Callable[[str, BaseException], bool] | None = None
         self.partitions: dict[TopicPartition, Partition] = {}
+        #: Grows whenever a hosted partition is added or dropped, or one's leader or leader
+        #: epoch changes: :meth:`follower_targets` can only differ when it grew.
+        self.leadership_generation = 0
         self.image: MetadataImage | None = None
         self.fenced = False
         self.closing = False
@@ -399,6 +402,8 @@ class ReplicaManager:
                 if self.closing:
                     return
                 self.partitions[key] = partition
+                partition.on_leadership_change = self._leadership_changed
+                self._leadership_changed()
                 self._fetch_sessions.touch(key)
         if len(to_open) > defaults.OPEN_PARTITIONS_LOGGED:
             log.info("hosting %d new partitions (%s ... %s)", len(to_open),
@@ -410,7 +415,8 @@ class ReplicaManager:
             self._strays_removed = True
             gone += [key for key in self._logs.logs() if key not in wanted and key not in gone]
         for key in gone:
-            self.partitions.pop(key, None)
+            if self.partitions.pop(key, None) is not None:
+                self._leadership_changed()
             applied.pop(key, None)
             if key[0] in self.coordinator_fences:
                 self.coordinator_fences[key[0]].forget(key[1])
@@ -1611,8 +1617,12 @@ class ReplicaManager:
 
     # --- replication: follower side -------------------------------------------------------
 
+    def _leadership_changed(self) -> None:
+        self.leadership_generation += 1
+
     def follower_targets(self) -> dict[TopicPartition, FollowerTarget]:
-        """Every hosted partition this broker follows, with its leader and leader epoch."""
+        """Every hosted partition this broker follows, with its leader and leader epoch (the
+        same as long as :attr:`leadership_generation` is)."""
         return {
             key: FollowerTarget(p.assignment.leader, p.leader_epoch)
             for key, p in self.partitions.items()
