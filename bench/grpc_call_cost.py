@@ -6,12 +6,15 @@ and on a stream-stream method; the client (this process) sends ``--exchanges`` r
 a time each way, alternating the two kinds ``--rounds`` times. Per exchange it prints the
 client's CPU (``time.process_time``) and the server's (user + system from ``/proc``). No
 protobuf, no interceptors: bytes in, bytes out, so the figures are gRPC's own cost of a call
-against a message on a stream (a replica fetcher on a stream would pay the second).
+against a message on a stream (a replica fetcher on a stream would pay the second). With
+``--fjord-interceptor`` the server runs the brokers' interceptor
+(``fjord.observability.interceptors.server_interceptors``: a span and the RPC metrics per
+call; the global tracer provider, a no-op unless tracing is set up, as in a broker).
 
 Run::
 
     .venv/bin/python bench/grpc_call_cost.py [--exchanges 3000] [--rounds 2]
-        [--answer-bytes 16384]
+        [--answer-bytes 16384] [--fjord-interceptor]
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ from multiprocessing.queues import Queue
 import grpc
 from grpc import aio
 
+from fjord.observability.interceptors import server_interceptors
+
 SERVICE = "bench.CallCost"
 
 
@@ -33,9 +38,11 @@ def _same(data: bytes) -> bytes:
     return data
 
 
-async def _serve(answer_bytes: int, ports: Queue[int]) -> None:
+async def _serve(answer_bytes: int, ports: Queue[int], fjord_interceptor: bool) -> None:
     answer = b"x" * answer_bytes
-    server = aio.server()
+    server = aio.server(
+        interceptors=server_interceptors("bench") if fjord_interceptor else None
+    )
 
     async def unary(_request: bytes, _context: aio.ServicerContext) -> bytes:
         return answer
@@ -54,8 +61,8 @@ async def _serve(answer_bytes: int, ports: Queue[int]) -> None:
     await server.wait_for_termination()
 
 
-def _server_main(answer_bytes: int, ports: Queue[int]) -> None:
-    asyncio.run(_serve(answer_bytes, ports))
+def _server_main(answer_bytes: int, ports: Queue[int], fjord_interceptor: bool) -> None:
+    asyncio.run(_serve(answer_bytes, ports, fjord_interceptor))
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -98,10 +105,12 @@ def main() -> None:
     parser.add_argument("--exchanges", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--answer-bytes", type=int, default=16384)
+    parser.add_argument("--fjord-interceptor", action="store_true",
+                        help="the server runs the brokers' interceptor (span, metrics)")
     args = parser.parse_args()
     ports: Queue[int] = multiprocessing.Queue()
     server = multiprocessing.Process(
-        target=_server_main, args=(args.answer_bytes, ports), daemon=True
+        target=_server_main, args=(args.answer_bytes, ports, args.fjord_interceptor), daemon=True
     )
     server.start()
     try:
