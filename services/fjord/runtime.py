@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import threading
+from typing import Any
 
 GC_FREEZE_ENV_VAR = "FJORD_GC_FREEZE"
 """Set to ``false`` (or ``0``/``no``) to keep Fjord from freezing the start-up objects out of
@@ -100,6 +101,18 @@ def shorten_gil_switch_interval() -> float:
     return sys.getswitchinterval()
 
 
+def _libc_function(name: str, *argtypes: Any) -> Any:
+    """The C library's ``name`` (returning int, taking ``argtypes``), or None where this
+    process's C library has none."""
+    try:
+        function = getattr(ctypes.CDLL(None), name)
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = argtypes
+    function.restype = ctypes.c_int
+    return function
+
+
 def keep_large_buffers_in_heap() -> bool:
     """For a broker's own process: glibc's malloc serves buffers up to
     :data:`MMAP_THRESHOLD_BYTES` from the heap and keeps up to :data:`TRIM_THRESHOLD_BYTES` of
@@ -125,12 +138,9 @@ def keep_large_buffers_in_heap() -> bool:
         return False
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _libc_function("mallopt", ctypes.c_int, ctypes.c_int)
+    if mallopt is None:
         return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
     # mallopt returns 1 on success, 0 on error.
     return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
         mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
@@ -156,11 +166,8 @@ def tighten_thread_timer_slack(slack_ns: int = IO_THREAD_TIMER_SLACK_NS) -> bool
     """
     if not sys.platform.startswith("linux"):
         return False
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _libc_function("prctl", ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong, ctypes.c_ulong)
+    if prctl is None:
         return False
-    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                      ctypes.c_ulong)
-    prctl.restype = ctypes.c_int
     return prctl(_PR_SET_TIMERSLACK, slack_ns, 0, 0, 0) == 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fjord.kafka.codec import MalformedFrameError
@@ -143,17 +144,14 @@ class _Frame:
             self.take(self.uvarint())
 
 
+@dataclass(slots=True)
 class RequestHeader:
     """A request header (v1, or v2 with tagged fields skipped)."""
 
-    __slots__ = ("client_id", "correlation_id", "request_api_key", "request_api_version")
-
-    def __init__(self, api_key: int, api_version: int, correlation_id: int,
-                 client_id: str | None) -> None:
-        self.request_api_key = api_key
-        self.request_api_version = api_version
-        self.correlation_id = correlation_id
-        self.client_id = client_id
+    request_api_key: int
+    request_api_version: int
+    correlation_id: int
+    client_id: str | None
 
 
 def _header(frame: _Frame, flexible: bool) -> RequestHeader:
@@ -181,34 +179,26 @@ def _decoding(what: str, version: int, decode: Any, frame: bytes | memoryview) -
 # --- Fetch request -------------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
 class FetchPartition:
-    __slots__ = ("current_leader_epoch", "fetch_offset", "last_fetched_epoch",
-                 "log_start_offset", "partition", "partition_max_bytes")
-
-    def __init__(self, partition: int, current_leader_epoch: int, fetch_offset: int,
-                 last_fetched_epoch: int, log_start_offset: int, partition_max_bytes: int) -> None:
-        self.partition = partition
-        self.current_leader_epoch = current_leader_epoch
-        self.fetch_offset = fetch_offset
-        self.last_fetched_epoch = last_fetched_epoch
-        self.log_start_offset = log_start_offset
-        self.partition_max_bytes = partition_max_bytes
+    partition: int
+    current_leader_epoch: int
+    fetch_offset: int
+    last_fetched_epoch: int
+    log_start_offset: int
+    partition_max_bytes: int
 
 
+@dataclass(slots=True)
 class FetchTopic:
-    __slots__ = ("partitions", "topic")
-
-    def __init__(self, topic: str, partitions: list[FetchPartition]) -> None:
-        self.topic = topic
-        self.partitions = partitions
+    topic: str
+    partitions: list[FetchPartition]
 
 
+@dataclass(slots=True)
 class ForgottenTopic:
-    __slots__ = ("partitions", "topic")
-
-    def __init__(self, topic: str, partitions: list[int]) -> None:
-        self.topic = topic
-        self.partitions = partitions
+    topic: str
+    partitions: list[int]
 
 
 class FetchRequestFields:
@@ -296,35 +286,28 @@ def decode_fetch_request(frame: bytes | memoryview, version: int) -> FetchReques
 # --- Produce request -----------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
 class PartitionProduceData:
-    __slots__ = ("index", "records")
-
-    def __init__(self, index: int, records: bytes | None) -> None:
-        self.index = index
-        self.records = records
+    index: int
+    records: bytes | None
 
 
+@dataclass(slots=True)
 class TopicProduceData:
-    __slots__ = ("name", "partition_data")
-
-    def __init__(self, name: str, partition_data: list[PartitionProduceData]) -> None:
-        self.name = name
-        self.partition_data = partition_data
+    name: str
+    partition_data: list[PartitionProduceData]
 
 
+@dataclass(slots=True)
 class ProduceRequestFields:
     """A decoded Produce request (kafka-python's attribute names); each partition's
     ``records`` are the request's bytes, unparsed."""
 
-    __slots__ = ("acks", "header", "timeout_ms", "topic_data", "transactional_id")
-
-    def __init__(self, header: RequestHeader, transactional_id: str | None, acks: int,
-                 timeout_ms: int, topic_data: list[TopicProduceData]) -> None:
-        self.header = header
-        self.transactional_id = transactional_id
-        self.acks = acks
-        self.timeout_ms = timeout_ms
-        self.topic_data = topic_data
+    header: RequestHeader
+    transactional_id: str | None
+    acks: int
+    timeout_ms: int
+    topic_data: list[TopicProduceData]
 
 
 def _decode_produce(frame: _Frame, version: int) -> ProduceRequestFields:
