@@ -114,20 +114,19 @@ _KEY, _VALUE, _OFFSET, _TIMESTAMP = (
     ConsumerRecord._fields.index(name) for name in ("key", "value", "offset", "timestamp")
 )
 
-#: The C column builders (fjord.records._speedups), when the extension is in use, was built
-#: from a source that has them (an extension built before them lacks them until rebuilt) and
-#: Arrow's little-endian buffers are the machine's byte order.
+#: The C column builders (fjord.records._speedups: the columns of ConsumerRecords, and
+#: ``ColumnBuilder``, records decoded straight into Arrow buffers by ``Consumer.poll_into``),
+#: when the extension is in use, was built from a source that has them (an extension built
+#: before them lacks them until rebuilt) and Arrow's little-endian buffers are the machine's
+#: byte order.
 _COLUMNS = (
     EXTENSION
     if IMPLEMENTATION == "c"
     and hasattr(EXTENSION, "binary_column")
+    and hasattr(EXTENSION, "ColumnBuilder")
     and sys.byteorder == "little"
     else None
 )
-
-#: The C extension when it also has ``ColumnBuilder`` (records decoded straight into Arrow
-#: buffers by ``Consumer.poll_into``); an extension built before it lacks it until rebuilt.
-_BUILDER = _COLUMNS if _COLUMNS is not None and hasattr(_COLUMNS, "ColumnBuilder") else None
 
 
 def _binary_from_c(records: list[ConsumerRecord], index: int, count: int) -> pa.Array:
@@ -200,7 +199,7 @@ class ArrowColumns:
         self.timestamp_type = timestamp_type
         headers = len(schema) == 8  # headers wanted: only ConsumerRecords carry them
         self._builder = (
-            _BUILDER.ColumnBuilder(1000) if _BUILDER is not None and not headers else None
+            _COLUMNS.ColumnBuilder(1000) if _COLUMNS is not None and not headers else None
         )
         self._records: list[ConsumerRecord] = []
 
