@@ -388,6 +388,18 @@ def test_time_lag_autoscaling_tells_consumers_and_grows(  # type: ignore[no-unty
                     assert measuring["consumersToCatchUp"] is None
                     assert 3_500 < measuring["timeLagSeconds"] < 3_600 + WAIT_S
                     assert len(measuring["samples"]) == 1
+                    # The rates are over the time between the samples: 10 consumed in t seconds
+                    # against 990 waiting asks for ceil(99 t) consumers, so the second sample
+                    # must come at least 0.1 s after the first (on a quiet machine the two
+                    # passes can be 30 ms apart: 3 consumers, and the topic would grow to 3).
+                    first_sample_s = measuring["samples"][0]["time"]
+
+                    async def a_tenth_of_a_second_later() -> bool:
+                        return time.time() >= first_sample_s + 0.1
+
+                    await wait_for_async(
+                        a_tenth_of_a_second_later, "0.1 s after the first sample", WAIT_S,
+                        interval=0.02)
                     admin.alter_consumer_group_offsets(group, {tp: 10})
                     second = await reconcile_until_settled(rt, topic, autoscale=True)
                 verdict = second.status["autoscaling"]["timeLag"]
