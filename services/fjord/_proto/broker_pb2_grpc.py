@@ -45,6 +45,16 @@ class BrokerStub:
                 request_serializer=fjord_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
                 response_deserializer=fjord_dot_v1_dot_broker__pb2.FetchResponse.FromString,
                 _registered_method=True)
+        self.ProduceStream = channel.stream_stream(
+                '/fjord.v1.Broker/ProduceStream',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+                _registered_method=True)
+        self.FetchStream = channel.stream_stream(
+                '/fjord.v1.Broker/FetchStream',
+                request_serializer=fjord_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
+                response_deserializer=fjord_dot_v1_dot_broker__pb2.FetchResponse.FromString,
+                _registered_method=True)
         self.ListOffsets = channel.unary_unary(
                 '/fjord.v1.Broker/ListOffsets',
                 request_serializer=fjord_dot_v1_dot_broker__pb2.ListOffsetsRequest.SerializeToString,
@@ -97,6 +107,25 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Fetch(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProduceStream(self, request_iterator, context):
+        """Produce and Fetch requests of one client on one long-lived stream, each answered in the
+        order it arrived, as a Kafka connection answers (fjord.rpc_streams): the same messages and
+        checks as the unary calls, without a call's set-up per request. Produce requests of a
+        stream are appended in arrival order and overlap while they wait for their acks (up to
+        16 in flight); Fetch requests are served one after the other (a fetch session's epochs are
+        sequential). A request that fails the stream (a bug, the caller gone) ends it with a
+        gRPC status: the client fails every request still waiting on it and retries on a new one.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def FetchStream(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -176,6 +205,16 @@ def add_BrokerServicer_to_server(servicer, server):
             ),
             'Fetch': grpc.unary_unary_rpc_method_handler(
                     servicer.Fetch,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.FetchRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.FetchResponse.SerializeToString,
+            ),
+            'ProduceStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.ProduceStream,
+                    request_deserializer=fjord_dot_v1_dot_broker__pb2.ProduceRequest.FromString,
+                    response_serializer=fjord_dot_v1_dot_broker__pb2.ProduceResponse.SerializeToString,
+            ),
+            'FetchStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.FetchStream,
                     request_deserializer=fjord_dot_v1_dot_broker__pb2.FetchRequest.FromString,
                     response_serializer=fjord_dot_v1_dot_broker__pb2.FetchResponse.SerializeToString,
             ),
@@ -272,6 +311,60 @@ class Broker:
             request,
             target,
             '/fjord.v1.Broker/Fetch',
+            fjord_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.FetchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProduceStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fjord.v1.Broker/ProduceStream',
+            fjord_dot_v1_dot_broker__pb2.ProduceRequest.SerializeToString,
+            fjord_dot_v1_dot_broker__pb2.ProduceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def FetchStream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/fjord.v1.Broker/FetchStream',
             fjord_dot_v1_dot_broker__pb2.FetchRequest.SerializeToString,
             fjord_dot_v1_dot_broker__pb2.FetchResponse.FromString,
             options,

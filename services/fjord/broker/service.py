@@ -6,8 +6,11 @@ other than OK only means a transport failure or a bug (logged, UNKNOWN to the ca
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import TypeVar
 
 import grpc
 from grpc import aio
@@ -25,6 +28,7 @@ from fjord.cluster.dynamic_config import describe_default_broker_config
 from fjord.cluster.topic_config import describe_broker_config
 from fjord.errors import ErrorCode, FjordError
 from fjord.groups.defaults import OFFSETS_TOPIC
+from fjord.kafka.server import MAX_IN_FLIGHT_PRODUCE
 from fjord.metadata import MetadataImage
 from fjord.metadata.coordinator_lookup import (
     KEY_TYPE_TRANSACTION,
@@ -33,6 +37,8 @@ from fjord.metadata.coordinator_lookup import (
     missing_coordinator_topics,
 )
 from fjord.metadata.view import MetadataResponder, brokers_by_sasl_door
+from fjord.observability.metrics import record_rpc
+from fjord.rpc_streams import answer_in_order
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
 from fjord.serving import grpc_caller
@@ -40,6 +46,9 @@ from fjord.tls import ClusterActionGuard
 from fjord.transactions.defaults import TRANSACTION_STATE_TOPIC
 
 log = logging.getLogger(__name__)
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
 
 _CLUSTER_AUTHORIZATION_FAILED = common_pb2.Error(
     code=ErrorCode.CLUSTER_AUTHORIZATION_FAILED.code,
@@ -128,6 +137,27 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         return detached.attach_to(
             await self.fetch(grpc_caller(context), request, detached=detached)
         )
+
+    async def ProduceStream(
+        self, requests: AsyncIterator[broker_pb2.ProduceRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[broker_pb2.ProduceResponse]:
+        """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
+        a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
+        async for answer in answer_in_order(
+            requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
+            MAX_IN_FLIGHT_PRODUCE,
+        ):
+            yield answer
+
+    async def FetchStream(
+        self, requests: AsyncIterator[broker_pb2.FetchRequest], context: aio.ServicerContext
+    ) -> AsyncIterator[broker_pb2.FetchResponse | DetachedFetchResponse]:
+        """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
+        is, one after the other."""
+        async for answer in answer_in_order(
+            requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
+        ):
+            yield answer
 
     async def WriteTxnMarkers(
         self, request: broker_pb2.WriteTxnMarkersRequest, context: aio.ServicerContext
@@ -419,6 +449,35 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
 BROKER_SERVICE = "fjord.v1.Broker"
 
 
+#: The unary methods a stream's requests are counted under in the RPC metrics (the stream
+#: itself is one RPC of its own name to the interceptors; see :func:`_counted`).
+PRODUCE_METHOD = "fjord.v1.Broker/Produce"
+FETCH_METHOD = "fjord.v1.Broker/Fetch"
+
+
+def _counted(
+    method: str, handle: Callable[[Req], Awaitable[Resp]]
+) -> Callable[[Req], Awaitable[Resp]]:
+    """``handle`` with one ``fjord_rpc_server_*`` sample per request under ``method``, so a
+    request that came on a stream counts as the unary call it replaces (no span: a stream's
+    requests carry no trace context of their own)."""
+
+    async def counted(request: Req) -> Resp:
+        start = time.perf_counter()
+        code = "UNKNOWN"
+        try:
+            answer = await handle(request)
+            code = "OK"
+            return answer
+        except asyncio.CancelledError:
+            code = "CANCELLED"
+            raise
+        finally:
+            record_rpc("server", "broker", method, code, time.perf_counter() - start)
+
+    return counted
+
+
 def add_broker_service(servicer: BrokerServicer, server: aio.Server) -> None:
     """Serve ``servicer`` on ``server`` as the generated ``add_BrokerServicer_to_server``
     does, except that Fetch answers are serialised by
@@ -440,6 +499,12 @@ def add_broker_service(servicer: BrokerServicer, server: aio.Server) -> None:
     methods["Fetch"] = grpc.unary_unary_rpc_method_handler(
         fetch.unary_unary,
         request_deserializer=fetch.request_deserializer,
+        response_serializer=serialize_fetch_response,
+    )
+    fetch_stream = methods["FetchStream"]
+    methods["FetchStream"] = grpc.stream_stream_rpc_method_handler(
+        fetch_stream.stream_stream,
+        request_deserializer=fetch_stream.request_deserializer,
         response_serializer=serialize_fetch_response,
     )
     server.add_generic_rpc_handlers(

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from fjord._proto import broker_pb2
 from fjord.client.metadata import ClusterSnapshot
-from fjord.client.network import EventLoopThread, Network, transport_error
+from fjord.client.network import EventLoopThread, Network
 from fjord.client.offset_fetcher import OffsetFetcher
 from fjord.client.subscription_state import SubscriptionState
 from fjord.client.types import ConsumerRecord, TopicPartition
@@ -517,8 +517,8 @@ class Fetcher:
     def _start_fetch(
         self, node_id: int, partitions: dict[TopicPartition, int]
     ) -> Awaitable[broker_pb2.FetchResponse]:
-        """A Fetch of ``partitions`` from their offsets sent to broker ``node_id`` (the call
-        starts on the next loop turn); raises FjordError when the broker is gone."""
+        """A Fetch of ``partitions`` from their offsets to broker ``node_id`` (sent when
+        awaited); raises FjordError when the broker is gone."""
         cfg = self._config
         snapshot = self._network.snapshot
         node = snapshot.brokers.get(node_id)
@@ -543,21 +543,7 @@ class Fetcher:
             topics=[broker_pb2.FetchTopic(name=n, partitions=ps) for n, ps in by_topic.items()],
             isolation_level=1 if self._read_committed else 0,
         )
-        address = node.address
-        try:
-            call = self._network.broker(address).Fetch(request, timeout=self._request_timeout_s)
-        except Exception as exc:
-            raise transport_error(exc, address) from exc
-        return self._answer_of(call, address)
-
-    @staticmethod
-    async def _answer_of(
-        call: Awaitable[broker_pb2.FetchResponse], address: str
-    ) -> broker_pb2.FetchResponse:
-        try:
-            return await call
-        except Exception as exc:
-            raise transport_error(exc, address) from exc
+        return self._network.fetch(node.address, request, self._request_timeout_s)
 
     def _next_fetch(self, node_id: int) -> dict[TopicPartition, int]:
         """After an answer from ``node_id`` was stored: what to fetch next from it (claimed in

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import os
 import sys
 import threading
 import time
@@ -33,11 +34,15 @@ from fjord.errors import (
     error_code_from_number,
     error_for_code,
 )
+from fjord.rpc_streams import OrderedStream, StreamUnimplementedError
 from fjord.runtime import freeze_startup_objects, tighten_thread_timer_slack
 from fjord.security import ClientSecurity
 from fjord.tls import open_channel
 
 log = logging.getLogger(__name__)
+
+#: Set to ``0`` to send Produce and Fetch as unary calls (see ``Network.rpc_streams``).
+RPC_STREAMS_ENV = "FJORD_CLIENT_RPC_STREAMS"
 
 T = TypeVar("T")
 
@@ -192,6 +197,17 @@ class Network:
         self._refresh: asyncio.Task[ClusterSnapshot] | None = None
         self._last_refresh = 0.0
         self.closed = False
+        #: Produce and Fetch go on one stream per broker and kind (fjord.rpc_streams) unless
+        #: the channels are instrumented (a span and a traceparent per call need the call) or
+        #: log in with SASL (a session token is checked when a call starts, and a stream would
+        #: outlive the session); FJORD_CLIENT_RPC_STREAMS=0 turns them off (benchmarks' A/B).
+        self.rpc_streams = (
+            not self.interceptors
+            and (security is None or security.sasl is None)
+            and os.environ.get(RPC_STREAMS_ENV, "1") != "0"
+        )
+        self._streams: dict[tuple[str, str], OrderedStream[Any, Any]] = {}
+        self._unary_only: set[str] = set()  # brokers that do not serve the streams
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -218,6 +234,41 @@ class Network:
         if stub is None:
             stub = self._brokers[address] = broker_pb2_grpc.BrokerStub(self._channel(address))
         return stub
+
+    async def produce(
+        self, address: str, request: broker_pb2.ProduceRequest, timeout_s: float
+    ) -> broker_pb2.ProduceResponse:
+        """A Produce to the broker at ``address``: on its ProduceStream when streams are on
+        (see ``rpc_streams``), else a unary call. Raises a typed FjordError (retriable
+        NetworkError / StreamClosedError, KafkaTimeoutError) on a transport failure."""
+        return await self._broker_call(address, "Produce", request, timeout_s)
+
+    async def fetch(
+        self, address: str, request: broker_pb2.FetchRequest, timeout_s: float
+    ) -> broker_pb2.FetchResponse:
+        """A Fetch to the broker at ``address``, as :meth:`produce` sends a Produce."""
+        return await self._broker_call(address, "Fetch", request, timeout_s)
+
+    async def _broker_call(self, address: str, method: str, request: Any, timeout_s: float) -> Any:
+        if self.rpc_streams and address not in self._unary_only:
+            try:
+                return await self._stream(address, method).call(request, timeout_s)
+            except StreamUnimplementedError:
+                # Nothing was handled: this broker predates the streams; unary from now on.
+                log.info("%s serves no %sStream: unary calls from now on", address, method)
+                self._unary_only.add(address)
+        try:
+            return await getattr(self.broker(address), method)(request, timeout=timeout_s)
+        except Exception as exc:
+            raise transport_error(exc, address) from exc
+
+    def _stream(self, address: str, method: str) -> OrderedStream[Any, Any]:
+        stream = self._streams.get((address, method))
+        if stream is None:
+            open_call = getattr(self.broker(address), method + "Stream")
+            stream = OrderedStream(open_call, address, method + "Stream")
+            self._streams[(address, method)] = stream
+        return stream
 
     def controller(self, address: str) -> controller_pb2_grpc.ControllerStub:
         stub = self._controllers.get(address)
@@ -347,6 +398,9 @@ class Network:
         self.closed = True
         if self._refresh is not None and not self._refresh.done():
             self._refresh.cancel()
+        streams, self._streams = list(self._streams.values()), {}
+        for stream in streams:
+            stream.close()
         channels, self._channels = list(self._channels.values()), {}
         self._brokers.clear()
         self._controllers.clear()

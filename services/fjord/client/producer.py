@@ -334,12 +334,7 @@ class _Sender:
                 batches, self.acks, int(self.timeout_s * 1000),
                 transactional_id=self.txn.transactional_id if self.txn is not None else "",
             )
-            try:
-                response = await self.network.broker(node.address).Produce(
-                    request, timeout=self.timeout_s
-                )
-            except Exception as exc:
-                raise transport_error(exc, node.address) from exc
+            response = await self.network.produce(node.address, request, self.timeout_s)
             if self.acks == 0:
                 results = {b.tp: PartitionResult(ErrorCode.NONE) for b in batches}
             else:
