@@ -56,6 +56,12 @@ async def answer_in_order(
     call's."""
     if in_flight < 1:
         raise ValueError(f"in_flight must be at least 1, not {in_flight}")
+    if in_flight == 1:
+        # One after the other: the handler runs in this task, as a unary call's does (no
+        # reader task, queue or hand-over between tasks on the answer's way out).
+        async for request in requests:
+            yield await handle(request)
+        return
     started: asyncio.Queue[asyncio.Future[Resp] | None] = asyncio.Queue()
     room = asyncio.Semaphore(in_flight)
 
