@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -87,6 +88,56 @@ async def answer_in_order(
             left = started.get_nowait()
             if left is not None:
                 left.cancel()
+
+
+class OpenStreams:
+    """The server tasks of the streams a servicer is serving, so that a stopping server can
+    end them: an open stream never ends by itself, and ``aio.Server.stop(grace)`` would wait
+    out the whole grace for it. Ending a stream cancels what its task waits for (the next
+    request, a running handler: as the grace's end cancels a unary call) and the stream
+    ends with status OK, so the client sees it closed at once and retries elsewhere.
+
+    Cancelling the task is not enough by itself: grpc.aio takes a server task that raised
+    CancelledError for a call its client cancelled and sends nothing, so the client would
+    wait for its request timeout. Hence :meth:`serving` turns that cancellation into the
+    handler's return. (A cancel that lands while an answer is being sent is grpc.aio's, and
+    the server's grace applies to that stream: end the streams before waking parked handlers.)
+    """
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ended = False
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[None]:
+        """Around the body of a stream handler (it runs in the stream's server task): after
+        :meth:`end_all` the body's wait is cancelled and the cancellation ends the body
+        quietly. A stream that opens after :meth:`end_all` ends at its first wait."""
+        task = asyncio.current_task()
+        assert task is not None
+        if self._ended:
+            task.cancel()
+        self._tasks.add(task)
+        try:
+            yield
+        except asyncio.CancelledError:
+            if not self._ended:
+                raise  # the client went away (or the server's grace ran out)
+            task.uncancel()
+        finally:
+            self._tasks.discard(task)
+
+    def end_all(self) -> int:
+        """Cancels every stream being served, and any opened from now on; returns how many
+        were open."""
+        self._ended = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return len(tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
 
 
 # --- client ---------------------------------------------------------------------------------

@@ -369,6 +369,7 @@ class BrokerServer:
         self._lease_thread: LeaseKeepAliveThread | None = None
         self._server: aio.Server | None = None
         self._sasl_server: aio.Server | None = None
+        self._servicer: BrokerServicer | None = None
         #: The SASL gRPC door's bound port (0: no door).
         self.sasl_port = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -439,6 +440,7 @@ class BrokerServer:
             access=access,
         )
         add_broker_service(servicer, self._server)
+        self._servicer = servicer
         self.port = bind_grpc_port(
             self._server, opts.listen_host, opts.listen_port, opts.security
         )
@@ -455,7 +457,7 @@ class BrokerServer:
                     ("grpc.so_reuseport", 0),
                 ],
             )
-            add_broker_service(servicer, self._sasl_server)
+            add_broker_service(servicer, self._sasl_server, streams=False)
             host, port = opts.sasl_grpc_listener
             self.sasl_port = bind_sasl_port(self._sasl_server, f"{host}:{port}", opts.security)
             if not self.sasl_port:
@@ -550,6 +552,11 @@ class BrokerServer:
         if self._stopped.is_set():
             return
         self._stopped.set()
+        if self._servicer is not None:
+            # First: else the server's stop waits its whole grace for the clients' open
+            # streams (and after replicas.close() a parked fetch's answer may be on its way
+            # out, where a cancel does not end the stream: fjord.rpc_streams.OpenStreams).
+            self._servicer.open_streams.end_all()
         if self.replicas is not None:
             self.replicas.close()
         if self._fetchers is not None:

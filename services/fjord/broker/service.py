@@ -38,7 +38,7 @@ from fjord.metadata.coordinator_lookup import (
 )
 from fjord.metadata.view import MetadataResponder, brokers_by_sasl_door
 from fjord.observability.metrics import record_rpc
-from fjord.rpc_streams import answer_in_order
+from fjord.rpc_streams import OpenStreams, answer_in_order
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
 from fjord.serving import grpc_caller
@@ -111,6 +111,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         self._producer_ids = producer_ids
         self._offsets_topic = offsets_topic
         self._metadata = MetadataResponder()
+        #: ProduceStream/FetchStream calls being served (the broker ends them when it stops).
+        self.open_streams = OpenStreams()
 
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: aio.ServicerContext
@@ -143,21 +145,23 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
         """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
-        async for answer in answer_in_order(
-            requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
-            MAX_IN_FLIGHT_PRODUCE,
-        ):
-            yield answer
+        with self.open_streams.serving():
+            async for answer in answer_in_order(
+                requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
+                MAX_IN_FLIGHT_PRODUCE,
+            ):
+                yield answer
 
     async def FetchStream(
         self, requests: AsyncIterator[broker_pb2.FetchRequest], context: aio.ServicerContext
     ) -> AsyncIterator[broker_pb2.FetchResponse | DetachedFetchResponse]:
         """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
         is, one after the other."""
-        async for answer in answer_in_order(
-            requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
-        ):
-            yield answer
+        with self.open_streams.serving():
+            async for answer in answer_in_order(
+                requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
+            ):
+                yield answer
 
     async def WriteTxnMarkers(
         self, request: broker_pb2.WriteTxnMarkersRequest, context: aio.ServicerContext
@@ -478,11 +482,15 @@ def _counted(
     return counted
 
 
-def add_broker_service(servicer: BrokerServicer, server: aio.Server) -> None:
+def add_broker_service(
+    servicer: BrokerServicer, server: aio.Server, *, streams: bool = True
+) -> None:
     """Serve ``servicer`` on ``server`` as the generated ``add_BrokerServicer_to_server``
     does, except that Fetch answers are serialised by
     :func:`fjord.broker.fetch_wire.serialize_fetch_response` (a follower's answer arrives as
-    a DetachedFetchResponse)."""
+    a DetachedFetchResponse), and without ProduceStream/FetchStream unless ``streams``
+    (a SASL door checks a session when a call starts: a stream would outlive the session,
+    so there the clients' requests stay unary calls, after one UNIMPLEMENTED)."""
     methods: dict[str, grpc.RpcMethodHandler] = {}
 
     class Capture:
@@ -507,6 +515,8 @@ def add_broker_service(servicer: BrokerServicer, server: aio.Server) -> None:
         request_deserializer=fetch_stream.request_deserializer,
         response_serializer=serialize_fetch_response,
     )
+    if not streams:
+        del methods["ProduceStream"], methods["FetchStream"]
     server.add_generic_rpc_handlers(
         (grpc.method_handlers_generic_handler(BROKER_SERVICE, methods),)
     )
