@@ -32,6 +32,7 @@ from fjord.errors import ErrorCode
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder, read_batches
 from fjord.testing.waiting import is_value, wait_for
+from tests.helpers.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -197,6 +198,13 @@ def wait_isr(
     )
 
 
+def served(cluster: LocalCluster, broker: int, method: str) -> float:
+    """How many calls of the Broker service's ``method`` ``broker`` has answered (its
+    /metrics; a request on a FetchStream counts under Fetch, the stream under FetchStream)."""
+    return metric_value(cluster.metrics_address("broker", broker),
+                        "fjord_rpc_server_requests_total", method=f"fjord.v1.Broker/{method}")
+
+
 def wait_replicated(cluster: LocalCluster, topic: str, brokers: list[int], end: int) -> None:
     wait_for(
         lambda: all(log_end_offset(cluster, b, topic) == end for b in brokers),
@@ -249,7 +257,14 @@ def test_follower_catches_up_after_restart_and_rejoins_the_isr(
     leader = leader_of(cluster, topic)
     wait_isr(cluster, topic, BROKERS)
     follower = next(b for b in BROKERS if b != leader)
+    # The followers fetch on the leader's FetchStream: each request counts under Fetch, the
+    # stream itself under FetchStream once it ends (here: when the follower stops).
+    streams = served(cluster, leader, "FetchStream")
+    fetches = served(cluster, leader, "Fetch")
+    wait_for(lambda: served(cluster, leader, "Fetch") > fetches, "followers fetching")
     cluster.kill("broker", follower, signal.SIGTERM)  # clean stop: its lease goes at once
+    wait_for(lambda: served(cluster, leader, "FetchStream") > streams,
+             f"broker {follower}'s FetchStream to the leader ended")
     for i in range(20):  # acks=1: nothing waits for the dead follower
         assert produce(cluster, leader, topic, [f"a{i}".encode()] * 5, acks=1).error.code == 0
     others = [b for b in BROKERS if b != follower]
@@ -259,6 +274,32 @@ def test_follower_catches_up_after_restart_and_rejoins_the_isr(
     wait_isr(cluster, topic, BROKERS)
     out = produce(cluster, leader_of(cluster, topic), topic, [b"after"])
     assert out.error.code == 0 and out.base_offset == 100
+
+
+def test_followers_whose_fetch_streams_break_fetch_again_and_catch_up(
+    cluster: LocalCluster, admin: AdminClient
+) -> None:
+    """The leader SIGKILLed and started again at once: the followers' open FetchStreams to it
+    break under them; each fails its waiting fetch as a failed call (session reset, backoff)
+    and fetches again on a new stream, so every replica holds what is written afterwards."""
+    topic = new_topic(admin)
+    leader = leader_of(cluster, topic)
+    wait_isr(cluster, topic, BROKERS)
+    assert produce(cluster, leader, topic, [b"before"] * 5).error.code == 0
+    followers = [b for b in BROKERS if b != leader]
+    logs = {b: cluster.data_dir / "logs" / f"broker-{b}.log" for b in followers}
+    logged = {b: logs[b].stat().st_size for b in followers}
+    cluster.kill("broker", leader)
+    cluster.start_broker(leader)
+    broke = f"fetch from broker {leader} failed (StreamClosedError: FetchStream"
+    for b in followers:
+        wait_for(lambda b=b: broke in logs[b].read_bytes()[logged[b]:].decode(errors="replace"),
+                 f"broker {b} to see its FetchStream to broker {leader} break")
+    # acks=1: appended once answered (a retried acks=all write could be in the log twice).
+    assert produce(cluster, leader_of(cluster, topic), topic, [b"after"] * 5, acks=1
+                   ).error.code == 0
+    wait_replicated(cluster, topic, list(BROKERS), 10)
+    wait_isr(cluster, topic, BROKERS)
 
 
 def test_stopped_follower_leaves_the_isr_and_rejoins_after_sigcont(

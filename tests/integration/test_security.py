@@ -3,9 +3,10 @@ processes, real TLS, etcd over https with client certificates) shared by this mo
 
 - mutual TLS works for fjord.client and confluent-kafka (gRPC and the SSL:// Kafka listener);
 - refused: no certificate, a certificate of another CA, an expired one of the cluster's CA;
-- a client certificate (not the cluster service identity) that forges a follower Fetch,
-  AlterPartition or a __consumer_offsets append gets CLUSTER_AUTHORIZATION_FAILED and the high
-  watermark does not move; so does one that writes transaction markers (gRPC and Kafka door);
+- a client certificate (not the cluster service identity) that forges a follower Fetch (unary
+  or on the FetchStream), AlterPartition or a __consumer_offsets append gets
+  CLUSTER_AUTHORIZATION_FAILED and the high watermark does not move; so does one that writes
+  transaction markers (gRPC and Kafka door);
 - garbage in a TLS handshake closes that connection only; the service goes on.
 """
 
@@ -230,6 +231,12 @@ def test_a_client_certificate_cannot_act_as_a_broker(cluster: LocalCluster) -> N
                 answer = broker_pb2_grpc.BrokerStub(channel).Fetch(fetch, timeout=5)
                 assert answer.error.code == CLUSTER_AUTHORIZATION_FAILED
                 assert not answer.topics
+                # The same on the FetchStream the real followers use: checked per request.
+                streamed = list(broker_pb2_grpc.BrokerStub(channel).FetchStream(
+                    iter([fetch, fetch]), timeout=5
+                ))
+                assert [a.error.code for a in streamed] == [CLUSTER_AUTHORIZATION_FAILED] * 2
+                assert not any(a.topics for a in streamed)
                 append = broker_pb2.ProduceRequest(acks=-1, timeout_ms=5000)
                 append.topics.add(name=OFFSETS_TOPIC).partitions.add(
                     partition=0, records=b"", coordinator_epoch=1 << 30

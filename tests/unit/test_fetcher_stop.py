@@ -52,20 +52,22 @@ def manager(tmp_path: Path) -> Iterator[ReplicaManager]:
 
 
 class FailingAsCancelled:
-    """A Fetch stub whose call behaves as grpc.aio's unary call does when it is cancelled just
-    as its UNAVAILABLE failure arrives: the await raises that AioRpcError, not CancelledError
-    (grpc/aio/_call.py: ``_invoke`` catches the CancelledError, ``cancel()`` finds the call
-    done, ``__await__`` raises the call's status)."""
+    """A leader link whose fetch behaves as grpc.aio's unary call does (the fetcher's call to
+    a leader without FetchStream) when it is cancelled just as its UNAVAILABLE failure
+    arrives: the await raises that AioRpcError, not CancelledError (grpc/aio/_call.py:
+    ``_invoke`` catches the CancelledError, ``cancel()`` finds the call done, ``__await__``
+    raises the call's status)."""
 
     def __init__(self) -> None:
         self.calls = 0
         self.in_flight = asyncio.Event()
+        self.address = "127.0.0.1:1"
 
-    async def Fetch(self, _request: Any, timeout: float) -> Any:
+    async def fetch(self, _request: Any, timeout_s: float) -> Any:
         self.calls += 1
         self.in_flight.set()
         with contextlib.suppress(asyncio.CancelledError):  # as grpc.aio's _invoke does
-            await asyncio.sleep(timeout)
+            await asyncio.sleep(timeout_s)
         raise aio.AioRpcError(
             grpc.StatusCode.UNAVAILABLE, aio.Metadata(), aio.Metadata(), "connection refused"
         )
@@ -76,7 +78,7 @@ class StubbedFetcher(SourceFetcher):
         super().__init__(LEADER, manager, lambda _id: "127.0.0.1:1", lambda: 1)
         self.stub = stub
 
-    async def _stub(self) -> Any:
+    async def _leader_link(self) -> Any:
         return self.stub
 
 

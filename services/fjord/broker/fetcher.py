@@ -3,8 +3,10 @@
 Each :class:`SourceFetcher` loops: build one Fetch for every partition it follows on that
 leader (:func:`fjord.broker.replication.build_fetch_request`), send it (the leader parks it up
 to ``replica.fetch.wait.max.ms``), and hand each partition's answer to the ReplicaManager, which
-truncates, appends and adopts the high watermark. The pure decisions live in
-:mod:`fjord.broker.replication` and :mod:`fjord.broker.partition`.
+truncates, appends and adopts the high watermark. The Fetch requests go on the leader's
+FetchStream (:class:`LeaderLink`, fjord.rpc_streams): one stream per followed leader instead of
+a unary call per fetch. The pure decisions live in :mod:`fjord.broker.replication` and
+:mod:`fjord.broker.partition`.
 """
 
 from __future__ import annotations
@@ -15,9 +17,8 @@ import logging
 from collections.abc import Callable
 
 import grpc
-from grpc import aio
 
-from fjord._proto import broker_pb2, broker_pb2_grpc
+from fjord._proto import broker_pb2
 from fjord.broker import defaults
 from fjord.broker.fetch_session import FetchSessionHandler
 from fjord.broker.fetch_wire import decode_fetch_response
@@ -28,7 +29,8 @@ from fjord.broker.replication import (
     build_fetch_request,
     group_by_source,
 )
-from fjord.errors import ErrorCode
+from fjord.errors import ErrorCode, FjordError
+from fjord.rpc_streams import OrderedStream, StreamUnimplementedError
 from fjord.tls import open_channel
 from fjord.topic_partition import TopicPartition
 
@@ -40,11 +42,93 @@ FETCH_CALL_MARGIN_S = 5.0
 
 #: The Broker service's Fetch method (the follower's call, with its own answer decoder).
 FETCH_METHOD = "/fjord.v1.Broker/Fetch"
+#: The Broker service's FetchStream method: Fetch requests on one stream, answered in order.
+FETCH_STREAM_METHOD = "/fjord.v1.Broker/FetchStream"
+
+#: What a Fetch to the leader raises when it failed in transport (the leader gone, the call or
+#: stream broken or timed out): the unary call's RpcError, or the stream's StreamClosedError /
+#: KafkaTimeoutError (both FjordErrors).
+FETCH_FAILURES = (grpc.RpcError, FjordError)
 
 #: Top-level fetch errors that only end the fetch session (the next fetch is a full one).
 SESSION_ERRORS = frozenset(
     {ErrorCode.FETCH_SESSION_ID_NOT_FOUND.code, ErrorCode.INVALID_FETCH_SESSION_EPOCH.code}
 )
+
+
+class LeaderLink:
+    """The follower's connection to the leader at ``address``: one channel, and its Fetch
+    requests on the leader's FetchStream (an OrderedStream, opened at the first fetch and
+    again after one closed), each answered as the unary Fetch is and decoded by the same
+    fetch_wire decoder. A leader that does not serve FetchStream (an older broker: the stream
+    fails as UNIMPLEMENTED, nothing was handled) gets the same request as a unary Fetch, and
+    unary calls for the rest of this link's life; the fetcher replaces the link after any
+    failure, so an upgraded leader is asked for the stream again.
+
+    :meth:`fetch` raises one of FETCH_FAILURES when the request failed in transport.
+    Invariant: at most one request in flight (the fetcher awaits each answer), so a stream's
+    answers need no matching beyond their order.
+    """
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self._channel = open_channel(
+            address,
+            options=[
+                ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+                ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
+            ],
+        )
+        # Large answers are read with their records left in the received message (fetch_wire:
+        # upb would copy them twice); the answer's type differs, its fields not.
+        self._unary = self._channel.unary_unary(
+            FETCH_METHOD,
+            request_serializer=broker_pb2.FetchRequest.SerializeToString,
+            response_deserializer=decode_fetch_response,
+        )
+        open_stream = self._channel.stream_stream(
+            FETCH_STREAM_METHOD,
+            request_serializer=broker_pb2.FetchRequest.SerializeToString,
+            response_deserializer=decode_fetch_response,
+        )
+        #: None once the leader said it serves no FetchStream.
+        self._stream: OrderedStream[broker_pb2.FetchRequest, broker_pb2.FetchResponse] | None = (
+            OrderedStream(open_stream, address, "FetchStream")
+        )
+
+    @property
+    def streaming(self) -> bool:
+        """Whether fetches go on the FetchStream (False after the leader refused it)."""
+        return self._stream is not None
+
+    async def fetch(
+        self, request: broker_pb2.FetchRequest, timeout_s: float
+    ) -> broker_pb2.FetchResponse:
+        stream = self._stream
+        if stream is not None:
+            try:
+                return await stream.call(request, timeout_s)
+            except StreamUnimplementedError:
+                log.info("broker at %s serves no FetchStream: follower fetches as unary calls",
+                         self.address)
+                self._stream = None
+                stream.close()
+        return await self._unary(request, timeout=timeout_s)
+
+    async def close(self) -> None:
+        """Ends the stream (a fetch waiting on it fails with StreamClosedError) and the
+        channel."""
+        if self._stream is not None:
+            self._stream.close()
+        with contextlib.suppress(Exception):
+            await self._channel.close()
+
+
+def _failure_text(exc: BaseException) -> str:
+    """A failed fetch as the log states it: the gRPC status of a unary call, else the error."""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return str(exc.code())
+    return f"{type(exc).__name__}: {exc}"
 
 
 class SourceFetcher:
@@ -72,11 +156,9 @@ class SourceFetcher:
         self.targets: dict[TopicPartition, FollowerTarget] = {}
         self._delayed_until: dict[TopicPartition, float] = {}
         self._changed = asyncio.Event()
-        self._channel: aio.Channel | None = None
-        self._channel_address: str | None = None
-        #: The stub of ``_channel`` (made once per channel: a stub builds a callable per
-        #: method of the service, too much work for every fetch).
-        self._channel_stub: broker_pb2_grpc.BrokerStub | None = None
+        #: The channel (and FetchStream) to the leader, opened at the first fetch, replaced
+        #: after a failed fetch or when the leader's address changed.
+        self._link: LeaderLink | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         #: The incremental fetch session with the leader (KIP-227): idle partitions are
@@ -139,38 +221,20 @@ class SourceFetcher:
         await self.close_channel()
 
     async def close_channel(self) -> None:
-        if self._channel is not None:
-            with contextlib.suppress(Exception):
-                await self._channel.close()
-        self._channel = None
-        self._channel_address = None
-        self._channel_stub = None
+        """Close the link to the leader (its stream and channel); the next fetch opens one."""
+        link, self._link = self._link, None
+        if link is not None:
+            await link.close()
 
-    async def _stub(self) -> broker_pb2_grpc.BrokerStub | None:
+    async def _leader_link(self) -> LeaderLink | None:
+        """The link to the leader's current address (None while the leader is unregistered)."""
         address = self._address_of(self.source_id)
         if address is None:
             return None
-        if self._channel is None or address != self._channel_address:
+        if self._link is None or address != self._link.address:
             await self.close_channel()
-            self._channel = open_channel(
-                address,
-                options=[
-                    ("grpc.max_send_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
-                    ("grpc.max_receive_message_length", defaults.GRPC_MAX_MESSAGE_BYTES),
-                ],
-            )
-            self._channel_address = address
-        if self._channel_stub is None:
-            stub = broker_pb2_grpc.BrokerStub(self._channel)
-            # Large answers are read with their records left in the received message
-            # (fetch_wire: upb would copy them twice); the answer's type differs, its fields not.
-            stub.Fetch = self._channel.unary_unary(
-                FETCH_METHOD,
-                request_serializer=broker_pb2.FetchRequest.SerializeToString,
-                response_deserializer=decode_fetch_response,
-            )
-            self._channel_stub = stub
-        return self._channel_stub
+            self._link = LeaderLink(address)
+        return self._link
 
     async def _pause(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early when the followed partitions changed since the
@@ -222,8 +286,8 @@ class SourceFetcher:
                 wake = min(self._delayed_until.values(), default=now + backoff_s)
                 await self._pause(max(0.001, min(backoff_s, wake - now)))
                 continue
-            stub = await self._stub()
-            if stub is None:  # the leader is not registered (yet): wait for metadata
+            link = await self._leader_link()
+            if link is None:  # the leader is not registered (yet): wait for metadata
                 await self._pause(backoff_s)
                 continue
             plan = self.session.build(positions)
@@ -232,19 +296,19 @@ class SourceFetcher:
                 session_id=plan.session_id, session_epoch=plan.epoch, forgotten=plan.forgotten,
             )
             try:
-                response = await stub.Fetch(
-                    request, timeout=settings.fetch_wait_max_ms / 1000 + FETCH_CALL_MARGIN_S
+                response = await link.fetch(
+                    request, settings.fetch_wait_max_ms / 1000 + FETCH_CALL_MARGIN_S
                 )
             except asyncio.CancelledError:
                 raise
-            except grpc.RpcError as exc:
+            except FETCH_FAILURES as exc:
                 self.session.reset()
                 if self._stopping:  # possibly our own cancel, turned into the call's error
                     return
                 log.info(
                     "fetch from broker %d failed (%s); retrying in %.2f s",
                     self.source_id,
-                    exc.code() if hasattr(exc, "code") else exc,
+                    _failure_text(exc),
                     backoff_s,
                 )
                 await self.close_channel()
