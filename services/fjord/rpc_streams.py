@@ -19,7 +19,7 @@ Both sides keep Kafka's connection rules:
   not answered within its timeout fails with KafkaTimeoutError and closes the stream (the
   answers of the others can no longer be trusted to line up, as a Kafka client closes the
   connection on a request timeout); every request waiting on a closed stream fails with a
-  retriable NetworkError, and the next call opens a new stream.
+  retriable StreamClosedError (NETWORK_EXCEPTION), and the next call opens a new stream.
 """
 
 from __future__ import annotations
