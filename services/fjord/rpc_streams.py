@@ -20,6 +20,12 @@ Both sides keep Kafka's connection rules:
   answers of the others can no longer be trusted to line up, as a Kafka client closes the
   connection on a request timeout); every request waiting on a closed stream fails with a
   retriable StreamClosedError (NETWORK_EXCEPTION), and the next call opens a new stream.
+- **Headers first**: a server of such a stream sends its headers when the call starts,
+  before it reads (``context.send_initial_metadata``), and the client writes a new stream's
+  first request only once they came. That is how the client tells a server without the
+  method (it answers the headers with UNIMPLEMENTED: StreamUnimplementedError, fall back to
+  unary calls) from one that serves it: a request being written when the UNIMPLEMENTED
+  status arrives makes grpc end the call as INTERNAL instead.
 """
 
 from __future__ import annotations
@@ -161,7 +167,7 @@ class StreamUnimplementedError(FjordError):
 class _Stream(Generic[Resp]):
     """One open call: its writes in order, the futures of the requests waiting for answers."""
 
-    __slots__ = ("call", "closed", "reader", "waiting", "writing")
+    __slots__ = ("call", "closed", "error", "reader", "served", "waiting", "writing")
 
     def __init__(self, call: Any) -> None:
         self.call = call
@@ -169,12 +175,20 @@ class _Stream(Generic[Resp]):
         self.writing = asyncio.Lock()
         self.reader: asyncio.Future[None] | None = None
         self.closed = False
+        #: Why the stream closed (the error of the requests that were waiting on it).
+        self.error: FjordError | None = None
+        #: The server's headers came: it serves the method (see OrderedStream.call).
+        self.served = False
 
 
 class OrderedStream(Generic[Req, Resp]):
     """Requests to one server on one bidirectional stream (``open_call()`` starts it: a
     grpc.aio stream-stream call), opened at the first :meth:`call` and again after one
-    closes. All methods run on the loop that owns the channel."""
+    closes. All methods run on the loop that owns the channel.
+
+    The server's handler must send its headers first (``await
+    context.send_initial_metadata(())``): a new stream's requests are written after them
+    (see "Headers first" in the module doc); without them they wait out their timeout."""
 
     def __init__(self, open_call: Callable[[], Any], address: str, method: str) -> None:
         self._open_call = open_call
@@ -197,10 +211,12 @@ class OrderedStream(Generic[Req, Resp]):
         timer = asyncio.get_running_loop().call_later(timeout_s, self._expire, stream, answer)
         try:
             async with stream.writing:
+                if not stream.served:
+                    await self._until_served(stream)
+                if answer.done():  # timed out before it was written: nothing was sent
+                    return answer.result()
                 if stream.closed:
-                    raise StreamClosedError(
-                        f"{self.method} stream to {self.address} closed before the request left"
-                    )
+                    raise self._unsent(stream)
                 stream.waiting.append(answer)
                 try:
                     await stream.call.write(request)
@@ -214,6 +230,19 @@ class OrderedStream(Generic[Req, Resp]):
             return await answer
         finally:
             timer.cancel()
+
+    async def _until_served(self, stream: _Stream[Resp]) -> None:
+        """Waits for the server's headers before the stream's first write. A server without
+        the method answers the call's headers with UNIMPLEMENTED at once; a request being
+        written when that status arrives makes grpc end the call as INTERNAL ("Internal
+        error from Core") instead, and the caller would not learn to fall back to unary
+        calls. The headers, or the call's end without them, settle it first (the reader
+        then closes the stream naming the status)."""
+        with contextlib.suppress(Exception):  # the call failed: the reader names why
+            await stream.call.initial_metadata()
+        if stream.call.done() and stream.reader is not None:
+            await asyncio.shield(stream.reader)
+        stream.served = True
 
     def close(self) -> None:
         """Ends the stream; requests waiting on it fail with StreamClosedError."""
@@ -244,6 +273,15 @@ class OrderedStream(Generic[Req, Resp]):
             error = self._failure(exc)
         self._close(stream, error)
 
+    def _unsent(self, stream: _Stream[Resp]) -> FjordError:
+        """The error of a request not written because ``stream`` closed first: unimplemented
+        when the stream was (nothing was handled), else closed."""
+        if isinstance(stream.error, StreamUnimplementedError):
+            return StreamUnimplementedError(f"{self.address} does not serve {self.method}")
+        return StreamClosedError(
+            f"{self.method} stream to {self.address} closed before the request left: "
+            f"{stream.error}")
+
     def _failure(self, exc: BaseException) -> FjordError:
         if isinstance(exc, FjordError):
             return exc
@@ -268,6 +306,7 @@ class OrderedStream(Generic[Req, Resp]):
         if stream.closed:
             return
         stream.closed = True
+        stream.error = error
         if self._stream is stream:
             self._stream = None
         stream.call.cancel()

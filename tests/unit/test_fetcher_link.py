@@ -68,9 +68,10 @@ class Leader:
         return await self._answer(request)
 
     async def _fetch_stream(
-        self, requests: AsyncIterator[broker_pb2.FetchRequest], _context: Any
+        self, requests: AsyncIterator[broker_pb2.FetchRequest], context: Any
     ) -> AsyncIterator[broker_pb2.FetchResponse]:
         self.streams_opened += 1
+        await context.send_initial_metadata(())  # as the broker's: the link writes after them
 
         async def counted(request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
             self.streamed_requests += 1

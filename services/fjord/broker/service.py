@@ -146,6 +146,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
         with self.open_streams.serving():
+            await context.send_initial_metadata(())  # the client writes once it has them
             async for answer in answer_in_order(
                 requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
                 MAX_IN_FLIGHT_PRODUCE,
@@ -158,6 +159,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
         is, one after the other."""
         with self.open_streams.serving():
+            await context.send_initial_metadata(())  # the client writes once it has them
             async for answer in answer_in_order(
                 requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
             ):
