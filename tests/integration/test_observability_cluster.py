@@ -32,10 +32,12 @@ from opentelemetry.trace import SpanKind
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.cli.main import cli
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.client.network import RPC_STREAMS_ENV
 from fjord.local.cluster import LocalCluster
 from fjord.observability import client_interceptors
 from fjord.observability.defaults import TRACEPARENT_HEADER
 from fjord.testing.waiting import wait_for
+from tests.helpers.metrics import metric_value
 
 pytestmark = pytest.mark.integration
 
@@ -45,6 +47,8 @@ RECORDS = 50
 CHILD_ENV = {"OTEL_TRACES_EXPORTER": "console", "OTEL_BSP_SCHEDULE_DELAY": "50"}
 PRODUCE = "fjord.v1.Broker/Produce"
 FETCH = "fjord.v1.Broker/Fetch"
+PRODUCE_STREAM = "fjord.v1.Broker/ProduceStream"
+FETCH_STREAM = "fjord.v1.Broker/FetchStream"
 
 
 @pytest.fixture(scope="module")
@@ -347,3 +351,74 @@ def test_a_taken_metrics_port_is_replaced_at_start(
     finally:
         cluster.stop()
         taken.close()
+
+
+@pytest.mark.parametrize("streams", [True, False], ids=["streams", "unary"])
+def test_produce_and_fetch_go_on_streams_unless_the_client_turns_them_off(
+    cluster: LocalCluster,
+    no_global_instrumentation: None,
+    monkeypatch: pytest.MonkeyPatch,
+    streams: bool,
+) -> None:
+    """Bare clients send Produce and Fetch on the broker's ProduceStream/FetchStream
+    (fjord.rpc_streams); FJORD_CLIENT_RPC_STREAMS=0 in the client's process sends them as
+    unary calls. Either way every record arrives exactly once, and the broker counts each
+    request under Produce/Fetch; the streams themselves count as one call each when the
+    clients close them."""
+    if streams:
+        monkeypatch.delenv(RPC_STREAMS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(RPC_STREAMS_ENV, "0")
+    broker_address = cluster.metrics_address("broker", 0)
+    methods = (PRODUCE, FETCH, PRODUCE_STREAM, FETCH_STREAM)
+
+    def calls() -> dict[str, float]:
+        """The broker's calls of each method, whatever their code (a client ends its streams
+        by cancelling them)."""
+        return {
+            m: metric_value(broker_address, "fjord_rpc_server_requests_total", method=m)
+            for m in methods
+        }
+
+    topic = _create_topic(cluster, partitions=2)
+    before = calls()
+    sent = [f"record-{i}".encode() for i in range(RECORDS)]
+    with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all"}) as producer:
+        assert producer._network.rpc_streams is streams
+        for i, value in enumerate(sent):
+            producer.send(topic, value, partition=i % 2)
+        producer.flush(TIMEOUT_S)
+        assert bool(producer._network._streams) is streams
+        assert not producer._network._unary_only  # no fallback: the broker serves streams
+    consumer = Consumer(
+        {"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest"}
+    )
+    partitions = [TopicPartition(topic, 0), TopicPartition(topic, 1)]
+    try:
+        assert consumer._network.rpc_streams is streams
+        consumer.assign(partitions)
+        got: list[Any] = []
+        wait_for(
+            lambda: got.extend(consumer.poll(0.2)) or len(got) >= RECORDS, "records", TIMEOUT_S
+        )
+        assert bool(consumer._network._streams) is streams
+        ends = consumer.end_offsets(partitions, TIMEOUT_S)
+    finally:
+        consumer.close()
+    assert sorted(r.value for r in got) == sorted(sent)  # each once: none lost, none twice
+    assert sum(ends.values()) == RECORDS  # and each appended once
+
+    def counts() -> dict[str, float]:
+        now = calls()
+        return {m: now[m] - before[m] for m in methods}
+
+    if streams:
+        # Each client's stream is one call, counted when the client closes it.
+        moved = wait_for(
+            lambda: (c := counts())[PRODUCE_STREAM] >= 1 and c[FETCH_STREAM] >= 1 and c,
+            "the broker to count the closed ProduceStream and FetchStream", TIMEOUT_S,
+        )
+    else:
+        moved = counts()
+        assert moved[PRODUCE_STREAM] == moved[FETCH_STREAM] == 0, moved
+    assert moved[PRODUCE] >= 1 and moved[FETCH] >= 1, moved
