@@ -1,6 +1,8 @@
 """Shared by the SASL tests on a ``fjord local up --secure --sasl`` cluster
-(tests/integration/test_sasl.py, test_sasl_reauth.py): client settings for the SASL_SSL
-Kafka listener and the SASL gRPC doors, and raw Kafka frames over TLS."""
+(tests/integration/test_sasl.py, test_sasl_reauth.py) and a plaintext ``fjord local up
+--sasl`` one (test_sasl_plaintext.py): client settings for the SASL_SSL Kafka listener and
+the SASL gRPC doors (SASL_SSL, or SASL_PLAINTEXT on a cluster without TLS), and raw Kafka
+frames over TLS."""
 
 from __future__ import annotations
 
@@ -108,11 +110,14 @@ def logs_in(cluster: LocalCluster, user: str, password: str) -> bool:
 
 def door_client_config(cluster: LocalCluster, user: str, password: str, **extra: object
                        ) -> dict[str, object]:
-    """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate."""
+    """fjord.client's settings for the SASL gRPC door: Kafka's names, no certificate;
+    SASL_SSL on a secure cluster, SASL_PLAINTEXT (no ``ssl.*``) on a plaintext one."""
+    tls: dict[str, object] = (
+        {"security.protocol": "SASL_SSL",
+         "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem")}
+        if cluster.secure else {"security.protocol": "SASL_PLAINTEXT"})
     return {
-        "bootstrap.servers": cluster.sasl_grpc_bootstrap_servers,
-        "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(cluster.data_dir / "tls" / "ca.pem"),
+        "bootstrap.servers": cluster.sasl_grpc_bootstrap_servers, **tls,
         "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": user, "sasl.password": password,
         **extra,
     }
@@ -120,11 +125,13 @@ def door_client_config(cluster: LocalCluster, user: str, password: str, **extra:
 
 def sasl_grpc_channel(cluster: LocalCluster, role: str = "broker", node_id: int = 0
                       ) -> grpc.Channel:
-    """A TLS channel to a process's SASL gRPC door (broker 0's by default) showing no client
-    certificate."""
+    """A channel to a process's SASL gRPC door (broker 0's by default): TLS showing no client
+    certificate on a secure cluster, plaintext on a plaintext one."""
+    address = cluster.sasl_grpc_address(role, node_id)
+    if not cluster.secure:
+        return grpc.insecure_channel(address)
     ca = (cluster.data_dir / "tls" / "ca.pem").read_bytes()
-    return grpc.secure_channel(cluster.sasl_grpc_address(role, node_id),
-                               grpc.ssl_channel_credentials(root_certificates=ca))
+    return grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca))
 
 
 def grpc_login(channel: grpc.Channel, user: str, password: str,

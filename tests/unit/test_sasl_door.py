@@ -1,7 +1,8 @@
 """The SASL gRPC door's shells against a real in-process gRPC server (plaintext,
 SASL_PLAINTEXT): fjord.sasl_login's interceptor logs in, the door maps its token to the
 principal a handler sees, a forgotten session is logged in again once, and sessions expire
-and are renewed on an injected clock."""
+and are renewed on an injected clock; a fjord.client Network configured with SASL_PLAINTEXT
+logs in on the door."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import grpc
 import pytest
 from grpc import aio
 
+from fjord.client.network import Network
 from fjord.errors import ErrorCode, FjordError
 from fjord.sasl_door import (
     SESSION_STATE_METADATA_KEY,
@@ -161,3 +163,30 @@ async def door_session_lifetimes(change: str) -> None:
 @pytest.mark.parametrize("change", ["deleted", "new_password"])
 def test_door_sessions_expire_and_clients_renew_before(change: str) -> None:
     asyncio.run(door_session_lifetimes(change))
+
+
+async def client_network_on_the_door(password: str) -> bytes:
+    """What WhoAmI answers on the channel a client's Network dials to a plaintext door, the
+    client configured as an application configures it (Kafka's keys)."""
+    async with running_door(STORED, SessionTokens()) as (address, _guard):
+        host, _, port = address.rpartition(":")
+        network = Network([(host, int(port))], client_id="t", request_timeout_ms=10_000,
+                          security=ClientSecurity.from_config({
+                              "security.protocol": "SASL_PLAINTEXT",
+                              "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "alice",
+                              "sasl.password": password}))
+        try:
+            # A session is checked when a call starts: never Produce/Fetch streams with SASL.
+            assert not network.rpc_streams
+            return bytes(await network._channel(address).unary_unary(WHOAMI)(b"", timeout=10))
+        finally:
+            await network.close()
+
+
+def test_client_network_with_sasl_plaintext_logs_in_on_a_plaintext_door() -> None:
+    """SASL_PLAINTEXT is not TLS, yet the client's Network keeps its SASL settings (it once
+    kept only TLS ones and dialed as the process, with no login: every call UNAUTHENTICATED)."""
+    assert asyncio.run(client_network_on_the_door("secret")) == b"User:alice"
+    with pytest.raises(FjordError) as failed:
+        asyncio.run(client_network_on_the_door("wrong"))
+    assert failed.value.code is ErrorCode.SASL_AUTHENTICATION_FAILED

@@ -182,10 +182,16 @@ class Network:
         self.bootstrap = [f"{h}:{p}" for h, p in bootstrap]
         self.interceptors = client_interceptors_if_enabled(service, tracer_provider)
         self.client_id = client_id
-        #: How channels dial: the client's TLS settings, else (plaintext settings, None) as
-        #: this process (fjord.tls.open_channel): plaintext in an application, the service's
-        #: own certificate inside a secured broker or coordinator (its internal clients).
-        self.security = security if security is not None and security.uses_tls else None
+        #: How channels dial: the client's own settings when they say TLS or SASL (SASL_SSL
+        #: and SASL_PLAINTEXT: open_channel puts the SCRAM login on each channel), else
+        #: (PLAINTEXT, None) as this process (fjord.tls.open_channel): plaintext in an
+        #: application, the service's own certificate inside a secured broker or coordinator
+        #: (its internal clients).
+        self.security = (
+            security
+            if security is not None and (security.uses_tls or security.sasl is not None)
+            else None
+        )
         self.request_timeout_s = request_timeout_ms / 1000
         self.allow_auto_topic_creation = allow_auto_topic_creation
         self.snapshot: ClusterSnapshot = EMPTY_SNAPSHOT
@@ -203,7 +209,7 @@ class Network:
         #: outlive the session); FJORD_CLIENT_RPC_STREAMS=0 turns them off (benchmarks' A/B).
         self.rpc_streams = (
             not self.interceptors
-            and (security is None or security.sasl is None)
+            and (self.security is None or self.security.sasl is None)
             and os.environ.get(RPC_STREAMS_ENV, "1") != "0"
         )
         self._streams: dict[tuple[str, str], OrderedStream[Any, Any]] = {}
