@@ -120,6 +120,44 @@ def test_unknown_producer_id_for_the_oldest_batch_bumps_and_resends() -> None:
     harness.check()
 
 
+def _out_of_order_for_the_oldest_batch(harness: IdempotenceHarness) -> list[object]:
+    harness.send(3)
+    harness.drain()
+    batches = harness.in_flight.pop(0).batches
+    handle_produce_results(
+        harness.acc,
+        batches,
+        {TP: PartitionResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "expected 1, got 0")},
+        harness.now,
+        retries=10,
+        retry_backoff_ms=0,
+        make_timeout_error=KafkaTimeoutError,
+        idempotence=harness.idem,
+    )
+    return list(batches)
+
+
+def test_out_of_order_for_the_oldest_batch_bumps_and_resends() -> None:
+    """Kafka's idempotent producer (KIP-360): a hole before the oldest unacknowledged batch
+    bumps the epoch and the batch goes again, nothing fails."""
+    harness = IdempotenceHarness()
+    (batch,) = _out_of_order_for_the_oldest_batch(harness)
+    assert harness.idem.bump_needed and not batch.completion.done  # type: ignore[attr-defined]
+    harness.settle()
+    assert harness.idem.producer_epoch == 1
+    harness.check()
+
+
+def test_out_of_order_for_the_oldest_batch_fails_it_when_transactional() -> None:
+    """A transactional producer fails the batch (its transaction must abort), as Kafka's."""
+    harness = IdempotenceHarness()
+    harness.idem.transactional = True
+    (batch,) = _out_of_order_for_the_oldest_batch(harness)
+    error = batch.completion.error  # type: ignore[attr-defined]
+    assert error is not None and error.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert harness.idem.bump_needed
+
+
 # --- configuration (Kafka's rules) --------------------------------------------------------------
 
 BOOT = {"bootstrap.servers": "localhost:9092"}

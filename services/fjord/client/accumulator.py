@@ -202,9 +202,14 @@ class IdempotenceState:
     than ``max_window`` batches after the oldest unacknowledged one.
     """
 
-    def __init__(self, max_window: int = MAX_IN_FLIGHT_FOR_IDEMPOTENCE) -> None:
+    def __init__(
+        self, max_window: int = MAX_IN_FLIGHT_FOR_IDEMPOTENCE, *, transactional: bool = False
+    ) -> None:
         if max_window < 1:
             raise ConfigError(f"max_window must be at least 1 batch, got {max_window}")
+        #: A transactional producer's: an OUT_OF_ORDER sequence fails the batch (the
+        #: transaction aborts) instead of an epoch bump and a retry (see _sequence_retry).
+        self.transactional = transactional
         self.producer_id = -1
         self.producer_epoch = -1
         self.bump_needed = False
@@ -1068,16 +1073,24 @@ def handle_produce_results(
 
 
 def _sequence_retry(idem: IdempotenceState, batch: ProducerBatch, code: ErrorCode) -> bool:
-    """Idempotence: whether a sequence error is the echo of an earlier problem (retry the
-    batch) rather than its own failure. OUT_OF_ORDER_SEQUENCE or UNKNOWN_PRODUCER_ID while an
-    earlier batch of the partition is unanswered or being retried, or while an epoch bump is
-    pending, means that earlier batch is not written yet. UNKNOWN_PRODUCER_ID for the lowest
-    batch means the broker forgot us (expiration): bump the epoch and send it again."""
+    """Idempotence: whether a sequence error is retried rather than the batch's failure.
+
+    OUT_OF_ORDER_SEQUENCE or UNKNOWN_PRODUCER_ID while an earlier batch of the partition is
+    unanswered or being retried, or while an epoch bump is pending, means that earlier batch
+    is not written yet: retried as it is. For the oldest unacknowledged batch, the broker has
+    a hole before it or forgot us (UNKNOWN_PRODUCER_ID: expiration): the epoch is bumped and
+    the batch sent again from sequence 0, Kafka's rule for the idempotent producer (KIP-360,
+    TransactionManager.canRetry). An OUT_OF_ORDER answer can also be an echo whose cause was
+    answered first: answers of different brokers come back in any order, so by the time a
+    deposed leader's refusal of sequence n arrives, sequence n-1's retry may have been
+    acknowledged by the new leader (the batch was never written: found by
+    tests/unit/test_idempotent_failover.py). A transactional producer fails the batch on
+    OUT_OF_ORDER instead (the transaction aborts), as Kafka's does."""
     if code not in (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID):
         return False
     if idem.bump_needed or idem.has_earlier_unacked(batch):
         return True
-    if code is ErrorCode.UNKNOWN_PRODUCER_ID:
+    if code is ErrorCode.UNKNOWN_PRODUCER_ID or not idem.transactional:
         idem.bump_needed = True
         return True
     return False

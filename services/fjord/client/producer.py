@@ -432,7 +432,10 @@ class _ProducerBase:
             delivery_timeout_ms=cfg["delivery.timeout.ms"],
             guarantee_order=cfg["max.in.flight.requests.per.connection"] == 1,
             clock=_mono_ms,
-            idempotence=IdempotenceState() if cfg["enable.idempotence"] else None,
+            idempotence=(
+                IdempotenceState(transactional=transactional)
+                if cfg["enable.idempotence"] else None
+            ),
             sized_builder=lambda size: BatchBuilder(
                 compression=codec, batch_size=size, is_transactional=transactional
             ),
