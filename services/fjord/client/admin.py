@@ -732,13 +732,23 @@ class AdminClient:
 
             async def one(broker_id: int) -> LogDirDescription:
                 address = live[broker_id]
-                try:
-                    answer = await self._network.broker(address).DescribeLogDirs(
-                        broker_pb2.DescribeLogDirsRequest(),
-                        timeout=min(self._request_timeout_s, _remaining(deadline)),
-                    )
-                except Exception as exc:
-                    raise transport_error(exc, f"broker {broker_id} at {address}") from exc
+
+                async def attempt() -> broker_pb2.DescribeLogDirsResponse:
+                    try:
+                        return await self._network.broker(address).DescribeLogDirs(
+                            broker_pb2.DescribeLogDirsRequest(),
+                            timeout=min(self._request_timeout_s, _remaining(deadline)),
+                        )
+                    except Exception as exc:
+                        raise transport_error(exc, f"broker {broker_id} at {address}") from exc
+
+                # A transport failure is retried until the deadline, as Kafka's admin client
+                # retries a call whose node is unreachable: a broker that just restarted can
+                # be refused for a moment by this process's channel (gRPC's reconnect backoff).
+                answer = await self._network.call_with_retries(
+                    attempt, deadline=deadline, backoff_s=self._backoff_s,
+                    what=f"DescribeLogDirs (broker {broker_id})",
+                )
                 failure = _error_of(answer.error, f"(broker {broker_id})")
                 if failure is not None:
                     raise failure
