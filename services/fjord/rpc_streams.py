@@ -20,12 +20,15 @@ Both sides keep Kafka's connection rules:
   answers of the others can no longer be trusted to line up, as a Kafka client closes the
   connection on a request timeout); every request waiting on a closed stream fails with a
   retriable StreamClosedError (NETWORK_EXCEPTION), and the next call opens a new stream.
-- **Headers first**: a server of such a stream sends its headers when the call starts,
-  before it reads (``context.send_initial_metadata``), and the client writes a new stream's
-  first request only once they came. That is how the client tells a server without the
-  method (it answers the headers with UNIMPLEMENTED: StreamUnimplementedError, fall back to
-  unary calls) from one that serves it: a request being written when the UNIMPLEMENTED
-  status arrives makes grpc end the call as INTERNAL instead.
+- **Headers first** (:func:`send_stream_headers`): a server of such a stream sends its
+  headers (``STREAM_HEADERS``) when the call starts, before it reads, and the client writes a
+  new stream's first request only once they came. That is how the client tells a server
+  without the method from one that serves it: the former answers the call's headers with
+  UNIMPLEMENTED and no headers of its own (StreamUnimplementedError: fall back to unary
+  calls), and a request being written when that status arrives makes grpc end the call as
+  INTERNAL instead ("Internal error from Core"), which reads as a broken stream. The headers
+  must not be empty: grpc hands a client the (empty) headers of an UNIMPLEMENTED answer a
+  moment before its status, and a write in that moment meets the same fate.
 """
 
 from __future__ import annotations
@@ -94,6 +97,17 @@ async def answer_in_order(
             left = started.get_nowait()
             if left is not None:
                 left.cancel()
+
+
+#: The headers a server of an ordered stream sends when the stream starts (see "Headers
+#: first" in the module doc): any non-empty headers would do; these name what they mean.
+STREAM_HEADERS = (("fjord-stream", "ordered"),)
+
+
+async def send_stream_headers(context: aio.ServicerContext) -> None:
+    """The first thing a stream handler does for an :class:`OrderedStream` client: send its
+    headers, the client's sign that the method is served (it writes only after them)."""
+    await context.send_initial_metadata(STREAM_HEADERS)
 
 
 class OpenStreams:
@@ -186,9 +200,14 @@ class OrderedStream(Generic[Req, Resp]):
     grpc.aio stream-stream call), opened at the first :meth:`call` and again after one
     closes. All methods run on the loop that owns the channel.
 
-    The server's handler must send its headers first (``await
-    context.send_initial_metadata(())``): a new stream's requests are written after them
-    (see "Headers first" in the module doc); without them they wait out their timeout."""
+    The server's handler must send its headers first (:func:`send_stream_headers`): a new
+    stream's requests are written after them (see "Headers first" in the module doc);
+    without them they wait out their timeout.
+
+    A caller cancelled while it waits to write or for its answer leaves the others' answers
+    matched; one cancelled during its own write ends the stream (grpc cancels the call when
+    a write is cancelled), failing the others with StreamClosedError. The clients cancel
+    their requests only when they close."""
 
     def __init__(self, open_call: Callable[[], Any], address: str, method: str) -> None:
         self._open_call = open_call
@@ -238,10 +257,16 @@ class OrderedStream(Generic[Req, Resp]):
         error from Core") instead, and the caller would not learn to fall back to unary
         calls. The headers, or the call's end without them, settle it first (the reader
         then closes the stream naming the status)."""
+        headers: Any = ()
         with contextlib.suppress(Exception):  # the call failed: the reader names why
-            await stream.call.initial_metadata()
-        if stream.call.done() and stream.reader is not None:
-            await asyncio.shield(stream.reader)
+            headers = await stream.call.initial_metadata()
+        if not headers:
+            # No handler answered (no such method, or the call failed before one ran): the
+            # call's status follows; the reader closes the stream naming it.
+            with contextlib.suppress(Exception):
+                await stream.call.code()
+            if stream.reader is not None:
+                await asyncio.shield(stream.reader)
         stream.served = True
 
     def close(self) -> None:

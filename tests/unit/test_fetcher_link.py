@@ -18,7 +18,12 @@ from grpc import aio
 
 from fjord._proto import broker_pb2
 from fjord.broker.fetcher import FETCH_FAILURES, LeaderLink
-from fjord.rpc_streams import OpenStreams, StreamClosedError, answer_in_order
+from fjord.rpc_streams import (
+    OpenStreams,
+    StreamClosedError,
+    answer_in_order,
+    send_stream_headers,
+)
 from tests.helpers.replica_manager import run
 
 SERVICE = "fjord.v1.Broker"
@@ -71,7 +76,7 @@ class Leader:
         self, requests: AsyncIterator[broker_pb2.FetchRequest], context: Any
     ) -> AsyncIterator[broker_pb2.FetchResponse]:
         self.streams_opened += 1
-        await context.send_initial_metadata(())  # as the broker's: the link writes after them
+        await send_stream_headers(context)  # as the broker's: the link writes after them
 
         async def counted(request: broker_pb2.FetchRequest) -> broker_pb2.FetchResponse:
             self.streamed_requests += 1

@@ -18,7 +18,7 @@ from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.client.network import RPC_STREAMS_ENV, Network
-from fjord.rpc_streams import answer_in_order
+from fjord.rpc_streams import answer_in_order, send_stream_headers
 
 T = TypeVar("T")
 
@@ -71,14 +71,14 @@ class StreamingBroker(UnaryBroker):
     async def ProduceStream(  # type: ignore[override]
         self, requests: AsyncIterator[broker_pb2.ProduceRequest], context: aio.ServicerContext
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
-        await context.send_initial_metadata(())
+        await send_stream_headers(context)
         async for answer in answer_in_order(requests, lambda r: self.Produce(r, context), 16):
             yield answer
 
     async def FetchStream(  # type: ignore[override]
         self, requests: AsyncIterator[broker_pb2.FetchRequest], context: aio.ServicerContext
     ) -> AsyncIterator[broker_pb2.FetchResponse]:
-        await context.send_initial_metadata(())
+        await send_stream_headers(context)
         async for answer in answer_in_order(requests, lambda r: self.Fetch(r, context), 1):
             yield answer
 

@@ -27,6 +27,7 @@ from fjord.rpc_streams import (
     StreamClosedError,
     StreamUnimplementedError,
     answer_in_order,
+    send_stream_headers,
 )
 
 T = TypeVar("T")
@@ -427,7 +428,7 @@ class OrderedServer:
         ended = self.stream_ended.setdefault(self.streams_opened, asyncio.Event())
         if self.hold_headers:
             await self.held("headers").wait()
-        await context.send_initial_metadata(())
+        await send_stream_headers(context)
 
         async def handle(request: bytes) -> bytes:
             self.seen.append(request)
@@ -621,6 +622,82 @@ def test_a_cancelled_caller_does_not_shift_the_later_answers() -> None:
             assert await bounded(behind) == b"behind"
             assert await stream.call(b"echo:next", BOUND_S) == b"next"
             assert server.seen == [b"echo:first", b"hold:gone", b"echo:behind", b"echo:next"]
+            assert server.streams_opened == 1
+
+    run(scenario())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.booleans(), min_size=1, max_size=6),
+    st.lists(st.tuples(st.booleans(), st.booleans()), min_size=1, max_size=8),
+    st.randoms(use_true_random=False),
+)
+def test_answers_stay_matched_whatever_callers_are_cancelled(
+    unwritten_cancels: list[bool], pending: list[tuple[bool, bool]], rng: Any
+) -> None:
+    """Callers cancelled before their request was written (the stream waits for the
+    server's headers) and callers cancelled while their answers wait on the server, in any
+    mix, with the held answers released in any order: every other caller gets its own
+    answer, on one stream, and the server saw exactly the requests that were written."""
+
+    async def scenario() -> None:
+        async with ordered_server() as (server, channel):
+            server.hold_headers = True
+            stream = ordered_stream(channel)
+            early = [
+                asyncio.ensure_future(stream.call(b"echo:early%d" % i, BOUND_S))
+                for i in range(len(unwritten_cancels))
+            ]
+            await server.until_streams_opened(1)
+            for task, cancel in zip(early, unwritten_cancels, strict=True):
+                if cancel:
+                    task.cancel()
+            server.release("headers")
+            # Pending: behind a held "gate" answer, each held itself or echoed on the server;
+            # some callers then cancelled.
+            gate = asyncio.ensure_future(stream.call(b"hold:gate", BOUND_S))
+            late = [
+                asyncio.ensure_future(stream.call(
+                    (b"hold:late%d" if held else b"echo:late%d") % i, BOUND_S
+                ))
+                for i, (held, _) in enumerate(pending)
+            ]
+            await server.until_seen(b"%s:late%d" % (
+                b"hold" if pending[-1][0] else b"echo", len(pending) - 1
+            ))
+            # The server has the last request, but the client may still be in its write:
+            # the writers hold the stream's lock in turn, so taking it waits for them all.
+            # (A caller cancelled during its write ends the stream: grpc cancels the call.)
+            open_stream = stream._stream
+            assert open_stream is not None
+            async with open_stream.writing:
+                pass
+            for task, (_, cancel) in zip(late, pending, strict=True):
+                if cancel:
+                    task.cancel()
+            held = ["gate"] + [f"late{i}" for i, (h, _) in enumerate(pending) if h]
+            rng.shuffle(held)
+            for key in held:
+                server.release(key)
+                await asyncio.sleep(0)
+            assert await bounded(gate) == b"gate"
+            results = await bounded(asyncio.gather(*early, *late, return_exceptions=True))
+            cancels = unwritten_cancels + [cancel for _, cancel in pending]
+            names = [b"early%d" % i for i in range(len(early))]
+            names += [b"late%d" % i for i in range(len(late))]
+            for name, cancelled, result in zip(names, cancels, results, strict=True):
+                if cancelled:
+                    assert isinstance(result, asyncio.CancelledError), (name, result)
+                else:
+                    assert result == name
+            written = [
+                b"echo:" + name for name, c in zip(names, unwritten_cancels, strict=False)
+                if not c
+            ] + [b"hold:gate"] + [
+                (b"hold:" if h else b"echo:") + b"late%d" % i for i, (h, _) in enumerate(pending)
+            ]
+            assert server.seen == written
             assert server.streams_opened == 1
 
     run(scenario())

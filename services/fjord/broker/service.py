@@ -38,7 +38,7 @@ from fjord.metadata.coordinator_lookup import (
 )
 from fjord.metadata.view import MetadataResponder, brokers_by_sasl_door
 from fjord.observability.metrics import record_rpc
-from fjord.rpc_streams import OpenStreams, answer_in_order
+from fjord.rpc_streams import OpenStreams, answer_in_order, send_stream_headers
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
 from fjord.serving import grpc_caller
@@ -146,7 +146,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
         with self.open_streams.serving():
-            await context.send_initial_metadata(())  # the client writes once it has them
+            await send_stream_headers(context)
             async for answer in answer_in_order(
                 requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
                 MAX_IN_FLIGHT_PRODUCE,
@@ -159,7 +159,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
         is, one after the other."""
         with self.open_streams.serving():
-            await context.send_initial_metadata(())  # the client writes once it has them
+            await send_stream_headers(context)
             async for answer in answer_in_order(
                 requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
             ):
