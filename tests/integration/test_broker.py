@@ -17,12 +17,14 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc import aio
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2, controller_pb2_grpc
 from fjord.errors import ErrorCode
 from fjord.local.etcd import EtcdProcess, free_port, log_size, log_tail, stop_process
 from fjord.metadata import etcd_client
 from fjord.records import BatchBuilder, decode_records
+from fjord.rpc_streams import OrderedStream
 from fjord.testing.waiting import wait_for
 from tests.helpers.metrics import metric_value
 
@@ -255,7 +257,14 @@ def cluster(etcd: EtcdProcess, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def produce(
     stub: broker_pb2_grpc.BrokerStub, topic: str, partition: int, records: bytes, acks: int = 1
 ) -> broker_pb2.ProducePartitionResponse:
-    request = broker_pb2.ProduceRequest(
+    request = produce_request(topic, partition, records, acks)
+    return stub.Produce(request, timeout=10).topics[0].partitions[0]
+
+
+def produce_request(
+    topic: str, partition: int, records: bytes, acks: int = 1
+) -> broker_pb2.ProduceRequest:
+    return broker_pb2.ProduceRequest(
         acks=acks,
         timeout_ms=5000,
         topics=[
@@ -265,7 +274,6 @@ def produce(
             )
         ],
     )
-    return stub.Produce(request, timeout=10).topics[0].partitions[0]
 
 
 def fetch(
@@ -277,7 +285,14 @@ def fetch(
     max_wait_ms: int = 0,
     min_bytes: int = 0,
 ) -> broker_pb2.FetchPartitionResponse:
-    request = broker_pb2.FetchRequest(
+    request = fetch_request(topic, partition, offset, max_wait_ms=max_wait_ms, min_bytes=min_bytes)
+    return stub.Fetch(request, timeout=max_wait_ms / 1000 + 10).topics[0].partitions[0]
+
+
+def fetch_request(
+    topic: str, partition: int, offset: int, *, max_wait_ms: int = 0, min_bytes: int = 0
+) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(
         replica_id=-1,
         max_wait_ms=max_wait_ms,
         min_bytes=min_bytes,
@@ -296,7 +311,6 @@ def fetch(
             )
         ],
     )
-    return stub.Fetch(request, timeout=max_wait_ms / 1000 + 10).topics[0].partitions[0]
 
 
 def list_offset(
@@ -351,6 +365,46 @@ def test_produce_fetch_and_offsets(cluster: Cluster) -> None:
     assert list_offset(leader, "t", 0, -2).offset == 0
     assert list_offset(leader, "t", 0, -1).offset == start + 5
     assert list_offset(leader, "t", 0, 0).offset == 0
+
+
+def test_produce_requests_on_one_stream_append_in_the_order_written(cluster: Cluster) -> None:
+    """ProduceStream (fjord.rpc_streams): 40 acks=all Produce requests written at once on one
+    stream, one record each, are appended in the order they were written (their handlers
+    overlap while they wait for acks) and each answer is its own request's (the offsets
+    follow the call order); the FetchStream reads them back in that order."""
+    leader = cluster.stub(1)
+    wait_for(lambda: produce(leader, "t", 0, batch(1)).error.code == 0, "broker 1 leads t-0")
+    start = list_offset(leader, "t", 0, -1).offset
+    address = cluster.brokers[1].address
+    count = 40
+
+    async def scenario() -> tuple[list[broker_pb2.ProduceResponse], broker_pb2.FetchResponse]:
+        async with aio.insecure_channel(address) as channel:
+            stub = broker_pb2_grpc.BrokerStub(channel)
+            produce_stream: OrderedStream[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse]
+            produce_stream = OrderedStream(stub.ProduceStream, address, "ProduceStream")
+            fetch_stream: OrderedStream[broker_pb2.FetchRequest, broker_pb2.FetchResponse]
+            fetch_stream = OrderedStream(stub.FetchStream, address, "FetchStream")
+            try:
+                answers = await asyncio.gather(*(
+                    produce_stream.call(
+                        produce_request("t", 0, batch(value=b"%d" % i), acks=-1), 10
+                    )
+                    for i in range(count)
+                ))
+                fetched = await fetch_stream.call(fetch_request("t", 0, start), 10)
+            finally:
+                produce_stream.close()
+                fetch_stream.close()
+        return answers, fetched
+
+    answers, fetched = asyncio.run(asyncio.wait_for(scenario(), 60))
+    outcomes = [(a.topics[0].partitions[0].error.code, a.topics[0].partitions[0].base_offset)
+                for a in answers]
+    assert outcomes == [(0, start + i) for i in range(count)]
+    out = fetched.topics[0].partitions[0]
+    assert out.error.code == 0
+    assert [r.value for r in decode_records(out.records)] == [b"%d" % i for i in range(count)]
 
 
 def test_long_poll_returns_when_data_arrives(cluster: Cluster) -> None:
