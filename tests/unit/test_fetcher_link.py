@@ -17,7 +17,7 @@ import pytest
 from grpc import aio
 
 from fjord._proto import broker_pb2
-from fjord.broker.fetcher import FETCH_FAILURES, LeaderLink
+from fjord.broker.fetcher import FETCH_FAILURES, REPLICA_FETCH_STREAMS_ENV, LeaderLink
 from fjord.rpc_streams import (
     OpenStreams,
     StreamClosedError,
@@ -126,6 +126,18 @@ def test_a_leader_without_fetch_stream_gets_unary_fetches() -> None:
         assert leader.unary_calls == 2
 
     with_leader(body, streams=False)
+
+
+def test_fetch_streams_turned_off_send_unary_fetches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """FJORD_REPLICA_FETCH_STREAMS=0: unary Fetch calls to a leader that serves the stream."""
+    monkeypatch.setenv(REPLICA_FETCH_STREAMS_ENV, "0")
+
+    async def body(leader: Leader, link: LeaderLink) -> None:
+        assert not link.streaming
+        assert (await link.fetch(fetch_request(1), TIMEOUT_S)).session_id == 1
+        assert (leader.unary_calls, leader.streams_opened) == (1, 0)
+
+    with_leader(body)
 
 
 def test_a_stream_the_leader_ends_fails_the_waiting_fetch_as_a_failed_call() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 
 import grpc
@@ -45,6 +46,10 @@ FETCH_METHOD = "/fjord.v1.Broker/Fetch"
 #: The Broker service's FetchStream method: Fetch requests on one stream, answered in order.
 FETCH_STREAM_METHOD = "/fjord.v1.Broker/FetchStream"
 
+#: Set to ``0`` in a broker's environment to send its follower fetches as unary Fetch calls
+#: (A/B benchmarks in one tree; a way back should a network path mishandle long streams).
+REPLICA_FETCH_STREAMS_ENV = "FJORD_REPLICA_FETCH_STREAMS"
+
 #: What a Fetch to the leader raises when it failed in transport (the leader gone, the call or
 #: stream broken or timed out): the unary call's RpcError, or the stream's StreamClosedError /
 #: KafkaTimeoutError (both FjordErrors).
@@ -60,10 +65,11 @@ class LeaderLink:
     """The follower's connection to the leader at ``address``: one channel, and its Fetch
     requests on the leader's FetchStream (an OrderedStream, opened at the first fetch and
     again after one closed), each answered as the unary Fetch is and decoded by the same
-    fetch_wire decoder. A leader that does not serve FetchStream (an older broker: the stream
-    fails as UNIMPLEMENTED, nothing was handled) gets the same request as a unary Fetch, and
-    unary calls for the rest of this link's life; the fetcher replaces the link after any
-    failure, so an upgraded leader is asked for the stream again.
+    fetch_wire decoder (unary calls throughout with FJORD_REPLICA_FETCH_STREAMS=0). A leader
+    that does not serve FetchStream (an older broker: the stream fails as UNIMPLEMENTED,
+    nothing was handled) gets the same request as a unary Fetch, and unary calls for the rest
+    of this link's life; the fetcher replaces the link after any failure, so an upgraded
+    leader is asked for the stream again.
 
     :meth:`fetch` raises one of FETCH_FAILURES when the request failed in transport.
     Invariant: at most one request in flight (the fetcher awaits each answer), so a stream's
@@ -72,6 +78,7 @@ class LeaderLink:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        streams = os.environ.get(REPLICA_FETCH_STREAMS_ENV, "1") != "0"
         self._channel = open_channel(
             address,
             options=[
@@ -91,9 +98,9 @@ class LeaderLink:
             request_serializer=broker_pb2.FetchRequest.SerializeToString,
             response_deserializer=decode_fetch_response,
         )
-        #: None once the leader said it serves no FetchStream.
+        #: None once the leader said it serves no FetchStream (or with streams off).
         self._stream: OrderedStream[broker_pb2.FetchRequest, broker_pb2.FetchResponse] | None = (
-            OrderedStream(open_stream, address, "FetchStream")
+            OrderedStream(open_stream, address, "FetchStream") if streams else None
         )
 
     @property
