@@ -390,6 +390,10 @@ def test_produce_and_fetch_go_on_streams_unless_the_client_turns_them_off(
         producer.flush(TIMEOUT_S)
         assert bool(producer._network._streams) is streams
         assert not producer._network._unary_only  # no fallback: the broker serves streams
+        if streams:  # this producer's stream, open until it closes
+            assert metric_value(
+                broker_address, "fjord_broker_open_streams", method=PRODUCE_STREAM
+            ) >= 1
     consumer = Consumer(
         {"bootstrap.servers": cluster.bootstrap_servers, "auto.offset.reset": "earliest"}
     )

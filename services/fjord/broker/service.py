@@ -37,7 +37,7 @@ from fjord.metadata.coordinator_lookup import (
     missing_coordinator_topics,
 )
 from fjord.metadata.view import MetadataResponder, brokers_by_sasl_door
-from fjord.observability.metrics import record_rpc
+from fjord.observability.metrics import open_stream, record_rpc
 from fjord.rpc_streams import OpenStreams, answer_in_order, send_stream_headers
 from fjord.security.acls import NO_AUTHORIZATION, AccessControl, AclOperation, Caller, Resource
 from fjord.security.sasl_sessions import SASL_SESSION_PRINCIPAL
@@ -145,7 +145,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
         """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
-        with self.open_streams.serving():
+        with self.open_streams.serving(), open_stream(PRODUCE_STREAM_METHOD):
             await send_stream_headers(context)
             async for answer in answer_in_order(
                 requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
@@ -158,7 +158,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> AsyncIterator[broker_pb2.FetchResponse | DetachedFetchResponse]:
         """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
         is, one after the other."""
-        with self.open_streams.serving():
+        with self.open_streams.serving(), open_stream(FETCH_STREAM_METHOD):
             await send_stream_headers(context)
             async for answer in answer_in_order(
                 requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
@@ -459,6 +459,8 @@ BROKER_SERVICE = "fjord.v1.Broker"
 #: itself is one RPC of its own name to the interceptors; see :func:`_counted`).
 PRODUCE_METHOD = "fjord.v1.Broker/Produce"
 FETCH_METHOD = "fjord.v1.Broker/Fetch"
+PRODUCE_STREAM_METHOD = "fjord.v1.Broker/ProduceStream"
+FETCH_STREAM_METHOD = "fjord.v1.Broker/FetchStream"
 
 
 def _counted(

@@ -114,6 +114,12 @@ BROKER_PARTITIONS_LED = Gauge(
     "fjord_broker_partitions_led",
     "Partitions this broker is currently the leader of.",
 )
+BROKER_OPEN_STREAMS = Gauge(
+    "fjord_broker_open_streams",
+    "ProduceStream/FetchStream calls this broker is serving now (fjord.rpc_streams: clients' "
+    "and followers' Produce and Fetch requests on one long-lived stream each), by method.",
+    ["method"],
+)
 BROKER_PURGATORY_SIZE = Gauge(
     "fjord_broker_purgatory_size",
     "Requests parked in this broker's purgatory until their condition or timeout (Kafka's "
@@ -380,6 +386,12 @@ def record_fetch_record_bytes(path: str, num_bytes: int) -> None:
     """Fetch record bytes the Kafka listener served by ``path`` ("read" or "copied"; sendfile
     ones through :func:`record_sendfile_bytes`)."""
     KAFKA_FETCH_RECORD_BYTES.labels(path).inc(num_bytes)
+
+
+def open_stream(method: str) -> contextlib.AbstractContextManager[object]:
+    """Around the serving of one stream of ``method``: counted in fjord_broker_open_streams
+    while it is open."""
+    return BROKER_OPEN_STREAMS.labels(method).track_inprogress()
 
 
 def set_partitions_led(count: int) -> None:
