@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fjord.client.accumulator import PartitionResult, handle_produce_results
+from fjord.client.accumulator import PartitionResult, ProducerBatch, handle_produce_results
 from fjord.config import producer_config
 from fjord.errors import ConfigError, ErrorCode, KafkaTimeoutError
 from tests.helpers.idempotence import MAX_IN_FLIGHT, TP, IdempotenceHarness
@@ -100,49 +100,42 @@ def test_failed_batch_bumps_the_epoch_and_sequences_restart() -> None:
     harness.check()
 
 
+def _answer_the_oldest_batch(
+    harness: IdempotenceHarness, code: ErrorCode, message: str
+) -> list[ProducerBatch]:
+    """Three records sent as three batches; the oldest is answered with ``code``."""
+    harness.send(3)
+    harness.drain()
+    batches = harness.in_flight.pop(0).batches
+    handle_produce_results(
+        harness.acc,
+        batches,
+        {TP: PartitionResult(code, message)},
+        harness.now,
+        retries=10,
+        retry_backoff_ms=0,
+        make_timeout_error=KafkaTimeoutError,
+        idempotence=harness.idem,
+    )
+    return batches
+
+
 def test_unknown_producer_id_for_the_oldest_batch_bumps_and_resends() -> None:
     harness = IdempotenceHarness()
-    harness.send(3)
-    harness.drain()
-    batches = harness.in_flight.pop(0).batches
-    handle_produce_results(
-        harness.acc,
-        batches,
-        {TP: PartitionResult(ErrorCode.UNKNOWN_PRODUCER_ID, "expired")},
-        harness.now,
-        retries=10,
-        retry_backoff_ms=0,
-        make_timeout_error=KafkaTimeoutError,
-        idempotence=harness.idem,
-    )
-    assert harness.idem.bump_needed and not batches[0].completion.done
+    (batch,) = _answer_the_oldest_batch(harness, ErrorCode.UNKNOWN_PRODUCER_ID, "expired")
+    assert harness.idem.bump_needed and not batch.completion.done
     harness.settle()
     harness.check()
-
-
-def _out_of_order_for_the_oldest_batch(harness: IdempotenceHarness) -> list[object]:
-    harness.send(3)
-    harness.drain()
-    batches = harness.in_flight.pop(0).batches
-    handle_produce_results(
-        harness.acc,
-        batches,
-        {TP: PartitionResult(ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "expected 1, got 0")},
-        harness.now,
-        retries=10,
-        retry_backoff_ms=0,
-        make_timeout_error=KafkaTimeoutError,
-        idempotence=harness.idem,
-    )
-    return list(batches)
 
 
 def test_out_of_order_for_the_oldest_batch_bumps_and_resends() -> None:
     """Kafka's idempotent producer (KIP-360): a hole before the oldest unacknowledged batch
     bumps the epoch and the batch goes again, nothing fails."""
     harness = IdempotenceHarness()
-    (batch,) = _out_of_order_for_the_oldest_batch(harness)
-    assert harness.idem.bump_needed and not batch.completion.done  # type: ignore[attr-defined]
+    (batch,) = _answer_the_oldest_batch(
+        harness, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "expected 1, got 0"
+    )
+    assert harness.idem.bump_needed and not batch.completion.done
     harness.settle()
     assert harness.idem.producer_epoch == 1
     harness.check()
@@ -152,8 +145,10 @@ def test_out_of_order_for_the_oldest_batch_fails_it_when_transactional() -> None
     """A transactional producer fails the batch (its transaction must abort), as Kafka's."""
     harness = IdempotenceHarness()
     harness.idem.transactional = True
-    (batch,) = _out_of_order_for_the_oldest_batch(harness)
-    error = batch.completion.error  # type: ignore[attr-defined]
+    (batch,) = _answer_the_oldest_batch(
+        harness, ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, "expected 1, got 0"
+    )
+    error = batch.completion.error
     assert error is not None and error.code is ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
     assert harness.idem.bump_needed
 
