@@ -67,6 +67,7 @@ SHARED = {
     "fjord.sasl_login",  # its client side, used by fjord.tls channels
     "fjord.kafka",
     "fjord.wakeups",  # waits on the event loop resumed on the first turn (broker and client)
+    "fjord.rpc_streams",  # Produce/Fetch on one ordered stream: the broker serves, clients send
 }
 
 SERVICES = {

@@ -120,6 +120,9 @@ class BrokerServicer:
         16 in flight); Fetch requests are served one after the other (a fetch session's epochs are
         sequential). A request that fails the stream (a bug, the caller gone) ends it with a
         gRPC status: the client fails every request still waiting on it and retries on a new one.
+        The server sends non-empty headers ("fjord-stream: ordered") when the stream starts: the
+        client writes only after them (a broker without the method answers UNIMPLEMENTED with no
+        headers instead; the client then sends unary calls).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
