@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import itertools
+import logging
 import os
 import socket
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import grpc
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -34,6 +39,7 @@ from fjord.observability import (
     start_metrics_server,
     tracing,
 )
+from fjord.observability.interceptors import FjordServerInterceptor
 from fjord.observability.tracing import _exporters_from_env
 
 
@@ -237,3 +243,54 @@ def test_every_metric_is_documented() -> None:
             "info": f"{metric._name}_info",
         }.get(metric._type, metric._name)
         assert f"`{exported}`" in doc, f"{exported} is not in docs/observability.md"
+
+
+class _StreamContext:
+    """What the server interceptor asks of a call's context: no metadata, no status set."""
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    def code(self) -> None:
+        return None
+
+    def details(self) -> None:
+        return None
+
+
+def test_a_streaming_answer_closed_from_another_context_ends_its_rpc_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server stream closed at a yield by the loop's finalizer (the client went away while
+    an answer was being sent: grpc.aio drops the generator) runs in a context of its own: the
+    interceptor ends the RPC as CANCELLED without trying to detach the span's context there
+    (OpenTelemetry logged "Failed to detach context" with a traceback, found by a broker's
+    log check in tests/integration/test_disk_full.py)."""
+    method = "fjord.v1.Test/Stream"
+
+    async def answers(requests: object, context: object) -> AsyncIterator[bytes]:
+        for i in itertools.count():
+            yield b"%d" % i
+
+    wrapped = FjordServerInterceptor("test-stream")._wrap(
+        grpc.stream_stream_rpc_method_handler(answers), method
+    )
+
+    def cancelled() -> float:
+        return REGISTRY.get_sample_value(
+            "fjord_rpc_server_requests_total",
+            {"service": "test-stream", "method": method, "code": "CANCELLED"},
+        ) or 0.0
+
+    async def scenario() -> None:
+        stream = wrapped.stream_stream(None, _StreamContext())
+        # The first answer taken in a task of its own (its context holds the span's).
+        assert await asyncio.ensure_future(stream.__anext__()) == b"0"
+        before = cancelled()
+        # Closed from another task, as the loop's finalizer of an abandoned generator does.
+        await asyncio.ensure_future(stream.aclose())
+        assert cancelled() == before + 1
+
+    with caplog.at_level(logging.ERROR, logger="opentelemetry.context"):
+        asyncio.run(scenario())
+    assert not [r for r in caplog.records if r.name == "opentelemetry.context"], caplog.text

@@ -110,9 +110,13 @@ class _ServerRpc:
         self._token = otel_context.attach(trace.set_span_in_context(self.span))
         self._start = time.perf_counter()
 
-    def finish(self, context: aio.ServicerContext, error: BaseException | None) -> None:
+    def finish(
+        self, context: aio.ServicerContext, error: BaseException | None, *, detach: bool = True
+    ) -> None:
+        """``detach`` False: the span's context is not detached (see streaming_response)."""
         code = _server_code(context, error)
-        otel_context.detach(self._token)
+        if detach:
+            otel_context.detach(self._token)
         if error is not None and code is grpc.StatusCode.UNKNOWN:
             self.span.record_exception(error)
         details = None if code is grpc.StatusCode.OK else _safe_details(context)
@@ -236,6 +240,14 @@ class FjordServerInterceptor(aio.ServerInterceptor):
                         yield item
                 elif inspect.isawaitable(result):
                     await result
+            except GeneratorExit:
+                # Closed while suspended at a yield: when the client went away as an answer
+                # was being sent, grpc.aio drops the generator and the loop's finalizer closes
+                # it later, in a task and context of its own, where the span's context cannot
+                # be detached (OpenTelemetry logs an error with a traceback). The task that
+                # attached it is gone, and its context with it.
+                rpc.finish(context, asyncio.CancelledError(), detach=False)
+                raise
             except BaseException as exc:
                 rpc.finish(context, exc)
                 raise
