@@ -145,24 +145,36 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     ) -> AsyncIterator[broker_pb2.ProduceResponse]:
         """Produce requests on one stream (fjord.rpc_streams): each checked and appended as
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
-        with self.open_streams.serving(), open_stream(PRODUCE_STREAM_METHOD):
-            await send_stream_headers(context)
-            async for answer in answer_in_order(
-                requests, _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
-                MAX_IN_FLIGHT_PRODUCE,
-            ):
-                yield answer
+        async for answer in self._serve_stream(
+            requests, context, PRODUCE_STREAM_METHOD,
+            _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)), MAX_IN_FLIGHT_PRODUCE,
+        ):
+            yield answer
 
     async def FetchStream(
         self, requests: AsyncIterator[broker_pb2.FetchRequest], context: aio.ServicerContext
     ) -> AsyncIterator[broker_pb2.FetchResponse | DetachedFetchResponse]:
         """Fetch requests on one stream (fjord.rpc_streams), each served as a unary Fetch
         is, one after the other."""
-        with self.open_streams.serving(), open_stream(FETCH_STREAM_METHOD):
+        async for answer in self._serve_stream(
+            requests, context, FETCH_STREAM_METHOD,
+            _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1,
+        ):
+            yield answer
+
+    async def _serve_stream(
+        self,
+        requests: AsyncIterator[Req],
+        context: aio.ServicerContext,
+        stream_method: str,
+        handle: Callable[[Req], Awaitable[Resp]],
+        in_flight: int,
+    ) -> AsyncIterator[Resp]:
+        """One stream served: tracked for the broker's stop and in fjord_broker_open_streams,
+        headers first, then ``handle``'s answers in request order."""
+        with self.open_streams.serving(), open_stream(stream_method):
             await send_stream_headers(context)
-            async for answer in answer_in_order(
-                requests, _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1
-            ):
+            async for answer in answer_in_order(requests, handle, in_flight):
                 yield answer
 
     async def WriteTxnMarkers(
