@@ -1212,3 +1212,20 @@ def test_only_the_producers_own_loop_may_block_for_the_last_fraction_of_a_linger
     finally:
         producer.close(1)
     assert not AsyncProducer({"bootstrap.servers": "127.0.0.1:9"})._sender.owns_loop
+
+
+def test_a_grpc_completion_posted_to_a_closed_client_loop_is_dropped() -> None:
+    """grpc.aio passes a completion to its call's loop with call_soon_threadsafe from whichever
+    loop polled it; one for a call cancelled as its client closed can come after that client's
+    loop closed. It is dropped instead of raising "Event loop is closed" in the polling loop
+    (which logged it with a traceback); anything else posted to a closed loop still raises."""
+    from fjord.client import network
+
+    assert network._GRPC_COMPLETION is not None, "grpc.aio renamed its completion callback"
+    io = network.EventLoopThread("test-closed-loop")
+    io.stop()
+    assert io.loop.is_closed()
+    handle = io.loop.call_soon_threadsafe(network._GRPC_COMPLETION, object(), 1)
+    assert handle.cancelled()
+    with pytest.raises(RuntimeError, match="Event loop is closed"):
+        io.loop.call_soon_threadsafe(lambda: None)

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any, TypeVar
 
 import grpc
+from grpc._cython import cygrpc
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, controller_pb2_grpc, coordinator_pb2_grpc
 from fjord.client.metadata import (
@@ -78,6 +79,37 @@ def transport_error(exc: BaseException, address: str) -> FjordError:
     return NetworkError(f"{address}: {exc!r}")
 
 
+#: What grpc.aio posts to a call's loop when another loop polled the call's completion.
+_GRPC_COMPLETION: Any = getattr(cygrpc, "_handle_callback_wrapper", None)
+
+
+class _ClientEventLoop(asyncio.SelectorEventLoop):
+    """An :class:`EventLoopThread`'s loop: drops a gRPC completion posted after it closed.
+
+    grpc.aio has one completion queue per process, and every loop that made a call watches
+    it; whichever loop wakes first runs the queued completions and posts the others' to
+    their own loops with ``call_soon_threadsafe``. A call cancelled as its client closes
+    (a Produce or Fetch stream, a parked Fetch) ends at once on the client's side, but the
+    core reports its pending operations a moment later; when that is after this loop closed,
+    the post raised "Event loop is closed" in ANOTHER client's loop, which logged it with a
+    traceback (a process with an AdminClient open while a Consumer closes). Nothing waits
+    for such a completion any more, so it is dropped; anything else posted to a closed loop
+    still raises.
+    """
+
+    def call_soon_threadsafe(  # type: ignore[override]
+        self, callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        try:
+            return super().call_soon_threadsafe(callback, *args, context=context)
+        except RuntimeError:
+            if callback is not _GRPC_COMPLETION or not self.is_closed():
+                raise
+            dropped = asyncio.Handle(callback, args, self, context)
+            dropped.cancel()
+            return dropped
+
+
 class EventLoopThread:
     """A daemon thread running one asyncio loop until :meth:`stop`.
 
@@ -89,7 +121,7 @@ class EventLoopThread:
 
     def __init__(self, name: str) -> None:
         freeze_startup_objects()
-        self.loop = asyncio.new_event_loop()
+        self.loop: asyncio.AbstractEventLoop = _ClientEventLoop()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
