@@ -19,9 +19,11 @@ its data in a temporary directory:
   replication factor 1; ``Producer`` with ``acks=1`` (other settings default), ``send()`` every
   record then ``flush()``; ``Consumer`` assigned to the partition from the beginning, ``poll()``.
 - **confluent-kafka through Fjord's Kafka listener** (part of ``fjord``: the same broker, its own
-  topic per round): ``produce()`` + ``poll(0)`` every record then ``flush()``, ``acks=1``,
-  librdkafka's default ``linger.ms``; consumer ``assign()`` from offset 0, ``consume(10000)``
-  (bench/bench_kafka.py's ``ck_produce`` and ``ck_consume``). Throughput only.
+  topic per round): ``produce()`` every record with delivery reports for failures only
+  (``delivery.report.only.error``: the peer at its fastest) and ``poll(0)`` every 1,024
+  records, then ``flush()``, ``acks=1``, librdkafka's default ``linger.ms``; consumer
+  ``assign()`` from offset 0, ``consume(10000)`` (bench/bench_kafka.py's ``ck_produce`` and
+  ``ck_consume``). Throughput only.
 
 Every record carries a 100-byte value, no key. Throughput: ``--rounds`` rounds (default 3), each
 moving ``--records`` records through a fresh stream/topic; the table gives the median round.
