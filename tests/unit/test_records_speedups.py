@@ -446,3 +446,117 @@ def test_the_column_builder_refuses_what_is_not_a_record(c_impl) -> None:
         builder.append_section(b"", 0, 0, 0, 0, 0)
     # Nothing of a failed call stays.
     assert builder.take() == _columns_of(c_impl, [good])
+
+
+class _Fallback:
+    """The Python send() a FastSend hands every other call to: records what it was given."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> str:
+        self.calls.append((args, kwargs))
+        return "fallback"
+
+
+def _fast_send(c_impl, targets: dict[str, Any], limit: int = 100):  # type: ignore[no-untyped-def]
+    from fjord.client.futures import RecordFuture
+
+    fallback = _Fallback()
+    return speedups.EXTENSION.FastSend(targets, RecordFuture, fallback, limit), fallback
+
+
+def _decoded(builder: Any) -> list[tuple[int, Any, Any]]:
+    """(offset, key, value) of each record ``builder`` holds (timestamps are the clock's)."""
+    return [(r.offset, r.key, r.value) for r in RecordBatch(builder.build()).records()]
+
+
+CALLS = st.lists(
+    st.one_of(
+        st.tuples(st.just("positional"), st.sampled_from(["a", "b", "absent"]),
+                  st.binary(max_size=140)),
+        st.tuples(st.just("keyword"), st.sampled_from(["a", "b"]), st.binary(max_size=20)),
+        st.tuples(st.just("bytearray"), st.sampled_from(["a", "b"]), st.binary(max_size=20)),
+        st.tuples(st.just("three"), st.sampled_from(["a", "b"]), st.binary(max_size=20)),
+    ),
+    max_size=60,
+)
+
+
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(calls=CALLS, batch_size=st.integers(1, 1500), limit=st.integers(0, 120))
+def test_fast_send_is_the_producers_python_fast_path(c_impl, calls, batch_size, limit) -> None:
+    """FastSend (the producer's send() fast path in C) appends exactly what the Python fast
+    path appends (``builder.try_append_future`` when the call is ``send(topic, value)`` with a
+    bytes value of at most the limit, for a topic with an open batch) and hands every other
+    call, and every record the batch refuses, to the fallback with the same arguments."""
+    from fjord.client.futures import BatchCompletion, RecordFuture
+
+    def batches() -> dict[str, Any]:
+        return {t: (c_impl["BatchBuilder"](batch_size=batch_size), BatchCompletion(t, 0))
+                for t in ("a", "b")}
+
+    ours, reference = batches(), batches()
+    fast, fallback = _fast_send(c_impl, ours, limit)
+    expected_fallback: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    for kind, topic, value in calls:
+        if kind == "positional":
+            got = fast(topic, value)
+            target = reference.get(topic)
+            want = None
+            if target is not None and len(value) <= limit:
+                want = target[0].try_append_future(RecordFuture, target[1], None, None, value)
+            if want is None:
+                expected_fallback.append(((topic, value), {}))
+                assert got == "fallback"
+            else:
+                assert isinstance(got, RecordFuture)
+                assert got._batch is ours[topic][1]
+                assert got._relative_offset == want._relative_offset
+        elif kind == "keyword":
+            assert fast(topic, value=value) == "fallback"
+            expected_fallback.append(((topic,), {"value": value}))
+        elif kind == "bytearray":
+            assert fast(topic, bytearray(value)) == "fallback"
+            expected_fallback.append(((topic, bytearray(value)), {}))
+        else:
+            assert fast(topic, value, b"key") == "fallback"
+            expected_fallback.append(((topic, value, b"key"), {}))
+    assert fallback.calls == expected_fallback
+    for topic in ("a", "b"):
+        assert ours[topic][0].record_count == reference[topic][0].record_count
+        if ours[topic][0].record_count:
+            assert _decoded(ours[topic][0]) == _decoded(reference[topic][0])
+
+
+def test_fast_send_closed_errors_and_plain_calls(c_impl) -> None:
+    """After close() every call is the fallback's (the producer's send() then raises); an error
+    of the fallback or of the topic lookup propagates; tp_call behaves as vectorcall."""
+    from fjord.client.futures import BatchCompletion, RecordFuture
+
+    builder = c_impl["BatchBuilder"]()
+    targets = {"t": (builder, BatchCompletion("t", 0))}
+    fast, fallback = _fast_send(c_impl, targets)
+    assert isinstance(fast("t", b"v"), RecordFuture)
+    assert isinstance(fast.__call__("t", b"w"), RecordFuture)  # tp_call
+    assert not fast.closed and fast.__wrapped__ is fallback
+    fast.close()
+    assert fast.closed
+    assert fast("t", b"x") == "fallback"
+    assert builder.record_count == 2
+    with pytest.raises(TypeError, match="unhashable"):
+        _fast_send(c_impl, targets)[0]([], b"v")
+    builder.seal()
+    refused, fallback = _fast_send(c_impl, targets)
+    assert refused("t", b"y") == "fallback" and fallback.calls == [(("t", b"y"), {})]
+
+    def failing(*_: Any) -> None:
+        raise ValueError("the slow path's own error")
+
+    broken = speedups.EXTENSION.FastSend({}, RecordFuture, failing, 100)
+    with pytest.raises(ValueError, match="slow path's own error"):
+        broken("t", b"v")
+    with pytest.raises(TypeError, match="RecordFutureBase"):
+        speedups.EXTENSION.FastSend({}, object, failing, 100)
+    with pytest.raises(TypeError, match="callable"):
+        speedups.EXTENSION.FastSend({}, RecordFuture, None, 100)

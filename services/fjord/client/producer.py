@@ -39,7 +39,7 @@ from fjord.client.accumulator import (
     handle_produce_results,
 )
 from fjord.client.consumer_coordinator import normalize_offsets
-from fjord.client.futures import RecordFuture, RecordsFuture
+from fjord.client.futures import BatchCompletion, RecordFuture, RecordsFuture
 from fjord.client.metadata import topic_error
 from fjord.client.network import EventLoopThread, Network, transport_error
 from fjord.client.partitioner import StickyPartitioner, group_by_partition, partition_for_key
@@ -65,7 +65,7 @@ from fjord.errors import (
 )
 from fjord.records import Compression
 from fjord.records.builder import BatchBuilder
-from fjord.records.speedups import ATOMIC_APPEND
+from fjord.records.speedups import ATOMIC_APPEND, EXTENSION
 from fjord.security import ClientSecurity
 from fjord.topic_names import validate_topic_name
 from fjord.wakeups import wait_event
@@ -647,11 +647,20 @@ class Producer(_ProducerBase):
 
     def __init__(self, config: Mapping[str, Any], *, tracer_provider: Any | None = None) -> None:
         super().__init__(config, tracer_provider)
-        # send()'s fast path: per topic, the open batch its sticky partition fills, and the
-        # largest value that needs no size check (0 with tracing: records get a header).
-        self._sticky_batches: dict[str, ProducerBatch] = {}
+        # send()'s fast path: per topic, (builder, completion, batch) of the open batch its
+        # sticky partition fills, and the largest value that needs no size check (0 with
+        # tracing: records get a header).
+        self._sticky_batches: dict[str, tuple[Any, BatchCompletion, ProducerBatch]] = {}
         self._yield_per_batch = bool(self.config["enable.idempotence"])
         self._fast_value_limit = 0 if self._trace_records else self._max_record - _HEADER_OVERHEAD
+        if ATOMIC_APPEND and self._fast_value_limit > 0 and hasattr(EXTENSION, "FastSend"):
+            # The same fast path whole in C (no Python frame per record): send(topic, value)
+            # with a bytes value goes through it, everything else to the method below.
+            assert EXTENSION is not None
+            self.__dict__["send"] = EXTENSION.FastSend(
+                self._sticky_batches, RecordFuture, type(self).send.__get__(self),
+                self._fast_value_limit,
+            )
         self._io = EventLoopThread(f"fjord-producer-{self.config['client.id']}")
         self._io_thread_id = self._io.thread_id
         self._sender.owns_loop = True
@@ -709,15 +718,15 @@ class Producer(_ProducerBase):
             # Fast path (issue 18): a record without key or headers goes into the batch its
             # topic's sticky partition is filling, while that batch is open and has room (never
             # for a transactional producer: its cache stays empty).
-            batch = self._sticky_batches.get(topic)
-            if batch is not None and len(value) <= self._fast_value_limit:
+            target = self._sticky_batches.get(topic)
+            if target is not None and len(value) <= self._fast_value_limit:
                 # Timestamp None: now, read by the builder (in C: one Python call less).
                 if ATOMIC_APPEND:  # (accumulator.try_append_open, inlined: this is per record)
-                    future = batch.builder.try_append_future(
-                        RecordFuture, batch.completion, None, None, value
+                    future = target[0].try_append_future(
+                        RecordFuture, target[1], None, None, value
                     )
                 else:
-                    future = self._accumulator.try_append_open(batch, None, value)
+                    future = self._accumulator.try_append_open(target[2], None, value)
                 if future is not None:
                     return future
         if self._closed:
@@ -759,7 +768,7 @@ class Producer(_ProducerBase):
             # The batch the next null-key records of this topic fill (see the fast path).
             batch = self._accumulator.open_batch(tps[self._sticky.partition(topic, len(tps))])
             if batch is not None and batch.coordinator_epoch == 0:
-                self._sticky_batches[topic] = batch
+                self._sticky_batches[topic] = (batch.builder, batch.completion, batch)
             else:
                 self._sticky_batches.pop(topic, None)
         if wake:
@@ -952,6 +961,9 @@ class Producer(_ProducerBase):
             return
         self._not_from_callback("close()")
         self._closed = True
+        fast_send = self.__dict__.get("send")
+        if fast_send is not None:
+            fast_send.close()  # send() raises from now on, as the method does
         try:
             self.flush(timeout)
         except KafkaTimeoutError:

@@ -26,6 +26,9 @@
  *                       Arrow column, so that a columnar consumer of records (the Spark
  *                       source, fjord_spark.arrow) pays no Python per record; the pure path
  *                       there builds the same columns with pyarrow from lists.
+ *   FastSend            the producer's send(topic, value) for a record without key or
+ *                       headers in one C call (the Python send() holds the same path and is
+ *                       called for everything else).
  *   ColumnBuilder       records sections decoded straight into those buffers (no Python object
  *                       per record: the consumer's poll_into, the Spark source's read tasks);
  *                       a section it does not decode itself (headers, anything malformed) is
@@ -46,6 +49,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <time.h>
@@ -579,23 +583,23 @@ Appender_try_append(Appender *self, PyObject *const *args, Py_ssize_t nargs, PyO
  * path in one call. Appends (as try_append, no headers) and returns
  * future_type(completion, index, timestamp_ms), or None when the record was refused.
  * timestamp_ms None: now, from the wall clock. */
-static PyObject *
-Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+static int
+check_future_type(PyObject *future_type, const char *who)
 {
-    if (nargs != 5) {
-        PyErr_Format(PyExc_TypeError,
-                     "try_append_future() takes 5 arguments (future_type, completion, "
-                     "timestamp_ms, key, value), %zd given", nargs);
-        return NULL;
-    }
-    PyObject *future_type = args[0];
     if (!PyType_Check(future_type)
         || !PyType_IsSubtype((PyTypeObject *)future_type, &FutureBaseType)) {
-        PyErr_SetString(PyExc_TypeError,
-                        "try_append_future(): future_type must subclass RecordFutureBase");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s: future_type must subclass RecordFutureBase", who);
+        return -1;
     }
-    PyObject *timestamp_obj = args[2];
+    return 0;
+}
+
+/* try_append_future's work, with future_type already checked: the future, Py_None (a new
+ * reference) when the record was refused, NULL with an exception set. */
+static PyObject *
+append_future(Appender *self, PyObject *future_type, PyObject *completion,
+              PyObject *timestamp_obj, PyObject *key, PyObject *value)
+{
     PyObject *now = NULL;
     if (timestamp_obj == Py_None) {
         /* The wall clock in ms, as int(time.time() * 1000) (one Python call less per record). */
@@ -607,7 +611,7 @@ Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nar
             return NULL;
         timestamp_obj = now;
     }
-    int64_t index = append_core(self, timestamp_obj, args[3], args[4], NULL, 1);
+    int64_t index = append_core(self, timestamp_obj, key, value, NULL, 1);
     long long timestamp = index >= 0 ? PyLong_AsLongLong(timestamp_obj) : 0;  /* (checked) */
     Py_XDECREF(now);
     if (index == APPEND_ERROR)
@@ -619,11 +623,25 @@ Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nar
     if (future == NULL)
         return NULL;
     FutureBase *base = (FutureBase *)future;
-    Py_INCREF(args[1]);
-    base->batch = args[1];
+    Py_INCREF(completion);
+    base->batch = completion;
     base->relative_offset = index;
     base->timestamp = timestamp;
     return future;
+}
+
+static PyObject *
+Appender_try_append_future(Appender *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 5) {
+        PyErr_Format(PyExc_TypeError,
+                     "try_append_future() takes 5 arguments (future_type, completion, "
+                     "timestamp_ms, key, value), %zd given", nargs);
+        return NULL;
+    }
+    if (check_future_type(args[0], "try_append_future()") < 0)
+        return NULL;
+    return append_future(self, args[0], args[1], args[2], args[3], args[4]);
 }
 
 /* try_append_many(timestamp_ms, keys, values, start) -> next: appends records start, start+1,
@@ -794,6 +812,168 @@ static PyTypeObject AppenderType = {
     .tp_dealloc = (destructor)Appender_dealloc,
     .tp_methods = Appender_methods,
     .tp_getset = Appender_getset,
+};
+
+/* ---------------------------------------------------------------- FastSend */
+
+/* FastSend(targets, future_type, fallback, value_limit): the producer's send(topic, value) for
+ * a record without key, partition, headers or timestamp, whole in C. targets maps a topic to
+ * (appender, completion, ...): the batch its sticky partition is filling. A call with exactly
+ * (topic, value) positionally, value a bytes object of at most value_limit bytes and the topic
+ * in targets, appends with append_future (timestamp: now) and returns the future; every other
+ * call, and a record the batch refuses, is fallback(*args, **kwargs) (the Python send(),
+ * which holds the same fast path, so both give the same batches). close() makes every later
+ * call the fallback's. */
+typedef struct {
+    PyObject_HEAD
+    vectorcallfunc vectorcall;
+    PyObject *targets;
+    PyObject *future_type;
+    PyObject *fallback;
+    Py_ssize_t value_limit;
+    int closed;
+} FastSend;
+
+static PyObject *
+FastSend_vectorcall(FastSend *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs == 2 && kwnames == NULL && !self->closed) {
+        PyObject *value = args[1];
+        if (PyBytes_CheckExact(value) && PyBytes_GET_SIZE(value) <= self->value_limit) {
+            PyObject *target = PyDict_GetItemWithError(self->targets, args[0]); /* borrowed */
+            if (target == NULL && PyErr_Occurred())
+                return NULL;
+            if (target != NULL && PyTuple_CheckExact(target) && PyTuple_GET_SIZE(target) >= 2
+                && PyObject_TypeCheck(PyTuple_GET_ITEM(target, 0), &AppenderType)) {
+                /* The tuple may leave targets during the append (nothing here releases the
+                 * GIL, but hold it anyway). */
+                Py_INCREF(target);
+                PyObject *future = append_future(
+                    (Appender *)PyTuple_GET_ITEM(target, 0), self->future_type,
+                    PyTuple_GET_ITEM(target, 1), Py_None, Py_None, value);
+                Py_DECREF(target);
+                if (future != Py_None)
+                    return future; /* the future, or NULL with the exception */
+                Py_DECREF(future);
+            }
+        }
+    }
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+static PyObject *
+FastSend_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *kwlist[] = {"targets", "future_type", "fallback", "value_limit", NULL};
+    PyObject *targets, *future_type, *fallback;
+    Py_ssize_t value_limit;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOn", kwlist, &PyDict_Type, &targets,
+                                     &future_type, &fallback, &value_limit))
+        return NULL;
+    if (check_future_type(future_type, "FastSend()") < 0)
+        return NULL;
+    if (!PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "FastSend(): fallback must be callable");
+        return NULL;
+    }
+    FastSend *self = (FastSend *)type->tp_alloc(type, 0);
+    if (self == NULL)
+        return NULL;
+    self->vectorcall = (vectorcallfunc)FastSend_vectorcall;
+    Py_INCREF(targets);
+    self->targets = targets;
+    Py_INCREF(future_type);
+    self->future_type = future_type;
+    Py_INCREF(fallback);
+    self->fallback = fallback;
+    self->value_limit = value_limit;
+    self->closed = 0;
+    return (PyObject *)self;
+}
+
+static int
+FastSend_traverse(FastSend *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->targets);
+    Py_VISIT(self->future_type);
+    Py_VISIT(self->fallback);
+    return 0;
+}
+
+static int
+FastSend_clear(FastSend *self)
+{
+    Py_CLEAR(self->targets);
+    Py_CLEAR(self->future_type);
+    Py_CLEAR(self->fallback);
+    return 0;
+}
+
+static void
+FastSend_dealloc(FastSend *self)
+{
+    PyObject_GC_UnTrack(self);
+    FastSend_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+FastSend_call(FastSend *self, PyObject *args, PyObject *kwargs)
+{
+    /* tp_call for callers that do not use vectorcall (the same behaviour). */
+    return PyVectorcall_Call((PyObject *)self, args, kwargs);
+}
+
+static PyObject *
+FastSend_close(FastSend *self, PyObject *Py_UNUSED(ignored))
+{
+    self->closed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+FastSend_get_closed(FastSend *self, void *Py_UNUSED(closure))
+{
+    return PyBool_FromLong(self->closed);
+}
+
+static PyMethodDef FastSend_methods[] = {
+    {"close", (PyCFunction)FastSend_close, METH_NOARGS,
+     "From now on every call goes to the fallback (the producer closed)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyObject *
+FastSend_get_wrapped(FastSend *self, void *Py_UNUSED(closure))
+{
+    Py_INCREF(self->fallback);
+    return self->fallback;
+}
+
+static PyGetSetDef FastSend_getset[] = {
+    {"closed", (getter)FastSend_get_closed, NULL, "Whether close() was called.", NULL},
+    {"__wrapped__", (getter)FastSend_get_wrapped, NULL,
+     "The fallback (inspect.signature and help() show its signature).", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject FastSendType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "fjord.records._speedups.FastSend",
+    .tp_doc = "FastSend(targets, future_type, fallback, value_limit): the producer's "
+              "send(topic, value) fast path in C; every other call is fallback(...).",
+    .tp_basicsize = sizeof(FastSend),
+    .tp_itemsize = 0,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(FastSend, vectorcall),
+    .tp_call = (ternaryfunc)FastSend_call,
+    .tp_new = FastSend_new,
+    .tp_traverse = (traverseproc)FastSend_traverse,
+    .tp_clear = (inquiry)FastSend_clear,
+    .tp_dealloc = (destructor)FastSend_dealloc,
+    .tp_methods = FastSend_methods,
+    .tp_getset = FastSend_getset,
 };
 
 /* ---------------------------------------------------------------- decoding */
@@ -1928,7 +2108,7 @@ PyMODINIT_FUNC
 PyInit__speedups(void)
 {
     if (PyType_Ready(&AppenderType) < 0 || PyType_Ready(&FutureBaseType) < 0
-        || PyType_Ready(&ColumnBuilderType) < 0)
+        || PyType_Ready(&ColumnBuilderType) < 0 || PyType_Ready(&FastSendType) < 0)
         return NULL;
     PyObject *module = PyModule_Create(&speedups_module);
     if (module == NULL)
@@ -1948,6 +2128,12 @@ PyInit__speedups(void)
     Py_INCREF(&ColumnBuilderType);
     if (PyModule_AddObject(module, "ColumnBuilder", (PyObject *)&ColumnBuilderType) < 0) {
         Py_DECREF(&ColumnBuilderType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    Py_INCREF(&FastSendType);
+    if (PyModule_AddObject(module, "FastSend", (PyObject *)&FastSendType) < 0) {
+        Py_DECREF(&FastSendType);
         Py_DECREF(module);
         return NULL;
     }
