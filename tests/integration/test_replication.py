@@ -31,6 +31,7 @@ from fjord.client import AdminClient, NewTopic
 from fjord.errors import ErrorCode
 from fjord.local.cluster import LocalCluster
 from fjord.records import BatchBuilder, read_batches
+from fjord.testing.chaos_cluster import broker_registration
 from fjord.testing.waiting import is_value, wait_for
 from tests.helpers.metrics import metric_value
 
@@ -71,7 +72,9 @@ def admin(cluster: LocalCluster) -> Iterator[AdminClient]:
 
 @pytest.fixture(autouse=True)
 def all_brokers_running(cluster: LocalCluster) -> Iterator[None]:
-    """Each test starts and ends with every broker running (and none stopped)."""
+    """Each test starts and ends with every broker running (and none stopped), registered as
+    the active controller sees it: a topic created before the controller knows a broker that
+    was just started again is refused (replication factor above the live brokers)."""
     yield
     for b in BROKERS:
         proc = cluster.process("broker", b)
@@ -79,6 +82,8 @@ def all_brokers_running(cluster: LocalCluster) -> Iterator[None]:
             os.kill(proc.pid, signal.SIGCONT)
         else:
             cluster.start_broker(b)
+    wait_for(lambda: registered_at_controller(cluster) == set(BROKERS),
+             "every broker registered at the active controller")
 
 
 # --- helpers ------------------------------------------------------------------------------
@@ -94,25 +99,47 @@ def new_topic(admin: AdminClient, **config: str) -> str:
     return name
 
 
-def partition_state(
-    cluster: LocalCluster, topic: str, via: int | None = None
-) -> tuple[int, int, tuple[int, ...]] | None:
-    """(leader, leader_epoch, isr) as a live broker's metadata cache has it."""
-    brokers = [via] if via is not None else live_brokers(cluster)
-    for b in brokers:
+def partition_state(cluster: LocalCluster, topic: str) -> tuple[int, int, tuple[int, ...]] | None:
+    """(leader, leader_epoch, isr) once every running broker that answers has it (None while
+    they disagree or none knows the topic): a broker just continued after SIGSTOP, or just
+    started, answers from the metadata image it had until its etcd watch catches up, so one
+    broker's answer alone can show a state the controller left seconds ago."""
+    seen: set[tuple[int, int, tuple[int, ...]]] = set()
+    for b in live_brokers(cluster):
         try:
             md = stub(cluster, b).Metadata(broker_pb2.MetadataRequest(topics=[topic]), timeout=5)
         except grpc.RpcError:
-            continue
-        for t in md.topics:
-            for p in t.partitions:
-                if p.partition == 0 and t.error.code == 0:
-                    return p.leader, p.leader_epoch, tuple(sorted(p.isr))
-    return None
+            continue  # stopped or not serving yet: it has no say
+        found = [(p.leader, p.leader_epoch, tuple(sorted(p.isr)))
+                 for t in md.topics if t.error.code == 0 for p in t.partitions if p.partition == 0]
+        if not found:
+            return None
+        seen.update(found)
+    return seen.pop() if len(seen) == 1 else None
 
 
 def live_brokers(cluster: LocalCluster) -> list[int]:
-    return [b for b in BROKERS if cluster.process("broker", b).poll() is None]
+    """The brokers whose process runs (neither exited nor stopped by SIGSTOP)."""
+    return [b for b in BROKERS
+            if cluster.process("broker", b).poll() is None
+            and not stopped(cluster.process("broker", b).pid)]
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): its state in /proc is T. A stopped broker
+    answers nothing; asking it costs a whole RPC timeout."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] == "T"
+
+
+def registered_at_controller(cluster: LocalCluster) -> set[int]:
+    """The brokers the active controller counts as live (what topic creation places on)."""
+    active = cluster.active_controller()
+    described = None if active is None else cluster.describe_cluster(active)
+    return set() if described is None else {b.id for b in described.brokers}
 
 
 def batch(values: list[bytes]) -> bytes:
@@ -305,24 +332,40 @@ def test_followers_whose_fetch_streams_break_fetch_again_and_catch_up(
 def test_stopped_follower_leaves_the_isr_and_rejoins_after_sigcont(
     cluster: LocalCluster, admin: AdminClient
 ) -> None:
+    """A follower stopped (SIGSTOP) for longer than replica.lag.time.max.ms leaves the ISR,
+    acks=all goes on with the rest, and once continued the follower rejoins.
+
+    A local broker's lease TTL (LOCAL_BROKER_LEASE_TTL_S, 6 s) is about the lag limit, so the
+    stopped follower loses its registration too, before or after the leader's AlterPartition
+    drops it (whichever comes first takes it out of the ISR). The test waits for that lapse
+    before it continues the follower, and for its new registration after: continued at the
+    moment etcd drops its lease, it could rejoin the ISR under the old registration and leave
+    it again a moment later, in the next test's time (a fresh topic then created on it loses
+    its leader or a replica to the liveness reconcile)."""
     topic = new_topic(admin)
     leader = leader_of(cluster, topic)
     wait_isr(cluster, topic, BROKERS)
     follower = next(b for b in BROKERS if b != leader)
+    registered = broker_registration(cluster, follower)
+    assert registered is not None
     stopped_at = time.monotonic()
     os.kill(cluster.process("broker", follower).pid, signal.SIGSTOP)
     try:
         produce(cluster, leader, topic, [b"x"], acks=1)
         others = tuple(b for b in BROKERS if b != follower)
-        # Out of the ISR after replica.lag.time.max.ms (the leader's AlterPartition; the
-        # controller would also drop it when its lease expires, later). Its last fetch may
-        # have been parked up to replica.fetch.wait.max.ms before the stop: 1 s of slack.
+        # Out of the ISR after replica.lag.time.max.ms (the leader's AlterPartition, or the
+        # controller when the lease lapses). Its last fetch may have been parked up to
+        # replica.fetch.wait.max.ms before the stop: 1 s of slack.
         wait_isr(cluster, topic, others)
         assert time.monotonic() - stopped_at >= LAG_MS / 1000 - 1.0
         out = produce(cluster, leader, topic, [b"y"] * 3)  # acks=all works with ISR 2 >= 2
         assert out.error.code == 0, out.error.message
+        wait_for(lambda: broker_registration(cluster, follower) is None,
+                 f"the stopped broker {follower}'s lease to lapse")
     finally:
         os.kill(cluster.process("broker", follower).pid, signal.SIGCONT)
+    wait_for(lambda: broker_registration(cluster, follower) not in (None, registered),
+             f"broker {follower} to register anew")
     wait_isr(cluster, topic, BROKERS)
     wait_replicated(cluster, topic, list(BROKERS), 4)
 
