@@ -14,6 +14,7 @@ and measures, in this order:
   ``fetch.queue.backoff.ms`` 10 (librdkafka pauses fetching 1 s when 100,000 records wait).
 - **fjord.client Producer** over gRPC: the same records and settings (``send()``, ``flush()``),
   its futures dropped as they come (its fastest way; the consumer's count checks delivery).
+  ``--python-send`` adds the same without the C ``send()`` (``FastSend``): the Python method.
 - **fjord.client Consumer** over gRPC: ``assign()``, ``poll()`` until every record is read.
 
 Each figure is records per second, the median of ``--rounds`` rounds (the rounds' figures are
@@ -165,8 +166,14 @@ def ck_consume(
     return records / elapsed
 
 
-def fjord_produce(bootstrap: str, topic: str, records: int, value: bytes) -> float:
+def fjord_produce(
+    bootstrap: str, topic: str, records: int, value: bytes, python_send: bool = False
+) -> float:
+    """``python_send``: without the C ``send`` (``FastSend``), the Python method's own fast
+    path instead (a before/after baseline in the same run)."""
     with Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": LINGER_MS}) as producer:
+        if python_send:
+            producer.__dict__.pop("send", None)
         producer.partitions_for(topic)  # metadata known before the clock
         send = producer.send
         start = time.perf_counter()
@@ -337,6 +344,8 @@ def main() -> None:
                         help="Fjord's Kafka listener against Tansu, both with confluent-kafka")
     parser.add_argument("--compare", help="with --against-tansu: services/ of another checkout "
                         "served by a third broker in the same rounds (a before/after baseline)")
+    parser.add_argument("--python-send", action="store_true",
+                        help="also fjord.client's producer without its C send() (FastSend)")
     parser.add_argument("--write-results", action="store_true")
     args = parser.parse_args()
     value = os.urandom(args.value_size)
@@ -344,7 +353,8 @@ def main() -> None:
         against_tansu(args, value)
         return
     load_start = os.getloadavg()[0]
-    figures: dict[str, list[float]] = {k: [] for k in ("ck_p", "ck_c", "fj_p", "fj_c")}
+    keys = ("ck_p", "ck_c", "fj_p", "fj_c") + (("fj_p_py",) if args.python_send else ())
+    figures: dict[str, list[float]] = {k: [] for k in keys}
     with tempfile.TemporaryDirectory(prefix="bench-kafka-") as base, LocalCluster(
         Path(base), brokers=1, controllers=1, coordinators=0, unsafe_etcd_no_fsync=True
     ) as cluster, AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
@@ -360,8 +370,18 @@ def main() -> None:
                 ("fj_c", lambda t=fj_topic: fjord_consume(grpc, t, args.partitions,
                                                          args.records)),
             ]
+            if args.python_send:
+                py_topic = new_topic(admin, args.partitions)
+                steps += [
+                    ("fj_p_py", lambda t=py_topic: fjord_produce(grpc, t, args.records, value,
+                                                                python_send=True)),
+                    ("", lambda t=py_topic: fjord_consume(grpc, t, args.partitions,
+                                                          args.records)),  # (the count check)
+                ]
             for key, step in steps:
-                figures[key].append(step())
+                figure = step()
+                if key:
+                    figures[key].append(figure)
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{k} {v[-1]:,.0f} rec/s" for k, v in figures.items()), flush=True)
     load_end = os.getloadavg()[0]
@@ -372,6 +392,8 @@ def main() -> None:
         "fj_p": "fjord.client Producer over gRPC",
         "fj_c": "fjord.client Consumer over gRPC",
     }
+    if args.python_send:
+        names["fj_p_py"] = "fjord.client Producer over gRPC, Python send() (--python-send)"
     mb = args.value_size / 1e6
     rows = "\n".join(
         f"| {names[k]} | {median[k]:,.0f} | {median[k] * mb:.1f} | "
