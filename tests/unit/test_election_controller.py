@@ -17,6 +17,7 @@ from fjord.controller.election import (
 from fjord.controller.planner import (
     PREFERRED_ELECTION,
     UNCLEAN_ELECTION,
+    partition_keys,
     plan_elect_leaders,
     plan_liveness,
     plan_preferred_rebalance,
@@ -252,3 +253,27 @@ def test_resigning_is_fenced_like_an_isr_change() -> None:
         resign_leadership(s, 1, 3, 9, live={1, 2, 3})
     with pytest.raises(InvalidUpdateVersionError):
         resign_leadership(s, 1, 4, 8, live={1, 2, 3})
+
+
+def test_a_partition_created_after_a_restart_keeps_the_new_process() -> None:
+    """A topic created between a broker's new registration and the reconcile that ends its
+    predecessor's place names the new process: it keeps its leader and ISR (moving them failed
+    the writes it was taking), while partitions that existed when the restart was seen lose
+    the old process as before. Partitions added to an existing topic later count as new."""
+    parts = {
+        ("old", 0): state([1, 2, 3], [1, 2, 3], 1, le=4),
+        ("old", 1): state([2, 1, 3], [2, 1, 3], 2, le=4),
+        ("new", 0): state([1, 2, 3], [1, 2, 3], 1, le=0, pe=0),
+        ("new", 1): state([2, 3, 1], [2, 3, 1], 2, le=0, pe=0),
+    }
+    image = image_of([1, 2, 3], parts)
+    known = {1: frozenset({("id-old", 0), ("id-old", 1)})}
+    changes = plan_reconcile(image, restarted={1}, known_at_restart=known)
+    assert changes[("old", 0)].leader == 2 and changes[("old", 0)].isr == (2, 3)
+    assert changes[("old", 1)].isr == (2, 3)
+    assert ("new", 0) not in changes and ("new", 1) not in changes
+    # Without the record of what existed (None): every partition, as before.
+    assert ("new", 0) in plan_reconcile(image, restarted={1})
+    # A broker restarted without a record of its own is treated everywhere.
+    assert ("new", 0) in plan_reconcile(image, restarted={1}, known_at_restart={2: known[1]})
+    assert partition_keys(image) == {("id-old", 0), ("id-old", 1), ("id-new", 0), ("id-new", 1)}

@@ -200,11 +200,22 @@ def plan_alter_configs(
     return replace(record, config=config)
 
 
+def partition_keys(image: MetadataImage) -> frozenset[tuple[str, int]]:
+    """(topic id, partition) of every partition in ``image`` (``known_at_restart``'s form)."""
+    keys = []
+    for ref in image.all_partitions():
+        record = image.topic(ref.topic)
+        if record is not None:
+            keys.append((record.topic_id, ref.partition))
+    return frozenset(keys)
+
+
 def plan_liveness(
     image: MetadataImage,
     *,
     waiting_for: Collection[int] = (),
     restarted: Collection[int] = (),
+    known_at_restart: Mapping[int, Collection[tuple[str, int]]] | None = None,
 ) -> dict[TopicPartition, PartitionState]:
     """Every partition whose leader or ISR must change because brokers came or went.
 
@@ -214,10 +225,15 @@ def plan_liveness(
     ``restarted``: brokers registered again by a new process (a new incarnation): the old
     process's place ends first, as if it had died (it leaves ISRs where it is not the last
     member, its partitions get another leader), then the new one counts as live (it leads
-    again where it is the only ISR member, under a new leader epoch)."""
+    again where it is the only ISR member, under a new leader epoch).
+    ``known_at_restart``: per restarted broker, the partitions (topic id, partition) that
+    existed when its new process was seen; only those lose the old process's place. A
+    partition created after that (a topic created between the new registration and this
+    reconcile) never had the old process: its leader and ISR are the new one's, and moving
+    them would only fail the writes they are taking. None: every partition."""
     live = set(image.brokers)
     held = set(waiting_for) - live
-    gone_before = set(restarted) & live
+    restarted_live = set(restarted) & live
     changes: dict[TopicPartition, PartitionState] = {}
     for ref in image.all_partitions():
         state = ref.state
@@ -228,6 +244,12 @@ def plan_liveness(
             record.config, image.cluster_config
         )
         new = state
+        gone_before = restarted_live
+        if gone_before and known_at_restart is not None:
+            key = (record.topic_id if record is not None else "", ref.partition)
+            gone_before = {
+                b for b in gone_before if b not in known_at_restart or key in known_at_restart[b]
+            }
         if gone_before and (state.leader in gone_before or not gone_before.isdisjoint(state.isr)):
             new = on_liveness_change(new, live - gone_before, unclean)
         new = on_liveness_change(new, live, unclean)
@@ -241,12 +263,15 @@ def plan_reconcile(
     *,
     waiting_for: Collection[int] = (),
     restarted: Collection[int] = (),
+    known_at_restart: Mapping[int, Collection[tuple[str, int]]] | None = None,
 ) -> dict[TopicPartition, PartitionState]:
     """:func:`plan_liveness`, then every reassignment that can complete now (all target
     replicas in the ISR) completes. Run after broker changes, ISR changes and on take-over, so
     a new controller resumes the reassignments its predecessor started."""
     live = set(image.brokers)
-    changes = plan_liveness(image, waiting_for=waiting_for, restarted=restarted)
+    changes = plan_liveness(
+        image, waiting_for=waiting_for, restarted=restarted, known_at_restart=known_at_restart
+    )
     for ref in image.all_partitions():
         key = TopicPartition(ref.topic, ref.partition)
         state = changes.get(key, ref.state)

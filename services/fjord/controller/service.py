@@ -43,6 +43,7 @@ from fjord.controller.planner import (
     TopicPlan,
     TopicSpec,
     list_reassignments,
+    partition_keys,
     plan_alter_configs,
     plan_alter_reassignments,
     plan_create_partitions,
@@ -207,6 +208,9 @@ class ControllerService:
         self._incarnations: dict[int, str | None] = {}
         self._broker_epochs: dict[int, int | None] = {}
         self._restarted: dict[int, float] = {}
+        # ... and the partitions (topic id, partition) that existed when each was seen: only
+        # those can hold the predecessor (see plan_liveness's known_at_restart).
+        self._known_at_restart: dict[int, frozenset[tuple[str, int]]] = {}
         self._state_changed = asyncio.Event()
         self._reconcile_needed = asyncio.Event()
         self._owners_needed = asyncio.Event()
@@ -362,6 +366,9 @@ class ControllerService:
             b: seen for b, seen in self._restarted.items()
             if seen >= self._active_since - self.broker_reregistration_grace_s
         }
+        self._known_at_restart = {
+            b: known for b, known in self._known_at_restart.items() if b in self._restarted
+        }
         set_active_controller(True)
         log.info("controller %d is active, epoch %d", self.registration.id, self._epoch)
         await self.watcher.wait_for_revision(self._epoch, WRITE_SETTLE_TIMEOUT_S)
@@ -434,6 +441,7 @@ class ControllerService:
                 incarnation is None or incarnation != self._incarnations[broker_id]
             ) and self._epoch_changed(broker_id, image):
                 self._restarted[broker_id] = now
+                self._known_at_restart[broker_id] = partition_keys(image)
             self._incarnations[broker_id] = incarnation
             self._broker_epochs[broker_id] = image.broker_epoch(broker_id)
 
@@ -770,7 +778,8 @@ class ControllerService:
                     waiting_for = self._waiting_for(image)
                     restarted = dict(self._restarted)
                     changes = plan_reconcile(
-                        image, waiting_for=waiting_for, restarted=restarted.keys()
+                        image, waiting_for=waiting_for, restarted=restarted.keys(),
+                        known_at_restart=dict(self._known_at_restart),
                     )
                     if waiting_for:
                         log.info("reconcile: waiting up to %.1f s for brokers %s to register "
@@ -787,6 +796,7 @@ class ControllerService:
                     for broker_id, seen in restarted.items():
                         if self._restarted.get(broker_id) == seen:
                             del self._restarted[broker_id]
+                            self._known_at_restart.pop(broker_id, None)
             except (asyncio.CancelledError, Exception) as exc:
                 if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
                     raise
