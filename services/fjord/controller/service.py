@@ -204,13 +204,12 @@ class ControllerService:
         self._active_since = 0.0  # loop time this controller last took office
         # broker id -> the incarnation of its last registration seen (kept while it is absent),
         # and brokers seen registered by a new process whose predecessor's place in ISRs and
-        # leadership the reconcile has not ended yet (-> loop time seen).
+        # leadership the reconcile has not ended yet (-> loop time seen, and the partitions
+        # (topic id, partition) that existed then: only those can hold the predecessor, see
+        # plan_liveness's known_at_restart).
         self._incarnations: dict[int, str | None] = {}
         self._broker_epochs: dict[int, int | None] = {}
-        self._restarted: dict[int, float] = {}
-        # ... and the partitions (topic id, partition) that existed when each was seen: only
-        # those can hold the predecessor (see plan_liveness's known_at_restart).
-        self._known_at_restart: dict[int, frozenset[tuple[str, int]]] = {}
+        self._restarted: dict[int, tuple[float, frozenset[tuple[str, int]]]] = {}
         self._state_changed = asyncio.Event()
         self._reconcile_needed = asyncio.Event()
         self._owners_needed = asyncio.Event()
@@ -364,10 +363,7 @@ class ControllerService:
         # Restarts seen long ago as a standby were handled by the controller of that time.
         self._restarted = {
             b: seen for b, seen in self._restarted.items()
-            if seen >= self._active_since - self.broker_reregistration_grace_s
-        }
-        self._known_at_restart = {
-            b: known for b, known in self._known_at_restart.items() if b in self._restarted
+            if seen[0] >= self._active_since - self.broker_reregistration_grace_s
         }
         set_active_controller(True)
         log.info("controller %d is active, epoch %d", self.registration.id, self._epoch)
@@ -440,8 +436,7 @@ class ControllerService:
             if broker_id in self._incarnations and (
                 incarnation is None or incarnation != self._incarnations[broker_id]
             ) and self._epoch_changed(broker_id, image):
-                self._restarted[broker_id] = now
-                self._known_at_restart[broker_id] = partition_keys(image)
+                self._restarted[broker_id] = (now, partition_keys(image))
             self._incarnations[broker_id] = incarnation
             self._broker_epochs[broker_id] = image.broker_epoch(broker_id)
 
@@ -779,7 +774,7 @@ class ControllerService:
                     restarted = dict(self._restarted)
                     changes = plan_reconcile(
                         image, waiting_for=waiting_for, restarted=restarted.keys(),
-                        known_at_restart=dict(self._known_at_restart),
+                        known_at_restart={b: known for b, (_, known) in restarted.items()},
                     )
                     if waiting_for:
                         log.info("reconcile: waiting up to %.1f s for brokers %s to register "
@@ -796,7 +791,6 @@ class ControllerService:
                     for broker_id, seen in restarted.items():
                         if self._restarted.get(broker_id) == seen:
                             del self._restarted[broker_id]
-                            self._known_at_restart.pop(broker_id, None)
             except (asyncio.CancelledError, Exception) as exc:
                 if isinstance(exc, asyncio.CancelledError) and _own_cancellation():
                     raise
