@@ -167,3 +167,28 @@ def test_a_port_taken_after_picking_is_retried(
     finally:
         cluster.stop()
         squatter.close()
+
+
+@pytest.mark.parametrize("role", ["controller", "broker"])
+def test_a_taken_sasl_door_port_is_picked_again(tmp_path: Path, role: str) -> None:
+    """Another process holds the port picked for a SASL gRPC door (a free port is only free
+    a moment ago: outgoing connections take ports from the same range): the launcher starts
+    that process again with every port picked afresh, its SASL door's too."""
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        cluster = LocalCluster(
+            tmp_path / "sasl-ports", brokers=1, controllers=1, coordinators=0,
+            unsafe_etcd_no_fsync=True, kafka_sasl=True,
+        )
+        cluster._sasl_grpc_ports[(role, 0)] = taken  # as if free_port() had picked it
+        try:
+            cluster.start()
+            assert cluster.sasl_grpc_address(role, 0) != f"127.0.0.1:{taken}"
+            assert cluster.process(role, 0).poll() is None
+            assert cluster.active_controller() == 0
+        finally:
+            cluster.stop()

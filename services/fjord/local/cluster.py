@@ -330,6 +330,12 @@ class LocalCluster:
             doors += f",SSL://{LOOPBACK_HOST}:{port}"
         return doors
 
+    def _kept_ports(self) -> tuple[dict[tuple[str, int], int], ...]:
+        """Every map of (role, id) -> a port picked free once and kept when the process
+        restarts: a start that failed to bind any of them picks all of them again."""
+        return (self._metrics_ports, self._kafka_ports, self._mtls_kafka_ports,
+                self._sasl_grpc_ports)
+
     def _sasl_grpc_port(self, role: str, node_id: int) -> int:
         """The SASL gRPC door port of ``role`` ``node_id`` (picked free once, then kept)."""
         port = self._sasl_grpc_ports.get((role, node_id)) or free_port()
@@ -644,9 +650,8 @@ class LocalCluster:
                     raise
                 # Every port is picked afresh: any may be the one that was taken.
                 del self._children[(role, node_id)]
-                del self._metrics_ports[(role, node_id)]
-                self._kafka_ports.pop((role, node_id), None)
-                self._mtls_kafka_ports.pop((role, node_id), None)
+                for ports in self._kept_ports():
+                    ports.pop((role, node_id), None)
                 restart(node_id, wait=False)
 
     def _run_log(self, role: str, node_id: int) -> str:
