@@ -68,6 +68,7 @@ SHARED = {
     "fjord.kafka",
     "fjord.wakeups",  # waits on the event loop resumed on the first turn (broker and client)
     "fjord.rpc_streams",  # Produce/Fetch on one ordered stream: the broker serves, clients send
+    "fjord.direct_frames",  # the direct door's wire format (Produce/Fetch frames on plain TCP)
 }
 
 SERVICES = {
