@@ -12,6 +12,7 @@ import asyncio
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import grpc
 import pytest
@@ -27,20 +28,44 @@ pytestmark = pytest.mark.integration
 RPC_TIMEOUT_S = 10.0
 
 
+PORT_ATTEMPTS = 3
+
+
+def start_controller(
+    etcd: EtcdProcess, cluster_id: str, tmp_path: Path
+) -> tuple[subprocess.Popen[bytes], str, IO[bytes]]:
+    """A controller with cluster defaults, serving: (process, address, its open log). A port
+    from free_port() was only free a moment ago (outgoing connections take ports from the same
+    range): a controller that exited because it could not bind is started again on a new
+    port, at most PORT_ATTEMPTS times."""
+    for attempt in range(PORT_ATTEMPTS):
+        address = f"127.0.0.1:{free_port()}"
+        log_path = tmp_path / f"controller-{attempt}.log"
+        log = log_path.open("wb")
+        proc = subprocess.Popen(
+            [*_FJORD, "controller", "--id", "0", "--listen", address, "--etcd", etcd.url,
+             "--cluster-id", cluster_id, "--lease-ttl", "3",
+             "--config", "num.partitions=4", "--config", "default.replication.factor=2",
+             "--config", "retention.ms=60000"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+        wait_for(lambda p=proc, path=log_path: p.poll() is not None
+                 or b"serving on" in path.read_bytes(), "the controller to serve or exit")
+        if proc.poll() is None:
+            return proc, address, log
+        log.close()
+        output = log_path.read_text(errors="replace")
+        if "cannot bind" not in output or attempt == PORT_ATTEMPTS - 1:
+            raise AssertionError(f"controller exited with {proc.returncode}:\n{output}")
+    raise AssertionError("unreachable")
+
+
 @pytest.fixture
 def controller(
     etcd: EtcdProcess, cluster_id: str, tmp_path: Path
 ) -> Iterator[controller_pb2_grpc.ControllerStub]:
     """One controller started with cluster defaults, three registered brokers."""
-    address = f"127.0.0.1:{free_port()}"
-    log = (tmp_path / "controller.log").open("wb")
-    proc = subprocess.Popen(
-        [*_FJORD, "controller", "--id", "0", "--listen", address, "--etcd", etcd.url,
-         "--cluster-id", cluster_id, "--lease-ttl", "3",
-         "--config", "num.partitions=4", "--config", "default.replication.factor=2",
-         "--config", "retention.ms=60000"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
+    proc, address, log = start_controller(etcd, cluster_id, tmp_path)
     keys = Keys(cluster_id)
 
     async def register_brokers() -> None:
