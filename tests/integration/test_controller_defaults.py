@@ -9,6 +9,7 @@ Brokers are their etcd registrations (all the controller sees of them), as in te
 from __future__ import annotations
 
 import asyncio
+import functools
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +32,10 @@ RPC_TIMEOUT_S = 10.0
 PORT_ATTEMPTS = 3
 
 
+def serving_or_exited(proc: subprocess.Popen[bytes], log_path: Path) -> bool:
+    return proc.poll() is not None or b"serving on" in log_path.read_bytes()
+
+
 def start_controller(
     etcd: EtcdProcess, cluster_id: str, tmp_path: Path
 ) -> tuple[subprocess.Popen[bytes], str, IO[bytes]]:
@@ -49,8 +54,8 @@ def start_controller(
              "--config", "retention.ms=60000"],
             stdout=log, stderr=subprocess.STDOUT,
         )
-        wait_for(lambda p=proc, path=log_path: p.poll() is not None
-                 or b"serving on" in path.read_bytes(), "the controller to serve or exit")
+        wait_for(functools.partial(serving_or_exited, proc, log_path),
+                 "the controller to serve or exit")
         if proc.poll() is None:
             return proc, address, log
         log.close()
