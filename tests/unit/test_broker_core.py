@@ -433,7 +433,8 @@ def image_with_topic() -> MetadataImage:
     events = [
         put(keys.controller, ControllerRegistration(7, "h", 1).to_json()),
         put(keys.broker(1), BrokerRegistration(1, "b1", 9001, "r1").to_json()),
-        put(keys.broker(2), BrokerRegistration(2, "b2", 9002).to_json()),
+        put(keys.broker(2), BrokerRegistration(2, "b2", 9002, direct_host="d2",
+                                               direct_port=9102).to_json()),
         put(keys.topic("orders"), TopicRecord("a" * 32, 2, 2).to_json()),
         put(keys.partition("orders", 0), PartitionState((1, 2), (1, 2), 1, 3, 4).to_json()),
         put(keys.partition("orders", 1), PartitionState((2, 3), (3,), 3, 1, 1).to_json()),
@@ -452,6 +453,8 @@ def test_metadata_response_lists_topic_state() -> None:
         (1, "b1", 9001, "r1"),
         (2, "b2", 9002, ""),
     ]
+    # Broker 2 opens a direct door (fjord.direct_frames), broker 1 none.
+    assert [(b.direct_host, b.direct_port) for b in response.brokers] == [("", 0), ("d2", 9102)]
     assert (response.controller.id, response.controller.epoch) == (7, 1)
     orders, missing, *illegal = response.topics
     assert orders.error.code == 0 and orders.topic_id == "a" * 32
@@ -533,7 +536,7 @@ def test_metadata_through_a_sasl_door_names_the_doors_and_leaves_out_the_rest() 
         MetadataEvent.put(keys.controller,
                           ControllerRegistration(7, "h", 1, "h", 101).to_json(), 1, 1),
         MetadataEvent.put(keys.broker(1), BrokerRegistration(
-            1, "b1", 9001, "r1", None, None, None, "b1", 9101).to_json(), 2, 2),
+            1, "b1", 9001, "r1", None, None, None, "b1", 9101, (), "b1", 9201).to_json(), 2, 2),
         MetadataEvent.put(keys.broker(2), BrokerRegistration(2, "b2", 9002).to_json(), 3, 3),
     ]
     image = MetadataImage.empty("c1").apply(events)
@@ -541,6 +544,8 @@ def test_metadata_through_a_sasl_door_names_the_doors_and_leaves_out_the_rest() 
     before = answer.SerializeToString()
     door = brokers_by_sasl_door(answer, image)
     assert [(b.id, b.host, b.port, b.rack) for b in door.brokers] == [(1, "b1", 9101, "r1")]
+    # A client that came in through SASL is not sent to the identity-less direct door.
+    assert [(b.direct_host, b.direct_port) for b in door.brokers] == [("", 0)]
     assert (door.controller.id, door.controller.host, door.controller.port) == (7, "h", 101)
     assert answer.SerializeToString() == before
 

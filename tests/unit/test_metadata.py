@@ -108,7 +108,20 @@ VALUES = [
     ControllerRegistration(1, "127.0.0.1", 9000, "127.0.0.1", 9100),
     BrokerRegistration(5, "b5", 9095, None, None, None, "0f" * 16, "b5", 9195),
     CoordinatorRegistration(3, "h", 4, None, None, None, "h", 5),
+    # direct doors (fjord.direct_frames)
+    BrokerRegistration(6, "b6", 9096, direct_host="b6", direct_port=9196),
+    BrokerRegistration(7, "b7", 9097, "r", "b7", 39097, "0f" * 16, "b7", 9197, (),
+                       "10.0.0.7", 9297),
 ]
+
+
+def test_broker_registration_names_its_direct_door_only_when_it_has_one() -> None:
+    with_door = BrokerRegistration(1, "h", 1, direct_host="h", direct_port=2)
+    assert b'"direct":{"host":"h","port":2}' in with_door.to_json().replace(b" ", b"")
+    assert b"direct" not in BrokerRegistration(1, "h", 1).to_json()
+    # A registration written before direct doors existed parses, without one.
+    old = BrokerRegistration.from_json(b'{"id": 1, "host": "h", "port": 1, "rack": null}')
+    assert (old.direct_host, old.direct_port) == (None, None)
 
 
 @pytest.mark.parametrize("value", VALUES, ids=lambda v: type(v).__name__)
@@ -126,6 +139,9 @@ def test_values_round_trip_through_json(value: object) -> None:
         (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "rack": 5}', "'rack'"),
         (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "incarnation": 7}',
          "'incarnation'"),
+        (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "direct": 7}', "'direct'"),
+        (BrokerRegistration, b'{"id": 1, "host": "h", "port": 1, "direct": {"host": "h"}}',
+         "'port'"),
         (CoordinatorRegistration, b'{"id": 1, "host": "h", "port": 1, "incarnation": []}',
          "'incarnation'"),
         (ControllerRegistration, b'{"id": 1, "port": 1}', "'host'"),

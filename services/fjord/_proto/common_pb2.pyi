@@ -24,16 +24,20 @@ class TopicPartition(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ...) -> None: ...
 
 class BrokerInfo(_message.Message):
-    __slots__ = ("id", "host", "port", "rack")
+    __slots__ = ("id", "host", "port", "rack", "direct_host", "direct_port")
     ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PORT_FIELD_NUMBER: _ClassVar[int]
     RACK_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_HOST_FIELD_NUMBER: _ClassVar[int]
+    DIRECT_PORT_FIELD_NUMBER: _ClassVar[int]
     id: int
     host: str
     port: int
     rack: str
-    def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ...) -> None: ...
+    direct_host: str
+    direct_port: int
+    def __init__(self, id: _Optional[int] = ..., host: _Optional[str] = ..., port: _Optional[int] = ..., rack: _Optional[str] = ..., direct_host: _Optional[str] = ..., direct_port: _Optional[int] = ...) -> None: ...
 
 class ControllerInfo(_message.Message):
     __slots__ = ("id", "host", "port", "epoch")

@@ -31,6 +31,7 @@ from fjord.errors import (
     UnknownTopicOrPartitionError,
 )
 from fjord.metadata import etcd_client
+from fjord.metadata.view import broker_info
 from fjord.sasl_door import bind_sasl_port, sasl_door_server
 from fjord.security import ServiceSecurity
 from fjord.security.acls import (
@@ -266,10 +267,7 @@ class ControllerServicer(controller_pb2_grpc.ControllerServicer):
                                           epoch=active.epoch)
             )
         for broker_id, broker in sorted(image.brokers.items()):
-            response.brokers.append(
-                common_pb2.BrokerInfo(id=broker_id, host=broker.host, port=broker.port,
-                                      rack=broker.rack or "")
-            )
+            response.brokers.append(broker_info(broker_id, broker))
         for cid, reg in sorted(image.controllers.items()):
             epoch = active.epoch if active is not None and active.registration.id == cid else 0
             response.controllers.append(

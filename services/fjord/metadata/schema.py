@@ -154,9 +154,11 @@ class BrokerRegistration:
     advertised address of its SASL gRPC door (``sasl_host``/``sasl_port``, ``None`` without
     one: fjord.sasl_door); ``kafka_listeners``: every Kafka door's advertised address by
     listener name (``kafka`` is the first's; empty from brokers that predate it, see
-    :func:`kafka_endpoint`). JSON: ``{"id", "host", "port", "rack"[, "kafka": {"host",
-    "port"}][, "incarnation"][, "sasl_grpc": {"host", "port"}][, "kafka_listeners": [{"name",
-    "host", "port"}]]}``."""
+    :func:`kafka_endpoint`); the advertised address of its direct door
+    (``direct_host``/``direct_port``, ``None`` without one: fjord.direct_frames). JSON:
+    ``{"id", "host", "port", "rack"[, "kafka": {"host", "port"}][, "incarnation"][,
+    "sasl_grpc": {"host", "port"}][, "kafka_listeners": [{"name", "host", "port"}]][,
+    "direct": {"host", "port"}]}``."""
 
     id: int
     host: str
@@ -168,6 +170,8 @@ class BrokerRegistration:
     sasl_host: str | None = None
     sasl_port: int | None = None
     kafka_listeners: tuple[KafkaEndpoint, ...] = ()
+    direct_host: str | None = None
+    direct_port: int | None = None
 
     @property
     def address(self) -> str:
@@ -182,6 +186,8 @@ class BrokerRegistration:
             obj["incarnation"] = self.incarnation
         if self.sasl_host is not None and self.sasl_port is not None:
             obj["sasl_grpc"] = {"host": self.sasl_host, "port": self.sasl_port}
+        if self.direct_host is not None and self.direct_port is not None:
+            obj["direct"] = {"host": self.direct_host, "port": self.direct_port}
         return _dump(obj)
 
     @classmethod
@@ -196,9 +202,11 @@ class BrokerRegistration:
             raise InvalidMetadataError(f"{what}: field 'incarnation' must be a string")
         kafka_host, kafka_port = _kafka_endpoint(obj, what)
         sasl_host, sasl_port = _kafka_endpoint(obj, what, "sasl_grpc")
+        direct_host, direct_port = _kafka_endpoint(obj, what, "direct")
         return cls(
             _int(obj, "id", what), _str(obj, "host", what), _int(obj, "port", what), rack or None,
             kafka_host, kafka_port, incarnation, sasl_host, sasl_port, _listeners(obj, what),
+            direct_host, direct_port,
         )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from fjord._proto import broker_pb2, common_pb2
 from fjord.errors import ErrorCode
-from fjord.metadata import MetadataImage, PartitionState
+from fjord.metadata import BrokerRegistration, MetadataImage, PartitionState
 from fjord.security.acls import AccessControl, AclOperation, Caller, Resource
 from fjord.topic_names import is_internal_topic, topic_name_problem
 
@@ -62,6 +62,16 @@ def topic_metadata(
     return out
 
 
+def broker_info(broker_id: int, registration: BrokerRegistration) -> common_pb2.BrokerInfo:
+    """A broker as Metadata names it: its gRPC address, rack and, when it opens one, its direct
+    door (fjord.direct_frames; ``direct_host``/``direct_port`` stay ""/0 without one)."""
+    info = common_pb2.BrokerInfo(id=broker_id, host=registration.host, port=registration.port,
+                                 rack=registration.rack or "")
+    if registration.direct_host is not None and registration.direct_port:
+        info.direct_host, info.direct_port = registration.direct_host, registration.direct_port
+    return info
+
+
 def build_metadata_response(
     image: MetadataImage, request: broker_pb2.MetadataRequest
 ) -> broker_pb2.MetadataResponse:
@@ -73,9 +83,7 @@ def build_metadata_response(
     )
     live = set(image.brokers)
     for broker_id, reg in sorted(image.brokers.items()):
-        response.brokers.append(
-            common_pb2.BrokerInfo(id=broker_id, host=reg.host, port=reg.port, rack=reg.rack or "")
-        )
+        response.brokers.append(broker_info(broker_id, reg))
     active = image.controller
     if active is not None:
         response.controller.CopyFrom(
@@ -155,7 +163,8 @@ def brokers_by_sasl_door(
     """A copy of ``response`` (which may be a cached answer, so never changed in place) whose
     brokers and controller are named by their SASL gRPC doors; brokers without a door are left
     out, as Kafka leaves out brokers without the listener the client came in through, and a
-    controller without one is left unset."""
+    controller without one is left unset. No broker is named with its direct door: that door
+    has no identity, and a client that came in through SASL keeps authenticating."""
     out = broker_pb2.MetadataResponse()
     out.CopyFrom(response)
     del out.brokers[:]
