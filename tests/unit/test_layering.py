@@ -69,6 +69,7 @@ SHARED = {
     "fjord.wakeups",  # waits on the event loop resumed on the first turn (broker and client)
     "fjord.rpc_streams",  # Produce/Fetch on one ordered stream: the broker serves, clients send
     "fjord.direct_frames",  # the direct door's wire format (Produce/Fetch frames on plain TCP)
+    "fjord.direct_client",  # the sending side of a direct door (clients and followers)
 }
 
 SERVICES = {

@@ -128,15 +128,17 @@ class WireFetchResponse:
         return self._has_error
 
 
-def decode_fetch_response(data: bytes) -> WireFetchResponse | broker_pb2.FetchResponse:
-    """The FetchResponse in ``data`` (gRPC's response deserializer for a follower's Fetch):
+def decode_fetch_response(
+    data: bytes | memoryview,
+) -> WireFetchResponse | broker_pb2.FetchResponse:
+    """The FetchResponse in ``data`` (a follower's Fetch answer, from gRPC or a direct door):
     by hand with zero-copy records from :data:`VIEW_MIN_BYTES` on, else upb's message."""
     if len(data) < VIEW_MIN_BYTES:
         return broker_pb2.FetchResponse.FromString(data)
     return decode_fetch_response_views(data)
 
 
-def decode_fetch_response_views(data: bytes) -> WireFetchResponse:
+def decode_fetch_response_views(data: bytes | memoryview) -> WireFetchResponse:
     """``data`` decoded by hand whatever its size (records as views of ``data``)."""
     view = memoryview(data)
     out = WireFetchResponse()

@@ -1,0 +1,432 @@
+"""fjord.direct_client: :class:`DirectConnection` against a small direct-door server built here
+from fjord.direct_frames, over real loopback sockets; :class:`DoorFallbacks` on a fake clock.
+
+The server holds every request until the test answers it, so the order in which things happen
+is the test's; the only timers are the request timeouts under test, and every wait is bounded
+(``BOUND_S``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import socket
+from collections.abc import Awaitable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from fjord._proto import broker_pb2
+from fjord.broker.fetch_wire import VIEW_MIN_BYTES, decode_fetch_response
+from fjord.direct_client import (
+    DirectConnection,
+    DirectDoorUnavailableError,
+    DoorFallbacks,
+    door_address,
+    split_door_address,
+)
+from fjord.direct_frames import (
+    ACCEPTED,
+    HELLO_BYTES,
+    HELLO_FETCH,
+    REFUSED,
+    STATUS_ERROR,
+    FrameReader,
+    answer_prefix,
+    frame_prefix,
+    hello_kind,
+)
+from fjord.errors import KafkaTimeoutError
+from fjord.rpc_streams import StreamClosedError
+
+T = TypeVar("T")
+
+#: Bound of every wait in this module: a condition that does not hold by then is a failure.
+BOUND_S = 10.0
+
+
+def run(scenario: Coroutine[Any, Any, T]) -> T:
+    """``scenario`` on a fresh loop, failed (not hung) after ``BOUND_S``; fails too when the
+    loop reported an error nobody handled (a task's or future's exception never retrieved)."""
+    unhandled: list[dict[str, Any]] = []
+
+    async def watched() -> T:
+        asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
+        try:
+            return await asyncio.wait_for(scenario, BOUND_S)
+        finally:
+            gc.collect()
+
+    result = asyncio.run(watched())
+    assert not unhandled, unhandled
+    return result
+
+
+async def bounded(awaitable: Awaitable[T]) -> T:
+    return await asyncio.wait_for(awaitable, BOUND_S)
+
+
+class Door:
+    """A direct door serving Fetch frames: each connection's hello is answered with
+    ``hello_answer`` (None: held until :meth:`accept`), and every request is queued in
+    ``requests`` as (connection number, FetchRequest) until the test answers it."""
+
+    def __init__(self, hello_answer: bytes | None = ACCEPTED) -> None:
+        self.hello_answer = hello_answer
+        self.requests: asyncio.Queue[tuple[int, broker_pb2.FetchRequest]] = asyncio.Queue()
+        self.writers: list[asyncio.StreamWriter] = []
+        self.closed: list[asyncio.Event] = []
+        self.bytes_after_hello: list[int] = []
+        self._hello_release = asyncio.Event()
+        self._server: asyncio.Server | None = None
+        self.port = 0
+
+    async def __aenter__(self) -> Door:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+        for writer in self.writers:
+            writer.close()
+        await self._server.wait_closed()
+
+    def connection(self, hello: bytes = HELLO_FETCH, **kwargs: Any) -> DirectConnection[
+        broker_pb2.FetchRequest, Any
+    ]:
+        return DirectConnection(
+            "127.0.0.1", self.port, hello, broker_pb2.FetchResponse.FromString,
+            name=f"Fetch door of 127.0.0.1:{self.port}", **kwargs,
+        )
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        number = len(self.writers)
+        self.writers.append(writer)
+        closed = asyncio.Event()
+        self.closed.append(closed)
+        self.bytes_after_hello.append(0)
+        try:
+            hello_kind(await reader.readexactly(HELLO_BYTES))
+            if self.hello_answer is None:
+                await self._hello_release.wait()
+                writer.write(ACCEPTED)
+            else:
+                writer.write(self.hello_answer)
+            frames = FrameReader()
+            while data := await reader.read(65536):
+                self.bytes_after_hello[number] += len(data)
+                for frame in frames.feed(data):
+                    self.requests.put_nowait((number, broker_pb2.FetchRequest.FromString(frame)))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            closed.set()
+            writer.close()
+
+    def accept_held(self) -> None:
+        self._hello_release.set()
+
+    async def next_request(self) -> tuple[int, broker_pb2.FetchRequest]:
+        return await bounded(self.requests.get())
+
+    def answer(self, connection: int, response: broker_pb2.FetchResponse) -> None:
+        payload = response.SerializeToString()
+        self.writers[connection].writelines([answer_prefix(len(payload)), payload])
+
+    def answer_raw(self, connection: int, data: bytes) -> None:
+        self.writers[connection].write(data)
+
+
+def request(n: int) -> broker_pb2.FetchRequest:
+    return broker_pb2.FetchRequest(max_wait_ms=n)
+
+
+def response(n: int) -> broker_pb2.FetchResponse:
+    return broker_pb2.FetchResponse(session_id=n)
+
+
+async def started(coroutine: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+    """A task of ``coroutine`` that has run up to its first wait (its request is written or
+    queued in call order)."""
+    task = asyncio.ensure_future(coroutine)
+    await asyncio.sleep(0)
+    return task
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on (bound and released: connecting is refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_pipelined_requests_are_answered_in_order() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            calls = [await started(connection.call(request(n), BOUND_S)) for n in range(5)]
+            # All five reach the door before any is answered: pipelined, in call order.
+            seen = [await door.next_request() for _ in range(5)]
+            assert [r.max_wait_ms for _, r in seen] == list(range(5))
+            assert {number for number, _ in seen} == {0}
+            for n in range(5):
+                door.answer(0, response(n))
+            assert [(await bounded(c)).session_id for c in calls] == list(range(5))
+            # The connection stays open for the next requests.
+            again = await started(connection.call(request(7), BOUND_S))
+            assert (await door.next_request())[0] == 0
+            door.answer(0, response(7))
+            assert (await bounded(again)).session_id == 7
+            assert connection.connections_opened == 1
+            connection.close()
+
+    run(scenario())
+
+
+def test_requests_made_before_the_hello_is_answered_are_written_in_order() -> None:
+    async def scenario() -> None:
+        async with Door(hello_answer=None) as door:
+            connection = door.connection()
+            calls = [await started(connection.call(request(n), BOUND_S)) for n in range(3)]
+            assert not connection.connected
+            door.accept_held()
+            seen = [await door.next_request() for _ in range(3)]
+            assert [r.max_wait_ms for _, r in seen] == [0, 1, 2]
+            for n in range(3):
+                door.answer(0, response(n))
+            assert [(await bounded(c)).session_id for c in calls] == [0, 1, 2]
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_timeout_closes_the_connection_and_fails_the_others_retriably() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            late = await started(connection.call(request(1), 0.2))
+            other = await started(connection.call(request(2), BOUND_S))
+            await door.next_request()
+            await door.next_request()
+            with pytest.raises(KafkaTimeoutError):
+                await bounded(late)
+            with pytest.raises(StreamClosedError) as closed:
+                await bounded(other)
+            assert closed.value.retriable
+            await bounded(door.closed[0].wait())  # the client closed the connection
+            # The next call opens a new connection.
+            fresh = await started(connection.call(request(3), BOUND_S))
+            number, seen = await door.next_request()
+            assert (number, seen.max_wait_ms) == (1, 3)
+            door.answer(1, response(3))
+            assert (await bounded(fresh)).session_id == 3
+            assert connection.connections_opened == 2
+            connection.close()
+
+    run(scenario())
+
+
+def test_an_error_answer_fails_its_request_and_closes() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            failing = await started(connection.call(request(1), BOUND_S))
+            behind = await started(connection.call(request(2), BOUND_S))
+            await door.next_request()
+            await door.next_request()
+            text = b"handler raised: disk on fire"
+            door.answer_raw(0, answer_prefix(len(text), STATUS_ERROR) + text)
+            with pytest.raises(StreamClosedError, match="disk on fire"):
+                await bounded(failing)
+            with pytest.raises(StreamClosedError):
+                await bounded(behind)
+            await bounded(door.closed[0].wait())
+            connection.close()
+
+    run(scenario())
+
+
+def test_the_server_closing_mid_request_fails_the_waiters_retriably() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            first = await started(connection.call(request(1), BOUND_S))
+            second = await started(connection.call(request(2), BOUND_S))
+            await door.next_request()
+            await door.next_request()
+            door.answer(0, response(1))
+            door.writers[0].close()
+            assert (await bounded(first)).session_id == 1
+            with pytest.raises(StreamClosedError, match="closed by the broker") as closed:
+                await bounded(second)
+            assert closed.value.retriable
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_refused_hello_sends_nothing_and_says_to_use_grpc() -> None:
+    async def scenario() -> None:
+        async with Door(hello_answer=REFUSED) as door:
+            connection = door.connection()
+            calls = [await started(connection.call(request(n), BOUND_S)) for n in range(2)]
+            for call in calls:
+                with pytest.raises(DirectDoorUnavailableError, match="refused"):
+                    await bounded(call)
+            await bounded(door.closed[0].wait())
+            assert door.bytes_after_hello == [0]  # no request left the client
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_server_speaking_another_protocol_says_to_use_grpc() -> None:
+    async def scenario() -> None:
+        async with Door(hello_answer=b"HTTP/1.1 400 Bad Request\r\n\r\n") as door:
+            connection = door.connection()
+            with pytest.raises(DirectDoorUnavailableError):
+                await bounded(connection.call(request(1), BOUND_S))
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_refused_connection_says_to_use_grpc() -> None:
+    async def scenario() -> None:
+        port = free_port()
+        connection: DirectConnection[Any, Any] = DirectConnection(
+            "127.0.0.1", port, HELLO_FETCH, broker_pb2.FetchResponse.FromString, name="door"
+        )
+        with pytest.raises(DirectDoorUnavailableError) as unavailable:
+            await bounded(connection.call(request(1), BOUND_S))
+        assert unavailable.value.retriable
+        connection.close()
+
+    run(scenario())
+
+
+def test_an_oversize_answer_frame_closes_the_connection() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection(max_frame_bytes=1024)
+            call = await started(connection.call(request(1), BOUND_S))
+            await door.next_request()
+            door.answer_raw(0, frame_prefix(2000))  # announced; the bytes never need to come
+            with pytest.raises(StreamClosedError, match="2000 bytes"):
+                await bounded(call)
+            await bounded(door.closed[0].wait())
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_malformed_answer_closes_the_connection() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            call = await started(connection.call(request(1), BOUND_S))
+            await door.next_request()
+            door.answer_raw(0, frame_prefix(1) + b"\x07")  # an unknown status byte
+            with pytest.raises(StreamClosedError, match="status 7"):
+                await bounded(call)
+            connection.close()
+
+    run(scenario())
+
+
+def test_a_cancelled_caller_leaves_the_others_answers_matched() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            gone = await started(connection.call(request(1), BOUND_S))
+            kept = await started(connection.call(request(2), BOUND_S))
+            await door.next_request()
+            await door.next_request()
+            gone.cancel()
+            door.answer(0, response(1))
+            door.answer(0, response(2))
+            assert (await bounded(kept)).session_id == 2
+            assert connection.connections_opened == 1
+            connection.close()
+
+    run(scenario())
+
+
+def test_close_fails_the_waiters_and_later_calls() -> None:
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            waiting = await started(connection.call(request(1), BOUND_S))
+            await door.next_request()
+            connection.close()
+            with pytest.raises(StreamClosedError, match="closed by the client"):
+                await bounded(waiting)
+            with pytest.raises(StreamClosedError):
+                await connection.call(request(2), BOUND_S)
+            await bounded(door.closed[0].wait())
+
+    run(scenario())
+
+
+def test_close_while_connecting_leaves_nothing_behind() -> None:
+    async def scenario() -> None:
+        async with Door(hello_answer=None) as door:
+            connection = door.connection()
+            waiting = await started(connection.call(request(1), BOUND_S))
+            connection.close()
+            with pytest.raises(StreamClosedError):
+                await bounded(waiting)
+            door.accept_held()
+
+    run(scenario())
+
+
+def test_a_big_fetch_answer_decodes_with_records_as_views() -> None:
+    """The follower's decoder on a door's answer: records of an answer from VIEW_MIN_BYTES on
+    are views of the received frame, equal to what was sent."""
+
+    async def scenario() -> None:
+        async with Door() as door:
+            connection: DirectConnection[Any, Any] = DirectConnection(
+                "127.0.0.1", door.port, HELLO_FETCH, decode_fetch_response, name="door"
+            )
+            records = bytes(range(256)) * (VIEW_MIN_BYTES // 128)
+            big = broker_pb2.FetchResponse(session_id=5)
+            big.topics.add(name="t").partitions.add(partition=3, high_watermark=9, records=records)
+            call = await started(connection.call(request(1), BOUND_S))
+            await door.next_request()
+            door.answer(0, big)
+            answer = await bounded(call)
+            partition = answer.topics[0].partitions[0]
+            assert isinstance(partition.records, memoryview)
+            assert bytes(partition.records) == records
+            assert (answer.session_id, partition.partition, partition.high_watermark) == (5, 3, 9)
+            connection.close()
+
+    run(scenario())
+
+
+def test_door_fallbacks_skip_a_door_until_the_generation_changes_or_time_passes() -> None:
+    now = [100.0]
+    fallbacks = DoorFallbacks(retry_after_s=30.0, clock=lambda: now[0])
+    assert fallbacks.usable("h:1", generation=1)
+    fallbacks.mark_unavailable("h:1", generation=1)
+    assert not fallbacks.usable("h:1", generation=1)
+    assert fallbacks.usable("h:2", generation=1)  # another door
+    now[0] += 29.9
+    assert not fallbacks.usable("h:1", generation=1)
+    assert fallbacks.usable("h:1", generation=2)  # new metadata: tried again
+    assert len(fallbacks) == 0
+    fallbacks.mark_unavailable("h:1", generation=2)
+    now[0] += 30.0
+    assert fallbacks.usable("h:1", generation=2)  # time passed: tried again
+
+
+def test_door_addresses() -> None:
+    assert door_address("h", 0) is None
+    assert door_address("", 9) is None
+    assert door_address("h", 9) == "h:9"
+    assert split_door_address("h:9") == ("h", 9)
+    assert split_door_address("[::1]:9") == ("::1", 9)
