@@ -26,6 +26,7 @@ from grpc import aio
 
 from fjord._proto import broker_pb2
 from fjord.broker import defaults
+from fjord.broker.direct_door import DirectDoor
 from fjord.broker.disk_monitor import DiskMonitor
 from fjord.broker.fetcher import ReplicaFetcherManager
 from fjord.broker.isr_sender import AlterPartitionSender
@@ -58,7 +59,7 @@ from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
 from fjord.kafka.groups import FindCoordinatorHandler
 from fjord.kafka.listeners import KafkaDoor, door_for
-from fjord.kafka.server import KafkaDoors, SaslSettings
+from fjord.kafka.server import MAX_IN_FLIGHT_PRODUCE, KafkaDoors, SaslSettings
 from fjord.metadata import (
     BrokerRegistration,
     Keys,
@@ -253,6 +254,10 @@ class BrokerOptions:
     #: The SASL gRPC door (host, port) for Fjord's own SASL clients (fjord.sasl_door): TLS
     #: without client certificates with ``security``, else plaintext; None: no such door.
     sasl_grpc_listener: tuple[str, int] | None = None
+    #: The direct door (host, port; port 0: any free) serving Produce and Fetch as protobuf
+    #: frames on plain TCP (fjord.broker.direct_door); None: no such door. It has no
+    #: identity, so it is refused with TLS (``security``) or ``authorization``.
+    direct_listener: tuple[str, int] | None = None
 
     @property
     def effective_loop_stall_limit_s(self) -> float:
@@ -273,6 +278,14 @@ class BrokerOptions:
         ):
             raise ConfigError(
                 "listeners: an SSL:// or SASL_SSL:// listener needs --security-config"
+            )
+        if self.direct_listener is not None and (
+            self.security is not None or self.authorization is not None
+        ):
+            raise ConfigError(
+                "direct-listen: the direct door is plain TCP without identity (every request "
+                "would run as User:ANONYMOUS, bypassing client certificates and ACLs); it "
+                "cannot be opened with --security-config TLS or authorization"
             )
         if self.broker_id < 0:
             raise ConfigError(f"id: broker id must be >= 0, got {self.broker_id}")
@@ -372,6 +385,9 @@ class BrokerServer:
         self._servicer: BrokerServicer | None = None
         #: The SASL gRPC door's bound port (0: no door).
         self.sasl_port = 0
+        self._direct: DirectDoor | None = None
+        #: The direct door's bound port (0: no door).
+        self.direct_port = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._lease_id: int | None = None
         self._metrics_port: int | None = None
@@ -464,6 +480,15 @@ class BrokerServer:
                 raise ConfigError(f"sasl-listen: could not bind {host}:{port}")
             await self._sasl_server.start()
             log.info("broker %d: SASL gRPC door on %s:%d", opts.broker_id, host, self.sasl_port)
+        if opts.direct_listener is not None:
+            host, port = opts.direct_listener
+            self._direct = DirectDoor(
+                servicer, f"broker {opts.broker_id} direct door",
+                max_request_bytes=defaults.GRPC_MAX_MESSAGE_BYTES,
+                max_in_flight_produce=MAX_IN_FLIGHT_PRODUCE,
+            )
+            self.direct_port = await self._direct.start(host, port)
+            log.info("broker %d: direct door on %s:%d", opts.broker_id, host, self.direct_port)
         if self._kafka.doors:
             self._forwarder = ControllerForwarder(self._image)
             admin = BrokerAdminHandlers(
@@ -557,6 +582,8 @@ class BrokerServer:
             # streams (and after replicas.close() a parked fetch's answer may be on its way
             # out, where a cancel does not end the stream: fjord.rpc_streams.OpenStreams).
             self._servicer.open_streams.end_all()
+        if self._direct is not None:
+            self._direct.close()  # as the streams: the connections' handlers are cancelled
         if self.replicas is not None:
             self.replicas.close()
         if self._fetchers is not None:
@@ -630,6 +657,7 @@ class BrokerServer:
             kafka_host, kafka_port, self.incarnation,
             self.advertised_host if self.sasl_port else None, self.sasl_port or None,
             self.kafka_endpoints,
+            self.advertised_host if self.direct_port else None, self.direct_port or None,
         )
 
     async def _register(self) -> int:

@@ -117,11 +117,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     async def Produce(
         self, request: broker_pb2.ProduceRequest, context: aio.ServicerContext
     ) -> broker_pb2.ProduceResponse:
-        if any(t.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC) for t in request.topics) and not (
-            self._cluster_action.allows(context, "Produce to a coordinator's internal topic")
-        ):
-            return refused_produce(request)
-        return await self.produce(grpc_caller(context), request)
+        return await self.produce_from(grpc_caller(context), request)
 
     async def Fetch(
         self, request: broker_pb2.FetchRequest, context: aio.ServicerContext
@@ -129,16 +125,35 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         """A fetch over gRPC; a follower's answer keeps its records apart from protobuf
         (fetch_wire.DetachedRecords), joined in once as gRPC serialises it
         (:func:`add_broker_service` registers that serializer)."""
+        return await self.fetch_from(grpc_caller(context), request)
+
+    async def produce_from(
+        self, caller: Caller, request: broker_pb2.ProduceRequest
+    ) -> broker_pb2.ProduceResponse:
+        """A Produce as the gRPC method and the direct door (fjord.broker.direct_door) serve
+        it: appending to a coordinator's internal topic needs the cluster service identity
+        (where the cluster guard is enforced), then :meth:`produce`."""
+        if any(t.name in (OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC) for t in request.topics) and not (
+            self.cluster_action_allows(caller, "Produce to a coordinator's internal topic")
+        ):
+            return refused_produce(request)
+        return await self.produce(caller, request)
+
+    async def fetch_from(
+        self, caller: Caller, request: broker_pb2.FetchRequest
+    ) -> broker_pb2.FetchResponse | DetachedFetchResponse:
+        """A Fetch as the gRPC method and the direct door serve it: a consumer's through
+        :meth:`fetch`; a follower's needs the cluster service identity (where the cluster
+        guard is enforced) and its answer keeps the records apart from protobuf
+        (serialize_fetch_response joins them in once)."""
         if request.replica_id < 0:
-            return await self.fetch(grpc_caller(context), request)
-        if not self._cluster_action.allows(
-            context, f"follower Fetch (replica_id {request.replica_id})"
+            return await self.fetch(caller, request)
+        if not self.cluster_action_allows(
+            caller, f"follower Fetch (replica_id {request.replica_id})"
         ):
             return broker_pb2.FetchResponse(error=_CLUSTER_AUTHORIZATION_FAILED)
         detached = DetachedRecords()
-        return detached.attach_to(
-            await self.fetch(grpc_caller(context), request, detached=detached)
-        )
+        return detached.attach_to(await self.fetch(caller, request, detached=detached))
 
     async def ProduceStream(
         self, requests: AsyncIterator[broker_pb2.ProduceRequest], context: aio.ServicerContext
@@ -147,7 +162,8 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         a unary Produce is, in arrival order, up to MAX_IN_FLIGHT_PRODUCE awaiting acks."""
         async for answer in self._serve_stream(
             requests, context, PRODUCE_STREAM_METHOD,
-            _counted(PRODUCE_METHOD, lambda r: self.Produce(r, context)), MAX_IN_FLIGHT_PRODUCE,
+            counted_requests(PRODUCE_METHOD, lambda r: self.Produce(r, context)),
+            MAX_IN_FLIGHT_PRODUCE,
         ):
             yield answer
 
@@ -158,7 +174,7 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
         is, one after the other."""
         async for answer in self._serve_stream(
             requests, context, FETCH_STREAM_METHOD,
-            _counted(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1,
+            counted_requests(FETCH_METHOD, lambda r: self.Fetch(r, context)), 1,
         ):
             yield answer
 
@@ -248,14 +264,13 @@ class BrokerServicer(broker_pb2_grpc.BrokerServicer):
     # --- shared with the Kafka listener (fjord.broker.kafka_apis): every ACL check is here ---
 
     def cluster_action_allows(self, caller: Caller, what: str) -> bool:
-        """The service-identity rule of inter-broker requests for a caller of the Kafka door:
-        where the cluster guard is enforced (mutual TLS), only the cluster's service identity
-        passes, as on the gRPC door."""
+        """The service-identity rule of inter-broker requests (for every door): where the
+        cluster guard is enforced (mutual TLS), only the cluster's service identity passes."""
         if not self._cluster_action.enforced or caller.principal.is_service:
             return True
         self._cluster_action.refused += 1
-        log.warning("refused %s from %s: not the cluster service identity "
-                    "(CLUSTER_AUTHORIZATION_FAILED)", what, caller.principal)
+        log.warning("refused %s from %s (%s): not the cluster service identity "
+                    "(CLUSTER_AUTHORIZATION_FAILED)", what, caller.principal, caller.host)
         return False
 
     def delete_records(
@@ -468,19 +483,20 @@ BROKER_SERVICE = "fjord.v1.Broker"
 
 
 #: The unary methods a stream's requests are counted under in the RPC metrics (the stream
-#: itself is one RPC of its own name to the interceptors; see :func:`_counted`).
+#: itself is one RPC of its own name to the interceptors; see :func:`counted_requests`).
 PRODUCE_METHOD = "fjord.v1.Broker/Produce"
 FETCH_METHOD = "fjord.v1.Broker/Fetch"
 PRODUCE_STREAM_METHOD = "fjord.v1.Broker/ProduceStream"
 FETCH_STREAM_METHOD = "fjord.v1.Broker/FetchStream"
 
 
-def _counted(
+def counted_requests(
     method: str, handle: Callable[[Req], Awaitable[Resp]]
 ) -> Callable[[Req], Awaitable[Resp]]:
     """``handle`` with one ``fjord_rpc_server_*`` sample per request under ``method``, so a
-    request that came on a stream counts as the unary call it replaces (no span: a stream's
-    requests carry no trace context of their own)."""
+    request that came on a stream (or through the direct door, fjord.broker.direct_door)
+    counts as the unary call it replaces (no span: such requests carry no trace context of
+    their own)."""
 
     async def counted(request: Req) -> Resp:
         start = time.perf_counter()

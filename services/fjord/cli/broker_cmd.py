@@ -88,6 +88,14 @@ def _parse_config(items: tuple[str, ...]) -> dict[str, str]:
     "lease TTL].",
 )
 @sasl_listen_option
+@click.option(
+    "--direct-listen",
+    default=None,
+    metavar="HOST:PORT",
+    help="Open a direct door here: Produce and Fetch as protobuf frames on plain TCP, faster "
+    "than gRPC (docs/direct-door.md; port 0: any free port). Refused with TLS or "
+    "authorization: the door has no identity.",
+)
 @security_config_option
 @click.option("--log-level", default="INFO", show_default=True, help="Python logging level.")
 def broker(
@@ -106,6 +114,7 @@ def broker(
     lease_ttl: int,
     loop_stall_limit: float | None,
     sasl_listen: str | None,
+    direct_listen: str | None,
     security_config: str | None,
     log_level: str,
 ) -> None:
@@ -137,6 +146,9 @@ def broker(
             authorization=load_authorization(security_config),
             sasl_grpc_listener=(
                 parse_listen(sasl_listen, 0) if sasl_listen is not None else None
+            ),
+            direct_listener=(
+                parse_listen(direct_listen, 0) if direct_listen is not None else None
             ),
         )
         setup_tracing("broker")  # OTEL_* variables decide; no exporter by default
