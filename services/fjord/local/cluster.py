@@ -256,6 +256,9 @@ class LocalCluster:
         self._kafka_ports: dict[tuple[str, int], int] = {}
         self._mtls_kafka_ports: dict[tuple[str, int], int] = {}
         self._sasl_grpc_ports: dict[tuple[str, int], int] = {}
+        #: ("broker", id) -> the port of that broker's direct door (fjord.broker.direct_door;
+        #: brokers of a cluster that is not secure open one); kept when it restarts.
+        self._direct_ports: dict[tuple[str, int], int] = {}
 
     # -- addresses ---------------------------------------------------------------------------
 
@@ -334,7 +337,18 @@ class LocalCluster:
         """Every map of (role, id) -> a port picked free once and kept when the process
         restarts: a start that failed to bind any of them picks all of them again."""
         return (self._metrics_ports, self._kafka_ports, self._mtls_kafka_ports,
-                self._sasl_grpc_ports)
+                self._sasl_grpc_ports, self._direct_ports)
+
+    def _direct_port(self, broker_id: int) -> int:
+        """The direct door port of broker ``broker_id`` (picked free once, then kept)."""
+        port = self._direct_ports.get(("broker", broker_id)) or free_port()
+        self._direct_ports[("broker", broker_id)] = port
+        return port
+
+    def direct_address(self, broker_id: int) -> str:
+        """``HOST:PORT`` of broker ``broker_id``'s direct door (clusters that are not
+        secure: their brokers open one; KeyError for a broker never started)."""
+        return f"{LOOPBACK_HOST}:{self._direct_ports[('broker', broker_id)]}"
 
     def _sasl_grpc_port(self, role: str, node_id: int) -> int:
         """The SASL gRPC door port of ``role`` ``node_id`` (picked free once, then kept)."""
@@ -533,6 +547,9 @@ class LocalCluster:
                 *self._security_args("broker", broker_id),
                 *(["--sasl-listen", f"{LOOPBACK_HOST}:{self._sasl_grpc_port('broker', broker_id)}"]
                   if self.kafka_sasl else []),
+                # The direct door has no identity: only brokers without TLS open one.
+                *(["--direct-listen", f"{LOOPBACK_HOST}:{self._direct_port(broker_id)}"]
+                  if not self.secure else []),
             ],
             self.broker_port + broker_id if self.broker_port else 0,
         )
