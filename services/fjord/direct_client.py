@@ -170,8 +170,10 @@ class DirectConnection(Generic[Req, Resp]):
         self._max_frame_bytes = max_frame_bytes
         self._link: _Link[Resp] | None = None
         self._closed = False
-        #: Connections opened (for tests and metrics: a new one after each failure).
+        #: Connections opened (a new one after each failure) and answers received: for tests
+        #: and diagnostics.
         self.connections_opened = 0
+        self.answers = 0
 
     @property
     def connected(self) -> bool:
@@ -290,6 +292,7 @@ class DirectConnection(Generic[Req, Resp]):
                 self._close(link, error)
                 return
             waiter.set_result(response)
+            self.answers += 1
 
     def _expire(self, link: _Link[Resp], answer: asyncio.Future[Resp]) -> None:
         if answer.done():

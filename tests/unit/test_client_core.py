@@ -986,6 +986,21 @@ def test_snapshot_translation_and_merge() -> None:
     assert set(merge_snapshots(snap, other, replace_all=True).topics) == {"b"}
 
 
+def test_snapshot_maps_brokers_grpc_addresses_to_their_direct_doors() -> None:
+    response = _metadata([])
+    del response.brokers[:]
+    response.brokers.add(id=1, host="a", port=9001, direct_host="a", direct_port=9101)
+    response.brokers.add(id=2, host="b", port=9002)  # no door: "" / 0
+    snap = snapshot_from_response(response)
+    assert snap.direct_doors == {"a:9001": "a:9101"}
+    # A newer answer's brokers replace the doors too (a restarted broker's new door, or none).
+    del response.brokers[:]
+    response.brokers.add(id=1, host="a", port=9001)
+    response.brokers.add(id=2, host="b", port=9002, direct_host="b", direct_port=9202)
+    merged = merge_snapshots(snap, snapshot_from_response(response), replace_all=False)
+    assert merged.direct_doors == {"b:9002": "b:9202"}
+
+
 # -- consumer's fetched data --------------------------------------------------------------------
 
 

@@ -25,25 +25,12 @@ from fjord.direct_client import (
     door_address,
     split_door_address,
 )
-from fjord.direct_frames import (
-    ACCEPTED,
-    HELLO_BYTES,
-    HELLO_FETCH,
-    REFUSED,
-    STATUS_ERROR,
-    FrameReader,
-    answer_prefix,
-    frame_prefix,
-    hello_kind,
-)
+from fjord.direct_frames import HELLO_FETCH, REFUSED, STATUS_ERROR, answer_prefix, frame_prefix
 from fjord.errors import KafkaTimeoutError
 from fjord.rpc_streams import StreamClosedError
+from tests.helpers.direct_door import BOUND_S, Door
 
 T = TypeVar("T")
-
-#: Bound of every wait in this module: a condition that does not hold by then is a failure.
-BOUND_S = 10.0
-
 
 def run(scenario: Coroutine[Any, Any, T]) -> T:
     """``scenario`` on a fresh loop, failed (not hung) after ``BOUND_S``; fails too when the
@@ -64,79 +51,6 @@ def run(scenario: Coroutine[Any, Any, T]) -> T:
 
 async def bounded(awaitable: Awaitable[T]) -> T:
     return await asyncio.wait_for(awaitable, BOUND_S)
-
-
-class Door:
-    """A direct door serving Fetch frames: each connection's hello is answered with
-    ``hello_answer`` (None: held until :meth:`accept`), and every request is queued in
-    ``requests`` as (connection number, FetchRequest) until the test answers it."""
-
-    def __init__(self, hello_answer: bytes | None = ACCEPTED) -> None:
-        self.hello_answer = hello_answer
-        self.requests: asyncio.Queue[tuple[int, broker_pb2.FetchRequest]] = asyncio.Queue()
-        self.writers: list[asyncio.StreamWriter] = []
-        self.closed: list[asyncio.Event] = []
-        self.bytes_after_hello: list[int] = []
-        self._hello_release = asyncio.Event()
-        self._server: asyncio.Server | None = None
-        self.port = 0
-
-    async def __aenter__(self) -> Door:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._server is not None
-        self._server.close()
-        for writer in self.writers:
-            writer.close()
-        await self._server.wait_closed()
-
-    def connection(self, hello: bytes = HELLO_FETCH, **kwargs: Any) -> DirectConnection[
-        broker_pb2.FetchRequest, Any
-    ]:
-        return DirectConnection(
-            "127.0.0.1", self.port, hello, broker_pb2.FetchResponse.FromString,
-            name=f"Fetch door of 127.0.0.1:{self.port}", **kwargs,
-        )
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        number = len(self.writers)
-        self.writers.append(writer)
-        closed = asyncio.Event()
-        self.closed.append(closed)
-        self.bytes_after_hello.append(0)
-        try:
-            hello_kind(await reader.readexactly(HELLO_BYTES))
-            if self.hello_answer is None:
-                await self._hello_release.wait()
-                writer.write(ACCEPTED)
-            else:
-                writer.write(self.hello_answer)
-            frames = FrameReader()
-            while data := await reader.read(65536):
-                self.bytes_after_hello[number] += len(data)
-                for frame in frames.feed(data):
-                    self.requests.put_nowait((number, broker_pb2.FetchRequest.FromString(frame)))
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        finally:
-            closed.set()
-            writer.close()
-
-    def accept_held(self) -> None:
-        self._hello_release.set()
-
-    async def next_request(self) -> tuple[int, broker_pb2.FetchRequest]:
-        return await bounded(self.requests.get())
-
-    def answer(self, connection: int, response: broker_pb2.FetchResponse) -> None:
-        payload = response.SerializeToString()
-        self.writers[connection].writelines([answer_prefix(len(payload)), payload])
-
-    def answer_raw(self, connection: int, data: bytes) -> None:
-        self.writers[connection].write(data)
 
 
 def request(n: int) -> broker_pb2.FetchRequest:
@@ -179,7 +93,7 @@ def test_pipelined_requests_are_answered_in_order() -> None:
             assert (await door.next_request())[0] == 0
             door.answer(0, response(7))
             assert (await bounded(again)).session_id == 7
-            assert connection.connections_opened == 1
+            assert (connection.connections_opened, connection.answers) == (1, 6)
             connection.close()
 
     run(scenario())

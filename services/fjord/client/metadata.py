@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from fjord._proto import broker_pb2
 from fjord.client.types import Node, PartitionInfo, TopicDescription, TopicPartition
+from fjord.direct_client import door_address
 from fjord.errors import ErrorCode, FjordError, error_code_from_number, error_for_code
 
 
@@ -18,7 +19,9 @@ class ClusterSnapshot:
 
     Invariants: ``topics`` holds only topics the broker answered without error, each with its
     partitions sorted by number; ``topic_errors`` holds the others (e.g. unknown topics);
-    ``leaders`` maps every partition with a live leader to that leader's broker id.
+    ``leaders`` maps every partition with a live leader to that leader's broker id;
+    ``direct_doors`` maps the gRPC address of every broker that opens a direct door
+    (fjord.direct_frames) to the door's ``host:port``.
     """
 
     cluster_id: str
@@ -28,6 +31,7 @@ class ClusterSnapshot:
     topic_errors: dict[str, tuple[ErrorCode, str]]
     version: int
     leaders: dict[TopicPartition, int] = field(default_factory=dict)
+    direct_doors: dict[str, str] = field(default_factory=dict)
 
     def partition_count(self, topic: str) -> int | None:
         description = self.topics.get(topic)
@@ -50,6 +54,11 @@ EMPTY_SNAPSHOT = ClusterSnapshot("", {}, None, {}, {}, -1)
 def snapshot_from_response(response: broker_pb2.MetadataResponse) -> ClusterSnapshot:
     """Translate a Metadata response (merging nothing: the caller replaces or merges)."""
     brokers = {b.id: Node(b.id, b.host, b.port, b.rack) for b in response.brokers}
+    direct_doors = {
+        brokers[b.id].address: door
+        for b in response.brokers
+        if (door := door_address(b.direct_host, b.direct_port)) is not None
+    }
     controller = None
     if response.HasField("controller") and response.controller.port:
         c = response.controller
@@ -83,7 +92,8 @@ def snapshot_from_response(response: broker_pb2.MetadataResponse) -> ClusterSnap
             if p.leader >= 0 and p.leader in brokers:
                 leaders[TopicPartition(t.name, p.partition)] = p.leader
     return ClusterSnapshot(
-        response.cluster_id, brokers, controller, topics, errors, response.metadata_version, leaders
+        response.cluster_id, brokers, controller, topics, errors, response.metadata_version,
+        leaders, direct_doors,
     )
 
 
@@ -91,7 +101,8 @@ def merge_snapshots(
     old: ClusterSnapshot, new: ClusterSnapshot, replace_all: bool
 ) -> ClusterSnapshot:
     """``new`` answered for some topics only (unless ``replace_all``): keep ``old``'s other
-    topics, but take brokers and controller from ``new`` and drop leaders that left."""
+    topics, but take brokers (and their direct doors) and controller from ``new`` and drop
+    leaders that left."""
     if replace_all:
         return new
     topics = {**old.topics, **new.topics}
@@ -106,7 +117,8 @@ def merge_snapshots(
     }
     leaders.update(new.leaders)
     return ClusterSnapshot(
-        new.cluster_id, new.brokers, new.controller, topics, errors, new.version, leaders
+        new.cluster_id, new.brokers, new.controller, topics, errors, new.version, leaders,
+        new.direct_doors,
     )
 
 

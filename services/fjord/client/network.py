@@ -28,6 +28,14 @@ from fjord.client.metadata import (
     snapshot_from_response,
 )
 from fjord.config import CHANNEL_MAX_MESSAGE_BYTES, METADATA_REFRESH_BACKOFF_MS
+from fjord.direct_client import (
+    DirectConnection,
+    DirectDoorUnavailableError,
+    DoorFallbacks,
+    direct_door_enabled,
+    split_door_address,
+)
+from fjord.direct_frames import HELLO_FETCH, HELLO_PRODUCE
 from fjord.errors import (
     ErrorCode,
     FjordError,
@@ -38,7 +46,7 @@ from fjord.errors import (
 from fjord.rpc_streams import OrderedStream, StreamUnimplementedError
 from fjord.runtime import freeze_startup_objects, tighten_thread_timer_slack
 from fjord.security import ClientSecurity
-from fjord.tls import open_channel
+from fjord.tls import open_channel, process_client_security
 
 log = logging.getLogger(__name__)
 
@@ -246,6 +254,24 @@ class Network:
         )
         self._streams: dict[tuple[str, str], OrderedStream[Any, Any]] = {}
         self._unary_only: set[str] = set()  # brokers that do not serve the streams
+        #: Produce and Fetch go through a broker's direct door (fjord.direct_client) when its
+        #: metadata advertises one, unless the client has security configured (the door has
+        #: no TLS and no login: a secured client keeps them), this process dials with TLS or
+        #: SASL (a secured service's internal client), the channels are instrumented (as for
+        #: the streams: a span per call needs the call) or FJORD_DIRECT_DOOR=0.
+        process_security = process_client_security()
+        self.direct_doors = (
+            not self.interceptors
+            and self.security is None
+            and not process_security.uses_tls
+            and process_security.sasl is None
+            and direct_door_enabled()
+        )
+        #: The open door connections by (gRPC address, method), each with its door's address.
+        self._doors: dict[tuple[str, str], tuple[str, DirectConnection[Any, Any]]] = {}
+        #: Doors that refused or could not be reached: gRPC for them until the metadata
+        #: changes or DOOR_RETRY_AFTER_S passed.
+        self._door_fallbacks = DoorFallbacks()
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -276,9 +302,11 @@ class Network:
     async def produce(
         self, address: str, request: broker_pb2.ProduceRequest, timeout_s: float
     ) -> broker_pb2.ProduceResponse:
-        """A Produce to the broker at ``address``: on its ProduceStream when streams are on
-        (see ``rpc_streams``), else a unary call. Raises a typed FjordError (retriable
-        NetworkError / StreamClosedError, KafkaTimeoutError) on a transport failure."""
+        """A Produce to the broker at ``address``: through its direct door when it opens one
+        and the client may use it (see ``direct_doors``), else on its ProduceStream when
+        streams are on (see ``rpc_streams``), else a unary call. Raises a typed FjordError
+        (retriable NetworkError / StreamClosedError, KafkaTimeoutError) on a transport
+        failure."""
         return await self._broker_call(address, "Produce", request, timeout_s)
 
     async def fetch(
@@ -288,6 +316,16 @@ class Network:
         return await self._broker_call(address, "Fetch", request, timeout_s)
 
     async def _broker_call(self, address: str, method: str, request: Any, timeout_s: float) -> Any:
+        if self.direct_doors and not self.closed:
+            snapshot = self.snapshot
+            door = snapshot.direct_doors.get(address)
+            if door is not None and self._door_fallbacks.usable(door, snapshot.version):
+                try:
+                    return await self._door(address, door, method).call(request, timeout_s)
+                except DirectDoorUnavailableError as exc:
+                    # Nothing was sent: this request and the next ones go on gRPC.
+                    log.info("%s; %s to %s on gRPC for now", exc, method, address)
+                    self._door_fallbacks.mark_unavailable(door, snapshot.version)
         if self.rpc_streams and address not in self._unary_only:
             try:
                 return await self._stream(address, method).call(request, timeout_s)
@@ -299,6 +337,30 @@ class Network:
             return await getattr(self.broker(address), method)(request, timeout=timeout_s)
         except Exception as exc:
             raise transport_error(exc, address) from exc
+
+    def _door(self, address: str, door: str, method: str) -> DirectConnection[Any, Any]:
+        """The connection to the direct door ``door`` of the broker at ``address`` for
+        ``method`` (a new one when the broker's door moved)."""
+        known = self._doors.get((address, method))
+        if known is not None:
+            if known[0] == door:
+                return known[1]
+            known[1].close()
+        host, port = split_door_address(door)
+        if method == "Produce":
+            hello, decode = HELLO_PRODUCE, broker_pb2.ProduceResponse.FromString
+        else:
+            hello, decode = HELLO_FETCH, broker_pb2.FetchResponse.FromString
+        connection: DirectConnection[Any, Any] = DirectConnection(
+            host, port, hello, decode, name=f"{method} door {door} of {address}"
+        )
+        self._doors[(address, method)] = (door, connection)
+        return connection
+
+    def door_connections(self) -> dict[tuple[str, str], DirectConnection[Any, Any]]:
+        """The direct-door connections made so far, by (gRPC address, method) (for tests and
+        diagnostics)."""
+        return {key: connection for key, (_, connection) in self._doors.items()}
 
     def _stream(self, address: str, method: str) -> OrderedStream[Any, Any]:
         stream = self._streams.get((address, method))
@@ -439,6 +501,9 @@ class Network:
         streams, self._streams = list(self._streams.values()), {}
         for stream in streams:
             stream.close()
+        doors, self._doors = list(self._doors.values()), {}
+        for _, door in doors:
+            door.close()
         channels, self._channels = list(self._channels.values()), {}
         self._brokers.clear()
         self._controllers.clear()
