@@ -1,7 +1,9 @@
 """The follower's link to a leader (fjord.broker.fetcher.LeaderLink) against real in-process
 gRPC servers: Fetch requests go on one FetchStream, answered in order; a leader without
 FetchStream (an older broker) gets unary Fetch calls; a stream that breaks fails the waiting
-fetch with an error the fetcher treats as a failed call (FETCH_FAILURES). And the server side
+fetch with an error the fetcher treats as a failed call (FETCH_FAILURES). With the leader's
+direct door (a loopback door from fjord.direct_frames) the fetches go there instead, and a door
+that refuses sends them back to gRPC. And the server side
 of a stream: once the broker stops (``closing``), open streams end after answering what they
 started, so the server's grace period does not wait for streams the followers keep open."""
 
@@ -18,12 +20,14 @@ from grpc import aio
 
 from fjord._proto import broker_pb2
 from fjord.broker.fetcher import FETCH_FAILURES, REPLICA_FETCH_STREAMS_ENV, LeaderLink
+from fjord.direct_frames import ACCEPTED, REFUSED
 from fjord.rpc_streams import (
     OpenStreams,
     StreamClosedError,
     answer_in_order,
     send_stream_headers,
 )
+from tests.helpers.direct_door import Door
 from tests.helpers.replica_manager import run
 
 SERVICE = "fjord.v1.Broker"
@@ -184,3 +188,67 @@ def test_a_stopping_leader_ends_the_stream_under_a_parked_fetch() -> None:
         assert (leader.streamed_requests, leader.unary_calls) == (2, 0)
 
     with_leader(body)
+
+
+# --- through the leader's direct door -------------------------------------------------------
+
+
+def with_leader_and_door(
+    body: Callable[[Leader, Door, LeaderLink, list[str]], Awaitable[None]],
+    hello_answer: bytes | None = ACCEPTED,
+) -> None:
+    """``body`` with a gRPC leader, a direct door beside it and a link to both; the list
+    collects the doors the link reported unavailable."""
+
+    async def scenario() -> None:
+        leader = Leader()
+        await leader.server.start()
+        unavailable: list[str] = []
+        async with Door(hello_answer) as door:
+            link = LeaderLink(leader.address, f"127.0.0.1:{door.port}", unavailable.append)
+            try:
+                await body(leader, door, link, unavailable)
+            finally:
+                await link.close()
+                await leader.server.stop(0)
+
+    run(scenario())
+
+
+def test_fetches_go_through_the_leaders_door_when_it_has_one() -> None:
+    async def body(leader: Leader, door: Door, link: LeaderLink, unavailable: list[str]) -> None:
+        for epoch in (1, 2):
+            waiting = asyncio.ensure_future(link.fetch(fetch_request(epoch), TIMEOUT_S))
+            number, seen = await door.next_request()
+            assert (number, seen.session_epoch, seen.replica_id) == (0, epoch, 1)
+            door.answer(0, broker_pb2.FetchResponse(session_id=epoch))
+            assert (await asyncio.wait_for(waiting, TIMEOUT_S)).session_id == epoch
+        assert (leader.streams_opened, leader.unary_calls, unavailable) == (0, 0, [])
+        assert link.door == f"127.0.0.1:{door.port}"
+
+    with_leader_and_door(body)
+
+
+def test_a_refusing_door_sends_the_fetch_on_grpc_and_is_reported() -> None:
+    async def body(leader: Leader, door: Door, link: LeaderLink, unavailable: list[str]) -> None:
+        assert (await link.fetch(fetch_request(4), TIMEOUT_S)).session_id == 4
+        assert unavailable == [f"127.0.0.1:{door.port}"]
+        assert link.door is None
+        assert (await link.fetch(fetch_request(5), TIMEOUT_S)).session_id == 5
+        assert (leader.streams_opened, leader.streamed_requests) == (1, 2)
+        assert door.bytes_after_hello == [0]  # nothing was sent to the door
+
+    with_leader_and_door(body, hello_answer=REFUSED)
+
+
+def test_a_door_the_leader_closes_fails_the_fetch_as_a_failed_call() -> None:
+    async def body(leader: Leader, door: Door, link: LeaderLink, unavailable: list[str]) -> None:
+        waiting = asyncio.ensure_future(link.fetch(fetch_request(1), TIMEOUT_S))
+        await door.next_request()
+        door.writers[0].close()  # the leader stops with the fetch parked
+        with pytest.raises(FETCH_FAILURES) as failed:
+            await asyncio.wait_for(waiting, TIMEOUT_S)
+        assert isinstance(failed.value, StreamClosedError)
+        assert unavailable == []  # a broken connection is a failed fetch, not a missing door
+
+    with_leader_and_door(body)

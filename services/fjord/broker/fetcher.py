@@ -5,17 +5,20 @@ leader (:func:`fjord.broker.replication.build_fetch_request`), send it (the lead
 to ``replica.fetch.wait.max.ms``), and hand each partition's answer to the ReplicaManager, which
 truncates, appends and adopts the high watermark. The Fetch requests go on the leader's
 FetchStream (:class:`LeaderLink`, fjord.rpc_streams): one stream per followed leader instead of
-a unary call per fetch. The pure decisions live in :mod:`fjord.broker.replication` and
-:mod:`fjord.broker.partition`.
+a unary call per fetch, or, when the leader opens a direct door (fjord.direct_client), on a
+plain TCP connection to that door. The pure decisions live in :mod:`fjord.broker.replication`
+and :mod:`fjord.broker.partition`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import grpc
 
@@ -30,9 +33,17 @@ from fjord.broker.replication import (
     build_fetch_request,
     group_by_source,
 )
+from fjord.direct_client import (
+    DirectConnection,
+    DirectDoorUnavailableError,
+    DoorFallbacks,
+    direct_door_enabled,
+    split_door_address,
+)
+from fjord.direct_frames import HELLO_FETCH
 from fjord.errors import ErrorCode, FjordError
 from fjord.rpc_streams import OrderedStream, StreamUnimplementedError
-from fjord.tls import open_channel
+from fjord.tls import open_channel, process_client_security
 from fjord.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
@@ -51,9 +62,22 @@ FETCH_STREAM_METHOD = "/fjord.v1.Broker/FetchStream"
 REPLICA_FETCH_STREAMS_ENV = "FJORD_REPLICA_FETCH_STREAMS"
 
 #: What a Fetch to the leader raises when it failed in transport (the leader gone, the call or
-#: stream broken or timed out): the unary call's RpcError, or the stream's StreamClosedError /
-#: KafkaTimeoutError (both FjordErrors).
+#: stream broken or timed out): the unary call's RpcError, or the stream's (or direct door's)
+#: StreamClosedError / KafkaTimeoutError (both FjordErrors).
 FETCH_FAILURES = (grpc.RpcError, FjordError)
+
+#: A leader's direct door as the follower finds it: (``host:port``, the generation of what
+#: said so, e.g. the leader's registration), None when the leader opens none.
+DoorOf = Callable[[int], tuple[str, Hashable] | None]
+
+
+def follower_doors_enabled() -> bool:
+    """Whether this broker's followers may fetch through their leaders' direct doors: not
+    when it dials with TLS or SASL (the door has neither: a secured cluster keeps them) nor
+    with FJORD_DIRECT_DOOR=0."""
+    security = process_client_security()
+    return not security.uses_tls and security.sasl is None and direct_door_enabled()
+
 
 #: Top-level fetch errors that only end the fetch session (the next fetch is a full one).
 SESSION_ERRORS = frozenset(
@@ -71,13 +95,35 @@ class LeaderLink:
     of this link's life; the fetcher replaces the link after any failure, so an upgraded
     leader is asked for the stream again.
 
+    With ``door`` (the ``host:port`` of the leader's direct door, fjord.direct_client) the
+    fetches go through the door instead, decoded alike; a door that cannot be reached or
+    refuses (nothing was sent) gets the same request on gRPC, and ``on_door_unavailable`` is
+    called so that the fetcher skips the door for a while.
+
     :meth:`fetch` raises one of FETCH_FAILURES when the request failed in transport.
     Invariant: at most one request in flight (the fetcher awaits each answer), so a stream's
     answers need no matching beyond their order.
     """
 
-    def __init__(self, address: str) -> None:
+    def __init__(
+        self,
+        address: str,
+        door: str | None = None,
+        on_door_unavailable: Callable[[str], None] = lambda _door: None,
+    ) -> None:
         self.address = address
+        #: The direct door fetches go through (None: gRPC, or after the door was unavailable).
+        self.door = door
+        self._on_door_unavailable = on_door_unavailable
+        # Answers decode as the gRPC path's do (fetch_wire: records of big answers as views).
+        self._door: DirectConnection[broker_pb2.FetchRequest, Any] | None = None
+        if door is not None:
+            host, port = split_door_address(door)
+            self._door = DirectConnection(
+                host, port, HELLO_FETCH, decode_fetch_response,
+                name=f"Fetch door {door} of leader {address}",
+                max_frame_bytes=defaults.GRPC_MAX_MESSAGE_BYTES + 1,
+            )
         streams = os.environ.get(REPLICA_FETCH_STREAMS_ENV, "1") != "0"
         self._channel = open_channel(
             address,
@@ -111,6 +157,18 @@ class LeaderLink:
     async def fetch(
         self, request: broker_pb2.FetchRequest, timeout_s: float
     ) -> broker_pb2.FetchResponse:
+        door = self._door
+        if door is not None:
+            try:
+                return await door.call(request, timeout_s)
+            except DirectDoorUnavailableError as exc:
+                # Nothing was sent: this fetch and the link's next ones go on gRPC.
+                log.info("%s; follower fetches from %s on gRPC", exc, self.address)
+                self._door = None
+                door.close()
+                if self.door is not None:
+                    self._on_door_unavailable(self.door)
+                self.door = None
         stream = self._stream
         if stream is not None:
             try:
@@ -123,8 +181,10 @@ class LeaderLink:
         return await self._unary(request, timeout=timeout_s)
 
     async def close(self) -> None:
-        """Ends the stream (a fetch waiting on it fails with StreamClosedError) and the
-        channel."""
+        """Ends the door's connection and the stream (a fetch waiting on them fails with
+        StreamClosedError) and the channel."""
+        if self._door is not None:
+            self._door.close()
         if self._stream is not None:
             self._stream.close()
         with contextlib.suppress(Exception):
@@ -155,11 +215,17 @@ class SourceFetcher:
         replicas: ReplicaManager,
         address_of: Callable[[int], str | None],
         broker_epoch: Callable[[], int],
+        door_of: DoorOf | None = None,
     ) -> None:
         self.source_id = source_id
         self._replicas = replicas
         self._address_of = address_of
         self._broker_epoch = broker_epoch
+        #: Where the leader's direct door is (None: gRPC only; see follower_door_of).
+        self._door_of = door_of if door_of is not None and follower_doors_enabled() else None
+        #: The leader's door after it could not be reached or refused: gRPC until the
+        #: leader's registration changes (a restart) or DOOR_RETRY_AFTER_S passed.
+        self._door_fallbacks = DoorFallbacks()
         self.targets: dict[TopicPartition, FollowerTarget] = {}
         self._delayed_until: dict[TopicPartition, float] = {}
         self._changed = asyncio.Event()
@@ -238,10 +304,20 @@ class SourceFetcher:
         address = self._address_of(self.source_id)
         if address is None:
             return None
-        if self._link is None or address != self._link.address:
+        door: str | None = None
+        generation: Hashable = None
+        found = self._door_of(self.source_id) if self._door_of is not None else None
+        if found is not None and self._door_fallbacks.usable(*found):
+            door, generation = found
+        if self._link is None or address != self._link.address or door != self._link.door:
             await self.close_channel()
-            self._link = LeaderLink(address)
+            self._link = LeaderLink(
+                address, door, functools.partial(self._door_unavailable, generation)
+            )
         return self._link
+
+    def _door_unavailable(self, generation: Hashable, door: str) -> None:
+        self._door_fallbacks.mark_unavailable(door, generation)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep up to ``seconds``, waking early when the followed partitions changed since the
@@ -374,10 +450,12 @@ class ReplicaFetcherManager:
         replicas: ReplicaManager,
         address_of: Callable[[int], str | None],
         broker_epoch: Callable[[], int],
+        door_of: DoorOf | None = None,
     ) -> None:
         self._replicas = replicas
         self._address_of = address_of
         self._broker_epoch = broker_epoch
+        self._door_of = door_of
         self.fetchers: dict[int, SourceFetcher] = {}
         self._closed = False
         self._updated_generation = -1  # the replica manager's leadership generation last read
@@ -402,7 +480,8 @@ class ReplicaFetcherManager:
             fetcher = self.fetchers.get(source_id)
             if fetcher is None:
                 fetcher = SourceFetcher(
-                    source_id, self._replicas, self._address_of, self._broker_epoch
+                    source_id, self._replicas, self._address_of, self._broker_epoch,
+                    self._door_of,
                 )
                 self.fetchers[source_id] = fetcher
                 fetcher.set_targets(targets)

@@ -54,6 +54,7 @@ from fjord.cluster.broker_config import (
 from fjord.cluster.cleaner_config import CleanerSettings
 from fjord.cluster.dynamic_config import effective_broker_config
 from fjord.cluster.scrubber_config import ScrubberSettings
+from fjord.direct_client import door_address
 from fjord.errors import ConfigError, FjordError
 from fjord.kafka.admin import BrokerAdminHandlers, ControllerForwarder
 from fjord.kafka.defaults import COORDINATOR_NODE_ID_BASE
@@ -420,7 +421,8 @@ class BrokerServer:
         self.scrubber.prioritize_unclean(self._logs.logs())
         self.cleaner = LogCleaner(self.replicas, CleanerSettings.from_config(opts.config))
         self._fetchers = ReplicaFetcherManager(
-            self.replicas, self._broker_address, lambda: self.broker_epoch
+            self.replicas, self._broker_address, lambda: self.broker_epoch,
+            self._broker_direct_door,
         )
         fetchers = self._fetchers
 
@@ -813,6 +815,16 @@ class BrokerServer:
     def _broker_address(self, broker_id: int) -> str | None:
         registration = self._image().broker(broker_id) if self._watcher is not None else None
         return None if registration is None else registration.address
+
+    def _broker_direct_door(self, broker_id: int) -> tuple[str, BrokerRegistration] | None:
+        """The direct door a broker advertises (``host:port``) and the registration saying so
+        (a restarted broker's new one makes a door that was unavailable worth trying again);
+        None without one."""
+        registration = self._image().broker(broker_id) if self._watcher is not None else None
+        if registration is None or registration.direct_host is None:
+            return None
+        door = door_address(registration.direct_host, registration.direct_port or 0)
+        return None if door is None else (door, registration)
 
     # --- replication maintenance ----------------------------------------------------------------
 
