@@ -20,8 +20,8 @@ same interface and failure semantics, so a caller swaps one for the other:
   :class:`DoorFallbacks` so that not every request tries it again.
 
 The fast path has no task and no lock per request: :meth:`DirectConnection.call` serialises
-the request and writes its frame at once (``transport.writelines``: the payload is not
-copied to prepend its length), and the protocol's ``data_received`` resolves the waiting
+the request and writes its frame at once (a large payload is not copied to prepend its
+length), and the protocol's ``data_received`` resolves the waiting
 futures in order, each answer decoded by the caller's ``decode`` (the response class's
 ``FromString``; the follower's fetch_wire decoder, which leaves a big answer's records as
 views of the received frame). Requests made while the connection is being opened wait in
@@ -198,7 +198,7 @@ class DirectConnection(Generic[Req, Resp]):
         if link.accepted:
             link.waiting.append(answer)
             assert link.transport is not None
-            link.transport.writelines((prefix, payload))
+            _write_frame(link.transport, prefix, payload)
         else:
             link.pending.append((answer, payload))
         timer = loop.call_later(timeout_s, self._expire, link, answer)
@@ -243,16 +243,13 @@ class DirectConnection(Generic[Req, Resp]):
             return b""
         link.accepted = True
         pending, link.pending = link.pending, []
-        parts: list[bytes] = []
+        transport = link.transport
+        assert transport is not None
         for answer_future, payload in pending:
             if answer_future.done():  # cancelled before it was written: nothing to send
                 continue
             link.waiting.append(answer_future)
-            parts.append(frame_prefix(len(payload)))
-            parts.append(payload)
-        if parts:
-            assert link.transport is not None
-            link.transport.writelines(parts)
+            _write_frame(transport, frame_prefix(len(payload)), payload)
         return rest
 
     def _on_answers(self, link: _Link[Resp], data: bytes) -> None:
@@ -320,6 +317,20 @@ class DirectConnection(Generic[Req, Resp]):
             if not waiter.done():
                 waiter.set_exception(error)
         log.debug("%s", error)
+
+
+#: Payloads from this size on are written in a second write after their length prefix instead
+#: of joined to it: Python 3.11's ``writelines`` joins its parts, a copy of the whole payload
+#: (a second write adds a send only when the socket takes the first at once).
+_JOIN_BELOW_BYTES = 16 * 1024
+
+
+def _write_frame(transport: asyncio.Transport, prefix: bytes, payload: bytes) -> None:
+    if len(payload) < _JOIN_BELOW_BYTES:
+        transport.write(prefix + payload)
+    else:
+        transport.write(prefix)
+        transport.write(payload)
 
 
 class DoorFallbacks:

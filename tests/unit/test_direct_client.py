@@ -99,6 +99,27 @@ def test_pipelined_requests_are_answered_in_order() -> None:
     run(scenario())
 
 
+def test_large_and_small_requests_arrive_whole_and_in_order() -> None:
+    """Payloads from 16 KiB on leave in two writes (prefix, then payload); smaller ones in one."""
+
+    async def scenario() -> None:
+        async with Door() as door:
+            connection = door.connection()
+            sizes = [10, 200_000, 20, 70_000]
+            sent = [broker_pb2.FetchRequest(max_wait_ms=n) for n in range(len(sizes))]
+            for message, size in zip(sent, sizes, strict=True):
+                message.topics.add(name="t" * size)
+            calls = [await started(connection.call(message, BOUND_S)) for message in sent]
+            seen = [(await door.next_request())[1] for _ in sizes]
+            assert seen == sent
+            for n in range(len(sizes)):
+                door.answer(0, response(n))
+            assert [(await bounded(c)).session_id for c in calls] == list(range(len(sizes)))
+            connection.close()
+
+    run(scenario())
+
+
 def test_requests_made_before_the_hello_is_answered_are_written_in_order() -> None:
     async def scenario() -> None:
         async with Door(hello_answer=None) as door:
