@@ -1,5 +1,6 @@
-"""A direct door (fjord.direct_frames) served in a test: Fetch frames held until the test answers
-them, over a real loopback socket (tests of fjord.direct_client and of the follower's link)."""
+"""A direct door (fjord.direct_frames) served in a test: Produce and Fetch frames held until the
+test answers them, over a real loopback socket (tests of fjord.direct_client, of the client's
+Network and of the follower's link)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fjord.direct_frames import (
     ACCEPTED,
     HELLO_BYTES,
     HELLO_FETCH,
+    KIND_PRODUCE,
     FrameReader,
     answer_prefix,
     hello_kind,
@@ -22,13 +24,16 @@ BOUND_S = 10.0
 
 
 class Door:
-    """A direct door serving Fetch frames: each connection's hello is answered with
-    ``hello_answer`` (None: held until :meth:`accept`), and every request is queued in
-    ``requests`` as (connection number, FetchRequest) until the test answers it."""
+    """A direct door serving Produce and Fetch frames: each connection's hello is answered
+    with ``hello_answer`` (None: held until :meth:`accept_held`), and every request is queued
+    in ``requests`` as (connection number, ProduceRequest or FetchRequest by the hello's kind)
+    until the test answers it."""
 
     def __init__(self, hello_answer: bytes | None = ACCEPTED) -> None:
         self.hello_answer = hello_answer
-        self.requests: asyncio.Queue[tuple[int, broker_pb2.FetchRequest]] = asyncio.Queue()
+        #: The hello kinds (b"P" / b"F") of the connections, in order.
+        self.kinds: list[bytes] = []
+        self.requests: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
         self.writers: list[asyncio.StreamWriter] = []
         self.closed: list[asyncio.Event] = []
         self.bytes_after_hello: list[int] = []
@@ -63,7 +68,10 @@ class Door:
         self.closed.append(closed)
         self.bytes_after_hello.append(0)
         try:
-            hello_kind(await reader.readexactly(HELLO_BYTES))
+            kind = hello_kind(await reader.readexactly(HELLO_BYTES))
+            self.kinds.append(kind)
+            request_type = broker_pb2.ProduceRequest if kind == KIND_PRODUCE else (
+                broker_pb2.FetchRequest)
             if self.hello_answer is None:
                 await self._hello_release.wait()
                 writer.write(ACCEPTED)
@@ -73,7 +81,7 @@ class Door:
             while data := await reader.read(65536):
                 self.bytes_after_hello[number] += len(data)
                 for frame in frames.feed(data):
-                    self.requests.put_nowait((number, broker_pb2.FetchRequest.FromString(frame)))
+                    self.requests.put_nowait((number, request_type.FromString(frame)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
@@ -83,10 +91,10 @@ class Door:
     def accept_held(self) -> None:
         self._hello_release.set()
 
-    async def next_request(self) -> tuple[int, broker_pb2.FetchRequest]:
+    async def next_request(self) -> tuple[int, Any]:
         return await asyncio.wait_for(self.requests.get(), BOUND_S)
 
-    def answer(self, connection: int, response: broker_pb2.FetchResponse) -> None:
+    def answer(self, connection: int, response: Any) -> None:
         payload = response.SerializeToString()
         self.writers[connection].writelines([answer_prefix(len(payload)), payload])
 
