@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fjord.client import AdminClient, NewTopic, Producer
+from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.local.cluster import LocalCluster
 from fjord.metadata import BrokerRegistration, etcd_client
 from fjord.metadata.registration import register_under_lease
@@ -93,6 +93,45 @@ def test_killed_broker_restarts_and_takes_writes_within_seconds(cluster: LocalCl
     # in bench/RESULTS.md; Python start-up alone takes 1-3 s on the shared 2-core machine.
     assert first_ack < cluster.broker_lease_ttl_s, first_ack
     wait_for(lambda: full_isr(cluster, topic, 1), "the restarted broker back in the ISR", WAIT_S)
+
+
+def test_a_consumer_follows_its_leader_killed_and_restarted(
+    cluster: LocalCluster, no_global_instrumentation: None
+) -> None:
+    """A consumer reading a partition (through its leader's direct door, unless turned off)
+    whose leader is SIGKILLed and started again: the broken connection is a retriable
+    failure, the consumer finds the new leader and reads every record acknowledged after the
+    kill, as over gRPC."""
+    topic = f"restart-read-{uuid.uuid4().hex[:6]}"
+    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
+        admin.create_topics([NewTopic(topic, 1, 3)])
+    wait_for(lambda: full_isr(cluster, topic, 1), "a full ISR", WAIT_S)
+    states = partition_states(cluster, topic, sorted(cluster.broker_addresses))
+    assert states is not None
+    leader = states[0].leader
+    tp = TopicPartition(topic, 0)
+    seen: list[bytes] = []
+
+    def read_up_to(count: int) -> bool:
+        seen.extend(r.value or b"" for r in consumer.poll(0.1))
+        return len(seen) >= count
+
+    with Producer({"bootstrap.servers": cluster.bootstrap_servers, "acks": "all",
+                   "enable.idempotence": True, "linger.ms": 0, "retry.backoff.ms": 50}
+                  ) as producer, Consumer({"bootstrap.servers": cluster.bootstrap_servers,
+                                           "auto.offset.reset": "earliest"}) as consumer:
+        consumer.assign([tp])
+        producer.send(topic, value=b"before").result(timeout=WAIT_S)
+        wait_for(lambda: read_up_to(1), "the first record read", WAIT_S)
+        cluster.kill("broker", leader)
+        cluster.start_broker(leader, wait=False)
+        acked: list[bytes] = []
+        for i in range(20):
+            value = f"after-{i}".encode()
+            producer.send(topic, value=value).result(timeout=WAIT_S)
+            acked.append(value)
+        wait_for(lambda: read_up_to(1 + len(acked)), "every acknowledged record read", WAIT_S)
+    assert seen[0] == b"before" and seen[1:] == acked, seen
 
 
 def spawn_broker(cluster: LocalCluster, broker_id: int, data_dir: Path, log: Path

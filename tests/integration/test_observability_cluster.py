@@ -33,6 +33,7 @@ from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.cli.main import cli
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
 from fjord.client.network import RPC_STREAMS_ENV
+from fjord.direct_client import DIRECT_DOOR_ENV
 from fjord.local.cluster import LocalCluster
 from fjord.observability import client_interceptors
 from fjord.observability.defaults import TRACEPARENT_HEADER
@@ -369,6 +370,9 @@ def test_produce_and_fetch_go_on_streams_unless_the_client_turns_them_off(
         monkeypatch.delenv(RPC_STREAMS_ENV, raising=False)
     else:
         monkeypatch.setenv(RPC_STREAMS_ENV, "0")
+    # The gRPC path under test: not through the brokers' direct doors (their own test:
+    # tests/integration/test_direct_door_clients.py).
+    monkeypatch.setenv(DIRECT_DOOR_ENV, "0")
     broker_address = cluster.metrics_address("broker", 0)
     methods = (PRODUCE, FETCH, PRODUCE_STREAM, FETCH_STREAM)
 

@@ -232,6 +232,13 @@ def served(cluster: LocalCluster, broker: int, method: str) -> float:
                         "fjord_rpc_server_requests_total", method=f"fjord.v1.Broker/{method}")
 
 
+def door_fetch_connections(cluster: LocalCluster, broker: int) -> float:
+    """Connections to ``broker``'s direct door for Fetch open now (the followers': 0 when they
+    fetch on gRPC)."""
+    return metric_value(cluster.metrics_address("broker", broker), "fjord_broker_open_streams",
+                        method="fjord.direct/Fetch")
+
+
 def wait_replicated(cluster: LocalCluster, topic: str, brokers: list[int], end: int) -> None:
     wait_for(
         lambda: all(log_end_offset(cluster, b, topic) == end for b in brokers),
@@ -284,14 +291,18 @@ def test_follower_catches_up_after_restart_and_rejoins_the_isr(
     leader = leader_of(cluster, topic)
     wait_isr(cluster, topic, BROKERS)
     follower = next(b for b in BROKERS if b != leader)
-    # The followers fetch on the leader's FetchStream: each request counts under Fetch, the
-    # stream itself under FetchStream once it ends (here: when the follower stops).
+    # The followers fetch through the leader's direct door or on its FetchStream: each
+    # request counts under Fetch; a door connection is open in fjord_broker_open_streams
+    # while it lasts, a stream counts under FetchStream once it ends (here: when the
+    # follower stops).
     streams = served(cluster, leader, "FetchStream")
     fetches = served(cluster, leader, "Fetch")
     wait_for(lambda: served(cluster, leader, "Fetch") > fetches, "followers fetching")
+    doors = door_fetch_connections(cluster, leader)
     cluster.kill("broker", follower, signal.SIGTERM)  # clean stop: its lease goes at once
-    wait_for(lambda: served(cluster, leader, "FetchStream") > streams,
-             f"broker {follower}'s FetchStream to the leader ended")
+    wait_for(lambda: served(cluster, leader, "FetchStream") > streams
+             or door_fetch_connections(cluster, leader) < doors,
+             f"broker {follower}'s connection to the leader ended")
     for i in range(20):  # acks=1: nothing waits for the dead follower
         assert produce(cluster, leader, topic, [f"a{i}".encode()] * 5, acks=1).error.code == 0
     others = [b for b in BROKERS if b != follower]
@@ -306,9 +317,10 @@ def test_follower_catches_up_after_restart_and_rejoins_the_isr(
 def test_followers_whose_fetch_streams_break_fetch_again_and_catch_up(
     cluster: LocalCluster, admin: AdminClient
 ) -> None:
-    """The leader SIGKILLed and started again at once: the followers' open FetchStreams to it
-    break under them; each fails its waiting fetch as a failed call (session reset, backoff)
-    and fetches again on a new stream, so every replica holds what is written afterwards."""
+    """The leader SIGKILLed and started again at once: the followers' open FetchStreams (or
+    direct-door connections) to it break under them; each fails its waiting fetch as a failed
+    call (session reset, backoff) and fetches again on a new one, so every replica holds what
+    is written afterwards."""
     topic = new_topic(admin)
     leader = leader_of(cluster, topic)
     wait_isr(cluster, topic, BROKERS)
@@ -318,10 +330,12 @@ def test_followers_whose_fetch_streams_break_fetch_again_and_catch_up(
     logged = {b: logs[b].stat().st_size for b in followers}
     cluster.kill("broker", leader)
     cluster.start_broker(leader)
-    broke = f"fetch from broker {leader} failed (StreamClosedError: FetchStream"
+    # On the leader's FetchStream ("FetchStream stream to ...") or through its direct door
+    # ("Fetch door ... of leader ..."), alike.
+    broke = f"fetch from broker {leader} failed (StreamClosedError: Fetch"
     for b in followers:
         wait_for(lambda b=b: broke in logs[b].read_bytes()[logged[b]:].decode(errors="replace"),
-                 f"broker {b} to see its FetchStream to broker {leader} break")
+                 f"broker {b} to see its connection to broker {leader} break")
     # acks=1: appended once answered (a retried acks=all write could be in the log twice).
     assert produce(cluster, leader_of(cluster, topic), topic, [b"after"] * 5, acks=1
                    ).error.code == 0
