@@ -27,7 +27,7 @@ from fjord.errors import FjordError, KafkaTimeoutError
 from fjord.rpc_streams import StreamClosedError
 from fjord.security.config import ClientSecurity, SaslLogin, SecurityProtocol
 from tests.helpers.direct_door import Door
-from tests.unit.test_network_rpc_streams import (
+from tests.helpers.grpc_brokers import (
     FETCH_STREAM,
     PRODUCE_STREAM,
     CallsSeen,
