@@ -8,6 +8,7 @@ direct door); the stop test runs last: it stops the broker and starts it again.
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import socket
 import struct
@@ -23,6 +24,7 @@ import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc
 from fjord.client import AdminClient, NewTopic
+from fjord.direct_client import DirectConnection
 from fjord.direct_frames import (
     ACCEPTED,
     HELLO_FETCH,
@@ -184,14 +186,14 @@ def test_produce_then_fetch_returns_the_records(cluster: LocalCluster, topic: st
 def test_pipelined_produce_requests_are_answered_in_order(
     cluster: LocalCluster, topic: str
 ) -> None:
-    """Ten requests written at once (more than the five a connection runs together): each
+    """24 requests written at once (more than the 16 a connection runs together): each
     answer belongs to its request, in order, so the base offsets grow by each request's
     record count. Each request counts as a Produce in the broker's RPC metrics, and the open
     connection shows in fjord_broker_open_streams."""
     metrics = cluster.metrics_address("broker", BROKER)
     produced_before = metric_value(metrics, "fjord_rpc_server_requests_total",
                                    method="fjord.v1.Broker/Produce")
-    sizes = [1 + i % 4 for i in range(10)]
+    sizes = [1 + i % 4 for i in range(24)]
     with open_door(cluster, HELLO_PRODUCE) as producer:
         send(producer, *(produce_request(topic, [b"x"] * n).SerializeToString() for n in sizes))
         bases = [produced_offset(producer) for _ in sizes]
@@ -200,6 +202,37 @@ def test_pipelined_produce_requests_are_answered_in_order(
     assert [b - bases[0] for b in bases] == [sum(sizes[:i]) for i in range(len(sizes))]
     assert metric_value(metrics, "fjord_rpc_server_requests_total",
                         method="fjord.v1.Broker/Produce") >= produced_before + len(sizes)
+
+
+def test_the_direct_client_produces_and_fetches_through_the_door(
+    cluster: LocalCluster, topic: str
+) -> None:
+    """fjord.direct_client against the real door: twenty Produce calls at once, answered
+    each to its caller, then fetched back in order."""
+    host, _, port = cluster.direct_address(BROKER).rpartition(":")
+
+    async def round_trip() -> list[bytes]:
+        producer: DirectConnection[broker_pb2.ProduceRequest, broker_pb2.ProduceResponse] = \
+            DirectConnection(host, int(port), HELLO_PRODUCE,
+                             broker_pb2.ProduceResponse.FromString, name="test producer")
+        consumer: DirectConnection[broker_pb2.FetchRequest, broker_pb2.FetchResponse] = \
+            DirectConnection(host, int(port), HELLO_FETCH, broker_pb2.FetchResponse.FromString,
+                             name="test consumer")
+        try:
+            answers = await asyncio.gather(*(
+                producer.call(produce_request(topic, [b"c%d" % i]), WAIT_S) for i in range(20)))
+            offsets = [a.topics[0].partitions[0].base_offset for a in answers]
+            assert all(a.topics[0].partitions[0].error.code == 0 for a in answers)
+            fetched = await consumer.call(fetch_request(topic, min(offsets)), WAIT_S)
+            partition = fetched.topics[0].partitions[0]
+            by_offset = {r.offset: bytes(r.value or b"") for b in read_batches(partition.records)
+                         for r in b.records()}
+            return [by_offset[o] for o in offsets]
+        finally:
+            producer.close()
+            consumer.close()
+
+    assert asyncio.run(round_trip()) == [b"c%d" % i for i in range(20)]
 
 
 def test_a_malformed_request_is_answered_with_an_error_and_closes(

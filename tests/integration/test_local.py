@@ -192,3 +192,32 @@ def test_a_taken_sasl_door_port_is_picked_again(tmp_path: Path, role: str) -> No
             assert cluster.active_controller() == 0
         finally:
             cluster.stop()
+
+
+def test_a_taken_direct_door_port_is_picked_again(tmp_path: Path) -> None:
+    """The port picked for a broker's direct door is held by another process: the broker's
+    start fails naming the bind, and the launcher starts it again with every port picked
+    afresh, its direct door's too."""
+    import socket
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        cluster = LocalCluster(
+            tmp_path / "direct-ports", brokers=1, controllers=1, coordinators=0,
+            unsafe_etcd_no_fsync=True,
+        )
+        cluster._direct_ports[("broker", 0)] = taken  # as if free_port() had picked it
+        try:
+            cluster.start()
+            assert cluster.direct_address(0) != f"127.0.0.1:{taken}"
+            assert cluster.process("broker", 0).poll() is None
+            metadata = cluster.broker_metadata(0)
+            assert metadata is not None
+            assert [b.direct_port for b in metadata.brokers] == [
+                int(cluster.direct_address(0).rpartition(":")[2])]
+        finally:
+            cluster.stop()
+        assert "direct-listen: cannot bind" in (tmp_path / "direct-ports" / "logs"
+                                                 / "broker-0.log").read_text()

@@ -22,6 +22,7 @@ from fjord.broker.direct_door import (
     DirectDoor,
     RequestWindow,
 )
+from fjord.broker.fetch_wire import DetachedFetchResponse, DetachedRecords
 from fjord.broker.server import BrokerOptions
 from fjord.direct_frames import (
     ACCEPTED,
@@ -149,12 +150,17 @@ class Handlers:
 
     async def fetch_from(
         self, caller: Caller, request: broker_pb2.FetchRequest
-    ) -> broker_pb2.FetchResponse:
+    ) -> broker_pb2.FetchResponse | DetachedFetchResponse:
         self.fetched += 1
         response = broker_pb2.FetchResponse()
-        response.topics.add(name="t").partitions.add(partition=0,
-                                                     records=b"r" * self.fetch_bytes)
-        return response
+        partition = response.topics.add(name="t").partitions.add(partition=0, high_watermark=7)
+        if request.replica_id < 0:
+            partition.records = b"r" * self.fetch_bytes
+            return response
+        # A follower's answer, its records apart (as BrokerServicer.fetch_from gives it).
+        detached = DetachedRecords()
+        detached.records[(0, 0)] = memoryview(b"f" * self.fetch_bytes)
+        return detached.attach_to(response)
 
 
 async def open_door(handlers: Handlers) -> DirectDoor:
@@ -221,6 +227,22 @@ def test_a_failing_handler_answers_earlier_requests_then_an_error_and_closes(
         asyncio.run(failing_handler_round())
     failures = [r for r in caplog.records if "handler failed" in r.getMessage()]
     assert len(failures) == 1  # logged once
+
+
+async def follower_fetch_round() -> None:
+    door = await open_door(Handlers(fetch_bytes=100_000))
+    reader, writer = await connect(door, HELLO_FETCH)
+    writer.write(frame(broker_pb2.FetchRequest(replica_id=2).SerializeToString()))
+    status, payload = await answer(reader)
+    assert status == STATUS_OK
+    partition = broker_pb2.FetchResponse.FromString(payload).topics[0].partitions[0]
+    assert (partition.high_watermark, partition.records) == (7, b"f" * 100_000)
+    writer.close()
+    door.close()
+
+
+def test_a_follower_answer_is_serialised_with_its_records_joined_in() -> None:
+    asyncio.run(follower_fetch_round())
 
 
 async def slow_reader_round() -> None:
