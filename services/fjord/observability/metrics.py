@@ -117,7 +117,8 @@ BROKER_PARTITIONS_LED = Gauge(
 BROKER_OPEN_STREAMS = Gauge(
     "fjord_broker_open_streams",
     "ProduceStream/FetchStream calls this broker is serving now (fjord.rpc_streams: clients' "
-    "and followers' Produce and Fetch requests on one long-lived stream each), by method.",
+    "and followers' Produce and Fetch requests on one long-lived stream each), and its direct "
+    "door's connections (fjord.direct/Produce, fjord.direct/Fetch), by method.",
     ["method"],
 )
 BROKER_PURGATORY_SIZE = Gauge(
