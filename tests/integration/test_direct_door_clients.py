@@ -9,6 +9,7 @@ their leaders. FJORD_DIRECT_DOOR=0 sends the same records over gRPC.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterator
 
@@ -126,3 +127,32 @@ def test_doors_turned_off_send_the_records_over_grpc(
     assert not produced["doors on"] and not consumed["doors on"]
     assert produced["door answers"] == 0 and consumed["door answers"] == 0
     assert produced["grpc streams"] and consumed["grpc streams"], (produced, consumed)
+
+
+def test_clients_closing_with_requests_on_the_doors_leave_no_error(
+    bootstrap: str, admin: AdminClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Consumers closed with a Fetch parked on a door and producers closed right after their
+    last Produce, while another client (the module's AdminClient) keeps its loop running:
+    nothing is logged at ERROR by either loop (a callback on a closed loop, an exception
+    never retrieved)."""
+    topic = replicated_topic(admin)
+    tp = TopicPartition(topic, 0)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(5):
+            with Producer({"bootstrap.servers": bootstrap, "acks": "all"}) as producer:
+                producer.send(topic, value=b"v", partition=0).result(timeout=WAIT_S)
+                assert door_answers(producer._network, "Produce") >= 1
+            consumer = Consumer({"bootstrap.servers": bootstrap, "auto.offset.reset": "latest",
+                                 "fetch.max.wait.ms": 5000})
+            try:
+                consumer.assign([tp])
+                consumer.poll(0.3)  # nothing new: its Fetch is parked on the leader
+                network = consumer._network
+                wait_for(lambda n=network: bool(n.door_connections()), "a fetch on the door",
+                         WAIT_S)
+            finally:
+                consumer.close()
+        admin.describe_topics([topic])  # the other client's loop still serves
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
