@@ -103,35 +103,63 @@ class FrameReader:
     Invariant: :meth:`feed` returns every complete frame in the bytes fed so far, in order,
     each exactly once; the bytes of an incomplete frame stay buffered. A length over
     ``max_frame_bytes`` raises FrameTooLargeError as soon as its prefix is complete.
+
+    Each frame's payload is copied once: a frame whole in one feed is sliced out of it; the
+    pieces of one that spans feeds are kept as views of the fed bytes (never copied into a
+    growing buffer) and joined when the last one comes. (A bytearray buffer copied a
+    550 KB frame that came in 256 KiB reads about three times over: ~0.5 ms.)
     """
 
-    __slots__ = ("_buffer", "_max")
+    __slots__ = ("_head", "_max", "_need", "_parts", "_size")
 
     def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES) -> None:
-        self._buffer = bytearray()
         self._max = max_frame_bytes
+        #: The bytes of a length prefix not complete yet (fewer than LENGTH_BYTES).
+        self._head = b""
+        #: The payload length of the frame being read, -1 while its prefix is not complete.
+        self._need = -1
+        #: The pieces of that frame's payload read so far, and their total size.
+        self._parts: list[memoryview] = []
+        self._size = 0
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[bytes]:
-        buffer = self._buffer
-        buffer += data
+        if not isinstance(data, bytes):
+            data = bytes(data)  # pieces are kept as views: never of a buffer the caller reuses
         frames: list[bytes] = []
-        position, available = 0, len(buffer)
-        while available - position >= LENGTH_BYTES:
-            (length,) = _LENGTH.unpack_from(buffer, position)
-            if length > self._max:
-                raise FrameTooLargeError(
-                    f"a frame of {length} bytes announced; at most {self._max} are accepted"
-                )
-            end = position + LENGTH_BYTES + length
-            if end > available:
-                break
-            frames.append(bytes(buffer[position + LENGTH_BYTES:end]))
-            position = end
-        if position:
-            del buffer[:position]
+        position, available = 0, len(data)
+        while position < available:
+            if self._need < 0:
+                if not self._head and available - position >= LENGTH_BYTES:
+                    (length,) = _LENGTH.unpack_from(data, position)
+                    position += LENGTH_BYTES
+                else:
+                    take = min(LENGTH_BYTES - len(self._head), available - position)
+                    self._head += data[position:position + take]
+                    position += take
+                    if len(self._head) < LENGTH_BYTES:
+                        break
+                    (length,) = _LENGTH.unpack(self._head)
+                    self._head = b""
+                if length > self._max:
+                    raise FrameTooLargeError(
+                        f"a frame of {length} bytes announced; at most {self._max} are accepted"
+                    )
+                if available - position >= length:  # whole in this feed: one slice
+                    frames.append(data[position:position + length])
+                    position += length
+                    continue
+                self._need = length
+            take = min(self._need - self._size, available - position)
+            self._parts.append(memoryview(data)[position:position + take])
+            self._size += take
+            position += take
+            if self._size == self._need:
+                frames.append(b"".join(self._parts))
+                self._parts.clear()
+                self._need, self._size = -1, 0
         return frames
 
     @property
     def buffered(self) -> int:
-        """Bytes of an incomplete frame held back."""
-        return len(self._buffer)
+        """Bytes of an incomplete frame held back (its prefix included)."""
+        return len(self._head) + (LENGTH_BYTES + self._size if self._need >= 0 else 0)

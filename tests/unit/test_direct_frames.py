@@ -46,6 +46,32 @@ def test_frames_come_out_whole_and_in_order_however_the_bytes_are_split(
     assert reader.buffered == 0
 
 
+@given(st.lists(st.integers(0, 20_000), min_size=1, max_size=6), st.data())
+def test_large_frames_split_anywhere_come_out_whole_and_the_rest_is_buffered(
+    sizes: list[int], data: st.DataObject
+) -> None:
+    """Frames larger than one feed (kept as pieces until their last byte comes): after every
+    feed, what came out plus what is buffered is exactly what was fed."""
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    stream = b"".join(framed(p) for p in payloads)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=30)))
+    reader = FrameReader()
+    out: list[bytes] = []
+    start = 0
+    for cut in [*cuts, len(stream)]:
+        piece = stream[start:cut]
+        if cut % 2:  # a buffer the caller reuses: what is kept must not change with it
+            reused = bytearray(piece)
+            out += reader.feed(reused)
+            reused[:] = b"\x00" * len(reused)
+        else:
+            out += reader.feed(piece)
+        start = cut
+        assert sum(4 + len(f) for f in out) + reader.buffered == cut
+    assert out == payloads
+    assert all(type(f) is bytes for f in out)
+
+
 def test_an_incomplete_frame_stays_buffered() -> None:
     reader = FrameReader()
     assert reader.feed(framed(b"abc") + frame_prefix(5) + b"12") == [b"abc"]
