@@ -16,7 +16,10 @@ process on one asyncio loop; the broker in its own.
 
 Run::
 
-    .venv/bin/python bench/bench_direct_door.py [--requests 2000] [--rounds 3] [--records 50]
+    .venv/bin/python bench/bench_direct_door.py [--requests 2000] [--rounds 3] [--records 50] \
+        [--only grpc|direct]
+
+``--only`` runs one transport (to profile the broker under it, e.g. with py-spy).
 """
 
 from __future__ import annotations
@@ -106,6 +109,8 @@ async def run(cluster: LocalCluster, topic: str, args: argparse.Namespace) -> No
     results: dict[tuple[str, str], tuple[list[float], float, int]] = {}
     for _ in range(args.rounds):
         for name, (producer, fetcher) in transports.items():
+            if args.only not in (None, name):
+                continue
             await producer.call(produce, TIMEOUT_S)  # open the connection / stream
             first = (await producer.call(produce, TIMEOUT_S)).topics[0].partitions[0].base_offset
             times, cpu = await timed(lambda r, p=producer: p.call(r, TIMEOUT_S),
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--records", type=int, default=50)
+    parser.add_argument("--only", choices=("grpc", "direct"), default=None)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="fjord-direct-bench-") as base:
         cluster = LocalCluster(Path(base), brokers=1, controllers=1, coordinators=0,

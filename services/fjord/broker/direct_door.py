@@ -39,7 +39,7 @@ import asyncio
 import collections
 import functools
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -190,7 +190,7 @@ class _Kind:
     """How one kind of request is served on a connection."""
 
     parse: Callable[[bytes], Any]
-    handle: Callable[[DirectHandlers, Caller], Callable[[Any], Awaitable[Any]]]
+    handle: Callable[[DirectHandlers, Caller], Callable[[Any], Coroutine[Any, Any, Any]]]
     serialize: Callable[[Any], bytes]
     in_flight: int
     stream_method: str
@@ -227,9 +227,10 @@ class DirectConnection(asyncio.Protocol):
     def __init__(self, door: DirectDoor) -> None:
         self._door = door
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._hello = b""
         self._kind: _Kind | None = None
-        self._handle: Callable[[Any], Awaitable[Any]] | None = None
+        self._handle: Callable[[Any], Coroutine[Any, Any, Any]] | None = None
         self._window: RequestWindow[Any, Answer] = RequestWindow(1)
         self._reader = FrameReader(door.max_request_bytes)
         self._tasks: dict[int, asyncio.Task[Any]] = {}
@@ -264,6 +265,7 @@ class DirectConnection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self._transport = transport
+        self._loop = asyncio.get_running_loop()
         self._peer = transport.get_extra_info("peername")
         host = self._peer[0] if isinstance(self._peer, tuple) and self._peer else ""
         self._caller = Caller(ANONYMOUS, str(host))
@@ -373,8 +375,9 @@ class DirectConnection(asyncio.Protocol):
                 if isinstance(request, Unreadable):
                     self._finish(seq, Answer.error(request.why))
                     continue
-                assert self._handle is not None
-                task = asyncio.ensure_future(self._handle(request))
+                assert self._handle is not None and self._loop is not None
+                # loop.create_task: ensure_future's checks cost ~5% of a small request here.
+                task = self._loop.create_task(self._handle(request))
                 self._tasks[seq] = task
                 task.add_done_callback(functools.partial(self._handled, seq))
         self._update_reading()

@@ -9,8 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import grpc
 from grpc import aio
@@ -492,7 +492,7 @@ FETCH_STREAM_METHOD = "fjord.v1.Broker/FetchStream"
 
 def counted_requests(
     method: str, handle: Callable[[Req], Awaitable[Resp]]
-) -> Callable[[Req], Awaitable[Resp]]:
+) -> Callable[[Req], Coroutine[Any, Any, Resp]]:
     """``handle`` with one ``fjord_rpc_server_*`` sample per request under ``method``, so a
     request that came on a stream (or through the direct door, fjord.broker.direct_door)
     counts as the unary call it replaces (no span: such requests carry no trace context of
