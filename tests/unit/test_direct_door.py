@@ -281,6 +281,32 @@ def test_a_client_that_does_not_read_stops_the_door_reading() -> None:
     asyncio.run(slow_reader_round())
 
 
+async def hello_round() -> None:
+    """A hello sent a byte at a time, then in the same write as the first requests; bytes of
+    another protocol close the connection as soon as they differ from the magic."""
+    door = await open_door(Handlers())
+    reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+    for byte in HELLO_PRODUCE:
+        writer.write(bytes([byte]))
+        await writer.drain()
+    assert await reader.readexactly(len(ACCEPTED)) == ACCEPTED
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+    writer.write(HELLO_PRODUCE + produce("a") + produce("b"))
+    assert await reader.readexactly(len(ACCEPTED)) == ACCEPTED
+    assert [(await answer(reader))[0] for _ in range(2)] == [STATUS_OK, STATUS_OK]
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+    writer.write(b"G")  # not even a whole hello: "GET / HTTP/1.1" starts so
+    assert await asyncio.wait_for(reader.read(), 10) == b""
+    writer.close()
+    door.close()
+
+
+def test_hellos_split_or_joined_with_requests_and_foreign_bytes() -> None:
+    asyncio.run(hello_round())
+
+
 async def closing_round() -> None:
     handlers = Handlers()
     door = await open_door(handlers)
