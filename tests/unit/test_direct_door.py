@@ -144,6 +144,8 @@ class Handlers:
         await asyncio.sleep(0.001 * (5 - number % 5))  # later requests finish first
         if topic == "boom":
             raise RuntimeError("the handler broke")
+        if topic == "cancelled":  # what the handler awaited was cancelled under it
+            raise asyncio.CancelledError
         response = broker_pb2.ProduceResponse()
         response.topics.add(name=topic).partitions.add(partition=0, base_offset=number)
         return response
@@ -193,11 +195,11 @@ async def answer(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     return body[0], body[1:]
 
 
-async def failing_handler_round() -> None:
+async def failing_handler_round(failing: str) -> None:
     handlers = Handlers()
     door = await open_door(handlers)
     reader, writer = await connect(door, HELLO_PRODUCE)
-    writer.write(produce("a") + produce("b") + produce("boom") + produce("c") + produce("d"))
+    writer.write(produce("a") + produce("b") + produce(failing) + produce("c") + produce("d"))
     offsets = []
     for _ in range(2):
         status, payload = await answer(reader)
@@ -206,7 +208,8 @@ async def failing_handler_round() -> None:
                        .topics[0].partitions[0].base_offset)
     assert offsets == [0, 1]  # in request order, though the later ones finished first
     status, why = await answer(reader)
-    assert status == STATUS_ERROR and b"the handler broke" in why
+    assert status == STATUS_ERROR
+    assert (b"the handler broke" if failing == "boom" else b"CancelledError") in why
     assert await reader.read() == b""  # closed after the error frame
     assert {c.principal.name for c in handlers.callers} == {"ANONYMOUS"}
     assert {c.host for c in handlers.callers} == {"127.0.0.1"}
@@ -220,11 +223,12 @@ async def wait_untracked(door: DirectDoor) -> None:
         await asyncio.sleep(0.01)
 
 
+@pytest.mark.parametrize("failing", ["boom", "cancelled"])
 def test_a_failing_handler_answers_earlier_requests_then_an_error_and_closes(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, failing: str
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="fjord.broker.direct_door"):
-        asyncio.run(failing_handler_round())
+        asyncio.run(asyncio.wait_for(failing_handler_round(failing), 30))
     failures = [r for r in caplog.records if "handler failed" in r.getMessage()]
     assert len(failures) == 1  # logged once
 

@@ -392,10 +392,15 @@ class DirectConnection(asyncio.Protocol):
             transport.resume_reading()
 
     def _handled(self, seq: int, task: asyncio.Task[Any]) -> None:
-        if self._tasks.pop(seq, None) is None or task.cancelled():
-            return  # the connection closed meanwhile
+        if self._tasks.pop(seq, None) is None:
+            return  # the connection closed meanwhile (close() forgets the tasks it cancels)
         assert self._kind is not None
-        exc = task.exception()
+        # A handler cancelled by something else than this connection (what it awaited was
+        # cancelled) has no answer: as a failure, else the answers after it would wait forever.
+        exc: BaseException | None = (
+            asyncio.CancelledError("the request's handler was cancelled") if task.cancelled()
+            else task.exception()
+        )
         if exc is None:
             try:
                 answer = Answer(STATUS_OK, self._kind.serialize(task.result()))
