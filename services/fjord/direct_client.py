@@ -36,6 +36,7 @@ import asyncio
 import collections
 import logging
 import os
+import struct
 import time
 from collections.abc import Callable, Hashable
 from typing import Generic, Protocol, TypeVar
@@ -43,10 +44,11 @@ from typing import Generic, Protocol, TypeVar
 from fjord.direct_frames import (
     ACCEPTED,
     HELLO_BYTES,
+    LENGTH_BYTES,
     MAX_FRAME_BYTES,
     REFUSED,
     STATUS_OK,
-    FrameReader,
+    FrameTooLargeError,
     MalformedDirectFrameError,
     frame_prefix,
     split_answer,
@@ -89,28 +91,137 @@ class _Link(Generic[Resp]):
     """One TCP connection: its transport once made, the futures of the requests written and
     waiting for answers (in order), and the requests waiting for the hello's answer."""
 
-    __slots__ = ("accepted", "closed", "error", "hello", "opening", "pending", "reader",
-                 "transport", "waiting")
+    __slots__ = ("accepted", "closed", "error", "opening", "pending", "transport", "waiting")
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.accepted = False
         self.closed = False
         #: Why the connection closed (the error of the requests that were waiting on it).
         self.error: FjordError | None = None
-        self.hello = b""  # the server's hello answer, as far as it came
-        self.reader = FrameReader(max_frame_bytes)
         self.waiting: collections.deque[asyncio.Future[Resp]] = collections.deque()
         self.pending: list[tuple[asyncio.Future[Resp], bytes]] = []
         self.opening: asyncio.Task[None] | None = None
 
 
-class _DoorProtocol(asyncio.Protocol, Generic[Req, Resp]):
-    __slots__ = ("_link", "_owner")
+_LENGTH = struct.Struct(">I")
 
-    def __init__(self, owner: DirectConnection[Req, Resp], link: _Link[Resp]) -> None:
+#: The receive buffer of a connection, where answers are split (and a large one's start).
+SCRATCH_BYTES = 256 * 1024
+#: An answer frame from this size on that is not whole in the receive buffer is received in
+#: place: the rest of its bytes go from the socket straight into the frame's own buffer.
+IN_PLACE_FROM_BYTES = 64 * 1024
+
+
+class InPlaceFrameReader:
+    """Splits a byte stream into frames (fjord.direct_frames' u32 length + bytes), receiving
+    into buffers of its own (pure: an asyncio.BufferedProtocol asks :meth:`buffer` where to
+    receive, then tells :meth:`filled` how many bytes came).
+
+    Why not FrameReader: it joins what each read returned into its buffer and copies every
+    frame out of it twice; an answer of megabytes (a consumer's or a follower's Fetch) would
+    cost three copies more than the socket's. Here small frames are split from one receive
+    buffer (one copy each), and a frame from ``in_place_from`` bytes on that is not whole yet
+    gets a buffer of its exact size, into which the socket writes the rest.
+
+    Invariant: :meth:`filled` returns every complete frame of the bytes received so far, in
+    order, each exactly once, as a bytearray of its own (never reused: a decoder may keep
+    views of it); with ``lead_bytes`` the first ``lead_bytes`` bytes of the stream come first,
+    unframed and alone (the door's answer to the hello; ``filled(0)`` then splits what came
+    after them). A length over ``max_frame_bytes`` raises
+    FrameTooLargeError as soon as its prefix is complete.
+    """
+
+    __slots__ = ("_frame", "_frame_filled", "_frame_view", "_held", "_in_place_from", "_lead",
+                 "_max", "_scratch", "_view")
+
+    def __init__(
+        self,
+        max_frame_bytes: int = MAX_FRAME_BYTES,
+        *,
+        lead_bytes: int = 0,
+        scratch_bytes: int = SCRATCH_BYTES,
+        in_place_from: int = IN_PLACE_FROM_BYTES,
+    ) -> None:
+        if not (in_place_from > 0 and in_place_from + LENGTH_BYTES <= scratch_bytes
+                and lead_bytes < scratch_bytes):
+            raise ValueError("the receive buffer must hold any frame not received in place")
+        self._max = max_frame_bytes
+        self._lead = lead_bytes
+        self._in_place_from = in_place_from
+        self._scratch = bytearray(scratch_bytes)
+        self._view = memoryview(self._scratch)
+        self._held = 0  # bytes at the receive buffer's start not split yet
+        self._frame: bytearray | None = None  # a large frame being received in place
+        self._frame_view: memoryview | None = None
+        self._frame_filled = 0
+
+    def buffer(self) -> memoryview:
+        """Where the next bytes go (never empty)."""
+        if self._frame_view is not None:
+            return self._frame_view[self._frame_filled:]
+        return self._view[self._held:]
+
+    def filled(self, count: int) -> list[bytearray]:
+        """``count`` bytes were written to the last :meth:`buffer`: the frames now complete."""
+        if self._frame is not None:
+            self._frame_filled += count
+            if self._frame_filled < len(self._frame):
+                return []
+            frame = self._frame
+            self._frame = self._frame_view = None
+            self._frame_filled = 0
+            return [frame]
+        scratch = self._scratch
+        end = self._held + count
+        position = 0
+        frames: list[bytearray] = []
+        if self._lead:
+            if end < self._lead:
+                self._held = end
+                return frames
+            # The lead alone: what follows it is read (``filled(0)``) only if the caller wants
+            # it (a server that answered the hello in another protocol sends no frames).
+            frames.append(scratch[:self._lead])
+            rest = end - self._lead
+            if rest:
+                scratch[:rest] = self._view[self._lead:end]
+            self._held, self._lead = rest, 0
+            return frames
+        while end - position >= LENGTH_BYTES:
+            (length,) = _LENGTH.unpack_from(scratch, position)
+            if length > self._max:
+                raise FrameTooLargeError(
+                    f"a frame of {length} bytes announced; at most {self._max} are accepted")
+            start = position + LENGTH_BYTES
+            if end - start >= length:
+                frames.append(scratch[start:start + length])
+                position = start + length
+                continue
+            if length >= self._in_place_from:
+                frame = bytearray(length)
+                have = end - start
+                frame[:have] = self._view[start:end]
+                self._frame, self._frame_view, self._frame_filled = frame, memoryview(frame), have
+                self._held = 0
+                return frames
+            break
+        rest = end - position
+        if rest and position:
+            scratch[:rest] = self._view[position:end]  # the same size: no resize
+        self._held = rest
+        return frames
+
+
+class _DoorProtocol(asyncio.BufferedProtocol, Generic[Req, Resp]):
+    __slots__ = ("_link", "_owner", "_reader")
+
+    def __init__(
+        self, owner: DirectConnection[Req, Resp], link: _Link[Resp], max_frame_bytes: int
+    ) -> None:
         self._owner = owner
         self._link = link
+        self._reader = InPlaceFrameReader(max_frame_bytes, lead_bytes=HELLO_BYTES)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -120,15 +231,31 @@ class _DoorProtocol(asyncio.Protocol, Generic[Req, Resp]):
         self._link.transport = transport
         transport.write(self._owner.hello)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._reader.buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
         link = self._link
         if link.closed:
             return
+        owner = self._owner
+        try:
+            frames = self._reader.filled(nbytes)
+        except MalformedDirectFrameError as exc:  # FrameTooLargeError
+            owner._close(link, StreamClosedError(f"{owner.name}: {exc}"))
+            return
+        if not frames:
+            return
         if not link.accepted:
-            data = self._owner._on_hello_answer(link, data)
-            if not data:
+            if not owner._on_hello_answer(link, bytes(frames[0])):
                 return
-        self._owner._on_answers(link, data)
+            try:
+                frames = self._reader.filled(0)  # what came with the hello's answer
+            except MalformedDirectFrameError as exc:
+                owner._close(link, StreamClosedError(f"{owner.name}: {exc}"))
+                return
+        if frames:
+            owner._on_answers(link, frames)
 
     def connection_lost(self, exc: Exception | None) -> None:
         link = self._link
@@ -215,7 +342,7 @@ class DirectConnection(Generic[Req, Resp]):
             self._close(self._link, StreamClosedError(f"{self.name} closed by the client"))
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> _Link[Resp]:
-        link: _Link[Resp] = _Link(self._max_frame_bytes)
+        link: _Link[Resp] = _Link()
         self._link = link
         self.connections_opened += 1
         link.opening = loop.create_task(self._connect(loop, link))
@@ -223,24 +350,20 @@ class DirectConnection(Generic[Req, Resp]):
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, link: _Link[Resp]) -> None:
         try:
-            await loop.create_connection(lambda: _DoorProtocol(self, link), self.host, self.port)
+            await loop.create_connection(
+                lambda: _DoorProtocol(self, link, self._max_frame_bytes), self.host, self.port)
         except asyncio.CancelledError:
             return  # closed while connecting (_close cancelled us)
         except OSError as exc:
             self._close(link, DirectDoorUnavailableError(f"{self.name}: {exc}"))
 
-    def _on_hello_answer(self, link: _Link[Resp], data: bytes) -> bytes:
-        """Reads the door's answer to the hello; returns the bytes after it (none are
-        expected: nothing was asked yet). On acceptance the pending requests are written."""
-        link.hello += data
-        if len(link.hello) < HELLO_BYTES:
-            return b""
-        answer, rest = link.hello[:HELLO_BYTES], link.hello[HELLO_BYTES:]
-        link.hello = b""
+    def _on_hello_answer(self, link: _Link[Resp], answer: bytes) -> bool:
+        """The door's answer to the hello: True when it accepted (the pending requests are
+        written), else the connection is closed."""
         if answer != ACCEPTED:
             what = "refused" if answer == REFUSED else f"answered {answer!r} to"
             self._close(link, DirectDoorUnavailableError(f"{self.name} {what} the hello"))
-            return b""
+            return False
         link.accepted = True
         pending, link.pending = link.pending, []
         transport = link.transport
@@ -250,14 +373,9 @@ class DirectConnection(Generic[Req, Resp]):
                 continue
             link.waiting.append(answer_future)
             _write_frame(transport, frame_prefix(len(payload)), payload)
-        return rest
+        return True
 
-    def _on_answers(self, link: _Link[Resp], data: bytes) -> None:
-        try:
-            frames = link.reader.feed(data)
-        except MalformedDirectFrameError as exc:  # FrameTooLargeError
-            self._close(link, StreamClosedError(f"{self.name}: {exc}"))
-            return
+    def _on_answers(self, link: _Link[Resp], frames: list[bytearray]) -> None:
         waiting = link.waiting
         decode = self._decode
         for frame in frames:

@@ -78,7 +78,7 @@ def answer_prefix(payload_length: int, status: int = STATUS_OK) -> bytes:
     return frame_prefix(payload_length + 1) + bytes((status,))
 
 
-def split_answer(frame: bytes) -> tuple[int, memoryview]:
+def split_answer(frame: bytes | bytearray) -> tuple[int, memoryview]:
     """An answer frame's (status, payload). MalformedDirectFrameError for an empty frame or an
     unknown status."""
     if not frame:

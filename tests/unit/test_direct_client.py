@@ -15,6 +15,8 @@ from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fjord._proto import broker_pb2
 from fjord.broker.fetch_wire import VIEW_MIN_BYTES, decode_fetch_response
@@ -22,10 +24,18 @@ from fjord.direct_client import (
     DirectConnection,
     DirectDoorUnavailableError,
     DoorFallbacks,
+    InPlaceFrameReader,
     door_address,
     split_door_address,
 )
-from fjord.direct_frames import HELLO_FETCH, REFUSED, STATUS_ERROR, answer_prefix, frame_prefix
+from fjord.direct_frames import (
+    HELLO_FETCH,
+    REFUSED,
+    STATUS_ERROR,
+    FrameTooLargeError,
+    answer_prefix,
+    frame_prefix,
+)
 from fjord.errors import KafkaTimeoutError
 from fjord.rpc_streams import StreamClosedError
 from tests.helpers.direct_door import BOUND_S, Door
@@ -365,3 +375,65 @@ def test_door_addresses() -> None:
     assert door_address("h", 9) == "h:9"
     assert split_door_address("h:9") == ("h", 9)
     assert split_door_address("[::1]:9") == ("::1", 9)
+
+
+# --- InPlaceFrameReader (pure) ----------------------------------------------------------------
+
+
+def receive(
+    reader: InPlaceFrameReader, stream: bytes, chunks: list[int], lead: int
+) -> list[bytes]:
+    """``stream`` received as a socket would: each time at most the offered buffer's size
+    (chunk sizes cycled), and ``filled(0)`` once the lead came, as the protocol does."""
+    out: list[bytes] = []
+    position, turn, lead_pending = 0, 0, lead > 0
+    while position < len(stream):
+        buffer = reader.buffer()
+        assert len(buffer) > 0
+        count = min(len(buffer), chunks[turn % len(chunks)], len(stream) - position)
+        buffer[:count] = stream[position:position + count]
+        position += count
+        turn += 1
+        frames = reader.filled(count)
+        out.extend(bytes(f) for f in frames)
+        if frames and lead_pending:  # the lead alone: then what came with it
+            lead_pending = False
+            out.extend(bytes(f) for f in reader.filled(0))
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    frames=st.lists(st.binary(max_size=200), max_size=12),
+    chunks=st.lists(st.integers(1, 300), min_size=1, max_size=8),
+    lead=st.sampled_from([0, 5]),
+)
+def test_in_place_frame_reader_returns_every_frame_once_in_order(
+    frames: list[bytes], chunks: list[int], lead: int
+) -> None:
+    """Small receive buffer (64 bytes; frames from 16 bytes on received in place): any
+    chunking of the stream gives back the lead, then exactly the frames, in order."""
+    reader = InPlaceFrameReader(1000, lead_bytes=lead, scratch_bytes=64, in_place_from=16)
+    head = b"L" * lead
+    stream = head + b"".join(frame_prefix(len(f)) + f for f in frames)
+    expected = ([head] if lead else []) + frames
+    assert receive(reader, stream, chunks, lead) == expected
+
+
+def test_in_place_frame_reader_refuses_an_oversize_frame_at_its_prefix() -> None:
+    reader = InPlaceFrameReader(100, scratch_bytes=64, in_place_from=16)
+    reader.buffer()[:4] = frame_prefix(101)
+    with pytest.raises(FrameTooLargeError):
+        reader.filled(4)
+
+
+def test_in_place_frame_reader_receives_a_large_frame_into_its_own_buffer() -> None:
+    reader = InPlaceFrameReader(10_000, scratch_bytes=64, in_place_from=16)
+    payload = bytes(range(256)) * 8
+    reader.buffer()[:14] = frame_prefix(len(payload)) + payload[:10]
+    assert reader.filled(14) == []
+    buffer = reader.buffer()
+    assert len(buffer) == len(payload) - 10  # exactly the rest of the frame, in place
+    buffer[:] = payload[10:]
+    (frame,) = reader.filled(len(payload) - 10)
+    assert frame == payload
