@@ -105,18 +105,22 @@ def test_records_go_through_the_doors(
 def test_followers_fetch_through_their_leaders_doors(
     bootstrap: str, admin: AdminClient, local_cluster: LocalCluster
 ) -> None:
-    """Every broker leads a partition of a 3x3 topic and follows the others': each holds door
-    Fetch connections from the two other brokers (other tests' consumers may add some)."""
-    replicated_topic(admin)
-    brokers = sorted(local_cluster.broker_addresses)
+    """Each leader of a 3x3 topic's partitions holds door Fetch connections from its two
+    followers once they follow (other tests' consumers may add some)."""
+    topic = replicated_topic(admin)
 
-    def door_fetch_connections() -> list[float]:
-        return [metric_value(local_cluster.metrics_address("broker", b),
-                             "fjord_broker_open_streams", method="fjord.direct/Fetch")
-                for b in brokers]
+    def leaders() -> set[int]:
+        (described,) = admin.describe_topics([topic])
+        found = {p.leader for p in described.partitions}
+        return found if -1 not in found else set()
 
-    wait_for(door_fetch_connections, "two followers on every broker's door", WAIT_S,
-             accept=lambda counts: all(c >= 2 for c in counts))
+    def door_fetch_connections() -> dict[int, float]:
+        return {b: metric_value(local_cluster.metrics_address("broker", b),
+                                "fjord_broker_open_streams", method="fjord.direct/Fetch")
+                for b in wait_for(leaders, "the topic's leaders", WAIT_S)}
+
+    wait_for(door_fetch_connections, "two followers on each leader's door", WAIT_S,
+             accept=lambda counts: all(c >= 2 for c in counts.values()))
 
 
 def test_doors_turned_off_send_the_records_over_grpc(
