@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -19,7 +20,14 @@ import pytest
 from grpc import aio
 
 from fjord._proto import broker_pb2
-from fjord.broker.fetcher import FETCH_FAILURES, REPLICA_FETCH_STREAMS_ENV, LeaderLink
+from fjord.broker.fetcher import (
+    FETCH_FAILURES,
+    REPLICA_FETCH_STREAMS_ENV,
+    LeaderLink,
+    SourceFetcher,
+)
+from fjord.broker.replica_manager import ReplicaManager
+from fjord.direct_client import DIRECT_DOOR_ENV
 from fjord.direct_frames import ACCEPTED, REFUSED
 from fjord.rpc_streams import (
     OpenStreams,
@@ -27,8 +35,9 @@ from fjord.rpc_streams import (
     answer_in_order,
     send_stream_headers,
 )
+from fjord.storage import LogManager
 from tests.helpers.direct_door import Door
-from tests.helpers.replica_manager import run
+from tests.helpers.replica_manager import BROKER, run
 
 SERVICE = "fjord.v1.Broker"
 TIMEOUT_S = 5.0
@@ -252,3 +261,60 @@ def test_a_door_the_leader_closes_fails_the_fetch_as_a_failed_call() -> None:
         assert unavailable == []  # a broken connection is a failed fetch, not a missing door
 
     with_leader_and_door(body)
+
+
+def test_the_fetcher_skips_an_unavailable_door_until_the_leader_registers_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SourceFetcher's link to a leader whose door refuses: the fetch goes on gRPC, and the
+    fetcher keeps that gRPC link until the leader's registration (the generation) changes."""
+    monkeypatch.delenv(DIRECT_DOOR_ENV, raising=False)
+    logs = LogManager(tmp_path / "data")
+    registration: list[object] = ["first"]
+
+    async def scenario() -> None:
+        leader = Leader()
+        await leader.server.start()
+        async with Door(REFUSED) as door:
+            address = f"127.0.0.1:{door.port}"
+            fetcher = SourceFetcher(
+                0, ReplicaManager(BROKER, logs), lambda _id: leader.address, lambda: 1,
+                lambda _id: (address, registration[0]),
+            )
+            try:
+                link = await fetcher._leader_link()
+                assert link is not None and link.door == address
+                assert (await link.fetch(fetch_request(1), TIMEOUT_S)).session_id == 1
+                assert link.door is None and leader.streamed_requests == 1  # on gRPC
+                assert await fetcher._leader_link() is link  # the door is skipped
+                registration[0] = "restarted"
+                relinked = await fetcher._leader_link()
+                assert relinked is not link and relinked is not None
+                assert relinked.door == address  # tried again
+            finally:
+                await fetcher.close_channel()
+                await leader.server.stop(0)
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
+
+
+def test_doors_turned_off_keep_the_fetcher_on_grpc(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DIRECT_DOOR_ENV, "0")
+    logs = LogManager(tmp_path / "data")
+
+    async def scenario() -> None:
+        fetcher = SourceFetcher(0, ReplicaManager(BROKER, logs), lambda _id: "127.0.0.1:2",
+                                lambda: 1, lambda _id: ("127.0.0.1:1", "registration"))
+        link = await fetcher._leader_link()
+        assert link is not None and link.door is None
+        await fetcher.close_channel()
+
+    try:
+        run(scenario())
+    finally:
+        logs.close()
