@@ -50,14 +50,19 @@ def full_isr(cluster: LocalCluster, topic: str, partitions: int) -> bool:
         s.leader >= 0 and set(s.isr) == set(s.replicas) for s in states.values())
 
 
-def test_killed_broker_restarts_and_takes_writes_within_seconds(cluster: LocalCluster) -> None:
-    topic = f"restart-{uuid.uuid4().hex[:6]}"
+def replicated_partition(cluster: LocalCluster, prefix: str) -> tuple[str, int]:
+    """A new topic of one partition on all three brokers, its ISR full: (topic, leader)."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
     with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
         admin.create_topics([NewTopic(topic, 1, 3)])
     wait_for(lambda: full_isr(cluster, topic, 1), "a full ISR", WAIT_S)
     states = partition_states(cluster, topic, sorted(cluster.broker_addresses))
     assert states is not None
-    leader = states[0].leader
+    return topic, states[0].leader
+
+
+def test_killed_broker_restarts_and_takes_writes_within_seconds(cluster: LocalCluster) -> None:
+    topic, leader = replicated_partition(cluster, "restart")
     before = registered_broker(cluster, leader)
     assert before is not None
     acked: list[float] = []
@@ -102,13 +107,7 @@ def test_a_consumer_follows_its_leader_killed_and_restarted(
     whose leader is SIGKILLed and started again: the broken connection is a retriable
     failure, the consumer finds the new leader and reads every record acknowledged after the
     kill, as over gRPC."""
-    topic = f"restart-read-{uuid.uuid4().hex[:6]}"
-    with AdminClient({"bootstrap.servers": cluster.bootstrap_servers}) as admin:
-        admin.create_topics([NewTopic(topic, 1, 3)])
-    wait_for(lambda: full_isr(cluster, topic, 1), "a full ISR", WAIT_S)
-    states = partition_states(cluster, topic, sorted(cluster.broker_addresses))
-    assert states is not None
-    leader = states[0].leader
+    topic, leader = replicated_partition(cluster, "restart-read")
     tp = TopicPartition(topic, 0)
     seen: list[bytes] = []
 

@@ -9,7 +9,6 @@ is the test's; the only timers are the request timeouts under test, and every wa
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 from collections.abc import Awaitable, Coroutine
 from typing import Any, TypeVar
@@ -39,24 +38,13 @@ from fjord.direct_frames import (
 from fjord.errors import KafkaTimeoutError
 from fjord.rpc_streams import StreamClosedError
 from tests.helpers.direct_door import BOUND_S, Door
+from tests.helpers.loops import run_watched
 
 T = TypeVar("T")
 
 def run(scenario: Coroutine[Any, Any, T]) -> T:
-    """``scenario`` on a fresh loop, failed (not hung) after ``BOUND_S``; fails too when the
-    loop reported an error nobody handled (a task's or future's exception never retrieved)."""
-    unhandled: list[dict[str, Any]] = []
-
-    async def watched() -> T:
-        asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
-        try:
-            return await asyncio.wait_for(scenario, BOUND_S)
-        finally:
-            gc.collect()
-
-    result = asyncio.run(watched())
-    assert not unhandled, unhandled
-    return result
+    """``scenario`` bounded by ``BOUND_S``, failed on an error the loop reported."""
+    return run_watched(scenario, BOUND_S)
 
 
 async def bounded(awaitable: Awaitable[T]) -> T:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,6 +28,7 @@ from fjord.rpc_streams import (
     answer_in_order,
     send_stream_headers,
 )
+from tests.helpers.loops import run_watched
 
 T = TypeVar("T")
 
@@ -37,20 +37,8 @@ BOUND_S = 10.0
 
 
 def run(scenario: Coroutine[Any, Any, T]) -> T:
-    """``scenario`` on a fresh loop, failed (not hung) after ``BOUND_S``; fails too when the
-    loop reported an error nobody handled (a task's exception never retrieved)."""
-    unhandled: list[dict[str, Any]] = []
-
-    async def watched() -> T:
-        asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
-        try:
-            return await asyncio.wait_for(scenario, BOUND_S)
-        finally:
-            gc.collect()  # a dropped task reports its unretrieved exception when collected
-
-    result = asyncio.run(watched())
-    assert not unhandled, unhandled
-    return result
+    """``scenario`` bounded by ``BOUND_S``, failed on an error the loop reported."""
+    return run_watched(scenario, BOUND_S)
 
 
 async def bounded(awaitable: Awaitable[T]) -> T:
