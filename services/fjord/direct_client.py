@@ -14,7 +14,8 @@ same interface and failure semantics, so a caller swaps one for the other:
   StreamClosedError naming the broker's text, and the connection closes, as a gRPC stream
   ends with its handler's exception.
 - **Nothing sent, use gRPC**: when the door cannot be reached (connection refused, the
-  connection closed before the hello was answered) or refuses the kind, the requests
+  connection closed before the hello was answered, no acceptance within
+  DOOR_CONNECT_TIMEOUT_S) or refuses the kind, the requests
   waiting for the connection fail with :class:`DirectDoorUnavailableError` before a byte
   of theirs left: the caller sends them on gRPC instead, and remembers the door in a
   :class:`DoorFallbacks` so that not every request tries it again.
@@ -66,6 +67,12 @@ DIRECT_DOOR_ENV = "FJORD_DIRECT_DOOR"
 #: changed first: see DoorFallbacks).
 DOOR_RETRY_AFTER_S = 30.0
 
+#: How long a new connection may take to be accepted (TCP connect and the hello's answer)
+#: before the door counts as unavailable (nothing was sent yet: gRPC takes the requests), at
+#: most half the first request's timeout. Without it a door behind a firewall that drops
+#: packets would time out every request while gRPC to the same broker works.
+DOOR_CONNECT_TIMEOUT_S = 3.0
+
 
 def direct_door_enabled() -> bool:
     """Whether this process may use direct doors (FJORD_DIRECT_DOOR is not ``0``)."""
@@ -91,7 +98,8 @@ class _Link(Generic[Resp]):
     """One TCP connection: its transport once made, the futures of the requests written and
     waiting for answers (in order), and the requests waiting for the hello's answer."""
 
-    __slots__ = ("accepted", "closed", "error", "opening", "pending", "transport", "waiting")
+    __slots__ = ("accepted", "closed", "error", "hello_timer", "opening", "pending", "transport",
+                 "waiting")
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -102,6 +110,7 @@ class _Link(Generic[Resp]):
         self.waiting: collections.deque[asyncio.Future[Resp]] = collections.deque()
         self.pending: list[tuple[asyncio.Future[Resp], bytes]] = []
         self.opening: asyncio.Task[None] | None = None
+        self.hello_timer: asyncio.TimerHandle | None = None
 
 
 _LENGTH = struct.Struct(">I")
@@ -320,7 +329,7 @@ class DirectConnection(Generic[Req, Resp]):
         loop = asyncio.get_running_loop()
         link = self._link
         if link is None:
-            link = self._open(loop)
+            link = self._open(loop, min(DOOR_CONNECT_TIMEOUT_S, timeout_s / 2))
         answer: asyncio.Future[Resp] = loop.create_future()
         if link.accepted:
             link.waiting.append(answer)
@@ -341,12 +350,19 @@ class DirectConnection(Generic[Req, Resp]):
         if self._link is not None:
             self._close(self._link, StreamClosedError(f"{self.name} closed by the client"))
 
-    def _open(self, loop: asyncio.AbstractEventLoop) -> _Link[Resp]:
+    def _open(self, loop: asyncio.AbstractEventLoop, accept_within_s: float) -> _Link[Resp]:
         link: _Link[Resp] = _Link()
         self._link = link
         self.connections_opened += 1
         link.opening = loop.create_task(self._connect(loop, link))
+        link.hello_timer = loop.call_later(accept_within_s, self._not_accepted, link,
+                                           accept_within_s)
         return link
+
+    def _not_accepted(self, link: _Link[Resp], waited_s: float) -> None:
+        if not link.accepted:
+            self._close(link, DirectDoorUnavailableError(
+                f"{self.name} did not accept a connection within {waited_s:.3g} s"))
 
     async def _connect(self, loop: asyncio.AbstractEventLoop, link: _Link[Resp]) -> None:
         try:
@@ -360,6 +376,8 @@ class DirectConnection(Generic[Req, Resp]):
     def _on_hello_answer(self, link: _Link[Resp], answer: bytes) -> bool:
         """The door's answer to the hello: True when it accepted (the pending requests are
         written), else the connection is closed."""
+        if link.hello_timer is not None:
+            link.hello_timer.cancel()
         if answer != ACCEPTED:
             what = "refused" if answer == REFUSED else f"answered {answer!r} to"
             self._close(link, DirectDoorUnavailableError(f"{self.name} {what} the hello"))
@@ -422,6 +440,8 @@ class DirectConnection(Generic[Req, Resp]):
             return
         link.closed = True
         link.error = error
+        if link.hello_timer is not None:
+            link.hello_timer.cancel()
         if self._link is link:
             self._link = None
         if link.transport is not None:

@@ -49,9 +49,11 @@ class Door:
     async def __aexit__(self, *exc: object) -> None:
         assert self._server is not None
         self._server.close()
+        self._hello_release.set()  # a held connection's handler goes on to see its end
         for writer in self.writers:
             writer.close()
         await self._server.wait_closed()
+        await asyncio.wait_for(asyncio.gather(*(c.wait() for c in self.closed)), BOUND_S)
 
     def connection(self, hello: bytes = HELLO_FETCH, **kwargs: Any) -> DirectConnection[
         broker_pb2.FetchRequest, Any

@@ -226,6 +226,24 @@ def test_a_server_speaking_another_protocol_says_to_use_grpc() -> None:
     run(scenario())
 
 
+def test_a_door_that_never_answers_the_hello_says_to_use_grpc() -> None:
+    """A listener that takes the connection and says nothing (a frozen broker, something
+    else on the port): after half the first request's timeout (at most
+    DOOR_CONNECT_TIMEOUT_S) the requests fall back, nothing of them sent."""
+
+    async def scenario() -> None:
+        async with Door(hello_answer=None) as door:  # held: never released
+            connection = door.connection()
+            calls = [await started(connection.call(request(n), 0.4)) for n in range(2)]
+            for call in calls:
+                with pytest.raises(DirectDoorUnavailableError, match="did not accept"):
+                    await bounded(call)
+            assert door.bytes_after_hello == [0]  # nothing was sent
+            connection.close()
+
+    run(scenario())
+
+
 def test_a_refused_connection_says_to_use_grpc() -> None:
     async def scenario() -> None:
         port = free_port()
