@@ -221,3 +221,35 @@ def test_a_taken_direct_door_port_is_picked_again(tmp_path: Path) -> None:
             cluster.stop()
         assert "direct-listen: cannot bind" in (tmp_path / "direct-ports" / "logs"
                                                  / "broker-0.log").read_text()
+
+
+def test_a_broker_restarted_after_its_port_was_taken_comes_up_on_new_ports(
+    tmp_path: Path,
+) -> None:
+    """A broker stopped and started again (a kubelet's pod, a test's restart) keeps its ports;
+    when another process took one meanwhile (an outgoing connection may get it from the same
+    range), start_broker picks every port again instead of failing (CI: a broker scaled in by
+    the operator's kubelet harness failed for 150 s on its direct door's port)."""
+    import signal
+    import socket
+
+    cluster = LocalCluster(
+        tmp_path / "restart-ports", brokers=1, controllers=1, coordinators=0,
+        unsafe_etcd_no_fsync=True,
+    )
+    cluster.start()
+    try:
+        cluster.kill("broker", 0, signal.SIGTERM)
+        host, _, port = cluster.direct_address(0).rpartition(":")
+        with socket.socket() as squatter:
+            squatter.bind((host, int(port)))
+            squatter.listen()
+            cluster.start_broker(0)
+            assert cluster.direct_address(0) != f"{host}:{port}"
+            assert cluster.process("broker", 0).poll() is None
+            metadata = cluster.broker_metadata(0)
+            assert metadata is not None
+            assert [b.direct_port for b in metadata.brokers] == [
+                int(cluster.direct_address(0).rpartition(":")[2])]
+    finally:
+        cluster.stop()

@@ -523,10 +523,12 @@ class LocalCluster:
             ],
         )
         if wait:
-            self._wait_controller_serving(controller_id)
+            self._wait_ready("controller", controller_id)
 
     def start_broker(self, broker_id: int, wait: bool = True) -> None:
-        """Start (or restart, on the same port and data) broker ``broker_id``."""
+        """Start (or restart, on the same ports and data) broker ``broker_id``. With ``wait``, a
+        start that fails because a port it keeps was taken meanwhile (a port is only known free
+        when picked) is started again with every port picked afresh, as :meth:`start` does."""
         data = self.data_dir / "brokers" / str(broker_id)
         data.mkdir(parents=True, exist_ok=True)
         config_args = [a for k, v in sorted(self.broker_config.items())
@@ -554,7 +556,7 @@ class LocalCluster:
             self.broker_port + broker_id if self.broker_port else 0,
         )
         if wait:
-            self._wait_broker_ready(broker_id)
+            self._wait_ready("broker", broker_id)
 
     def start_coordinator(self, coordinator_id: int, wait: bool = True) -> None:
         """Start (or restart, on the same port) group coordinator ``coordinator_id``."""
@@ -577,7 +579,7 @@ class LocalCluster:
             ],
         )
         if wait:
-            self._wait_coordinator_registered(coordinator_id)
+            self._wait_ready("coordinator", coordinator_id)
 
     @property
     def _kafka_door(self) -> str:
