@@ -1,5 +1,7 @@
 """Kafka-listener benchmark: the peer a Python user would pick (confluent-kafka, librdkafka in its
-wheel) over the Kafka listener against Fjord's own client over gRPC, on one broker.
+wheel) over the Kafka listener against Fjord's own client, on one broker. Fjord's client sends
+Produce and Fetch through the broker's direct door (docs/direct-door.md; the local cluster opens
+one), or over gRPC with ``FJORD_DIRECT_DOOR=0``: the tables name which.
 
 One private LocalCluster (1 broker, 1 controller, no coordinator; every process on loopback on
 this machine). Each round makes fresh topics (``--partitions`` partitions, replication factor 1)
@@ -12,10 +14,10 @@ and measures, in this order:
 - **confluent-kafka consumer** over the Kafka listener: ``assign()`` every partition from offset
   0 (no group), ``consume(10000)`` (at most the records left) until every record is read;
   ``fetch.queue.backoff.ms`` 10 (librdkafka pauses fetching 1 s when 100,000 records wait).
-- **fjord.client Producer** over gRPC: the same records and settings (``send()``, ``flush()``),
+- **fjord.client Producer**: the same records and settings (``send()``, ``flush()``),
   its futures dropped as they come (its fastest way; the consumer's count checks delivery).
   ``--python-send`` adds the same without the C ``send()`` (``FastSend``): the Python method.
-- **fjord.client Consumer** over gRPC: ``assign()``, ``poll()`` until every record is read.
+- **fjord.client Consumer**: ``assign()``, ``poll()`` until every record is read.
 
 Each figure is records per second, the median of ``--rounds`` rounds (the rounds' figures are
 listed too). Every read checks the count, so nothing is missed or doubled. Target (issue 14):
@@ -63,6 +65,7 @@ from e2e_servers import fjord_broker, tansu_server
 from results_file import cpu_model, write_section
 
 from fjord.client import AdminClient, Consumer, NewTopic, Producer, TopicPartition
+from fjord.direct_client import direct_door_enabled
 from fjord.local.cluster import LocalCluster
 
 SECTION = "## kafka listener"
@@ -83,6 +86,9 @@ encoder (one copy into the frame). Remaining per-request costs on the listener (
 generated codec, measured in-process): ~90-120 us to decode a 4-partition ProduceRequest, \
 ~200-300 us to build and encode its response."""
 WAIT_S = 300.0
+#: How fjord.client reaches the broker in this run (the tables' labels).
+FJORD_TRANSPORT = ("through the direct door" if direct_door_enabled()
+                   else "over gRPC (FJORD_DIRECT_DOOR=0)")
 LINGER_MS = 5
 
 
@@ -389,11 +395,11 @@ def main() -> None:
     names = {
         "ck_p": "confluent-kafka produce() over the Kafka listener",
         "ck_c": "confluent-kafka consumer over the Kafka listener",
-        "fj_p": "fjord.client Producer over gRPC",
-        "fj_c": "fjord.client Consumer over gRPC",
+        "fj_p": f"fjord.client Producer {FJORD_TRANSPORT}",
+        "fj_c": f"fjord.client Consumer {FJORD_TRANSPORT}",
     }
     if args.python_send:
-        names["fj_p_py"] = "fjord.client Producer over gRPC, Python send() (--python-send)"
+        names["fj_p_py"] = f"fjord.client Producer {FJORD_TRANSPORT}, Python send() (--python-send)"
     mb = args.value_size / 1e6
     rows = "\n".join(
         f"| {names[k]} | {median[k]:,.0f} | {median[k] * mb:.1f} | "
@@ -404,8 +410,8 @@ def main() -> None:
     def verdict(kafka_key: str, grpc_key: str, what: str) -> str:
         ratio = median[kafka_key] / median[grpc_key]
         met = "met" if ratio >= 1.0 else "MISSED"
-        return (f"- {what}: librdkafka over the listener {ratio:.2f}x fjord.client over gRPC "
-                f"(target >= 1.0x): {met}")
+        return (f"- {what}: librdkafka over the listener {ratio:.2f}x fjord.client "
+                f"{FJORD_TRANSPORT} (target >= 1.0x): {met}")
 
     command = "`.venv/bin/python bench/bench_kafka.py " + " ".join(sys.argv[1:]) + "`"
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
