@@ -194,6 +194,17 @@ def test_a_taken_sasl_door_port_is_picked_again(tmp_path: Path, role: str) -> No
             cluster.stop()
 
 
+def assert_door_moved_off(cluster: LocalCluster, taken: str) -> None:
+    """Broker 0 runs with its direct door on another port than ``taken``, and its Metadata
+    advertises that port."""
+    assert cluster.direct_address(0) != taken
+    assert cluster.process("broker", 0).poll() is None
+    metadata = cluster.broker_metadata(0)
+    assert metadata is not None
+    assert [b.direct_port for b in metadata.brokers] == [
+        int(cluster.direct_address(0).rpartition(":")[2])]
+
+
 def test_a_taken_direct_door_port_is_picked_again(tmp_path: Path) -> None:
     """The port picked for a broker's direct door is held by another process: the broker's
     start fails naming the bind, and the launcher starts it again with every port picked
@@ -211,12 +222,7 @@ def test_a_taken_direct_door_port_is_picked_again(tmp_path: Path) -> None:
         cluster._direct_ports[("broker", 0)] = taken  # as if free_port() had picked it
         try:
             cluster.start()
-            assert cluster.direct_address(0) != f"127.0.0.1:{taken}"
-            assert cluster.process("broker", 0).poll() is None
-            metadata = cluster.broker_metadata(0)
-            assert metadata is not None
-            assert [b.direct_port for b in metadata.brokers] == [
-                int(cluster.direct_address(0).rpartition(":")[2])]
+            assert_door_moved_off(cluster, f"127.0.0.1:{taken}")
         finally:
             cluster.stop()
         assert "direct-listen: cannot bind" in (tmp_path / "direct-ports" / "logs"
@@ -245,11 +251,6 @@ def test_a_broker_restarted_after_its_port_was_taken_comes_up_on_new_ports(
             squatter.bind((host, int(port)))
             squatter.listen()
             cluster.start_broker(0)
-            assert cluster.direct_address(0) != f"{host}:{port}"
-            assert cluster.process("broker", 0).poll() is None
-            metadata = cluster.broker_metadata(0)
-            assert metadata is not None
-            assert [b.direct_port for b in metadata.brokers] == [
-                int(cluster.direct_address(0).rpartition(":")[2])]
+            assert_door_moved_off(cluster, f"{host}:{port}")
     finally:
         cluster.stop()
