@@ -316,6 +316,12 @@ class DirectConnection(Generic[Req, Resp]):
         """Whether a connection is open and its hello accepted."""
         return self._link is not None and self._link.accepted
 
+    @property
+    def idle(self) -> bool:
+        """Whether no request waits on this connection (closing it now fails none)."""
+        link = self._link
+        return link is None or not (link.waiting or link.pending)
+
     async def call(self, request: Req, timeout_s: float) -> Resp:
         """The answer to ``request``. Raises KafkaTimeoutError after ``timeout_s`` (the
         connection is closed), StreamClosedError when the connection closed first or the

@@ -55,17 +55,19 @@ def advertise(network: Network, address: str, door: str, version: int = 1) -> No
 def with_broker_and_door(
     body: Callable[[Network, str, CallsSeen, Door], Coroutine[Any, Any, None]],
     hello_answer: bytes | None = ACCEPTED,
+    servicer: StreamingBroker | None = None,
     **network_options: Any,
 ) -> None:
-    """``body(network, address, calls, door)``: a streaming gRPC broker at ``address`` and a
-    door beside it, advertised in the network's metadata; the loop must report no error."""
+    """``body(network, address, calls, door)``: a streaming gRPC broker at ``address``
+    (``servicer``, by default a StreamingBroker) and a door beside it, advertised in the
+    network's metadata; the loop must report no error."""
     unhandled: list[dict[str, Any]] = []
 
     async def scenario() -> None:
         asyncio.get_running_loop().set_exception_handler(lambda _, c: unhandled.append(c))
         calls = CallsSeen()
         server = aio.server(interceptors=[calls])
-        broker_pb2_grpc.add_BrokerServicer_to_server(StreamingBroker(), server)
+        broker_pb2_grpc.add_BrokerServicer_to_server(servicer or StreamingBroker(), server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
         network = Network([("127.0.0.1", port)], client_id="test", request_timeout_ms=5000,
@@ -162,6 +164,36 @@ def test_a_broken_door_connection_is_a_retriable_failure_then_a_new_connection()
         assert calls.methods == []
 
     with_broker_and_door(body)
+
+
+class DepartedBroker(StreamingBroker):
+    """Answers Metadata as a cluster that no longer names the broker (nor its door)."""
+
+    async def Metadata(  # type: ignore[override]
+        self, request: broker_pb2.MetadataRequest, context: aio.ServicerContext
+    ) -> broker_pb2.MetadataResponse:
+        return broker_pb2.MetadataResponse()
+
+
+def test_metadata_without_the_broker_closes_its_idle_door_connections() -> None:
+    async def body(network: Network, address: str, calls: CallsSeen, door: Door) -> None:
+        fetched = await answered(door, network.fetch(address, fetch(1), 5),
+                                 broker_pb2.FetchResponse(session_id=1))
+        assert fetched.session_id == 1
+        waiting = asyncio.ensure_future(network.produce(address, produce(2), 5))
+        number, _ = await door.next_request()  # a Produce in flight: not idle
+        await network.refresh_metadata(spaced=False)
+        assert address not in network.snapshot.direct_doors
+        assert list(network.door_connections()) == [(address, "Produce")]
+        await asyncio.wait_for(door.closed[0].wait(), BOUND_S)  # the Fetch connection
+        door.answer(number, broker_pb2.ProduceResponse(throttle_time_ms=2))
+        assert (await asyncio.wait_for(waiting, BOUND_S)).throttle_time_ms == 2
+        await network.refresh_metadata(spaced=False)  # now idle: closed too
+        assert network.door_connections() == {}
+        await asyncio.wait_for(door.closed[1].wait(), BOUND_S)
+        assert calls.methods == ["/fjord.v1.Broker/Metadata"] * 2
+
+    with_broker_and_door(body, servicer=DepartedBroker())
 
 
 def test_a_request_the_door_does_not_answer_in_time_times_out() -> None:

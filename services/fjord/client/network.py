@@ -357,6 +357,17 @@ class Network:
         self._doors[(address, method)] = (door, connection)
         return connection
 
+    def _close_departed_doors(self) -> None:
+        """Closes the idle door connections of brokers the metadata no longer names with
+        that door (a broker that left the cluster, or closed or moved its door): they would
+        otherwise stay for the client's life. A connection with requests waiting is left to
+        them; the next refresh closes it once idle."""
+        doors = self.snapshot.direct_doors
+        for key, (door, connection) in list(self._doors.items()):
+            if doors.get(key[0]) != door and connection.idle:
+                del self._doors[key]
+                connection.close()
+
     def door_connections(self) -> dict[tuple[str, str], DirectConnection[Any, Any]]:
         """The direct-door connections made so far, by (gRPC address, method) (for tests and
         diagnostics)."""
@@ -450,6 +461,7 @@ class Network:
             self._last_refresh = time.monotonic()
             new = snapshot_from_response(response)
             self.snapshot = merge_snapshots(self.snapshot, new, replace_all=all_topics)
+            self._close_departed_doors()
             return self.snapshot
         self._last_refresh = time.monotonic()
         raise NetworkError(
