@@ -124,3 +124,32 @@ def test_snapshot_written_across_a_truncation_is_never_published(tmp_path: Path)
     assert [end for end, _ in list_snapshots(directory)] == [follower.log_end_offset]
     leader.log.close()
     follower.log.close()
+
+
+def test_snapshot_wanted_agrees_with_snapshot_due(tmp_path: Path) -> None:
+    """The broker's periodic check asks the cheap ``snapshot_wanted`` of every partition and
+    serialises (``snapshot_due``) only where it says yes: the two agree in every state."""
+    import asyncio
+
+    from fjord.broker.producer_state import snapshot_due, snapshot_wanted
+    from fjord.broker.server import snapshot_producer_state
+
+    part = partition(tmp_path / "t-0", leader=1)
+
+    def agree(*, force: bool) -> bool:
+        wanted = snapshot_wanted(part.producer_state, part.log, force=force)
+        assert wanted == (snapshot_due(part.producer_state, part.log, force=force) is not None)
+        return wanted
+
+    # A new log: one snapshot (at offset 0) is due, then none until something moves.
+    assert (agree(force=False), agree(force=True)) == (True, True)
+    assert asyncio.run(snapshot_producer_state(part)) is True
+    assert (agree(force=False), agree(force=True)) == (False, False)
+    part.append_as_leader(batch(5, 0), acks=1)
+    assert (agree(force=False), agree(force=True)) == (False, True)  # moved, not rolled
+    part.log.roll()
+    part.append_as_leader(batch(5, 2), acks=1)
+    assert (agree(force=False), agree(force=True)) == (True, True)  # rolled since
+    assert asyncio.run(snapshot_producer_state(part)) is True
+    assert (agree(force=False), agree(force=True)) == (False, False)  # taken
+    part.log.close()

@@ -676,9 +676,14 @@ def snapshot_due(state: ProducerStateManager, plog: SegmentedLog, *, force: bool
     state moved past the last one. Serialised on the caller's thread (the event loop, where
     appends happen) so it is consistent; :func:`write_snapshot` then runs on a worker thread.
     """
-    if state.end_offset != plog.log_end_offset or state.end_offset == state.last_snapshot_offset:
-        return None
-    rolled = plog.segments[-1].base_offset > state.last_snapshot_offset
-    if not (force or rolled):
+    if not snapshot_wanted(state, plog, force=force):
         return None
     return state.to_snapshot_bytes()
+
+
+def snapshot_wanted(state: ProducerStateManager, plog: SegmentedLog, *, force: bool) -> bool:
+    """Whether :func:`snapshot_due` would return a snapshot, without serialising it (cheap:
+    the periodic check asks it of every hosted partition)."""
+    if state.end_offset != plog.log_end_offset or state.end_offset == state.last_snapshot_offset:
+        return False
+    return force or plog.segments[-1].base_offset > state.last_snapshot_offset
