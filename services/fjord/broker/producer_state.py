@@ -683,7 +683,11 @@ def snapshot_due(state: ProducerStateManager, plog: SegmentedLog, *, force: bool
 
 def snapshot_wanted(state: ProducerStateManager, plog: SegmentedLog, *, force: bool) -> bool:
     """Whether :func:`snapshot_due` would return a snapshot, without serialising it (cheap:
-    the periodic check asks it of every hosted partition)."""
+    the periodic check asks it of every hosted partition). An empty log needs none: its
+    recovery reads nothing either (and thousands of new partitions would each write one)."""
     if state.end_offset != plog.log_end_offset or state.end_offset == state.last_snapshot_offset:
         return False
-    return force or plog.segments[-1].base_offset > state.last_snapshot_offset
+    if state.end_offset == 0:
+        return False
+    # No snapshot yet counts as one at offset 0: a log's first segment is no roll.
+    return force or plog.segments[-1].base_offset > max(state.last_snapshot_offset, 0)
