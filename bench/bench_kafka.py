@@ -407,8 +407,8 @@ def main() -> None:
         for k in names
     )
 
-    def verdict(kafka_key: str, grpc_key: str, what: str) -> str:
-        ratio = median[kafka_key] / median[grpc_key]
+    def verdict(kafka_key: str, fjord_key: str, what: str) -> str:
+        ratio = median[kafka_key] / median[fjord_key]
         met = "met" if ratio >= 1.0 else "MISSED"
         return (f"- {what}: librdkafka over the listener {ratio:.2f}x fjord.client "
                 f"{FJORD_TRANSPORT} (target >= 1.0x): {met}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -145,8 +147,6 @@ def test_a_port_taken_after_picking_is_retried(
 ) -> None:
     """Another process grabs the picked port before the controller binds it: the launcher
     starts the controller again on a fresh port."""
-    import socket
-
     import fjord.local.cluster as cluster_module
 
     squatter = socket.socket()
@@ -174,7 +174,6 @@ def test_a_taken_sasl_door_port_is_picked_again(tmp_path: Path, role: str) -> No
     """Another process holds the port picked for a SASL gRPC door (a free port is only free
     a moment ago: outgoing connections take ports from the same range): the launcher starts
     that process again with every port picked afresh, its SASL door's too."""
-    import socket
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -209,7 +208,6 @@ def test_a_taken_direct_door_port_is_picked_again(tmp_path: Path) -> None:
     """The port picked for a broker's direct door is held by another process: the broker's
     start fails naming the bind, and the launcher starts it again with every port picked
     afresh, its direct door's too."""
-    import socket
 
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -236,9 +234,6 @@ def test_a_broker_restarted_after_its_port_was_taken_comes_up_on_new_ports(
     when another process took one meanwhile (an outgoing connection may get it from the same
     range), start_broker picks every port again instead of failing (CI: a broker scaled in by
     the operator's kubelet harness failed for 150 s on its direct door's port)."""
-    import signal
-    import socket
-
     cluster = LocalCluster(
         tmp_path / "restart-ports", brokers=1, controllers=1, coordinators=0,
         unsafe_etcd_no_fsync=True,

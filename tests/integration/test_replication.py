@@ -227,19 +227,12 @@ def wait_isr(
     )
 
 
-def door_fetch_connections(cluster: LocalCluster, broker: int) -> float:
-    """Connections to ``broker``'s direct door for Fetch open now (the followers': 0 when they
-    fetch on gRPC)."""
-    return metric_value(cluster.metrics_address("broker", broker), "fjord_broker_open_streams",
-                        method=DIRECT_FETCH)
-
-
 def fetch_connections(cluster: LocalCluster, broker: int) -> float:
     """Fetch connections ``broker`` serves now: its direct door's and its open FetchStreams
     (in this module only the followers hold them)."""
-    return door_fetch_connections(cluster, broker) + metric_value(
-        cluster.metrics_address("broker", broker), "fjord_broker_open_streams",
-        method=FETCH_STREAM_METHOD)
+    address = cluster.metrics_address("broker", broker)
+    return sum(metric_value(address, "fjord_broker_open_streams", method=method)
+               for method in (DIRECT_FETCH, FETCH_STREAM_METHOD))
 
 
 def wait_replicated(cluster: LocalCluster, topic: str, brokers: list[int], end: int) -> None:
