@@ -18,10 +18,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import kopf
 
@@ -102,6 +103,7 @@ from fjord_operator.settings import MAX_AUTOSCALING_SAMPLES, OperatorSettings
 from fjord_operator.status import Outcome, Verdict, condition_of, status_patch
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 
@@ -201,10 +203,16 @@ def error_reason(error: FjordError) -> str:
 # -- the shells ----------------------------------------------------------------------------------
 
 
+#: Worker threads of one FjordAdmin: the calls of one cluster at once.
+ADMIN_THREADS_PER_CLUSTER = 4
+
+
 class FjordAdmin:
     """Async face of one Fjord cluster's admin API. The AdminClient is synchronous (it owns an
-    I/O thread), so every call runs in a worker thread. Invariant: one AdminClient per
-    bootstrap address, created on first use, closed by :meth:`close`."""
+    I/O thread), so every call runs in a worker thread, one of this cluster's own: calls to a
+    cluster that does not answer (each waits out ``timeout_s``) must not hold the loop's
+    shared executor, where every other cluster's calls would wait behind them. Invariant: one
+    AdminClient per bootstrap address, created on first use, closed by :meth:`close`."""
 
     def __init__(
         self, bootstrap: str, timeout_s: float, security: Mapping[str, str] | None = None
@@ -216,6 +224,13 @@ class FjordAdmin:
         self.security = dict(security or {})
         self._admin: Any = None
         self._consumer: Any = None
+        self._threads: ThreadPoolExecutor | None = None
+
+    async def _in_thread(self, call: Callable[[], T]) -> T:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(ADMIN_THREADS_PER_CLUSTER,
+                                               thread_name_prefix=f"fjord-admin {self.bootstrap}")
+        return await asyncio.get_running_loop().run_in_executor(self._threads, call)
 
     def _client(self) -> Any:
         if self._admin is None:
@@ -235,7 +250,7 @@ class FjordAdmin:
         def call() -> Any:
             return getattr(self._client(), method)(*args, **kwargs)
 
-        return await asyncio.to_thread(call)
+        return await self._in_thread(call)
 
     async def observe_cluster(
         self,
@@ -369,7 +384,7 @@ class FjordAdmin:
             )
             return int(sum(ends.values()))
 
-        return await asyncio.to_thread(call)
+        return await self._in_thread(call)
 
     async def group_lag(self, group: str, topic: str, now_s: float) -> GroupLagSample:
         """One time-lag sample of ``group`` on ``topic``: its committed offsets and the log end
@@ -396,6 +411,9 @@ class FjordAdmin:
                 with contextlib.suppress(Exception):
                     client.close()
         self._admin = self._consumer = None
+        if self._threads is not None:
+            self._threads.shutdown(wait=False)  # calls still running end on their own
+            self._threads = None
 
 
 class KubeApi:

@@ -419,3 +419,27 @@ def test_time_lag_autoscaling_tells_consumers_and_grows(  # type: ignore[no-unty
                 await rt.close()
 
     asyncio.run(scenario())
+
+
+def test_a_cluster_that_does_not_answer_holds_up_no_other_clusters_calls(bootstrap: str) -> None:
+    """Calls to a cluster that does not answer each wait out the admin's timeout in a worker
+    thread; more of them than the loop's shared executor has threads (6 on 2 cores) must not
+    hold up another cluster's calls (a real API run: a FjordUser's finalizer waited over 60 s
+    behind FjordClusters whose brokers never came up)."""
+    unreachable = FjordAdmin("127.0.0.1:9", timeout_s=8)
+    reachable = FjordAdmin(bootstrap, timeout_s=30)
+
+    async def scenario() -> None:
+        stuck = [asyncio.ensure_future(unreachable.observe_racks()) for _ in range(7)]
+        await asyncio.sleep(0)  # one loop turn: each has handed its call to a thread
+        try:
+            assert await reachable.observe_racks()  # the shared cluster's brokers
+            assert not any(call.done() for call in stuck)
+        finally:
+            await asyncio.gather(*stuck, return_exceptions=True)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        unreachable.close()
+        reachable.close()
