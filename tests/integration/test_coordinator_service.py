@@ -768,15 +768,29 @@ def test_frozen_coordinators_late_writes_are_fenced(failover_cluster: LocalClust
                 await appender.close()
             assert fenced.value.code is ErrorCode.TRANSACTION_COORDINATOR_FENCED, fenced.value
 
-            async def fetch_from_thawed() -> coordinator_pb2.OffsetFetchResponse:
-                return await zombie.OffsetFetch(
+            async def fetch_from_thawed() -> tuple[
+                coordinator_pb2.OffsetFetchResponse, OffsetsOwner
+            ]:
+                answer = await zombie.OffsetFetch(
                     coordinator_pb2.OffsetFetchRequest(group_id=group_id), timeout=RPC_TIMEOUT_S
                 )
+                return answer, await offsets_owner(cluster, partition)
+
+            def gave_up(seen: tuple[coordinator_pb2.OffsetFetchResponse, OffsetsOwner]) -> bool:
+                """Moved away, or owned again at a newer epoch (the controller evens the load
+                out once the thawed one re-registers, so the partition may come back to it) and
+                loaded from the log with the new owner's commit: never its own stale state."""
+                answer, owner = seen
+                if answer.error.code in MOVED:
+                    return True
+                regained = (
+                    owner.coordinator_id == frozen
+                    and owner.coordinator_epoch > new.coordinator_epoch
+                )
+                return regained and answer.error.code == NONE and fetched(answer) == {tp: 20}
 
             await ask_until(
-                fetch_from_thawed,
-                "the thawed coordinator to give the group up",
-                accept=lambda r: r.error.code in MOVED,
+                fetch_from_thawed, "the thawed coordinator to give the group up", accept=gave_up
             )
 
             async def list_thawed() -> coordinator_pb2.ListGroupsResponse:
