@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+import aiohttp
 import kopf
 
 from fjord.cluster.rolling_restart import PartitionIsr, RollAction, RollStep
@@ -1298,15 +1299,22 @@ async def measure_ingress(
 
 
 async def scrape_metrics(addresses: Sequence[str], timeout_s: float) -> list[str]:
-    """The Prometheus text page of each HOST:PORT (OSError when one does not answer)."""
-    import urllib.request
+    """The Prometheus text page of each HOST:PORT, fetched concurrently on the event loop
+    (aiohttp, kopf's own HTTP client), so brokers that do not answer hold no threads; OSError
+    when one does not answer within ``timeout_s``, refuses, or answers other than 2xx."""
 
-    def fetch(address: str) -> str:
-        url = f"http://{address}/metrics"
-        with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            return bytes(response.read()).decode("utf-8", "replace")
+    async def fetch(session: aiohttp.ClientSession, address: str) -> str:
+        async with session.get(f"http://{address}/metrics", raise_for_status=True) as response:
+            return (await response.read()).decode("utf-8", "replace")
 
-    return list(await asyncio.gather(*(asyncio.to_thread(fetch, a) for a in addresses)))
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    try:
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            return list(await asyncio.gather(*(fetch(session, a) for a in addresses)))
+    except aiohttp.ClientError as exc:  # connection errors are OSErrors already, HTTP ones not
+        if isinstance(exc, OSError):
+            raise
+        raise OSError(f"broker metrics: {exc}") from exc
 
 
 async def _autoscale(

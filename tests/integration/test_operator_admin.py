@@ -443,3 +443,76 @@ def test_a_cluster_that_does_not_answer_holds_up_no_other_clusters_calls(bootstr
     finally:
         unreachable.close()
         reachable.close()
+
+
+def test_broker_metrics_that_do_not_answer_fail_in_time_without_threads() -> None:
+    """Scraping brokers' /metrics for autoscaling runs on the event loop: a broker that accepts
+    and never answers is an OSError after the timeout, as are an HTTP error and a refused
+    connection (measure_ingress then counts records instead), and none of it waits for the
+    loop's shared executor, held here by a blocked job the whole time."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fjord_operator.handlers import scrape_metrics
+
+    page = "# TYPE up gauge\nup 1\n"
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read()  # never answers; returns when the client gives up
+
+    def answering(status: str, body: str) -> Callable[..., Any]:
+        async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(
+                f"HTTP/1.1 {status}\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n\r\n{body}".encode()
+            )
+            await writer.drain()
+            writer.close()
+
+        return answer
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        release = threading.Event()
+        executor = ThreadPoolExecutor(max_workers=1)
+        loop.set_default_executor(executor)
+        blocker = loop.run_in_executor(None, release.wait, 60)
+        silent_server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        http_server = await asyncio.start_server(answering("200 OK", page), "127.0.0.1", 0)
+        broken_server = await asyncio.start_server(answering("500 Oops", ""), "127.0.0.1", 0)
+        refused = socket_bound_not_listening()
+        try:
+            silent_at, http_at, broken_at = (
+                f"127.0.0.1:{server.sockets[0].getsockname()[1]}"
+                for server in (silent_server, http_server, broken_server)
+            )
+            assert await scrape_metrics([http_at, http_at], 5) == [page, page]
+            started = loop.time()
+            with pytest.raises(OSError):
+                await scrape_metrics([http_at, silent_at], 0.5)
+            assert loop.time() - started < 5
+            with pytest.raises(OSError, match="500"):
+                await scrape_metrics([http_at, broken_at], 5)
+            with pytest.raises(OSError):
+                await scrape_metrics([f"127.0.0.1:{refused.getsockname()[1]}"], 5)
+            assert not blocker.done()
+        finally:
+            release.set()
+            await blocker
+            refused.close()
+            for server in (silent_server, http_server, broken_server):
+                server.close()
+                await server.wait_closed()
+            executor.shutdown()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+def socket_bound_not_listening() -> Any:
+    """A TCP socket bound to a free port that does not listen: connecting to it is refused."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    return sock
