@@ -23,10 +23,12 @@ import pytest
 
 from fjord._proto import broker_pb2, broker_pb2_grpc, coordinator_pb2, coordinator_pb2_grpc
 from fjord.client import AdminClient, NewTopic, Producer
+from fjord.controller.offsets_owners import plan_offsets_owners
 from fjord.coordinator.appender import OffsetsAppender, replay_partitions
 from fjord.coordinator.offsets_log import OffsetCommitKey, OffsetCommitValue, encode_record
 from fjord.errors import ErrorCode, FjordError
 from fjord.groups.assignors import leader_assignments
+from fjord.groups.defaults import OFFSETS_TOPIC_PARTITIONS
 from fjord.groups.offsets_topic import group_partition
 from fjord.groups.protocol import Subscription, decode_assignment, encode_subscription
 from fjord.local.cluster import LocalCluster
@@ -496,9 +498,9 @@ def test_bad_requests_get_typed_errors(local_cluster: LocalCluster) -> None:
 
 
 @pytest.fixture(scope="module")
-def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+def _failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     """A private cluster (1 broker, 2 coordinators) for the tests that kill or freeze a
-    coordinator; each leaves both coordinators registered again."""
+    coordinator; each leaves both coordinators running again."""
     cluster = LocalCluster(
         tmp_path_factory.mktemp("failover"),
         brokers=1,
@@ -511,6 +513,41 @@ def failover_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Local
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def failover_cluster(_failover_cluster: LocalCluster) -> LocalCluster:
+    """The failover cluster once its coordinators have settled after the previous test's
+    restart, so that who owns a group does not change under a test that reads it."""
+    asyncio.run(coordinators_settled(_failover_cluster))
+    return _failover_cluster
+
+
+async def coordinators_settled(cluster: LocalCluster) -> None:
+    """Until every coordinator of ``cluster`` is registered and, once ``__consumer_offsets``
+    exists, the controller has nothing left to move: a restarted coordinator registers a
+    moment after it starts, and then the controller gives it back its share of partitions
+    (:func:`plan_offsets_owners`), so until then the owner of a group may change."""
+    keys = Keys(cluster.cluster_id)
+    expected = set(cluster.coordinator_addresses)
+
+    async def unsettled() -> list[str]:
+        async with etcd_client(cluster.etcd_url) as client:
+            registered = await client.get_prefix(keys.coordinators_prefix.encode())
+            owners = await client.get_prefix(keys.offsets_owners_prefix.encode())
+        live = {int(kv.key.decode().rsplit("/", 1)[1]) for kv in registered}
+        current = {
+            int(kv.key.decode().rsplit("/", 1)[1]): OffsetsOwner.from_json(kv.value)
+            for kv in owners
+        }
+        left = [] if live == expected else [f"coordinators {sorted(expected - live)} unregistered"]
+        if current and plan_offsets_owners(OFFSETS_TOPIC_PARTITIONS, live, current):
+            left.append("__consumer_offsets partitions still to move")
+        return left
+
+    await wait_for_async(
+        unsettled, "the coordinators to settle", WAIT_S, interval=0.1, accept=lambda left: not left
+    )
 
 
 def test_killed_coordinator_partition_is_replayed_by_the_other(
