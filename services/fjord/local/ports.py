@@ -19,8 +19,8 @@ from fjord.local.etcd import ProcessStartError
 
 class PortInUseError(ProcessStartError):
     """A port the local cluster must listen on is taken; the message names it and its holder.
-    Never retried on another port: the port was asked for (``--port``, or etcd's remembered
-    ports, which its data directory needs)."""
+    A port that was asked for (``--port``, or etcd's remembered ports, which its data directory
+    needs) is never swapped for another; ports the launcher picked itself are picked again."""
 
     port_in_use = True
 
