@@ -33,7 +33,7 @@ from fjord.groups.offsets_topic import group_partition
 from fjord.groups.protocol import Subscription, decode_assignment, encode_subscription
 from fjord.local.cluster import LocalCluster
 from fjord.local.etcd import EtcdProcess
-from fjord.metadata import Keys, OffsetsOwner, etcd_client
+from fjord.metadata import Keys, MetadataImage, MetadataWatcher, OffsetsOwner, etcd_client
 from fjord.metadata.registration import register_under_lease
 from fjord.testing.waiting import wait_for_async
 
@@ -528,26 +528,22 @@ async def coordinators_settled(cluster: LocalCluster) -> None:
     exists, the controller has nothing left to move: a restarted coordinator registers a
     moment after it starts, and then the controller gives it back its share of partitions
     (:func:`plan_offsets_owners`), so until then the owner of a group may change."""
-    keys = Keys(cluster.cluster_id)
     expected = set(cluster.coordinator_addresses)
 
-    async def unsettled() -> list[str]:
-        async with etcd_client(cluster.etcd_url) as client:
-            registered = await client.get_prefix(keys.coordinators_prefix.encode())
-            owners = await client.get_prefix(keys.offsets_owners_prefix.encode())
-        live = {int(kv.key.decode().rsplit("/", 1)[1]) for kv in registered}
-        current = {
-            int(kv.key.decode().rsplit("/", 1)[1]): OffsetsOwner.from_json(kv.value)
-            for kv in owners
-        }
-        left = [] if live == expected else [f"coordinators {sorted(expected - live)} unregistered"]
-        if current and plan_offsets_owners(OFFSETS_TOPIC_PARTITIONS, live, current):
-            left.append("__consumer_offsets partitions still to move")
-        return left
+    def settled(image: MetadataImage) -> bool:
+        live, owners = set(image.coordinators), image.offsets_owners
+        moves = plan_offsets_owners(OFFSETS_TOPIC_PARTITIONS, live, owners) if owners else {}
+        return live == expected and not moves
 
-    await wait_for_async(
-        unsettled, "the coordinators to settle", WAIT_S, interval=0.1, accept=lambda left: not left
-    )
+    async with etcd_client(cluster.etcd_url) as client:
+        watcher = MetadataWatcher(client, cluster.cluster_id)
+        await watcher.start()
+        try:
+            await watcher.wait_for(settled, WAIT_S)
+        except TimeoutError:
+            raise AssertionError(f"coordinators not settled: {watcher.image!r}") from None
+        finally:
+            await watcher.stop()
 
 
 def test_killed_coordinator_partition_is_replayed_by_the_other(

@@ -16,21 +16,13 @@ from fjord.local.ports import PortInUseError
 pytestmark = pytest.mark.integration
 
 
-def listening_socket() -> socket.socket:
-    """A loopback listener on a free port: etcd cannot bind that port."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    sock.listen()
-    return sock
-
-
 @pytest.fixture
 def taken() -> Iterator[int]:
-    sock = listening_socket()
-    try:
+    """A free loopback port with a listener on it: etcd cannot bind it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
         yield int(sock.getsockname()[1])
-    finally:
-        sock.close()
 
 
 def test_a_picked_port_taken_before_etcd_binds_it_is_picked_again(
